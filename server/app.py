@@ -1,0 +1,133 @@
+"""Process wiring: one event loop runs HTTP, gRPC and metrics over one InferenceService.
+
+Shutdown (SIGTERM/SIGINT): readiness turns false at once and new inference requests get 503;
+in-flight and queued requests finish (bounded by ``--shutdown-timeout``); then the listeners close
+and the process exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+
+from .core.registry import ModelRegistry
+from .core.service import InferenceService, ServiceOptions
+from .observability.metrics import TritonMetrics
+
+log = logging.getLogger("kubeinfer.server")
+
+
+@dataclass
+class ServerSettings:
+    model_repository: Path
+    host: str = "0.0.0.0"
+    http_port: int | None = 8000
+    grpc_port: int | None = 8001
+    metrics_port: int | None = 8002
+    control_mode: str = "none"
+    poll_secs: float = 15.0
+    load_models: tuple[str, ...] = ()
+    strict_readiness: bool = False
+    shutdown_timeout: float = 30.0
+    grpc_max_message_bytes: int = 256 * 1024 * 1024
+    log_level: str = "info"
+
+
+class _Uvicorn(uvicorn.Server):
+    """uvicorn without its own signal handling: this process decides when to stop."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def _uvicorn(app: Any, host: str, port: int, log_level: str) -> _Uvicorn:
+    config = uvicorn.Config(
+        app, host=host, port=port, loop="none", lifespan="off", access_log=False,
+        log_level="warning" if log_level == "info" else log_level, timeout_keep_alive=75,
+    )
+    return _Uvicorn(config)
+
+
+async def serve(settings: ServerSettings) -> None:
+    metrics = TritonMetrics()
+    registry = ModelRegistry(settings.model_repository, listeners=[metrics])
+    registry.on_load_failure.append(metrics.on_load_failure)
+    service = InferenceService(
+        registry,
+        ServiceOptions(
+            control_mode=settings.control_mode,
+            poll_secs=settings.poll_secs,
+            startup_models=settings.load_models,
+            strict_readiness=settings.strict_readiness,
+        ),
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+
+    servers: list[_Uvicorn] = []
+    tasks: list[asyncio.Task[Any]] = []
+    grpc_server = None
+    # listeners start before models load: liveness answers at once, readiness once loading is done
+    if settings.http_port is not None:
+        from .http.app import build_app
+
+        servers.append(_uvicorn(build_app(service), settings.host, settings.http_port, settings.log_level))
+    if settings.metrics_port is not None:
+        from .observability.endpoint import build_metrics_app
+
+        servers.append(_uvicorn(build_metrics_app(metrics, registry), settings.host, settings.metrics_port,
+                                settings.log_level))
+    for server in servers:
+        tasks.append(asyncio.create_task(server.serve()))
+    if settings.grpc_port is not None:
+        from .grpc.server import start_grpc_server
+
+        grpc_server = await start_grpc_server(service, settings.host, settings.grpc_port,
+                                              settings.grpc_max_message_bytes)
+    await asyncio.sleep(0)
+    for server, task in zip(servers, tasks, strict=True):
+        while not server.started and not task.done():
+            await asyncio.sleep(0.01)
+        if task.done():
+            task.result()  # a port in use: raise now
+            raise SystemExit(f"HTTP listener on port {server.config.port} failed to start")
+    load = asyncio.create_task(service.start())
+    stop_wait = asyncio.create_task(stop.wait())
+    await asyncio.wait([load, stop_wait], return_when=asyncio.FIRST_COMPLETED)
+    if load.done():
+        load.result()
+        log.info("kubeinfer-server ready: http=%s grpc=%s metrics=%s repository=%s", settings.http_port,
+                 settings.grpc_port, settings.metrics_port, settings.model_repository)
+        await stop_wait
+    else:
+        load.cancel()
+    log.info("shutting down: draining in-flight requests (up to %.0fs)", settings.shutdown_timeout)
+    await service.shutdown(settings.shutdown_timeout)
+    if grpc_server is not None:
+        await grpc_server.stop(grace=1.0)
+    for server in servers:
+        server.should_exit = True
+    await asyncio.gather(*tasks, return_exceptions=True)
+    log.info("kubeinfer-server stopped")
+
+
+def run(settings: ServerSettings) -> int:
+    try:
+        import uvloop
+
+        runner: Any = uvloop.run
+    except ImportError:  # uvloop is optional (no Windows wheels)
+        runner = asyncio.run
+    runner(serve(settings))
+    return 0

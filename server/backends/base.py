@@ -1,0 +1,139 @@
+"""The backend interface: a factory per model version and one instance per execution slot."""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+
+from ..config import pb
+from ..core.types import ExecutionTimings
+
+if TYPE_CHECKING:
+    from ..core.types import InferenceRequest
+
+
+@dataclass(frozen=True)
+class InstanceSpec:
+    """Where one instance runs: ``kind`` is "CPU" or "GPU" (KIND_AUTO already resolved)."""
+
+    name: str
+    kind: str
+    device_id: int = 0
+    index: int = 0
+    #: total instances of this model version (backends size thread pools with it)
+    total: int = 1
+
+
+@dataclass
+class Batch:
+    """Requests executed together; their inputs have equal shapes apart from the batch dim."""
+
+    requests: list[InferenceRequest]
+    max_batch_size: int
+    timings: ExecutionTimings = field(default_factory=ExecutionTimings)
+
+    @property
+    def size(self) -> int:
+        return sum(r.batch_size(self.max_batch_size) for r in self.requests)
+
+
+#: result for one request: its outputs, or the error that request alone failed with
+RequestResult = dict[str, np.ndarray] | Exception
+
+
+class BackendInstance(ABC):
+    """One execution slot (session, engine context, Python model object).
+
+    ``execute`` is called from the instance's own thread, never concurrently on one instance.
+    """
+
+    @abstractmethod
+    def execute(self, batch: Batch) -> list[RequestResult]:
+        """Run ``batch`` and return one result per request, in order."""
+
+    def close(self) -> None:
+        """Release the instance's resources (sessions, device memory)."""
+
+
+class TensorBackendInstance(BackendInstance):
+    """For backends that run one tensor dict: concatenates the batch and slices results back."""
+
+    @abstractmethod
+    def run(self, inputs: dict[str, np.ndarray], output_names: list[str]) -> dict[str, np.ndarray]:
+        """Execute the model once on batched inputs."""
+
+    output_names: list[str]
+
+    def execute(self, batch: Batch) -> list[RequestResult]:
+        t0 = time.perf_counter_ns()
+        requests = batch.requests
+        if len(requests) == 1:
+            inputs = requests[0].inputs
+        else:
+            names = requests[0].inputs.keys()
+            inputs = {n: np.concatenate([r.inputs[n] for r in requests]) for n in names}
+        wanted = self._wanted_outputs(requests)
+        t1 = time.perf_counter_ns()
+        outputs = self.run(inputs, wanted)
+        t2 = time.perf_counter_ns()
+        results: list[RequestResult]
+        if len(requests) == 1:
+            results = [outputs]
+        else:
+            results = []
+            start = 0
+            for r in requests:
+                rows = r.batch_size(batch.max_batch_size)
+                # views into the batched output: no copy per request
+                results.append({n: a[start : start + rows] for n, a in outputs.items()})
+                start += rows
+        t3 = time.perf_counter_ns()
+        batch.timings.compute_input_ns = t1 - t0
+        batch.timings.compute_infer_ns = t2 - t1
+        batch.timings.compute_output_ns = t3 - t2
+        return results
+
+    def _wanted_outputs(self, requests: list[InferenceRequest]) -> list[str]:
+        names: set[str] = set()
+        for r in requests:
+            if r.requested_outputs is None:
+                return self.output_names
+            names.update(r.requested_outputs)
+        return [n for n in self.output_names if n in names]
+
+
+class Backend(ABC):
+    """Factory for one model version's instances. Registered under ``kubeinfer.backends``."""
+
+    #: the ``backend`` name in config.pbtxt
+    name: ClassVar[str]
+    #: ``platform`` values this backend serves
+    platforms: ClassVar[tuple[str, ...]] = ()
+    default_filename: ClassVar[str] = ""
+
+    def __init__(self, config: pb.ModelConfig, version_path: Path, version: int, context: Any = None) -> None:
+        """``context`` is the server-side handle backends may need (the registry, for BLS)."""
+        self.config = config
+        self.version_path = version_path
+        self.version = version
+        self.context = context
+
+    @classmethod
+    def auto_complete_config(cls, config: pb.ModelConfig, version_path: Path) -> None:
+        """Fill what the config leaves out from the model file (inputs, outputs, max_batch_size)."""
+
+    @classmethod
+    def validate_model(cls, config: pb.ModelConfig, version_path: Path) -> None:
+        """Raise ConfigError when the config contradicts the model file."""
+
+    def model_file(self) -> Path:
+        return self.version_path / (self.config.default_model_filename or self.default_filename)
+
+    @abstractmethod
+    def create_instance(self, spec: InstanceSpec) -> BackendInstance:
+        """Load one instance; may be slow, runs off the event loop."""

@@ -1,0 +1,55 @@
+"""Finds backend classes: built-ins plus the ``kubeinfer.backends`` entry-point group."""
+
+from __future__ import annotations
+
+import logging
+from functools import lru_cache
+from importlib.metadata import entry_points
+
+from ..config import pb
+from ..core.errors import InvalidArgument
+from .base import Backend
+
+log = logging.getLogger(__name__)
+
+#: built-ins by backend name, imported lazily so GPU-only code never loads on CPU machines
+_BUILTIN = {
+    "onnxruntime": "kubeinfer.server.backends.onnxruntime:OnnxRuntimeBackend",
+    "python": "kubeinfer.server.backends.python.backend:PythonBackend",
+    "tensorrt": "kubeinfer.server.backends.tensorrt:TensorRTBackend",
+}
+PLATFORM_BACKENDS = {"onnxruntime_onnx": "onnxruntime", "tensorrt_plan": "tensorrt"}
+
+
+@lru_cache(maxsize=1)
+def _entry_points() -> dict[str, str]:
+    found = dict(_BUILTIN)
+    for ep in entry_points(group="kubeinfer.backends"):
+        found[ep.name] = ep.value
+    return found
+
+
+def available_backends() -> list[str]:
+    return sorted(_entry_points())
+
+
+def backend_name(config: pb.ModelConfig) -> str:
+    return config.backend or PLATFORM_BACKENDS.get(config.platform, "")
+
+
+def load_backend_class(config: pb.ModelConfig) -> type[Backend]:
+    name = backend_name(config)
+    target = _entry_points().get(name)
+    if target is None:
+        raise InvalidArgument(
+            f"no backend for platform '{config.platform}' / backend '{config.backend}'; "
+            f"available backends: {', '.join(available_backends())}"
+        )
+    module_name, _, attr = target.partition(":")
+    import importlib
+
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise InvalidArgument(f"backend '{name}' cannot be loaded on this machine: {exc}") from None
+    return getattr(module, attr)

@@ -1,0 +1,165 @@
+"""Checks a ModelConfig the way Triton does, with messages a user can act on.
+
+Pure functions of the config (no model files): the server runs them before loading and the operator
+runs them before rendering, so a bad spec is refused with the same words in both places.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from . import model_config_pb2 as pb
+from .codec import ConfigError
+
+#: platform → the backend that serves it (Triton's names)
+KNOWN_PLATFORMS = {
+    "onnxruntime_onnx": "onnxruntime",
+    "tensorrt_plan": "tensorrt",
+    "ensemble": "",
+}
+BUILTIN_BACKENDS = {"onnxruntime", "tensorrt", "python"}
+
+
+def _check_tensor(kind: str, t: pb.ModelInput | pb.ModelOutput, max_batch_size: int) -> None:
+    where = f"{kind} '{t.name}'"
+    if not t.name:
+        raise ConfigError(f"every {kind} needs a name")
+    if t.data_type == pb.TYPE_INVALID:
+        raise ConfigError(f"{where} has no data_type (e.g. data_type: TYPE_FP32)")
+    for d in t.dims:
+        if d == 0 or d < -1:
+            raise ConfigError(f"{where} has dims {list(t.dims)}: every dim must be a positive size or -1")
+    if not t.dims and not t.HasField("reshape"):
+        raise ConfigError(
+            f"{where} has no dims; give its shape"
+            + (" without the batch dimension (max_batch_size > 0)" if max_batch_size > 0 else "")
+        )
+    if t.HasField("reshape"):
+        for d in t.reshape.shape:
+            if d == 0 or d < -1:
+                raise ConfigError(f"{where} reshape {list(t.reshape.shape)}: sizes must be positive or -1")
+        if -1 not in t.dims and -1 not in t.reshape.shape:
+            a = _count(t.dims)
+            b = _count(t.reshape.shape)
+            if a != b:
+                raise ConfigError(
+                    f"{where} has dims {list(t.dims)} ({a} elements) but reshape {list(t.reshape.shape)} "
+                    f"({b} elements); they must hold the same number of elements"
+                )
+
+
+def _count(dims: Iterable[int]) -> int:
+    n = 1
+    for d in dims:
+        n *= d
+    return n
+
+
+def _check_dynamic_batching(config: pb.ModelConfig) -> None:
+    db = config.dynamic_batching
+    for size in db.preferred_batch_size:
+        if size <= 0:
+            raise ConfigError(f"dynamic_batching.preferred_batch_size {size} must be positive")
+        if config.max_batch_size > 0 and size > config.max_batch_size:
+            raise ConfigError(
+                f"dynamic_batching.preferred_batch_size {size} is larger than max_batch_size "
+                f"{config.max_batch_size}"
+            )
+    if db.priority_levels:
+        if not 1 <= db.default_priority_level <= db.priority_levels:
+            raise ConfigError(
+                f"dynamic_batching.default_priority_level must be in 1..{db.priority_levels} "
+                f"(priority_levels), got {db.default_priority_level}"
+            )
+    for level in db.priority_queue_policy:
+        if not 1 <= level <= db.priority_levels:
+            raise ConfigError(
+                f"dynamic_batching.priority_queue_policy has level {level}, outside 1..{db.priority_levels}"
+            )
+
+
+def _check_ensemble(config: pb.ModelConfig) -> None:
+    if not config.HasField("ensemble_scheduling") or not config.ensemble_scheduling.step:
+        raise ConfigError("platform 'ensemble' needs ensemble_scheduling with at least one step")
+    produced: dict[str, int] = {}
+    for i, step in enumerate(config.ensemble_scheduling.step):
+        if not step.model_name:
+            raise ConfigError(f"ensemble step {i} has no model_name")
+        if step.model_name == config.name:
+            raise ConfigError(f"ensemble step {i} calls the ensemble '{config.name}' itself")
+        for tensor in step.output_map.values():
+            if tensor in produced:
+                raise ConfigError(
+                    f"ensemble tensor '{tensor}' is produced by step {produced[tensor]} and step {i}; "
+                    "each ensemble tensor may be written once"
+                )
+            produced[tensor] = i
+    inputs = {t.name for t in config.input}
+    for t in config.output:
+        if t.name not in produced:
+            raise ConfigError(f"ensemble output '{t.name}' is not produced by any step's output_map")
+    for i, step in enumerate(config.ensemble_scheduling.step):
+        for tensor in step.input_map.values():
+            if tensor not in inputs and tensor not in produced:
+                raise ConfigError(
+                    f"ensemble step {i} ('{step.model_name}') reads '{tensor}', which is neither an "
+                    "ensemble input nor produced by a step"
+                )
+
+
+def validate_config(
+    config: pb.ModelConfig,
+    model_name: str | None = None,
+    available_backends: Iterable[str] | None = None,
+) -> None:
+    """Raise ConfigError with an actionable message if ``config`` cannot be served."""
+    if model_name is not None and config.name and config.name != model_name:
+        raise ConfigError(
+            f"config name '{config.name}' does not match the model folder name '{model_name}'; "
+            "they must be equal"
+        )
+    backends = set(BUILTIN_BACKENDS) | set(available_backends or ())
+    if config.platform and config.platform not in KNOWN_PLATFORMS:
+        raise ConfigError(
+            f"unknown platform '{config.platform}': expected one of {', '.join(sorted(KNOWN_PLATFORMS))}"
+        )
+    if config.backend and config.backend not in backends:
+        raise ConfigError(f"unknown backend '{config.backend}': available are {', '.join(sorted(backends))}")
+    if config.platform and config.backend:
+        expected = KNOWN_PLATFORMS[config.platform]
+        if expected and config.backend != expected:
+            raise ConfigError(
+                f"platform '{config.platform}' is served by backend '{expected}', not '{config.backend}'"
+            )
+    if config.max_batch_size < 0:
+        raise ConfigError(f"max_batch_size must be >= 0, got {config.max_batch_size}")
+    names: set[str] = set()
+    for kind, tensors in (("input", config.input), ("output", config.output)):
+        for t in tensors:
+            _check_tensor(kind, t, config.max_batch_size)
+            if (kind, t.name) in names:
+                raise ConfigError(f"{kind} '{t.name}' is declared twice")
+            names.add((kind, t.name))  # type: ignore[arg-type]
+    policy = config.version_policy
+    if policy.HasField("latest") and policy.latest.num_versions < 1:
+        raise ConfigError("version_policy latest.num_versions must be at least 1")
+    if policy.HasField("specific"):
+        if not policy.specific.versions:
+            raise ConfigError("version_policy specific needs at least one version")
+        for v in policy.specific.versions:
+            if v < 1:
+                raise ConfigError(f"version_policy specific lists version {v}; versions are positive")
+    for group in config.instance_group:
+        if group.count < 0:
+            raise ConfigError(f"instance_group '{group.name}' count must be >= 1")
+        for gpu in group.gpus:
+            if gpu < 0:
+                raise ConfigError(f"instance_group '{group.name}' lists gpu {gpu}; device ids are >= 0")
+    if config.HasField("dynamic_batching"):
+        _check_dynamic_batching(config)
+    if config.HasField("sequence_batching") and config.max_batch_size == 0:
+        pass  # Triton allows sequence batching without batching; accepted, run request by request
+    if config.platform == "ensemble":
+        _check_ensemble(config)
+    elif config.HasField("ensemble_scheduling"):
+        raise ConfigError("ensemble_scheduling is only valid with platform: \"ensemble\"")

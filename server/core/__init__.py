@@ -1,0 +1,1 @@
+"""Transport-neutral core: request types, errors, the model registry and its lifecycle."""

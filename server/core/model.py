@@ -1,0 +1,164 @@
+"""A loaded, servable model version and how one is built from the repository."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from ..backends.base import Backend, InstanceSpec
+from ..backends.loader import load_backend_class
+from ..config import pb
+from ..observability.stats import ModelStats, StatsListener
+from ..scheduling.base import Scheduler
+from ..scheduling.factory import make_scheduler
+from ..scheduling.instance_pool import InstancePool
+from . import devices
+from .errors import BackendError, InvalidArgument, ServerError, Unavailable
+from .types import InferenceRequest, InferenceResponse
+from .validation import RequestValidator
+
+log = logging.getLogger(__name__)
+
+
+def instance_specs(config: pb.ModelConfig, model_label: str) -> list[InstanceSpec]:
+    """Expand ``instance_group`` (default: one instance, KIND_AUTO) into concrete slots."""
+    groups = list(config.instance_group) or [pb.ModelInstanceGroup(kind=pb.ModelInstanceGroup.KIND_AUTO)]
+    n_gpus = devices.gpu_count()
+    specs: list[tuple[str, str, int]] = []
+    for gi, group in enumerate(groups):
+        count = group.count or 1
+        kind = pb.ModelInstanceGroup.Kind.Name(group.kind)
+        name = group.name or f"{model_label}_{gi}"
+        if kind == "KIND_AUTO":
+            kind = "KIND_GPU" if n_gpus else "KIND_CPU"
+        if kind == "KIND_GPU":
+            gpus = list(group.gpus) or list(range(n_gpus))
+            if not gpus:
+                raise InvalidArgument(
+                    f"instance_group '{name}' asks for KIND_GPU but this machine has no GPU; "
+                    "use KIND_CPU or KIND_AUTO"
+                )
+            for gpu in gpus:
+                if gpu >= n_gpus:
+                    raise InvalidArgument(
+                        f"instance_group '{name}' lists gpu {gpu} but only {n_gpus} GPU(s) are visible"
+                    )
+                specs += [(name, "GPU", gpu)] * count
+        else:
+            specs += [(name, "CPU", 0)] * count
+    return [InstanceSpec(name=n, kind=k, device_id=d, index=i, total=len(specs)) for i, (n, k, d) in enumerate(specs)]
+
+
+def prepare_config(config: pb.ModelConfig, version_path: Path | None) -> type[Backend] | None:
+    """Auto-complete and check ``config`` in place against the model file; returns the backend class."""
+    if config.platform == "ensemble":
+        return None
+    backend_cls = load_backend_class(config)
+    if version_path is not None:
+        backend_cls.auto_complete_config(config, version_path)
+        backend_cls.validate_model(config, version_path)
+    return backend_cls
+
+
+class ModelVersion:
+    """One ready model version: its scheduler, instances, statistics and in-flight count."""
+
+    def __init__(
+        self,
+        config: pb.ModelConfig,
+        version: int,
+        scheduler: Scheduler,
+        pool: InstancePool | None,
+        stats: ModelStats,
+        digest: str,
+    ) -> None:
+        self.config = config
+        self.name = config.name
+        self.version = version
+        self.version_str = str(version)
+        self.scheduler = scheduler
+        self.pool = pool
+        self.stats = stats
+        self.digest = digest
+        self.validator = RequestValidator(config)
+        self.inflight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self.closed = False
+
+    async def infer(self, request: InferenceRequest) -> InferenceResponse:
+        if self.closed:
+            raise Unavailable(f"model '{self.name}' version {self.version} is unloading")
+        self.inflight += 1
+        self._idle.clear()
+        try:
+            try:
+                self.validator.validate(request)
+                outputs = await self.scheduler.submit(request)
+            except ServerError as exc:
+                self.stats.record_request(request, False, exc.failure_reason)
+                raise
+            except Exception as exc:  # a backend bug must not take the server down
+                log.exception("model %s version %s failed", self.name, self.version)
+                self.stats.record_request(request, False, "BACKEND")
+                raise BackendError(f"model '{self.name}' failed: {type(exc).__name__}: {exc}") from exc
+            self.stats.record_request(request, True)
+            return InferenceResponse(self.name, self.version_str, outputs, request.id)
+        finally:
+            self.inflight -= 1
+            if self.inflight == 0:
+                self._idle.set()
+
+    async def drain(self, timeout: float | None = None) -> bool:
+        """Wait until no request is in flight; True when drained within ``timeout``."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+            return True
+        except asyncio.TimeoutError:
+            return False
+
+    async def close(self) -> None:
+        self.closed = True
+        await self.scheduler.close()
+        if self.pool is not None:
+            await asyncio.to_thread(self.pool.close)
+
+
+async def build_model_version(
+    config: pb.ModelConfig,
+    backend_cls: type[Backend] | None,
+    version: int,
+    version_path: Path | None,
+    digest: str,
+    registry: Any,
+    listeners: list[StatsListener],
+) -> ModelVersion:
+    """Load every instance (off the loop), then start the scheduler."""
+    stats = ModelStats(config.name, str(version), listeners)
+    pool = None
+    if backend_cls is not None:
+        assert version_path is not None
+        specs = instance_specs(config, config.name)
+
+        def load() -> InstancePool:
+            backend = backend_cls(config, version_path, version, registry)
+            instances = []
+            try:
+                for spec in specs:
+                    instances.append(backend.create_instance(spec))
+            except BaseException:
+                for inst in instances:
+                    inst.close()
+                raise
+            return InstancePool(instances, stats, f"{config.name}-v{version}")
+
+        started = time.monotonic()
+        pool = await asyncio.to_thread(load)
+        log.info("loaded %s version %s (%d instances) in %.2fs", config.name, version, pool.size,
+                 time.monotonic() - started)
+    scheduler = make_scheduler(config, pool, registry)
+    await scheduler.start()
+    return ModelVersion(config, version, scheduler, pool, stats, digest)

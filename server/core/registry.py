@@ -1,0 +1,329 @@
+"""The model registry: routing (name, version) → ready ModelVersion, and the model lifecycle.
+
+Reload never interrupts service: a new or changed version loads in the background while the old one
+serves; the routing table is swapped in one assignment when the new one is ready; the old version
+drains its in-flight and queued requests and only then unloads. A failed load leaves what was
+serving in place and records the failure (index state/reason, log, metric).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..config import ConfigError, pb, validate_config
+from ..observability.stats import StatsListener
+from . import repository
+from .errors import InvalidArgument, NotFound, ServerError, Unavailable
+from .model import ModelVersion, build_model_version, prepare_config
+from .types import InferenceRequest, InferenceResponse
+
+log = logging.getLogger(__name__)
+
+READY, LOADING, UNLOADING, UNAVAILABLE = "READY", "LOADING", "UNLOADING", "UNAVAILABLE"
+
+
+@dataclass
+class VersionState:
+    state: str
+    reason: str = ""
+
+
+@dataclass
+class ModelEntry:
+    name: str
+    #: versions that serve requests; replaced as a whole, never mutated in place
+    serving: dict[int, ModelVersion] = field(default_factory=dict)
+    #: what the index reports per version; key 0 holds a model-level failure with no version
+    states: dict[int, VersionState] = field(default_factory=dict)
+    config: pb.ModelConfig | None = None
+    config_digest: str = ""
+    override: pb.ModelConfig | None = None
+    #: digest per version of the last load attempt, failed or not (poll mode retries only on change)
+    attempted: dict[int, str] = field(default_factory=dict)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+class ModelRegistry:
+    def __init__(
+        self,
+        repository_path: Path,
+        listeners: list[StatsListener] | None = None,
+        drain_timeout: float = 300.0,
+    ) -> None:
+        self.repository_path = repository_path
+        self.listeners: list[StatsListener] = listeners if listeners is not None else []
+        self.drain_timeout = drain_timeout
+        self._models: dict[str, ModelEntry] = {}
+        self._background: set[asyncio.Task[Any]] = set()
+        #: called with (model, version, reason) when a load fails (metrics hook)
+        self.on_load_failure: list[Any] = []
+        self.shutting_down = False
+
+    # ---- routing -------------------------------------------------------------------------
+    def resolve(self, name: str, version: str = "") -> ModelVersion:
+        entry = self._models.get(name)
+        if entry is None:
+            raise NotFound(f"Request for unknown model: '{name}' is not found")
+        serving = entry.serving
+        if not version:
+            if not serving:
+                reason = self._reason(entry)
+                raise Unavailable(f"Request for unknown model: '{name}' has no available versions{reason}")
+            return serving[max(serving)]
+        try:
+            v = int(version)
+        except ValueError:
+            raise InvalidArgument(f"invalid model version '{version}': versions are integers") from None
+        mv = serving.get(v)
+        if mv is None:
+            state = entry.states.get(v)
+            if state is not None and state.state != READY:
+                raise Unavailable(
+                    f"model '{name}' version {v} is not ready: {state.state}"
+                    + (f" ({state.reason})" if state.reason else "")
+                )
+            raise NotFound(f"Request for unknown model: '{name}' version {v} is not found")
+        return mv
+
+    @staticmethod
+    def _reason(entry: ModelEntry) -> str:
+        reasons = [s.reason for s in entry.states.values() if s.reason]
+        return f": {reasons[0]}" if reasons else ""
+
+    async def infer(self, request: InferenceRequest) -> InferenceResponse:
+        if self.shutting_down:
+            raise Unavailable("server is shutting down")
+        return await self.resolve(request.model_name, request.model_version).infer(request)
+
+    def is_model_ready(self, name: str, version: str = "") -> bool:
+        try:
+            self.resolve(name, version)
+            return True
+        except ServerError:
+            return False
+
+    def model_names(self) -> list[str]:
+        return sorted(self._models)
+
+    def ready_versions(self, name: str) -> list[ModelVersion]:
+        entry = self._models.get(name)
+        return [entry.serving[v] for v in sorted(entry.serving)] if entry else []
+
+    def model_config(self, name: str, version: str = "") -> pb.ModelConfig:
+        return self.resolve(name, version).config
+
+    def all_ready(self) -> bool:
+        return all(e.serving and all(s.state == READY for s in e.states.values()) for e in self._models.values())
+
+    def index(self, ready_only: bool = False) -> list[dict[str, str]]:
+        """Triton's repository index: one row per known version (or per model without versions)."""
+        rows: list[dict[str, str]] = []
+        names = set(self._models)
+        if not ready_only:
+            names |= set(repository.list_model_names(self.repository_path))
+        for name in sorted(names):
+            entry = self._models.get(name)
+            if entry is None:
+                rows.append({"name": name})
+                continue
+            states = dict(entry.states)
+            if not states:
+                rows.append({"name": name})
+            for v in sorted(states):
+                s = states[v]
+                if ready_only and s.state != READY:
+                    continue
+                row = {"name": name, "version": str(v) if v else "", "state": s.state, "reason": s.reason}
+                rows.append(row)
+        return rows
+
+    # ---- lifecycle -----------------------------------------------------------------------
+    async def load_model(self, name: str, override: pb.ModelConfig | None = None) -> None:
+        """Load or reload ``name`` from the repository; raises ServerError if nothing can serve."""
+        repository.check_model_name(name)
+        entry = self._models.get(name)
+        if entry is None:
+            entry = self._models.setdefault(name, ModelEntry(name))
+        async with entry.lock:
+            if override is not None:
+                entry.override = override
+            await self._reconcile(entry)
+        failures = [s.reason for s in entry.states.values() if s.state == UNAVAILABLE]
+        if not entry.serving:
+            if name in self._models and not entry.states:
+                self._models.pop(name, None)
+            raise InvalidArgument(
+                f"failed to load '{name}': " + ("; ".join(failures) if failures else "no version to serve")
+            )
+
+    async def _reconcile(self, entry: ModelEntry) -> None:
+        name = entry.name
+        source = await asyncio.to_thread(repository.read_model, self.repository_path, name, entry.override)
+        entry.config_digest = source.config_digest
+        if source.error or source.config is None:
+            self._record_failure(entry, 0, source.error or "no config")
+            return
+        config = source.config
+        is_ensemble = config.platform == "ensemble"
+        wanted = {1: source.config_digest} if is_ensemble else self._wanted(source, config)
+        entry.attempted = wanted
+        try:
+            validate_config(config, name)
+        except ConfigError as exc:
+            self._record_failure(entry, 0, str(exc))
+            return
+        entry.states.pop(0, None)
+        targets = list(wanted)
+        if not targets:
+            self._record_failure(entry, 0, "no version folder with a model file matches the version policy")
+            return
+        new_serving: dict[int, ModelVersion] = {}
+        replaced: list[ModelVersion] = []
+        for v in targets:
+            digest = wanted[v]
+            current = entry.serving.get(v)
+            if current is not None and current.digest == digest:
+                new_serving[v] = current
+                continue
+            if current is None:
+                entry.states[v] = VersionState(LOADING)
+            try:
+                mv = await self._build(config, v, source.versions.get(v), digest)
+            except Exception as exc:  # any load failure is reported, never fatal
+                reason = str(exc) if isinstance(exc, (ConfigError, ServerError)) else f"{type(exc).__name__}: {exc}"
+                log.error("failed to load '%s' version %s: %s", name, v, reason)
+                if current is not None:
+                    new_serving[v] = current  # keep serving what worked
+                    entry.states[v] = VersionState(READY, f"reload failed: {reason}")
+                else:
+                    entry.states[v] = VersionState(UNAVAILABLE, reason)
+                for hook in self.on_load_failure:
+                    hook(name, str(v), reason)
+                continue
+            new_serving[v] = mv
+            entry.states[v] = VersionState(READY)
+            if current is not None:
+                replaced.append(current)
+        if not new_serving and entry.serving:
+            # nothing new could load: what was serving stays in place
+            return
+        removed = [mv for v, mv in entry.serving.items() if v not in new_serving]
+        entry.serving = new_serving  # the atomic switch
+        entry.config = new_serving[max(new_serving)].config if new_serving else config
+        for mv in removed:
+            entry.states[mv.version] = VersionState(UNLOADING)
+        removed_versions = {mv.version for mv in removed}
+        for v in list(entry.states):
+            if v not in wanted and v not in removed_versions:
+                del entry.states[v]
+        # replaced and removed versions take no new requests now; they drain, then unload
+        for mv in replaced + removed:
+            self._spawn(self._retire(entry, mv, forget=mv in removed))
+
+    async def _build(self, config: pb.ModelConfig, version: int, path: Path | None, digest: str) -> ModelVersion:
+        """Complete the config against this version's model file, then load it."""
+        vconfig = pb.ModelConfig()
+        vconfig.CopyFrom(config)
+        backend_cls = await asyncio.to_thread(prepare_config, vconfig, path)
+        validate_config(vconfig, config.name)
+        return await build_model_version(vconfig, backend_cls, version, path, digest, self, self.listeners)
+
+    def _record_failure(self, entry: ModelEntry, version: int, reason: str) -> None:
+        log.error("model '%s' is unavailable: %s", entry.name, reason)
+        if entry.serving:
+            # keep serving the last good config; say why the new one was refused
+            for v in entry.serving:
+                entry.states[v] = VersionState(READY, f"reload failed: {reason}")
+        else:
+            entry.states = {version: VersionState(UNAVAILABLE, reason)}
+        for hook in self.on_load_failure:
+            hook(entry.name, str(version) if version else "", reason)
+
+    async def _retire(self, entry: ModelEntry, mv: ModelVersion, forget: bool) -> None:
+        drained = await mv.drain(self.drain_timeout)
+        if not drained:
+            log.warning("unloading %s version %s with requests still in flight", mv.name, mv.version)
+        await mv.close()
+        if forget and entry.states.get(mv.version, VersionState("")).state == UNLOADING:
+            entry.states[mv.version] = VersionState(UNAVAILABLE, "unloaded")
+        log.info("unloaded %s version %s", mv.name, mv.version)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
+        repository.check_model_name(name)
+        entry = self._models.get(name)
+        if entry is None:
+            raise NotFound(f"failed to unload '{name}': model is not loaded")
+        async with entry.lock:
+            retiring = list(entry.serving.values())
+            entry.serving = {}
+            for mv in retiring:
+                entry.states[mv.version] = VersionState(UNLOADING)
+            entry.override = None
+            await asyncio.gather(*(self._retire(entry, mv, forget=True) for mv in retiring))
+        if unload_dependents:
+            for other in list(self._models.values()):
+                if other.config is not None and other.config.platform == "ensemble" and other.serving:
+                    steps = {s.model_name for s in other.config.ensemble_scheduling.step}
+                    if name in steps:
+                        await self.unload_model(other.name)
+
+    async def forget_model(self, name: str) -> None:
+        """Unload and drop from the index (its folder was removed from the repository)."""
+        if name in self._models:
+            await self.unload_model(name)
+            self._models.pop(name, None)
+
+    async def load_all(self) -> None:
+        for name in repository.list_model_names(self.repository_path):
+            try:
+                await self.load_model(name)
+            except ServerError as exc:
+                log.error("%s", exc)
+
+    async def poll(self) -> None:
+        """Bring the loaded set in line with the repository (poll mode)."""
+        on_disk = set(await asyncio.to_thread(repository.list_model_names, self.repository_path))
+        for name in sorted(set(self._models) - on_disk):
+            await self.forget_model(name)
+        for name in sorted(on_disk):
+            entry = self._models.get(name)
+            if entry is not None and not await self._changed(entry):
+                continue
+            try:
+                await self.load_model(name)
+            except ServerError as exc:
+                log.error("%s", exc)
+
+    async def _changed(self, entry: ModelEntry) -> bool:
+        source = await asyncio.to_thread(repository.read_model, self.repository_path, entry.name, entry.override)
+        if source.config_digest != entry.config_digest:
+            return True
+        config = entry.config or source.config
+        if config is None or config.platform == "ensemble":
+            return False
+        return self._wanted(source, config) != entry.attempted
+
+    @staticmethod
+    def _wanted(source: repository.ModelSource, config: pb.ModelConfig) -> dict[int, str]:
+        """Digest per version the policy selects: what a load would (re)build."""
+        targets = repository.select_versions(config, list(source.versions))
+        return {v: source.config_digest + ":" + source.version_digests.get(v, "") for v in targets}
+
+    async def shutdown(self, timeout: float) -> None:
+        """Refuse new requests, let in-flight ones finish (bounded by ``timeout``), then unload."""
+        self.shutting_down = True
+        everything = [mv for e in self._models.values() for mv in e.serving.values()]
+        await asyncio.gather(*(mv.drain(timeout) for mv in everything))
+        for mv in everything:
+            await mv.close()
+        for task in list(self._background):
+            task.cancel()

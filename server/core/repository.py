@@ -1,0 +1,163 @@
+"""Reads a Triton-style model repository from disk (no loading, no state).
+
+Layout: ``<repo>/<model>/config.pbtxt`` and ``<repo>/<model>/<version>/<model file>``.
+
+Atomic-write contract (what a writer such as the operator must follow, and what poll mode relies on):
+
+* every file or folder whose name starts with ``.`` is ignored, at the repository level and inside a
+  model folder, so writers stage under dot-names and ``rename`` into place;
+* a version folder (numeric, no leading zero) counts only once its model file exists;
+* a new model is staged whole as ``<repo>/.<model>.staging-*`` and renamed to ``<repo>/<model>``;
+* a new version is staged as ``<repo>/<model>/.<version>.staging-*`` and renamed, then the config is
+  replaced (config last) via ``.config.pbtxt.tmp-*`` and ``os.replace``;
+* removal renames to a dot-name first, then deletes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..config import ConfigError, load_config_file, pb
+from .errors import InvalidArgument
+
+CONFIG_FILE = "config.pbtxt"
+#: default model file per platform/backend, as Triton names them
+DEFAULT_FILENAMES = {
+    "onnxruntime_onnx": "model.onnx",
+    "onnxruntime": "model.onnx",
+    "tensorrt_plan": "model.plan",
+    "tensorrt": "model.plan",
+    "python": "model.py",
+}
+_MODEL_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
+
+
+def check_model_name(name: str) -> None:
+    """Reject names that could escape the repository (``..``, separators) or are hidden."""
+    if not name or "/" in name or "\\" in name or name in (".", "..") or not _MODEL_NAME.match(name):
+        raise InvalidArgument(
+            f"invalid model name '{name}': use letters, digits, '_', '-' and '.', without path separators"
+        )
+
+
+def is_version_dir_name(name: str) -> bool:
+    return name.isdigit() and not name.startswith("0")
+
+
+@dataclass
+class ModelSource:
+    """One model folder as found on disk: its parsed config and the version folders it offers."""
+
+    name: str
+    path: Path
+    config: pb.ModelConfig | None
+    #: complete version folders (model file present), by number
+    versions: dict[int, Path] = field(default_factory=dict)
+    #: why the model cannot be used at all (broken config), else ""
+    error: str = ""
+    #: changes when the config text changes
+    config_digest: str = ""
+    #: per version, changes when any file in the version folder changes
+    version_digests: dict[int, str] = field(default_factory=dict)
+
+
+def model_filename(config: pb.ModelConfig) -> str:
+    if config.default_model_filename:
+        return config.default_model_filename
+    return DEFAULT_FILENAMES.get(config.platform) or DEFAULT_FILENAMES.get(config.backend) or ""
+
+
+def infer_platform(config: pb.ModelConfig, model_dir: Path) -> None:
+    """Without platform/backend, pick one from the model files found (Triton's auto-complete)."""
+    if config.platform or config.backend:
+        return
+    for version_dir in sorted(p for p in model_dir.iterdir() if is_version_dir_name(p.name)):
+        for filename, platform in (("model.onnx", "onnxruntime_onnx"), ("model.plan", "tensorrt_plan")):
+            if (version_dir / filename).exists():
+                config.platform = platform
+                return
+        if (version_dir / "model.py").exists():
+            config.backend = "python"
+            return
+
+
+def _digest_dir(path: Path) -> str:
+    h = hashlib.sha1()
+    for root, dirs, files in os.walk(path):
+        dirs.sort()
+        for f in sorted(files):
+            p = Path(root) / f
+            try:
+                st = p.stat()
+            except OSError:
+                continue
+            h.update(f"{p.relative_to(path)}:{st.st_size}:{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()
+
+
+def list_model_names(repo: Path) -> list[str]:
+    try:
+        entries = sorted(os.scandir(repo), key=lambda e: e.name)
+    except OSError:
+        return []
+    return [e.name for e in entries if not e.name.startswith(".") and e.is_dir() and _MODEL_NAME.match(e.name)]
+
+
+def read_model(repo: Path, name: str, override: pb.ModelConfig | None = None) -> ModelSource:
+    """Parse one model folder; errors are recorded on the result, never raised."""
+    path = repo / name
+    source = ModelSource(name=name, path=path, config=None)
+    if not path.is_dir():
+        source.error = f"model folder '{name}' not found in the repository"
+        return source
+    if override is not None:
+        config = pb.ModelConfig()
+        config.CopyFrom(override)
+        source.config_digest = hashlib.sha1(config.SerializeToString(deterministic=True)).hexdigest()
+    else:
+        config_path = path / CONFIG_FILE
+        if config_path.exists():
+            try:
+                source.config_digest = hashlib.sha1(config_path.read_bytes()).hexdigest()
+                config = load_config_file(config_path)
+            except (ConfigError, OSError) as exc:
+                source.error = str(exc)
+                return source
+        else:
+            config = pb.ModelConfig()
+            source.config_digest = "none"
+    if not config.name:
+        config.name = name
+    try:
+        infer_platform(config, path)
+    except OSError as exc:
+        source.error = str(exc)
+        return source
+    source.config = config
+    filename = model_filename(config)
+    for entry in os.scandir(path):
+        if not (entry.is_dir() and is_version_dir_name(entry.name)):
+            continue
+        version = int(entry.name)
+        vpath = Path(entry.path)
+        if filename and not (vpath / filename).exists():
+            continue  # incomplete version folder: not there yet, as far as we are concerned
+        source.versions[version] = vpath
+        source.version_digests[version] = _digest_dir(vpath)
+    return source
+
+
+def select_versions(config: pb.ModelConfig, available: list[int]) -> list[int]:
+    """Apply the version policy (default: latest 1) to the versions found on disk."""
+    available = sorted(available)
+    policy = config.version_policy
+    if policy.HasField("all"):
+        return available
+    if policy.HasField("specific"):
+        return sorted(v for v in set(policy.specific.versions) if v in available)
+    n = policy.latest.num_versions if policy.HasField("latest") else 1
+    return available[-max(n, 1):]

@@ -1,0 +1,164 @@
+"""The protocol-neutral server API both front ends call: health, metadata, infer, repository, stats."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from .. import SERVER_NAME, __version__
+from ..config import config_to_dict, pb
+from . import datatypes
+from .errors import InvalidArgument, Unavailable, Unsupported
+from .registry import ModelRegistry
+from .types import InferenceRequest, InferenceResponse
+
+log = logging.getLogger(__name__)
+
+EXTENSIONS = [
+    "classification",
+    "model_repository",
+    "model_repository(unload_dependents)",
+    "schedule_policy",
+    "model_configuration",
+    "binary_tensor_data",
+    "parameters",
+    "statistics",
+]
+
+CONTROL_NONE, CONTROL_POLL, CONTROL_EXPLICIT = "none", "poll", "explicit"
+
+
+@dataclass
+class ServiceOptions:
+    control_mode: str = CONTROL_NONE
+    poll_secs: float = 15.0
+    startup_models: tuple[str, ...] = ()
+    strict_readiness: bool = False
+
+
+class InferenceService:
+    def __init__(self, registry: ModelRegistry, options: ServiceOptions) -> None:
+        self.registry = registry
+        self.options = options
+        self.started = False
+        self._poller: asyncio.Task[None] | None = None
+
+    # ---- lifecycle ----------------------------------------------------------------------
+    async def start(self) -> None:
+        mode = self.options.control_mode
+        if mode == CONTROL_EXPLICIT:
+            names = self.options.startup_models
+            if "*" in names:
+                await self.registry.load_all()
+            else:
+                for name in names:
+                    try:
+                        await self.registry.load_model(name)
+                    except Exception as exc:  # reported in the index; the server still starts
+                        log.error("%s", exc)
+        else:
+            await self.registry.load_all()
+        if mode == CONTROL_POLL:
+            self._poller = asyncio.create_task(self._poll_forever())
+        self.started = True
+
+    async def _poll_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.options.poll_secs)
+            try:
+                await self.registry.poll()
+            except Exception:  # keep polling whatever one scan hit
+                log.exception("repository poll failed")
+
+    async def shutdown(self, timeout: float) -> None:
+        if self._poller is not None:
+            self._poller.cancel()
+        await self.registry.shutdown(timeout)
+
+    # ---- health and metadata ------------------------------------------------------------
+    def live(self) -> bool:
+        return True
+
+    def ready(self) -> bool:
+        if not self.started or self.registry.shutting_down:
+            return False
+        return self.registry.all_ready() if self.options.strict_readiness else True
+
+    def server_metadata(self) -> dict[str, Any]:
+        return {"name": SERVER_NAME, "version": __version__, "extensions": EXTENSIONS}
+
+    def model_ready(self, name: str, version: str = "") -> bool:
+        return not self.registry.shutting_down and self.registry.is_model_ready(name, version)
+
+    def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
+        mv = self.registry.resolve(name, version)
+        config = mv.config
+        batch = [-1] if config.max_batch_size > 0 else []
+
+        def tensors(items: Any) -> list[dict[str, Any]]:
+            return [
+                {
+                    "name": t.name,
+                    "datatype": datatypes.config_to_v2(pb.DataType.Name(t.data_type)),
+                    "shape": batch + list(t.dims),
+                }
+                for t in items
+            ]
+
+        versions = [v.version_str for v in self.registry.ready_versions(name)]
+        return {
+            "name": name,
+            "versions": versions,
+            "platform": config.platform or config.backend,
+            "inputs": tensors(config.input),
+            "outputs": tensors(config.output),
+        }
+
+    def model_config(self, name: str, version: str = "") -> pb.ModelConfig:
+        return self.registry.resolve(name, version).config
+
+    def model_config_dict(self, name: str, version: str = "") -> dict[str, Any]:
+        return config_to_dict(self.model_config(name, version))
+
+    # ---- inference ----------------------------------------------------------------------
+    async def infer(self, request: InferenceRequest) -> InferenceResponse:
+        if not self.started:
+            raise Unavailable("server is not ready: models are still loading")
+        return await self.registry.infer(request)
+
+    # ---- statistics ---------------------------------------------------------------------
+    def statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
+        if not name:
+            stats = [mv.stats.as_dict() for n in self.registry.model_names() for mv in self.registry.ready_versions(n)]
+            return {"model_stats": stats}
+        if version:
+            return {"model_stats": [self.registry.resolve(name, version).stats.as_dict()]}
+        versions = self.registry.ready_versions(name)
+        if not versions:
+            self.registry.resolve(name)  # raises the right NotFound / Unavailable
+        return {"model_stats": [mv.stats.as_dict() for mv in versions]}
+
+    # ---- repository ---------------------------------------------------------------------
+    def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
+        return self.registry.index(ready_only)
+
+    def _check_explicit(self, action: str) -> None:
+        if self.options.control_mode != CONTROL_EXPLICIT:
+            raise Unsupported(
+                f"explicit model {action} is not allowed in model control mode "
+                f"'{self.options.control_mode}'; start the server with --model-control-mode=explicit"
+            )
+
+    async def load_model(self, name: str, config_override: pb.ModelConfig | None = None) -> None:
+        self._check_explicit("load")
+        if config_override is not None and config_override.name and config_override.name != name:
+            raise InvalidArgument(
+                f"config override names model '{config_override.name}' but the request loads '{name}'"
+            )
+        await self.registry.load_model(name, config_override)
+
+    async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
+        self._check_explicit("unload")
+        await self.registry.unload_model(name, unload_dependents)

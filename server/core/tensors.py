@@ -1,0 +1,140 @@
+"""Wire-neutral tensor (de)serialization shared by HTTP and gRPC: raw bytes and typed lists."""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import numpy as np
+
+from . import datatypes
+from .errors import InvalidArgument
+
+
+def element_count(shape: list[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def check_shape(name: str, shape: Any) -> list[int]:
+    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) for d in shape):
+        raise InvalidArgument(f"input '{name}': shape must be a list of integers, got {shape!r}")
+    if any(d < 0 for d in shape):
+        raise InvalidArgument(f"input '{name}': shape {shape} has a negative dimension")
+    return shape
+
+
+def deserialize_bytes_tensor(buf: bytes | memoryview, count: int, name: str) -> np.ndarray:
+    """BYTES elements as Triton sends them: 4-byte little-endian length, then the bytes."""
+    out = np.empty(count, dtype=object)
+    mv = memoryview(buf)
+    offset = 0
+    for i in range(count):
+        if offset + 4 > len(mv):
+            raise InvalidArgument(f"input '{name}': BYTES data holds fewer than {count} elements")
+        (length,) = struct.unpack_from("<I", mv, offset)
+        offset += 4
+        if offset + length > len(mv):
+            raise InvalidArgument(f"input '{name}': BYTES element {i} runs past the end of the data")
+        out[i] = bytes(mv[offset : offset + length])
+        offset += length
+    if offset != len(mv):
+        raise InvalidArgument(f"input '{name}': {len(mv) - offset} trailing bytes after {count} BYTES elements")
+    return out
+
+
+def serialize_bytes_tensor(array: np.ndarray) -> bytes:
+    parts = []
+    for item in array.ravel():
+        b = item if isinstance(item, bytes) else str(item).encode("utf-8")
+        parts.append(struct.pack("<I", len(b)))
+        parts.append(b)
+    return b"".join(parts)
+
+
+def from_raw(name: str, datatype: str, shape: list[int], raw: bytes | memoryview) -> np.ndarray:
+    """A tensor from its raw little-endian bytes (zero copy for fixed-size types)."""
+    dt = datatypes.from_v2(datatype)
+    count = element_count(shape)
+    if dt.v2 == "BYTES":
+        return deserialize_bytes_tensor(raw, count, name).reshape(shape)
+    if dt.numpy is None:
+        raise InvalidArgument(f"input '{name}': datatype {datatype} is not supported by this server")
+    expected = count * dt.itemsize
+    if len(raw) != expected:
+        raise InvalidArgument(
+            f"unexpected total byte size {len(raw)} for input '{name}', expecting {expected} "
+            f"for shape {shape} of {datatype}"
+        )
+    return np.frombuffer(raw, dtype=dt.numpy.newbyteorder("<"), count=count).reshape(shape)
+
+
+def to_raw(array: np.ndarray) -> bytes | memoryview:
+    if array.dtype == np.object_:
+        return serialize_bytes_tensor(array)
+    a = np.ascontiguousarray(array)
+    if a.dtype.byteorder == ">":
+        a = a.astype(a.dtype.newbyteorder("<"))
+    return memoryview(a).cast("B")
+
+
+def _flatten(data: Any) -> list[Any]:
+    if isinstance(data, list) and data and isinstance(data[0], list):
+        flat: list[Any] = []
+        stack = [data]
+        # iterative flatten keeps deep nesting from hitting the recursion limit
+        while stack:
+            item = stack.pop()
+            if isinstance(item, list):
+                stack.extend(reversed(item))
+            else:
+                flat.append(item)
+        return flat
+    return data if isinstance(data, list) else [data]
+
+
+def from_list(name: str, datatype: str, shape: list[int], data: Any) -> np.ndarray:
+    """A tensor from JSON/typed values (flat or nested; BYTES as strings)."""
+    dt = datatypes.from_v2(datatype)
+    flat = _flatten(data)
+    count = element_count(shape)
+    if len(flat) != count:
+        raise InvalidArgument(
+            f"input '{name}' has {len(flat)} elements in its data but shape {shape} needs {count}"
+        )
+    if dt.v2 == "BYTES":
+        out = np.empty(count, dtype=object)
+        for i, v in enumerate(flat):
+            if isinstance(v, str):
+                out[i] = v.encode("utf-8")
+            elif isinstance(v, (bytes, bytearray)):
+                out[i] = bytes(v)
+            else:
+                raise InvalidArgument(f"input '{name}': BYTES elements must be strings, got {type(v).__name__}")
+        return out.reshape(shape)
+    if dt.numpy is None:
+        raise InvalidArgument(f"input '{name}': datatype {datatype} is not supported by this server")
+    if dt.v2 == "BOOL":
+        if not all(isinstance(v, bool) for v in flat):
+            raise InvalidArgument(f"input '{name}': BOOL data must be true/false")
+    elif dt.numpy.kind in "iu":
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in flat):
+            raise InvalidArgument(f"input '{name}': {datatype} data must be integers")
+    elif not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in flat):
+        raise InvalidArgument(f"input '{name}': {datatype} data must be numbers")
+    try:
+        return np.asarray(flat, dtype=dt.numpy).reshape(shape)
+    except (OverflowError, ValueError) as exc:
+        raise InvalidArgument(f"input '{name}': data does not fit {datatype}: {exc}") from None
+
+
+def to_list(array: np.ndarray) -> list[Any]:
+    if array.dtype == np.object_:
+        return [v.decode("utf-8", errors="replace") if isinstance(v, bytes) else str(v) for v in array.ravel()]
+    return array.ravel().tolist()
+
+
+def v2_datatype(array: np.ndarray) -> str:
+    return datatypes.from_numpy(array.dtype).v2

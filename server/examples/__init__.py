@@ -1,0 +1,1 @@
+"""The example model repository shipped with kubeinfer (configs here; ONNX files generated)."""

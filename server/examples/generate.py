@@ -1,0 +1,64 @@
+"""Builds the example model repository: bundled configs plus generated ONNX files.
+
+``python -m kubeinfer.server.examples.generate DIR`` writes it to DIR; the server's default
+repository is the same thing, built once under ``~/.cache/kubeinfer``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import onnx
+
+from .. import __version__
+from . import models
+
+CONFIGS = Path(__file__).parent / "model_repository"
+#: model → {version: builder}
+VERSIONS = {
+    "cifar10_resnet": {1: lambda: models.resnet18_cifar(seed=0)},
+    "add_sub": {1: lambda: models.add_sub(16), 2: lambda: models.add_sub(16)},
+}
+
+
+def write_repository(target: Path) -> Path:
+    """Write the example repository to ``target`` atomically (staged, then renamed)."""
+    target = target.resolve()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.staging-", dir=target.parent))
+    try:
+        for model, versions in VERSIONS.items():
+            shutil.copytree(CONFIGS / model, staging / model)
+            for version, build in versions.items():
+                (staging / model / str(version)).mkdir()
+                onnx.save(build(), str(staging / model / str(version) / "model.onnx"))
+        if target.exists():
+            shutil.rmtree(target)
+        os.rename(staging, target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return target
+
+
+def default_repository() -> Path:
+    cache = Path(os.environ.get("KUBEINFER_CACHE", Path.home() / ".cache" / "kubeinfer"))
+    target = cache / f"example-repository-{__version__}"
+    if not target.exists():
+        write_repository(target)
+    return target
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("target", type=Path, help="folder to write the repository to (replaced if present)")
+    args = parser.parse_args()
+    print(write_repository(args.target))
+
+
+if __name__ == "__main__":
+    main()

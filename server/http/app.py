@@ -1,0 +1,166 @@
+"""Routes of the KServe v2 REST API plus Triton's extensions (statistics, repository, config).
+
+Handlers translate HTTP to the core's InferenceService and back; they never touch a backend.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.responses import Response
+
+from ..config import ConfigError, config_from_dict
+from ..core.errors import InvalidArgument, ServerError
+from ..core.service import InferenceService
+from .codec import HEADER_LENGTH, decode_request, encode_response
+
+log = logging.getLogger(__name__)
+
+JSON = "application/json"
+
+
+def _json(data: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(data), status_code=status, media_type=JSON)
+
+
+def _error(exc: ServerError) -> Response:
+    return _json({"error": exc.message}, exc.http_status)
+
+
+async def _json_body(request: Request) -> dict[str, Any]:
+    body = await request.body()
+    if not body.strip():
+        return {}
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidArgument(f"failed to parse the request JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise InvalidArgument("the request body must be a JSON object")
+    return data
+
+
+def build_app(service: InferenceService) -> FastAPI:
+    app = FastAPI(title="kubeinfer", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.exception_handler(ServerError)
+    async def server_error(_: Request, exc: ServerError) -> Response:
+        return _error(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: Request, exc: RequestValidationError) -> Response:
+        return _json({"error": str(exc)}, 400)
+
+    @app.exception_handler(Exception)
+    async def unexpected(_: Request, exc: Exception) -> Response:
+        log.exception("unexpected error")
+        return _json({"error": f"internal error: {type(exc).__name__}: {exc}"}, 500)
+
+    # ---- health and server metadata ---------------------------------------------------------
+    @app.get("/v2")
+    async def server_metadata() -> Response:
+        return _json(service.server_metadata())
+
+    @app.get("/v2/health/live")
+    async def live() -> Response:
+        return Response(status_code=200 if service.live() else 503)
+
+    @app.get("/v2/health/ready")
+    async def ready() -> Response:
+        return Response(status_code=200 if service.ready() else 503)
+
+    # ---- statistics (before /v2/models/{name} so "stats" is not taken for a model name) -------
+    @app.get("/v2/models/stats")
+    async def all_stats() -> Response:
+        return _json(service.statistics())
+
+    @app.get("/v2/models/{name}/stats")
+    async def model_stats(name: str) -> Response:
+        return _json(service.statistics(name))
+
+    @app.get("/v2/models/{name}/versions/{version}/stats")
+    async def version_stats(name: str, version: str) -> Response:
+        return _json(service.statistics(name, version))
+
+    # ---- model metadata, readiness, config ----------------------------------------------------
+    @app.get("/v2/models/{name}")
+    async def model_metadata(name: str) -> Response:
+        return _json(service.model_metadata(name))
+
+    @app.get("/v2/models/{name}/versions/{version}")
+    async def version_metadata(name: str, version: str) -> Response:
+        return _json(service.model_metadata(name, version))
+
+    @app.get("/v2/models/{name}/ready")
+    async def model_ready(name: str) -> Response:
+        return Response(status_code=200 if service.model_ready(name) else 503)
+
+    @app.get("/v2/models/{name}/versions/{version}/ready")
+    async def version_ready(name: str, version: str) -> Response:
+        return Response(status_code=200 if service.model_ready(name, version) else 503)
+
+    @app.get("/v2/models/{name}/config")
+    async def model_config(name: str) -> Response:
+        return _json(service.model_config_dict(name))
+
+    @app.get("/v2/models/{name}/versions/{version}/config")
+    async def version_config(name: str, version: str) -> Response:
+        return _json(service.model_config_dict(name, version))
+
+    # ---- inference ---------------------------------------------------------------------------
+    async def _infer(request: Request, name: str, version: str) -> Response:
+        body = await request.body()
+        infer_request, options = decode_request(body, request.headers.get(HEADER_LENGTH), name, version)
+        response = await service.infer(infer_request)
+        payload, header_len = encode_response(response, options)
+        if header_len is None:
+            return Response(payload, media_type=JSON)
+        return Response(
+            payload,
+            media_type="application/octet-stream",
+            headers={"Inference-Header-Content-Length": str(header_len)},
+        )
+
+    @app.post("/v2/models/{name}/infer")
+    async def infer(name: str, request: Request) -> Response:
+        return await _infer(request, name, "")
+
+    @app.post("/v2/models/{name}/versions/{version}/infer")
+    async def infer_version(name: str, version: str, request: Request) -> Response:
+        return await _infer(request, name, version)
+
+    # ---- repository extension ----------------------------------------------------------------
+    @app.post("/v2/repository/index")
+    async def repository_index(request: Request) -> Response:
+        body = await _json_body(request)
+        return _json(service.repository_index(bool(body.get("ready", False))))
+
+    @app.post("/v2/repository/models/{name}/load")
+    async def load(name: str, request: Request) -> Response:
+        body = await _json_body(request)
+        params = body.get("parameters") or {}
+        override = None
+        if "config" in params:
+            raw = params["config"]
+            try:
+                data = orjson.loads(raw) if isinstance(raw, (str, bytes)) else raw
+                if not isinstance(data, dict):
+                    raise InvalidArgument("parameters.config must be a JSON object (or a string holding one)")
+                override = config_from_dict(data)
+            except (orjson.JSONDecodeError, ConfigError) as exc:
+                raise InvalidArgument(f"invalid config override: {exc}") from None
+        await service.load_model(name, override)
+        return Response(status_code=200)
+
+    @app.post("/v2/repository/models/{name}/unload")
+    async def unload(name: str, request: Request) -> Response:
+        body = await _json_body(request)
+        params = body.get("parameters") or {}
+        await service.unload_model(name, bool(params.get("unload_dependents", False)))
+        return Response(status_code=200)
+
+    return app

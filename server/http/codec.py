@@ -1,0 +1,156 @@
+"""HTTP body ⇄ InferenceRequest/Response, including the binary tensor data extension.
+
+The JSON header is parsed with orjson; binary tensors are numpy views into the request body (no
+copy). No pydantic models on this path.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import orjson
+
+from ..core import tensors
+from ..core.classification import classify
+from ..core.errors import InvalidArgument
+from ..core.types import InferenceRequest, InferenceResponse
+
+HEADER_LENGTH = "inference-header-content-length"
+
+
+def _int_param(params: dict[str, Any], key: str, where: str) -> int | None:
+    value = params.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise InvalidArgument(f"{where}: parameter '{key}' must be a non-negative integer, got {value!r}")
+    return value
+
+
+def decode_request(
+    body: bytes, header_length: str | None, model_name: str, model_version: str
+) -> tuple[InferenceRequest, dict[str, Any]]:
+    """Returns the request and per-output wire options (binary_data, classification)."""
+    if header_length is not None:
+        try:
+            json_len = int(header_length)
+        except ValueError:
+            raise InvalidArgument(f"Inference-Header-Content-Length '{header_length}' is not an integer") from None
+        if json_len < 0 or json_len > len(body):
+            raise InvalidArgument(
+                f"Inference-Header-Content-Length {json_len} is larger than the request body ({len(body)} bytes)"
+            )
+    else:
+        json_len = len(body)
+    try:
+        header = orjson.loads(body[:json_len])
+    except orjson.JSONDecodeError as exc:
+        raise InvalidArgument(f"failed to parse the request JSON: {exc}") from None
+    if not isinstance(header, dict):
+        raise InvalidArgument("the request body must be a JSON object")
+    raw_inputs = header.get("inputs")
+    if not isinstance(raw_inputs, list):
+        raise InvalidArgument("the request must have an 'inputs' list")
+    params = header.get("parameters") or {}
+    if not isinstance(params, dict):
+        raise InvalidArgument("'parameters' must be an object")
+    binary = memoryview(body)
+    offset = json_len
+    inputs: dict[str, np.ndarray] = {}
+    for item in raw_inputs:
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+            raise InvalidArgument("each input must be an object with a 'name'")
+        name = item["name"]
+        if name in inputs:
+            raise InvalidArgument(f"input '{name}' appears twice in the request")
+        datatype = item.get("datatype")
+        if not isinstance(datatype, str):
+            raise InvalidArgument(f"input '{name}' has no 'datatype'")
+        shape = tensors.check_shape(name, item.get("shape"))
+        iparams = item.get("parameters") or {}
+        if not isinstance(iparams, dict):
+            raise InvalidArgument(f"input '{name}': 'parameters' must be an object")
+        size = _int_param(iparams, "binary_data_size", f"input '{name}'")
+        if size is not None:
+            if "data" in item:
+                raise InvalidArgument(f"input '{name}' has both 'data' and binary_data_size")
+            if offset + size > len(body):
+                raise InvalidArgument(
+                    f"input '{name}' declares binary_data_size {size} but only {len(body) - offset} bytes "
+                    "of binary data remain in the request body"
+                )
+            inputs[name] = tensors.from_raw(name, datatype, shape, binary[offset : offset + size])
+            offset += size
+        elif "data" in item:
+            inputs[name] = tensors.from_list(name, datatype, shape, item["data"])
+        else:
+            raise InvalidArgument(f"input '{name}' has neither 'data' nor binary_data_size")
+    if offset != len(body):
+        raise InvalidArgument(f"the request body has {len(body) - offset} bytes beyond its declared tensors")
+    binary_default = bool(params.get("binary_data_output", False))
+    options: dict[str, Any] = {"__default_binary__": binary_default}
+    requested: list[str] | None = None
+    raw_outputs = header.get("outputs")
+    if raw_outputs is not None:
+        if not isinstance(raw_outputs, list):
+            raise InvalidArgument("'outputs' must be a list")
+        requested = []
+        for out in raw_outputs:
+            if not isinstance(out, dict) or not isinstance(out.get("name"), str):
+                raise InvalidArgument("each requested output must be an object with a 'name'")
+            oparams = out.get("parameters") or {}
+            if not isinstance(oparams, dict):
+                raise InvalidArgument(f"output '{out['name']}': 'parameters' must be an object")
+            requested.append(out["name"])
+            options[out["name"]] = {
+                "binary": bool(oparams.get("binary_data", binary_default)),
+                "classification": _int_param(oparams, "classification", f"output '{out['name']}'") or 0,
+            }
+    request_id = header.get("id", "")
+    request = InferenceRequest(
+        model_name=model_name,
+        model_version=model_version,
+        inputs=inputs,
+        requested_outputs=requested,
+        id=request_id if isinstance(request_id, str) else str(request_id),
+        parameters={k: v for k, v in params.items() if k != "binary_data_output"},
+        priority=_int_param(params, "priority", "request") or 0,
+        timeout_us=_int_param(params, "timeout", "request") or 0,
+    )
+    return request, options
+
+
+_ORJSON_NUMPY = {np.dtype(t) for t in (np.float32, np.float64, np.int8, np.int16, np.int32, np.int64,
+                                        np.uint8, np.uint16, np.uint32, np.uint64, np.bool_)}
+
+
+def encode_response(response: InferenceResponse, options: dict[str, Any]) -> tuple[bytes, int | None]:
+    """Returns (body, JSON header length when binary parts follow, else None)."""
+    default_binary = options.get("__default_binary__", False)
+    outputs_json = []
+    buffers: list[bytes | memoryview] = []
+    for name, array in response.outputs.items():
+        opt = options.get(name) or {"binary": default_binary, "classification": 0}
+        if opt["classification"]:
+            array = classify(array, opt["classification"])
+        entry: dict[str, Any] = {"name": name, "datatype": tensors.v2_datatype(array), "shape": list(array.shape)}
+        if opt["binary"]:
+            raw = tensors.to_raw(array)
+            entry["parameters"] = {"binary_data_size": len(raw)}
+            buffers.append(raw)
+        elif array.dtype in _ORJSON_NUMPY:
+            entry["data"] = np.ascontiguousarray(array).ravel()
+        else:
+            entry["data"] = tensors.to_list(array)
+        outputs_json.append(entry)
+    header: dict[str, Any] = {"model_name": response.model_name, "model_version": response.model_version}
+    if response.id:
+        header["id"] = response.id
+    if response.parameters:
+        header["parameters"] = response.parameters
+    header["outputs"] = outputs_json
+    head = orjson.dumps(header, option=orjson.OPT_SERIALIZE_NUMPY)
+    if not buffers:
+        return head, None
+    return b"".join([head, *buffers]), len(head)

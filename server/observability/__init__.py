@@ -1,0 +1,1 @@
+"""Statistics (Triton's statistics extension) and Prometheus metrics, derived from the same records."""

@@ -1,0 +1,125 @@
+"""Per model version counters in Triton's statistics-extension shape.
+
+Every number the statistics API and the Prometheus metrics report is recorded here, once; metric
+exporters subscribe as listeners so the two can never disagree.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ..core.types import ExecutionTimings, InferenceRequest
+
+
+@dataclass
+class Duration:
+    count: int = 0
+    ns: int = 0
+
+    def add(self, ns: int, count: int = 1) -> None:
+        self.count += count
+        self.ns += ns
+
+    def as_dict(self) -> dict[str, int]:
+        return {"count": self.count, "ns": self.ns}
+
+
+@dataclass
+class BatchStats:
+    compute_input: Duration = field(default_factory=Duration)
+    compute_infer: Duration = field(default_factory=Duration)
+    compute_output: Duration = field(default_factory=Duration)
+
+
+class StatsListener(Protocol):
+    def on_request(
+        self, model: str, version: str, success: bool, total_ns: int, queue_ns: int,
+        timings: ExecutionTimings | None, reason: str,
+    ) -> None: ...
+
+    def on_execution(self, model: str, version: str, batch_size: int, timings: ExecutionTimings) -> None: ...
+
+
+class ModelStats:
+    """Counters of one model version. Updated on the event loop and from instance threads."""
+
+    def __init__(self, model: str, version: str, listeners: list[StatsListener] | None = None) -> None:
+        self.model = model
+        self.version = version
+        self.listeners = listeners if listeners is not None else []
+        self._lock = threading.Lock()
+        self.last_inference_ms = 0
+        self.inference_count = 0
+        self.execution_count = 0
+        self.success = Duration()
+        self.fail = Duration()
+        self.queue = Duration()
+        self.compute_input = Duration()
+        self.compute_infer = Duration()
+        self.compute_output = Duration()
+        self.batch_stats: dict[int, BatchStats] = {}
+
+    def record_execution(self, batch_size: int, timings: ExecutionTimings) -> None:
+        with self._lock:
+            self.execution_count += 1
+            self.inference_count += batch_size
+            b = self.batch_stats.setdefault(batch_size, BatchStats())
+            b.compute_input.add(timings.compute_input_ns)
+            b.compute_infer.add(timings.compute_infer_ns)
+            b.compute_output.add(timings.compute_output_ns)
+        for listener in self.listeners:
+            listener.on_execution(self.model, self.version, batch_size, timings)
+
+    def record_request(self, request: InferenceRequest, success: bool, reason: str = "") -> None:
+        now = time.monotonic_ns()
+        total = now - request.received_ns
+        queue_ns = (request.compute_start_ns - request.queued_ns) if request.compute_start_ns else 0
+        timings = request.timings
+        with self._lock:
+            self.last_inference_ms = int(time.time() * 1000)
+            if success:
+                self.success.add(total)
+                self.queue.add(queue_ns)
+                if timings is not None:
+                    self.compute_input.add(timings.compute_input_ns)
+                    self.compute_infer.add(timings.compute_infer_ns)
+                    self.compute_output.add(timings.compute_output_ns)
+            else:
+                self.fail.add(total)
+        for listener in self.listeners:
+            listener.on_request(self.model, self.version, success, total, queue_ns, timings, reason)
+
+    def as_dict(self) -> dict[str, Any]:
+        """One entry of Triton's ``model_stats`` list."""
+        with self._lock:
+            return {
+                "name": self.model,
+                "version": self.version,
+                "last_inference": self.last_inference_ms,
+                "inference_count": self.inference_count,
+                "execution_count": self.execution_count,
+                "inference_stats": {
+                    "success": self.success.as_dict(),
+                    "fail": self.fail.as_dict(),
+                    "queue": self.queue.as_dict(),
+                    "compute_input": self.compute_input.as_dict(),
+                    "compute_infer": self.compute_infer.as_dict(),
+                    "compute_output": self.compute_output.as_dict(),
+                    "cache_hit": {"count": 0, "ns": 0},
+                    "cache_miss": {"count": 0, "ns": 0},
+                },
+                "response_stats": {},
+                "batch_stats": [
+                    {
+                        "batch_size": size,
+                        "compute_input": b.compute_input.as_dict(),
+                        "compute_infer": b.compute_infer.as_dict(),
+                        "compute_output": b.compute_output.as_dict(),
+                    }
+                    for size, b in sorted(self.batch_stats.items())
+                ],
+                "memory_usage": [],
+            }

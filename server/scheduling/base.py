@@ -1,0 +1,28 @@
+"""The scheduler interface shared by the default, batching and ensemble schedulers."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import numpy as np
+
+from ..core.types import InferenceRequest
+
+
+class Scheduler(ABC):
+    """Accepts requests for one model version and resolves each with its outputs."""
+
+    async def start(self) -> None:
+        """Start background tasks; called on the event loop after the instances loaded."""
+
+    @abstractmethod
+    async def submit(self, request: InferenceRequest) -> dict[str, np.ndarray]:
+        """Execute ``request`` (after queuing/batching) and return its outputs or raise ServerError."""
+
+    @property
+    def pending(self) -> int:
+        """Requests waiting in this scheduler's queue (``nv_inference_pending_request_count``)."""
+        return 0
+
+    async def close(self) -> None:
+        """Stop background tasks; called once no request is in flight."""

@@ -1,0 +1,72 @@
+"""Execution slots of one model version: each instance on its own thread, batches to the first free one.
+
+One hand-off per batch: the event loop passes a batch to an instance's single-thread executor and
+awaits the result. ONNX Runtime and TensorRT release the GIL, so instances run in parallel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from ..backends.base import BackendInstance, Batch, RequestResult
+from ..observability.stats import ModelStats
+
+
+class InstancePool:
+    def __init__(self, instances: list[BackendInstance], stats: ModelStats, label: str) -> None:
+        self.instances = instances
+        self.stats = stats
+        self._executors = [
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{label}-{i}") for i in range(len(instances))
+        ]
+        self._free: asyncio.Queue[int] | None = None
+
+    def _queue(self) -> asyncio.Queue[int]:
+        if self._free is None:  # created lazily: bound to the running loop
+            self._free = asyncio.Queue()
+            for i in range(len(self.instances)):
+                self._free.put_nowait(i)
+        return self._free
+
+    @property
+    def size(self) -> int:
+        return len(self.instances)
+
+    def has_free(self) -> bool:
+        return not self._queue().empty()
+
+    async def acquire(self) -> int:
+        return await self._queue().get()
+
+    def release(self, slot: int) -> None:
+        self._queue().put_nowait(slot)
+
+    async def execute(self, slot: int, batch: Batch) -> list[RequestResult]:
+        """Run ``batch`` on instance ``slot`` (already acquired); records execution statistics."""
+        start = time.monotonic_ns()
+        for r in batch.requests:
+            r.compute_start_ns = start
+        loop = asyncio.get_running_loop()
+        try:
+            results = await loop.run_in_executor(self._executors[slot], self.instances[slot].execute, batch)
+        except Exception as exc:  # the whole batch failed (backend crash): every request gets the error
+            results = [exc] * len(batch.requests)
+        for r in batch.requests:
+            r.timings = batch.timings
+        self.stats.record_execution(batch.size, batch.timings)
+        return results
+
+    async def run(self, batch: Batch) -> list[RequestResult]:
+        slot = await self.acquire()
+        try:
+            return await self.execute(slot, batch)
+        finally:
+            self.release(slot)
+
+    def close(self) -> None:
+        for executor, instance in zip(self._executors, self.instances, strict=True):
+            executor.submit(instance.close).result()
+            executor.shutdown(wait=True)
+        self.instances = []

@@ -1,0 +1,24 @@
+"""Fixtures shared by every test folder: the example repository, built once per session."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.repos import copy_example_repository
+from tests.support.server import ServerProcess, start_server
+
+
+@pytest.fixture(scope="session")
+def example_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return copy_example_repository(tmp_path_factory.mktemp("example") / "model_repository")
+
+
+@pytest.fixture(scope="session")
+def example_server(example_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """One real server on the example repository, shared by read-mostly tests."""
+    server = start_server(example_repository, log_dir=tmp_path_factory.mktemp("logs"))
+    yield server
+    server.terminate()

@@ -1,0 +1,1 @@
+"""Shared helpers for tests: real server processes on free ports, model repositories."""

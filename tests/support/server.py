@@ -1,0 +1,106 @@
+"""Start a real ``kubeinfer-server`` process on free 127.0.0.1 ports; stop it by PID."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class ServerProcess:
+    proc: subprocess.Popen[bytes]
+    http_port: int
+    grpc_port: int
+    metrics_port: int
+    log_path: Path
+    args: list[str] = field(default_factory=list)
+
+    @property
+    def http_url(self) -> str:
+        return f"127.0.0.1:{self.http_port}"
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def terminate(self, timeout: float = 60) -> int:
+        """SIGTERM and wait; returns the exit code."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait(10)
+
+    def wait_ready(self, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"kubeinfer-server exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                if httpx.get(f"{self.base_url}/v2/health/ready", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise TimeoutError(f"kubeinfer-server not ready after {timeout}s:\n{self.log()}")
+
+
+def start_server(
+    repository: Path,
+    *extra: str,
+    log_dir: Path | None = None,
+    wait: bool = True,
+    env: dict[str, str] | None = None,
+) -> ServerProcess:
+    http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
+    log_dir = log_dir or repository.parent
+    log_path = log_dir / f"server-{http_port}.log"
+    args = [
+        sys.executable, "-m", "kubeinfer.server",
+        "--model-repository", str(repository),
+        "--host", "127.0.0.1",
+        "--http-port", str(http_port),
+        "--grpc-port", str(grpc_port),
+        "--metrics-port", str(metrics_port),
+        *extra,
+    ]
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+    server = ServerProcess(proc, http_port, grpc_port, metrics_port, log_path, args)
+    if wait:
+        try:
+            server.wait_ready()
+        except BaseException:
+            server.terminate(10)
+            raise
+    return server
