@@ -53,6 +53,9 @@ def _uvicorn(app: Any, host: str, port: int, log_level: str) -> _Uvicorn:
     config = uvicorn.Config(
         app, host=host, port=port, loop="none", lifespan="off", access_log=False,
         log_level="warning" if log_level == "info" else log_level, timeout_keep_alive=75,
+        # after the core drained (bounded by --shutdown-timeout), responses still being written get
+        # this long; then uvicorn cancels what is left instead of waiting forever
+        timeout_graceful_shutdown=5,
     )
     return _Uvicorn(config)
 
@@ -114,10 +117,10 @@ async def serve(settings: ServerSettings) -> None:
         load.cancel()
     log.info("shutting down: draining in-flight requests (up to %.0fs)", settings.shutdown_timeout)
     await service.shutdown(settings.shutdown_timeout)
-    if grpc_server is not None:
-        await grpc_server.stop(grace=1.0)
     for server in servers:
         server.should_exit = True
+    if grpc_server is not None:
+        await grpc_server.stop(grace=2.0)  # RPCs still writing their response get this long
     await asyncio.gather(*tasks, return_exceptions=True)
     log.info("kubeinfer-server stopped")
 

@@ -19,6 +19,6 @@ def example_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def example_server(example_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     """One real server on the example repository, shared by read-mostly tests."""
-    server = start_server(example_repository, "--allow-grpc", "false", log_dir=tmp_path_factory.mktemp("logs"))  # TEMP-GRPC
+    server = start_server(example_repository, log_dir=tmp_path_factory.mktemp("logs"))
     yield server
     server.terminate()

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..backends.loader import available_backends
 from ..config import ConfigError, pb, validate_config
 from ..observability.stats import StatsListener
 from . import repository
@@ -47,6 +48,13 @@ class ModelEntry:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:  # built outside a loop (unit tests)
+        return None
+
+
 class ModelRegistry:
     def __init__(
         self,
@@ -62,6 +70,11 @@ class ModelRegistry:
         #: called with (model, version, reason) when a load fails (metrics hook)
         self.on_load_failure: list[Any] = []
         self.shutting_down = False
+        #: tasks inside infer(): the shutdown deadline cancels them into a clean 503 / UNAVAILABLE
+        self._requests: set[asyncio.Task[Any]] = set()
+        self._expired: set[asyncio.Task[Any]] = set()
+        #: the loop requests run on; instance threads call back into it (Python models' BLS)
+        self.loop: asyncio.AbstractEventLoop | None = _running_loop()
 
     # ---- routing -------------------------------------------------------------------------
     def resolve(self, name: str, version: str = "") -> ModelVersion:
@@ -97,12 +110,27 @@ class ModelRegistry:
     async def infer(self, request: InferenceRequest) -> InferenceResponse:
         if self.shutting_down:
             raise Unavailable("server is shutting down")
-        return await self.resolve(request.model_name, request.model_version).infer(request)
+        mv = self.resolve(request.model_name, request.model_version)
+        task = asyncio.current_task()
+        owner = task is not None and task not in self._requests  # a nested call (BLS) leaves it to the outer one
+        if owner:
+            self._requests.add(task)
+        try:
+            return await mv.infer(request)
+        except asyncio.CancelledError:
+            if task is None or task not in self._expired:
+                raise
+            if hasattr(task, "uncancel"):  # Python 3.11+: this cancellation is handled here
+                task.uncancel()
+            raise Unavailable("server is shutting down: the request did not finish within the shutdown timeout") \
+                from None
+        finally:
+            if owner:
+                self._requests.discard(task)
 
     def is_model_ready(self, name: str, version: str = "") -> bool:
         try:
-            self.resolve(name, version)
-            return True
+            return self.resolve(name, version).scheduler.ready()
         except ServerError:
             return False
 
@@ -143,44 +171,46 @@ class ModelRegistry:
 
     # ---- lifecycle -----------------------------------------------------------------------
     async def load_model(self, name: str, override: pb.ModelConfig | None = None) -> None:
-        """Load or reload ``name`` from the repository; raises ServerError if nothing can serve."""
+        """Load or reload ``name``; ``override`` replaces its config.pbtxt for this load (as Triton).
+
+        Raises InvalidArgument when a selected version failed to load; whatever was serving before
+        keeps serving, and the message says so.
+        """
         repository.check_model_name(name)
         entry = self._models.get(name)
         if entry is None:
             entry = self._models.setdefault(name, ModelEntry(name))
         async with entry.lock:
-            if override is not None:
-                entry.override = override
-            await self._reconcile(entry)
-        failures = [s.reason for s in entry.states.values() if s.state == UNAVAILABLE]
-        if not entry.serving:
-            if name in self._models and not entry.states:
-                self._models.pop(name, None)
+            entry.override = override
+            failures = await self._reconcile(entry)
+        if not entry.serving and (not entry.states or not (self.repository_path / name).is_dir()):
+            self._models.pop(name, None)  # nothing to show in the index for a folder that does not exist
+        if failures or not entry.serving:
+            kept = f"; still serving version {', '.join(map(str, sorted(entry.serving)))}" if entry.serving else ""
             raise InvalidArgument(
-                f"failed to load '{name}': " + ("; ".join(failures) if failures else "no version to serve")
+                f"failed to load '{name}': " + ("; ".join(failures) if failures else "no version to serve") + kept
             )
 
-    async def _reconcile(self, entry: ModelEntry) -> None:
+    async def _reconcile(self, entry: ModelEntry) -> list[str]:
+        """Bring ``entry`` in line with the repository; returns why each failed part failed."""
         name = entry.name
         source = await asyncio.to_thread(repository.read_model, self.repository_path, name, entry.override)
         entry.config_digest = source.config_digest
         if source.error or source.config is None:
-            self._record_failure(entry, 0, source.error or "no config")
-            return
+            return self._record_failure(entry, 0, source.error or "no config")
         config = source.config
         is_ensemble = config.platform == "ensemble"
         wanted = {1: source.config_digest} if is_ensemble else self._wanted(source, config)
         entry.attempted = wanted
         try:
-            validate_config(config, name)
+            validate_config(config, name, available_backends())
         except ConfigError as exc:
-            self._record_failure(entry, 0, str(exc))
-            return
+            return self._record_failure(entry, 0, str(exc))
         entry.states.pop(0, None)
         targets = list(wanted)
         if not targets:
-            self._record_failure(entry, 0, "no version folder with a model file matches the version policy")
-            return
+            return self._record_failure(entry, 0, "no version folder with a model file matches the version policy")
+        failures: list[str] = []
         new_serving: dict[int, ModelVersion] = {}
         replaced: list[ModelVersion] = []
         for v in targets:
@@ -196,6 +226,7 @@ class ModelRegistry:
             except Exception as exc:  # any load failure is reported, never fatal
                 reason = str(exc) if isinstance(exc, (ConfigError, ServerError)) else f"{type(exc).__name__}: {exc}"
                 log.error("failed to load '%s' version %s: %s", name, v, reason)
+                failures.append(f"version {v}: {reason}")
                 if current is not None:
                     new_serving[v] = current  # keep serving what worked
                     entry.states[v] = VersionState(READY, f"reload failed: {reason}")
@@ -210,7 +241,7 @@ class ModelRegistry:
                 replaced.append(current)
         if not new_serving and entry.serving:
             # nothing new could load: what was serving stays in place
-            return
+            return failures
         removed = [mv for v, mv in entry.serving.items() if v not in new_serving]
         entry.serving = new_serving  # the atomic switch
         entry.config = new_serving[max(new_serving)].config if new_serving else config
@@ -223,16 +254,17 @@ class ModelRegistry:
         # replaced and removed versions take no new requests now; they drain, then unload
         for mv in replaced + removed:
             self._spawn(self._retire(entry, mv, forget=mv in removed))
+        return failures
 
     async def _build(self, config: pb.ModelConfig, version: int, path: Path | None, digest: str) -> ModelVersion:
         """Complete the config against this version's model file, then load it."""
         vconfig = pb.ModelConfig()
         vconfig.CopyFrom(config)
         backend_cls = await asyncio.to_thread(prepare_config, vconfig, path)
-        validate_config(vconfig, config.name)
+        validate_config(vconfig, config.name, available_backends())
         return await build_model_version(vconfig, backend_cls, version, path, digest, self, self.listeners)
 
-    def _record_failure(self, entry: ModelEntry, version: int, reason: str) -> None:
+    def _record_failure(self, entry: ModelEntry, version: int, reason: str) -> list[str]:
         log.error("model '%s' is unavailable: %s", entry.name, reason)
         if entry.serving:
             # keep serving the last good config; say why the new one was refused
@@ -242,6 +274,7 @@ class ModelRegistry:
             entry.states = {version: VersionState(UNAVAILABLE, reason)}
         for hook in self.on_load_failure:
             hook(entry.name, str(version) if version else "", reason)
+        return [reason]
 
     async def _retire(self, entry: ModelEntry, mv: ModelVersion, forget: bool) -> None:
         drained = await mv.drain(self.drain_timeout)
@@ -319,11 +352,32 @@ class ModelRegistry:
         return {v: source.config_digest + ":" + source.version_digests.get(v, "") for v in targets}
 
     async def shutdown(self, timeout: float) -> None:
-        """Refuse new requests, let in-flight ones finish (bounded by ``timeout``), then unload."""
+        """Refuse new requests, let in-flight and queued ones finish (bounded by ``timeout``), then unload.
+
+        Versions already retiring after a reload drain within the same bound. Past it, every request
+        still queued or running is answered 503 / UNAVAILABLE instead of being cut off when the
+        listeners close.
+        """
         self.shutting_down = True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
         everything = [mv for e in self._models.values() for mv in e.serving.values()]
-        await asyncio.gather(*(mv.drain(timeout) for mv in everything))
-        for mv in everything:
-            await mv.close()
+        drained = await asyncio.gather(*(mv.drain(timeout) for mv in everything))
+        if not all(drained):
+            # past the bound: what is still queued or running answers 503 / UNAVAILABLE now
+            log.warning("shutdown timeout (%.0fs) reached: failing %d unfinished request(s)", timeout,
+                        len(self._requests))
+            self._expired = set(self._requests)
+            for task in self._expired:
+                task.cancel()
+            await asyncio.gather(*(mv.drain(1.0) for mv in everything))
+        if self._background:
+            await asyncio.wait(list(self._background), timeout=max(0.0, deadline - loop.time()))
         for task in list(self._background):
             task.cancel()
+        for mv in everything:
+            try:
+                # a batcher's close waits for its queue: give it what is left of the bound, at least 1s
+                await asyncio.wait_for(mv.close(), max(1.0, deadline - loop.time()))
+            except asyncio.TimeoutError:
+                log.warning("%s version %s did not close within the shutdown timeout", mv.name, mv.version)

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from dataclasses import dataclass
 from typing import Any
 
 from .. import SERVER_NAME, __version__
-from ..config import config_to_dict, pb
+from ..config import ConfigError, config_from_dict, config_to_dict, pb
 from . import datatypes
 from .errors import InvalidArgument, Unavailable, Unsupported
 from .registry import ModelRegistry
@@ -28,6 +29,20 @@ EXTENSIONS = [
 ]
 
 CONTROL_NONE, CONTROL_POLL, CONTROL_EXPLICIT = "none", "poll", "explicit"
+
+
+def parse_config_override(raw: Any) -> pb.ModelConfig:
+    """A load request's ``config`` parameter (JSON text, or an already parsed object) as a ModelConfig."""
+    try:
+        data = json.loads(raw) if isinstance(raw, (str, bytes)) else raw
+    except json.JSONDecodeError as exc:
+        raise InvalidArgument(f"invalid config override: {exc}") from None
+    if not isinstance(data, dict):
+        raise InvalidArgument("parameters.config must be a JSON object (or a string holding one)")
+    try:
+        return config_from_dict(data)
+    except ConfigError as exc:
+        raise InvalidArgument(f"invalid config override: {exc}") from None
 
 
 @dataclass

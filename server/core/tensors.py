@@ -77,7 +77,7 @@ def to_raw(array: np.ndarray) -> bytes | memoryview:
     a = np.ascontiguousarray(array)
     if a.dtype.byteorder == ">":
         a = a.astype(a.dtype.newbyteorder("<"))
-    return memoryview(a).cast("B")
+    return a.data.cast("B")
 
 
 def _flatten(data: Any) -> list[Any]:
@@ -138,3 +138,47 @@ def to_list(array: np.ndarray) -> list[Any]:
 
 def v2_datatype(array: np.ndarray) -> str:
     return datatypes.from_numpy(array.dtype).v2
+
+
+#: the gRPC ``InferTensorContents`` field that carries each datatype's typed values (FP16/BF16: raw only)
+CONTENTS_FIELD = {
+    "BOOL": "bool_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+    "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+    "BYTES": "bytes_contents",
+}
+
+
+def from_typed(name: str, datatype: str, shape: list[int], values: Any) -> np.ndarray:
+    """A tensor from the already-typed values of one wire field (gRPC ``contents``).
+
+    Narrow integer types travel in 32-bit fields, so their range is checked here.
+    """
+    dt = datatypes.from_v2(datatype)
+    count = element_count(shape)
+    if len(values) != count:
+        raise InvalidArgument(
+            f"input '{name}' has {len(values)} elements in its contents but shape {shape} needs {count}"
+        )
+    if dt.v2 == "BYTES":
+        out = np.empty(count, dtype=object)
+        for i, v in enumerate(values):
+            out[i] = bytes(v)
+        return out.reshape(shape)
+    if dt.numpy is None:
+        raise InvalidArgument(f"input '{name}': {datatype} data must be sent in raw_input_contents")
+    if dt.numpy.kind in "iu" and dt.itemsize < 4:
+        wide = np.asarray(values, dtype=np.int64)
+        info = np.iinfo(dt.numpy)
+        if wide.size and (wide.min() < info.min or wide.max() > info.max):
+            raise InvalidArgument(f"input '{name}': contents do not fit {datatype}")
+        return wide.astype(dt.numpy).reshape(shape)
+    return np.asarray(values, dtype=dt.numpy).reshape(shape)

@@ -15,13 +15,17 @@ from pathlib import Path
 import onnx
 
 from .. import __version__
-from . import models
+from . import models, python_models
 
 CONFIGS = Path(__file__).parent / "model_repository"
-#: model → {version: builder}
+#: model → {version: builder}; a builder returns an ONNX model, a model.py source text, or None (the empty
+#: version folder Triton expects of an ensemble)
 VERSIONS = {
     "cifar10_resnet": {1: lambda: models.resnet18_cifar(seed=0)},
     "add_sub": {1: lambda: models.add_sub(16), 2: lambda: models.add_sub(16)},
+    "preprocessor": {1: lambda: python_models.source("preprocessor")},
+    "postprocessor": {1: lambda: python_models.source("postprocessor")},
+    "cifar10_pipeline": {1: lambda: None},
 }
 
 
@@ -35,7 +39,11 @@ def write_repository(target: Path) -> Path:
             shutil.copytree(CONFIGS / model, staging / model)
             for version, build in versions.items():
                 (staging / model / str(version)).mkdir()
-                onnx.save(build(), str(staging / model / str(version) / "model.onnx"))
+                artifact = build()
+                if isinstance(artifact, str):
+                    (staging / model / str(version) / "model.py").write_text(artifact, encoding="utf-8")
+                elif artifact is not None:
+                    onnx.save(artifact, str(staging / model / str(version) / "model.onnx"))
         if target.exists():
             shutil.rmtree(target)
         os.rename(staging, target)

@@ -13,9 +13,8 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.responses import Response
 
-from ..config import ConfigError, config_from_dict
 from ..core.errors import InvalidArgument, ServerError
-from ..core.service import InferenceService
+from ..core.service import InferenceService, parse_config_override
 from .codec import HEADER_LENGTH, decode_request, encode_response
 
 log = logging.getLogger(__name__)
@@ -139,24 +138,16 @@ def build_app(service: InferenceService) -> FastAPI:
         body = await _json_body(request)
         return _json(service.repository_index(bool(body.get("ready", False))))
 
-    @app.post("/v2/repository/models/{name}/load")
+    # {name:path}: a name with "/" reaches the handler and gets a 400 from the name check, not a bare 404
+    @app.post("/v2/repository/models/{name:path}/load")
     async def load(name: str, request: Request) -> Response:
         body = await _json_body(request)
         params = body.get("parameters") or {}
-        override = None
-        if "config" in params:
-            raw = params["config"]
-            try:
-                data = orjson.loads(raw) if isinstance(raw, (str, bytes)) else raw
-                if not isinstance(data, dict):
-                    raise InvalidArgument("parameters.config must be a JSON object (or a string holding one)")
-                override = config_from_dict(data)
-            except (orjson.JSONDecodeError, ConfigError) as exc:
-                raise InvalidArgument(f"invalid config override: {exc}") from None
+        override = parse_config_override(params["config"]) if "config" in params else None
         await service.load_model(name, override)
         return Response(status_code=200)
 
-    @app.post("/v2/repository/models/{name}/unload")
+    @app.post("/v2/repository/models/{name:path}/unload")
     async def unload(name: str, request: Request) -> Response:
         body = await _json_body(request)
         params = body.get("parameters") or {}

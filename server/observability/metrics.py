@@ -1,86 +1,264 @@
 """Prometheus metrics with Triton's names, fed by the same records as the statistics API.
 
-Counters, the pending-request gauge and latency histograms are labelled ``model`` and ``version``;
-``nv_inference_request_failure`` adds ``reason`` (REJECTED, CANCELED, BACKEND, OTHER).
+Triton exposes its counters without the ``_total`` suffix that prometheus-client's ``Counter`` adds
+(``nv_inference_request_success{model="m",version="1"} 10``); dashboards and HPA rules written for
+Triton query those exact names, so the series are produced by a collector of our own. Recording is a
+few float additions per request on the event loop; formatting happens only at scrape time.
+
+Series labelled ``model`` and ``version`` (``nv_inference_request_failure`` adds ``reason``:
+REJECTED, CANCELED, BACKEND, OTHER); host gauges come from /proc, GPU gauges from NVML when present.
 """
 
 from __future__ import annotations
 
+import threading
+from bisect import bisect_left
+from collections.abc import Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, ProcessCollector
+from prometheus_client.core import Metric
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from ..core.types import ExecutionTimings
+from .system import CpuUtilization, GpuReader, cpu_memory
 
-LABELS = ("model", "version")
+FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
 #: request/queue latency buckets in microseconds: 100 µs … 60 s
 LATENCY_BUCKETS_US = (
     100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000,
     1_000_000, 2_500_000, 5_000_000, 10_000_000, 60_000_000,
 )
 
+#: (attribute, name, help) of the per-model counters, in Triton's order
+COUNTERS = (
+    ("success", "nv_inference_request_success",
+     "Number of successful inference requests, all batch sizes"),
+    ("count", "nv_inference_count",
+     "Number of inferences performed (does not include cached requests)"),
+    ("exec_count", "nv_inference_exec_count",
+     "Number of model executions performed (does not include cached requests)"),
+    ("request_us", "nv_inference_request_duration_us",
+     "Cumulative inference request duration in microseconds (includes cached requests)"),
+    ("queue_us", "nv_inference_queue_duration_us",
+     "Cumulative inference queuing duration in microseconds (includes cached requests)"),
+    ("input_us", "nv_inference_compute_input_duration_us",
+     "Cumulative compute input duration in microseconds (does not include cached requests)"),
+    ("infer_us", "nv_inference_compute_infer_duration_us",
+     "Cumulative compute inference duration in microseconds (does not include cached requests)"),
+    ("output_us", "nv_inference_compute_output_duration_us",
+     "Cumulative inference compute output duration in microseconds (does not include cached requests)"),
+)
 
-class TritonMetrics:
+
+class _Histogram:
+    __slots__ = ("buckets", "sum", "count")
+
+    def __init__(self) -> None:
+        self.buckets = [0] * (len(LATENCY_BUCKETS_US) + 1)  # last = +Inf
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, value: float) -> None:
+        self.buckets[bisect_left(LATENCY_BUCKETS_US, value)] += 1
+        self.sum += value
+        self.count += 1
+
+
+class _Series:
+    """Every number exported for one (model, version)."""
+
+    __slots__ = ("success", "count", "exec_count", "request_us", "queue_us", "input_us", "infer_us",
+                 "output_us", "failure", "request_hist", "queue_hist", "load_failures")
+
+    def __init__(self) -> None:
+        self.success = self.count = self.exec_count = 0
+        self.request_us = self.queue_us = self.input_us = self.infer_us = self.output_us = 0.0
+        self.failure = dict.fromkeys(FAILURE_REASONS, 0)
+        self.request_hist = _Histogram()
+        self.queue_hist = _Histogram()
+        self.load_failures = 0
+
+
+class TritonMetrics(Collector):
     """A StatsListener that turns request and execution records into Prometheus series."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
-        r = self.registry
-        self.success = Counter("nv_inference_request_success", "Number of successful inference requests, "
-                               "all batch sizes", LABELS, registry=r)
-        self.failure = Counter("nv_inference_request_failure", "Number of failed inference requests, all batch "
-                               "sizes", (*LABELS, "reason"), registry=r)
-        self.count = Counter("nv_inference_count", "Number of inferences performed (batch-expanded: a batch of "
-                             "8 counts 8)", LABELS, registry=r)
-        self.exec_count = Counter("nv_inference_exec_count", "Number of model executions performed (a batch "
-                                  "counts 1)", LABELS, registry=r)
-        self.request_us = Counter("nv_inference_request_duration_us", "Cumulative inference request duration in "
-                                  "microseconds (includes cached and failed requests)", LABELS, registry=r)
-        self.queue_us = Counter("nv_inference_queue_duration_us", "Cumulative inference queuing duration in "
-                                "microseconds", LABELS, registry=r)
-        self.input_us = Counter("nv_inference_compute_input_duration_us", "Cumulative compute input duration in "
-                                "microseconds", LABELS, registry=r)
-        self.infer_us = Counter("nv_inference_compute_infer_duration_us", "Cumulative compute inference duration "
-                                "in microseconds", LABELS, registry=r)
-        self.output_us = Counter("nv_inference_compute_output_duration_us", "Cumulative inference compute output "
-                                 "duration in microseconds", LABELS, registry=r)
-        self.pending = Gauge("nv_inference_pending_request_count", "Instantaneous number of pending requests "
-                             "awaiting execution per-model", LABELS, registry=r)
-        self.request_hist = Histogram("kubeinfer_inference_request_duration_us", "Inference request latency in "
-                                      "microseconds (end to end inside the server)", LABELS,
-                                      buckets=LATENCY_BUCKETS_US, registry=r)
-        self.queue_hist = Histogram("kubeinfer_inference_queue_duration_us", "Time requests waited in the "
-                                    "scheduler queue in microseconds", LABELS, buckets=LATENCY_BUCKETS_US,
-                                    registry=r)
-        self.load_failures = Counter("kubeinfer_model_load_failures", "Model version loads that failed",
-                                     LABELS, registry=r)
+        self._series: dict[tuple[str, str], _Series] = {}
+        self._pending: dict[tuple[str, str], int] = {}
+        self._lock = threading.Lock()  # scrapes may run while instance threads record
+        self._cpu = CpuUtilization()
+        self._gpus = GpuReader()
+        self.registry.register(self)
+        ProcessCollector(registry=self.registry)  # process_resident_memory_bytes, process_cpu_seconds_total
 
+    def _get(self, model: str, version: str) -> _Series:
+        s = self._series.get((model, version))
+        if s is None:
+            with self._lock:
+                s = self._series.setdefault((model, version), _Series())
+        return s
+
+    # ---- StatsListener ---------------------------------------------------------------------
     def on_request(self, model: str, version: str, success: bool, total_ns: int, queue_ns: int,
                    timings: ExecutionTimings | None, reason: str) -> None:
+        s = self._get(model, version)
         total_us = total_ns / 1000
-        self.request_us.labels(model, version).inc(total_us)
-        self.request_hist.labels(model, version).observe(total_us)
-        if success:
-            self.success.labels(model, version).inc()
-            self.queue_us.labels(model, version).inc(queue_ns / 1000)
-            self.queue_hist.labels(model, version).observe(queue_ns / 1000)
-            if timings is not None:
-                self.input_us.labels(model, version).inc(timings.compute_input_ns / 1000)
-                self.infer_us.labels(model, version).inc(timings.compute_infer_ns / 1000)
-                self.output_us.labels(model, version).inc(timings.compute_output_ns / 1000)
-        else:
-            self.failure.labels(model, version, reason or "OTHER").inc()
+        with self._lock:
+            s.request_us += total_us
+            s.request_hist.observe(total_us)
+            if success:
+                s.success += 1
+                s.queue_us += queue_ns / 1000
+                s.queue_hist.observe(queue_ns / 1000)
+                if timings is not None:
+                    s.input_us += timings.compute_input_ns / 1000
+                    s.infer_us += timings.compute_infer_ns / 1000
+                    s.output_us += timings.compute_output_ns / 1000
+            else:
+                key = reason if reason in s.failure else "OTHER"
+                s.failure[key] += 1
 
     def on_execution(self, model: str, version: str, batch_size: int, timings: ExecutionTimings) -> None:
-        self.count.labels(model, version).inc(batch_size)
-        self.exec_count.labels(model, version).inc()
+        s = self._get(model, version)
+        with self._lock:
+            s.count += batch_size
+            s.exec_count += 1
 
     def on_load_failure(self, model: str, version: str, reason: str) -> None:
-        self.load_failures.labels(model, version).inc()
+        s = self._get(model, version)
+        with self._lock:
+            s.load_failures += 1
 
     def refresh(self, model_registry: Any) -> None:
-        """Read each serving version's queue length at scrape time (no bookkeeping on the hot path)."""
-        self.pending.clear()
+        """At scrape time: queue lengths of the serving versions, and zero series for idle ones (as Triton)."""
+        pending: dict[tuple[str, str], int] = {}
         for name in model_registry.model_names():
             for mv in model_registry.ready_versions(name):
-                self.pending.labels(name, mv.version_str).set(mv.scheduler.pending)
+                self._get(name, mv.version_str)
+                pending[(name, mv.version_str)] = mv.scheduler.pending
+        self._pending = pending
+
+    # ---- Collector ---------------------------------------------------------------------------
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            items = [(k, _snapshot(s)) for k, s in sorted(self._series.items())]
+        for attr, name, doc in COUNTERS[:1]:
+            yield _family(name, doc, "counter", ((k, getattr(s, attr)) for k, s in items))
+        failure = Metric("nv_inference_request_failure", "Number of failed inference requests, all batch sizes",
+                         "counter")
+        for (model, version), s in items:
+            for reason, value in s.failure.items():
+                failure.add_sample(failure.name, {"model": model, "reason": reason, "version": version}, value)
+        yield failure
+        for attr, name, doc in COUNTERS[1:]:
+            yield _family(name, doc, "counter", ((k, getattr(s, attr)) for k, s in items))
+        yield _family("nv_inference_pending_request_count",
+                      "Instantaneous number of pending requests awaiting execution per-model", "gauge",
+                      sorted(self._pending.items()))
+        for attr, name, doc in (
+            ("request_hist", "kubeinfer_inference_request_duration_us",
+             "Inference request latency inside the server in microseconds (received to response ready)"),
+            ("queue_hist", "kubeinfer_inference_queue_duration_us",
+             "Time successful requests waited in the scheduler queue in microseconds"),
+        ):
+            yield _histogram(name, doc, ((k, getattr(s, attr)) for k, s in items))
+        yield _family("kubeinfer_model_load_failures", "Model version loads that failed", "counter",
+                      ((k, s.load_failures) for k, s in items if s.load_failures))
+        yield from self._system()
+
+    def _system(self) -> Iterator[Metric]:
+        util = self._cpu.read()
+        if util is not None:
+            m = Metric("nv_cpu_utilization", "CPU utilization rate [0.0 - 1.0]", "gauge")
+            m.add_sample(m.name, {}, util)
+            yield m
+        mem = cpu_memory()
+        if mem is not None:
+            for name, doc, value in (
+                ("nv_cpu_memory_total_bytes", "CPU total memory (RAM), in bytes", mem[0]),
+                ("nv_cpu_memory_used_bytes", "CPU used memory (RAM), in bytes", mem[1]),
+            ):
+                m = Metric(name, doc, "gauge")
+                m.add_sample(name, {}, value)
+                yield m
+        gpus = self._gpus.read()
+        for attr, name, doc in (
+            ("utilization", "nv_gpu_utilization", "GPU utilization rate [0.0 - 1.0)"),
+            ("memory_total", "nv_gpu_memory_total_bytes", "GPU total memory, in bytes"),
+            ("memory_used", "nv_gpu_memory_used_bytes", "GPU used memory, in bytes"),
+            ("power_usage", "nv_gpu_power_usage", "GPU power usage in watts"),
+            ("power_limit", "nv_gpu_power_limit", "GPU power management limit in watts"),
+        ):
+            if gpus:
+                m = Metric(name, doc, "gauge")
+                for g in gpus:
+                    value = getattr(g, attr)
+                    if value is not None:
+                        m.add_sample(name, {"gpu_uuid": g.uuid}, value)
+                yield m
+
+
+def _snapshot(s: _Series) -> _Series:
+    c = _Series()
+    for attr in _Series.__slots__:
+        value = getattr(s, attr)
+        if isinstance(value, dict):
+            value = dict(value)
+        elif isinstance(value, _Histogram):
+            h = _Histogram()
+            h.buckets, h.sum, h.count = list(value.buckets), value.sum, value.count
+            value = h
+        setattr(c, attr, value)
+    return c
+
+
+def _family(name: str, doc: str, kind: str, values: Any) -> Metric:
+    m = Metric(name, doc, kind)
+    for (model, version), value in values:
+        m.add_sample(name, {"model": model, "version": version}, value)
+    return m
+
+
+def _histogram(name: str, doc: str, values: Any) -> Metric:
+    m = Metric(name, doc, "histogram")
+    for (model, version), h in values:
+        labels = {"model": model, "version": version}
+        cumulative = 0
+        for bound, n in zip((*LATENCY_BUCKETS_US, float("inf")), h.buckets, strict=True):
+            cumulative += n
+            le = "+Inf" if bound == float("inf") else str(float(bound))
+            m.add_sample(f"{name}_bucket", {**labels, "le": le}, cumulative)
+        m.add_sample(f"{name}_count", labels, h.count)
+        m.add_sample(f"{name}_sum", labels, h.sum)
+    return m
+
+
+def render(registry: CollectorRegistry) -> bytes:
+    """Prometheus text format 0.0.4, with counter names exactly as their samples are named.
+
+    prometheus-client's ``generate_latest`` announces every counter as ``<name>_total``; Triton's counters
+    have no such suffix, so the TYPE line follows the sample names instead. ``_created`` samples are left out.
+    """
+    out: list[str] = []
+    for metric in registry.collect():
+        samples = [s for s in metric.samples if not s.name.endswith("_created")]
+        name = metric.name
+        kind = metric.type if metric.type in ("counter", "gauge", "histogram", "summary") else "untyped"
+        if kind == "counter" and samples and all(s.name == name + "_total" for s in samples):
+            name += "_total"
+        doc = metric.documentation.replace("\\", r"\\").replace("\n", r"\n")
+        out.append(f"# HELP {name} {doc}\n# TYPE {name} {kind}\n")
+        for s in samples:
+            if s.labels:
+                labels = ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(s.labels.items()))
+                out.append(f"{s.name}{{{labels}}} {floatToGoString(s.value)}\n")
+            else:
+                out.append(f"{s.name} {floatToGoString(s.value)}\n")
+    return "".join(out).encode()
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")

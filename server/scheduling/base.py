@@ -19,6 +19,10 @@ class Scheduler(ABC):
     async def submit(self, request: InferenceRequest) -> dict[str, np.ndarray]:
         """Execute ``request`` (after queuing/batching) and return its outputs or raise ServerError."""
 
+    def ready(self) -> bool:
+        """Whether the model can serve now beyond being loaded (an ensemble needs its members)."""
+        return True
+
     @property
     def pending(self) -> int:
         """Requests waiting in this scheduler's queue (``nv_inference_pending_request_count``)."""

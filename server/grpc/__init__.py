@@ -1,0 +1,1 @@
+"""KServe v2 / Triton gRPC front end."""

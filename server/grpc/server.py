@@ -1,0 +1,66 @@
+"""The grpc.aio server: GRPCInferenceService handlers on the same event loop as HTTP.
+
+Handlers are registered by hand under the protocol's service name ``inference.GRPCInferenceService``
+(our proto package is ``kubeinfer.inference``; see grpc_service.proto), with request/response
+types read from our service descriptor, so the method table cannot drift from the .proto.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import grpc
+
+from ..core.service import InferenceService
+from . import grpc_service_pb2 as pb
+from .errors import unary
+from .servicer import UNIMPLEMENTED, InferenceServicer, unimplemented
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = "inference.GRPCInferenceService"
+
+
+def method_handlers(servicer: InferenceServicer) -> dict[str, grpc.RpcMethodHandler]:
+    handlers: dict[str, grpc.RpcMethodHandler] = {}
+    for method in pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods:
+        request_cls: Any = getattr(pb, method.input_type.name)
+        response_cls: Any = getattr(pb, method.output_type.name)
+        fn = getattr(servicer, method.name)
+        if method.client_streaming and method.server_streaming:
+            handlers[method.name] = grpc.stream_stream_rpc_method_handler(
+                fn, request_deserializer=request_cls.FromString, response_serializer=response_cls.SerializeToString
+            )
+        else:
+            handlers[method.name] = grpc.unary_unary_rpc_method_handler(
+                unary(fn), request_deserializer=request_cls.FromString,
+                response_serializer=response_cls.SerializeToString,
+            )
+    for name in UNIMPLEMENTED:
+        # raw bytes in, nothing out: the request is never parsed
+        handlers[name] = grpc.unary_unary_rpc_method_handler(unary(unimplemented(name)))
+    return handlers
+
+
+async def start_grpc_server(
+    service: InferenceService, host: str, port: int, max_message_bytes: int
+) -> grpc.aio.Server:
+    options = [
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.max_receive_message_length", max_message_bytes),
+    ]
+    server = grpc.aio.server(options=options)
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(SERVICE_NAME, method_handlers(InferenceServicer(service))),)
+    )
+    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    try:
+        bound = server.add_insecure_port(address)
+    except RuntimeError as exc:  # newer grpcio raises instead of returning 0
+        raise SystemExit(f"gRPC listener on {address} failed to start: {exc}") from None
+    if bound == 0:
+        raise SystemExit(f"gRPC listener on {address} failed to start")
+    await server.start()
+    log.info("gRPC listening on %s", address)
+    return server

@@ -1,0 +1,123 @@
+"""Host gauges read at scrape time: CPU utilization and memory from /proc, GPUs through NVML.
+
+Nothing here runs on the request path. Where a source cannot be read (no /proc, no NVML library,
+no GPU) the gauge is simply absent, as Triton does when GPU metrics are unavailable.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+def cpu_memory(path: str = "/proc/meminfo") -> tuple[int, int] | None:
+    """(total, used) bytes of host RAM; used = MemTotal - MemAvailable, as Triton computes it."""
+    try:
+        with open(path) as f:
+            info = {}
+            for line in f:
+                key, _, rest = line.partition(":")
+                if key in ("MemTotal", "MemAvailable"):
+                    info[key] = int(rest.split()[0]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    if "MemTotal" not in info or "MemAvailable" not in info:
+        return None
+    return info["MemTotal"], info["MemTotal"] - info["MemAvailable"]
+
+
+class CpuUtilization:
+    """Busy fraction of all host CPUs since the previous read (the first read covers time since boot)."""
+
+    def __init__(self, path: str = "/proc/stat") -> None:
+        self.path = path
+        self._last: tuple[int, int] = (0, 0)
+
+    def _sample(self) -> tuple[int, int] | None:
+        try:
+            with open(self.path) as f:
+                fields = f.readline().split()
+        except OSError:
+            return None
+        if not fields or fields[0] != "cpu":
+            return None
+        values = [int(v) for v in fields[1:9]]  # user nice system idle iowait irq softirq steal
+        idle = values[3] + (values[4] if len(values) > 4 else 0)
+        return sum(values), idle
+
+    def read(self) -> float | None:
+        sample = self._sample()
+        if sample is None:
+            return None
+        total, idle = sample
+        last_total, last_idle = self._last
+        self._last = sample
+        d_total = total - last_total
+        if d_total <= 0:
+            return 0.0
+        return max(0.0, min(1.0, 1.0 - (idle - last_idle) / d_total))
+
+
+@dataclass
+class GpuSample:
+    uuid: str
+    utilization: float | None
+    memory_total: int | None
+    memory_used: int | None
+    power_usage: float | None
+    power_limit: float | None
+
+
+class GpuReader:
+    """NVML (the ``nvidia-ml-py`` package) loaded on first use; disabled for good if it is not there."""
+
+    def __init__(self) -> None:
+        self._nvml: Any = None
+        self._tried = False
+
+    def _init(self) -> Any:
+        if not self._tried:
+            self._tried = True
+            try:
+                import pynvml
+
+                pynvml.nvmlInit()
+                self._nvml = pynvml
+            except Exception as exc:  # no package, no driver, no GPU: no GPU gauges
+                log.debug("GPU metrics unavailable: %s", exc)
+        return self._nvml
+
+    def read(self) -> list[GpuSample]:
+        nvml = self._init()
+        if nvml is None:
+            return []
+        samples = []
+        try:
+            count = nvml.nvmlDeviceGetCount()
+        except Exception:
+            return []
+        for i in range(count):
+            try:
+                handle = nvml.nvmlDeviceGetHandleByIndex(i)
+                uuid = nvml.nvmlDeviceGetUUID(handle)
+            except Exception:
+                continue
+            samples.append(GpuSample(
+                uuid=uuid.decode() if isinstance(uuid, bytes) else str(uuid),
+                utilization=_try(lambda h=handle: nvml.nvmlDeviceGetUtilizationRates(h).gpu / 100.0),
+                memory_total=_try(lambda h=handle: int(nvml.nvmlDeviceGetMemoryInfo(h).total)),
+                memory_used=_try(lambda h=handle: int(nvml.nvmlDeviceGetMemoryInfo(h).used)),
+                power_usage=_try(lambda h=handle: nvml.nvmlDeviceGetPowerUsage(h) / 1000.0),
+                power_limit=_try(lambda h=handle: nvml.nvmlDeviceGetPowerManagementLimit(h) / 1000.0),
+            ))
+        return samples
+
+
+def _try(read: Any) -> Any:
+    try:
+        return read()
+    except Exception:  # a field the device does not support (power on some boards)
+        return None

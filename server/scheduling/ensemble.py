@@ -1,0 +1,149 @@
+"""Runs an ensemble (``platform: "ensemble"``): a graph of steps, each a request to another model.
+
+A step starts as soon as every ensemble tensor it reads exists, so independent steps run in parallel
+(one asyncio task each). Each step goes through ``registry.infer``, i.e. the member's own scheduler,
+so it is batched with the member's other traffic. ``input_map``/``output_map`` keys are the member's
+tensor names and values the ensemble's (Triton's convention). An ensemble serves only while every
+member is ready; errors name the failing step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..config import pb
+from ..core.errors import InternalError, ServerError, Unavailable
+from ..core.types import InferenceRequest
+from .base import Scheduler
+
+
+@dataclass(frozen=True)
+class Step:
+    index: int
+    model_name: str
+    #: "" = latest (Triton's model_version -1)
+    model_version: str
+    #: member input name → ensemble tensor
+    input_map: dict[str, str]
+    #: member output name → ensemble tensor
+    output_map: dict[str, str]
+
+    @property
+    def label(self) -> str:
+        version = self.model_version or "latest"
+        return f"step {self.index} ('{self.model_name}' version {version})"
+
+
+class EnsembleScheduler(Scheduler):
+    def __init__(self, config: pb.ModelConfig, registry: Any) -> None:
+        self.name = config.name
+        self.registry = registry
+        self.steps = [
+            Step(
+                index=i,
+                model_name=s.model_name,
+                model_version="" if s.model_version <= 0 else str(s.model_version),
+                input_map=dict(s.input_map),
+                output_map=dict(s.output_map),
+            )
+            for i, s in enumerate(config.ensemble_scheduling.step)
+        ]
+        self.input_names = {t.name for t in config.input}
+        self.output_names = [t.name for t in config.output]
+        self._running = 0
+
+    @property
+    def pending(self) -> int:
+        return self._running
+
+    def unready_member(self) -> str | None:
+        """Why the ensemble cannot serve now (a member not ready), or None."""
+        for step in self.steps:
+            try:
+                self.registry.resolve(step.model_name, step.model_version)
+            except ServerError as exc:
+                return f"ensemble '{self.name}' is not ready: member '{step.model_name}' of {step.label}: {exc}"
+        return None
+
+    def ready(self) -> bool:
+        return self.unready_member() is None
+
+    async def submit(self, request: InferenceRequest) -> dict[str, np.ndarray]:
+        reason = self.unready_member()
+        if reason is not None:
+            raise Unavailable(reason)
+        self._running += 1
+        try:
+            tensors = await self._run_graph(request)
+        finally:
+            self._running -= 1
+        wanted = request.requested_outputs if request.requested_outputs is not None else self.output_names
+        return {n: tensors[n] for n in wanted}
+
+    async def _run_graph(self, request: InferenceRequest) -> dict[str, np.ndarray]:
+        tensors: dict[str, np.ndarray] = dict(request.inputs)
+        # optional ensemble inputs the client left out count as present-but-empty: steps run without them
+        absent = self.input_names - tensors.keys()
+        waiting = list(self.steps)
+        running: dict[asyncio.Task[dict[str, np.ndarray]], Step] = {}
+        try:
+            while waiting or running:
+                for step in [s for s in waiting if all(t in tensors or t in absent for t in s.input_map.values())]:
+                    waiting.remove(step)
+                    task = asyncio.create_task(self._run_step(step, request, tensors))
+                    running[task] = step
+                if not running:
+                    stuck = waiting[0]
+                    missing = [t for t in stuck.input_map.values() if t not in tensors and t not in absent]
+                    raise InternalError(
+                        f"ensemble '{self.name}' {stuck.label} cannot run: no step produced {', '.join(missing)}"
+                    )
+                done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    step = running.pop(task)
+                    outputs = task.result()  # raises the step's (already labelled) error
+                    for member_name, ensemble_name in step.output_map.items():
+                        if member_name not in outputs:
+                            raise InternalError(
+                                f"ensemble '{self.name}' {step.label} did not return output '{member_name}'"
+                            )
+                        tensors[ensemble_name] = outputs[member_name]
+        finally:
+            for task in running:
+                task.cancel()
+        return tensors
+
+    def _input_order(self, step: Step) -> list[str]:
+        """The member's inputs in its config order, as a client would send them: requests whose inputs
+        come in the same order share a batch (config maps are unordered)."""
+        try:
+            declared = [t.name for t in self.registry.resolve(step.model_name, step.model_version).config.input]
+        except ServerError:
+            declared = []
+        rank = {n: i for i, n in enumerate(declared)}
+        return sorted(step.input_map, key=lambda n: (rank.get(n, len(rank)), n))
+
+    async def _run_step(
+        self, step: Step, request: InferenceRequest, tensors: dict[str, np.ndarray]
+    ) -> dict[str, np.ndarray]:
+        sub = InferenceRequest(
+            model_name=step.model_name,
+            model_version=step.model_version,
+            inputs={m: tensors[step.input_map[m]] for m in self._input_order(step) if step.input_map[m] in tensors},
+            requested_outputs=list(step.output_map),
+            id=request.id,
+            parameters=request.parameters,
+            priority=request.priority,
+            timeout_us=request.timeout_us,
+        )
+        try:
+            response = await self.registry.infer(sub)
+        except ServerError as exc:
+            # same error class (so the same HTTP/gRPC status), message naming the step
+            labelled = type(exc)(f"ensemble '{self.name}' {step.label} failed: {exc.message}")
+            raise labelled from exc
+        return response.outputs
