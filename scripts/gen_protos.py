@@ -36,7 +36,7 @@ def generate(out_dir: Path) -> list[Path]:
                 dest = src / pkg / f
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy(ROOT / folder / f, dest)
-        for folder, pkg, files in PROTOS:
+        for _folder, pkg, files in PROTOS:
             for f in files:
                 if not (src / pkg / f).exists():
                     continue

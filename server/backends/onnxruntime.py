@@ -142,7 +142,10 @@ def _param(config: pb.ModelConfig, key: str) -> str | None:
     return p.string_value if p is not None and p.string_value != "" else None
 
 
-def _accelerator(config: pb.ModelConfig, name: str) -> pb.ModelOptimizationPolicy.ExecutionAccelerators.Accelerator | None:
+Accelerator = pb.ModelOptimizationPolicy.ExecutionAccelerators.Accelerator
+
+
+def _accelerator(config: pb.ModelConfig, name: str) -> Accelerator | None:
     for acc in config.optimization.execution_accelerators.gpu_execution_accelerator:
         if acc.name == name:
             return acc

@@ -33,7 +33,8 @@ from .results import unwrap
 
 def _shape_key(request: InferenceRequest, batching: bool) -> tuple:
     skip = 1 if batching else 0
-    return tuple((name, a.dtype.str, a.shape[skip:]) for name, a in request.inputs.items())
+    # sorted: clients may send the same inputs in any order and still share a batch
+    return tuple(sorted((name, a.dtype.str, a.shape[skip:]) for name, a in request.inputs.items()))
 
 
 class DynamicBatcher(Scheduler):

@@ -117,23 +117,13 @@ class EnsembleScheduler(Scheduler):
                 task.cancel()
         return tensors
 
-    def _input_order(self, step: Step) -> list[str]:
-        """The member's inputs in its config order, as a client would send them: requests whose inputs
-        come in the same order share a batch (config maps are unordered)."""
-        try:
-            declared = [t.name for t in self.registry.resolve(step.model_name, step.model_version).config.input]
-        except ServerError:
-            declared = []
-        rank = {n: i for i, n in enumerate(declared)}
-        return sorted(step.input_map, key=lambda n: (rank.get(n, len(rank)), n))
-
     async def _run_step(
         self, step: Step, request: InferenceRequest, tensors: dict[str, np.ndarray]
     ) -> dict[str, np.ndarray]:
         sub = InferenceRequest(
             model_name=step.model_name,
             model_version=step.model_version,
-            inputs={m: tensors[step.input_map[m]] for m in self._input_order(step) if step.input_map[m] in tensors},
+            inputs={m: tensors[t] for m, t in step.input_map.items() if t in tensors},
             requested_outputs=list(step.output_map),
             id=request.id,
             parameters=request.parameters,

@@ -7,7 +7,6 @@ import textwrap
 from pathlib import Path
 
 import onnx
-
 from kubeinfer.server.examples import models
 
 _RESNET_CACHE: dict[int, bytes] = {}

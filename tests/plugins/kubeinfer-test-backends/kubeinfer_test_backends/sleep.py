@@ -1,0 +1,70 @@
+"""``backend: "sleep"``: waits ``sleep_ms`` per execution (GIL released), then echoes INPUT0.
+
+Besides OUTPUT0 (a copy of INPUT0) every row reports which instance executed it (INSTANCE) and how
+many rows that execution held (BATCH), so tests can see parallelism and batch formation from outside.
+Request parameters: ``sleep_ms`` overrides the config's for the execution (the batch sleeps for its
+longest request); ``fail: true`` makes that request alone fail, as a model error would.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import ClassVar
+
+import numpy as np
+from kubeinfer.server.backends.base import Backend, BackendInstance, Batch, InstanceSpec, RequestResult
+from kubeinfer.server.config import pb
+from kubeinfer.server.core.types import InferenceRequest
+
+
+class SleepBackend(Backend):
+    name: ClassVar[str] = "sleep"
+
+    @classmethod
+    def auto_complete_config(cls, config: pb.ModelConfig, version_path: Path) -> None:
+        if not config.input:
+            t = config.input.add(name="INPUT0", data_type=pb.TYPE_FP32)
+            t.dims.append(-1)
+        if not config.output:
+            t = config.output.add(name="OUTPUT0", data_type=pb.TYPE_FP32)
+            t.dims.append(-1)
+            for name in ("INSTANCE", "BATCH"):
+                config.output.add(name=name, data_type=pb.TYPE_INT32).dims.append(1)
+
+    def create_instance(self, spec: InstanceSpec) -> BackendInstance:
+        p = self.config.parameters.get("sleep_ms")
+        sleep_ms = float(p.string_value) if p is not None and p.string_value else 0.0
+        return SleepInstance(spec, sleep_ms / 1000, self.config.max_batch_size)
+
+
+class SleepInstance(BackendInstance):
+    def __init__(self, spec: InstanceSpec, sleep_s: float, max_batch_size: int) -> None:
+        self.index = spec.index
+        self.sleep_s = sleep_s
+        self.max_batch_size = max_batch_size
+
+    def execute(self, batch: Batch) -> list[RequestResult]:
+        t0 = time.perf_counter_ns()
+        time.sleep(max(_sleep_s(r, self.sleep_s) for r in batch.requests))
+        t1 = time.perf_counter_ns()
+        rows = batch.size
+        results: list[RequestResult] = []
+        for r in batch.requests:
+            if r.parameters.get("fail"):
+                results.append(RuntimeError("the request asked the sleep model to fail"))
+                continue
+            n = r.batch_size(self.max_batch_size)
+            shape = (n, 1) if self.max_batch_size > 0 else (1,)
+            results.append({
+                "OUTPUT0": np.array(r.inputs["INPUT0"], copy=True),
+                "INSTANCE": np.full(shape, self.index, dtype=np.int32),
+                "BATCH": np.full(shape, rows, dtype=np.int32),
+            })
+        batch.timings.compute_infer_ns = t1 - t0
+        return results
+
+
+def _sleep_s(request: InferenceRequest, default: float) -> float:
+    value = request.parameters.get("sleep_ms")
+    return float(value) / 1000 if isinstance(value, (int, float)) else default
