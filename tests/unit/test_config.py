@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 from google.protobuf import json_format
-
 from kubeinfer.server.config import (
     ConfigError,
     config_from_json,

@@ -6,7 +6,6 @@ from pathlib import Path
 
 import onnx
 import pytest
-
 from kubeinfer.server.backends.onnxruntime import OnnxRuntimeBackend
 from kubeinfer.server.config import ConfigError, parse_config_text, pb
 from kubeinfer.server.examples import models
