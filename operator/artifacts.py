@@ -1,0 +1,124 @@
+"""Getting a version's model file: download (streamed, size-limited, sha256-checked) or copy from the volume.
+
+Blocking I/O by design: the kopf handlers that call it are synchronous and run in kopf's thread pool,
+so a multi-gigabyte download never stalls the event loop. Every failure is an ``ArtifactError`` whose
+``reason`` lands in the InferenceModel's conditions and whose message says what to fix.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+from pathlib import Path
+
+import httpx
+
+CHUNK = 1 << 20
+DEFAULT_MAX_BYTES = 20 << 30
+
+
+class ArtifactError(Exception):
+    """A version's file cannot be had or used; ``reason`` is CamelCase, ``message`` says what to fix."""
+
+    def __init__(self, reason: str, message: str, version: int | None = None) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+        self.version = version
+
+
+def _fsync_write(handle: object) -> None:
+    handle.flush()  # type: ignore[attr-defined]
+    os.fsync(handle.fileno())  # type: ignore[attr-defined]
+
+
+def download(uri: str, sha256: str, dest: Path, *, max_bytes: int = DEFAULT_MAX_BYTES, timeout: float = 60.0) -> int:
+    """Stream ``uri`` into ``dest``; raise ArtifactError on HTTP errors, oversize or a checksum mismatch."""
+    digest = hashlib.sha256()
+    size = 0
+    try:
+        with httpx.stream("GET", uri, follow_redirects=True, timeout=timeout) as response:
+            if response.status_code != 200:
+                raise ArtifactError("FetchFailed", f"GET {uri} returned HTTP {response.status_code}; check source.uri")
+            declared = response.headers.get("content-length")
+            if declared and declared.isdigit() and int(declared) > max_bytes:
+                raise ArtifactError(
+                    "TooLarge", f"{uri} is {declared} bytes, over the operator's limit of {max_bytes} bytes"
+                )
+            with open(dest, "wb") as out:
+                for chunk in response.iter_bytes(CHUNK):
+                    size += len(chunk)
+                    if size > max_bytes:
+                        raise ArtifactError(
+                            "TooLarge", f"{uri} is larger than the operator's limit of {max_bytes} bytes"
+                        )
+                    digest.update(chunk)
+                    out.write(chunk)
+                _fsync_write(out)
+    except httpx.HTTPError as exc:
+        raise ArtifactError(
+            "FetchFailed", f"cannot download {uri}: {type(exc).__name__}: {exc}; check source.uri"
+        ) from None
+    actual = digest.hexdigest()
+    if actual != sha256.lower():
+        raise ArtifactError(
+            "ChecksumMismatch",
+            f"{uri} has sha256 {actual} but source.sha256 is {sha256}; fix source.sha256 or source.uri",
+        )
+    return size
+
+
+def volume_file(root: Path, relative: str) -> Path:
+    """The regular file ``relative`` names inside ``root``; refuses '..', absolute paths and symlinks."""
+    rel = Path(relative)
+    if rel.is_absolute() or ".." in rel.parts or not rel.parts:
+        raise ArtifactError(
+            "PathRejected", f"source.path '{relative}' must be relative to the repository volume, without '..'"
+        )
+    current = root
+    for part in rel.parts:
+        current = current / part
+        try:
+            mode = os.lstat(current).st_mode
+        except FileNotFoundError:
+            raise ArtifactError(
+                "PathNotFound", f"source.path '{relative}' does not exist on the repository volume"
+            ) from None
+        if stat.S_ISLNK(mode):
+            raise ArtifactError(
+                "PathRejected",
+                f"source.path '{relative}' passes through the symlink '{current.relative_to(root)}'; "
+                "give the real path of the file",
+            )
+    if not stat.S_ISREG(mode):
+        raise ArtifactError("PathRejected", f"source.path '{relative}' is not a regular file")
+    resolved = current.resolve()
+    if not resolved.is_relative_to(root.resolve()):
+        raise ArtifactError("PathRejected", f"source.path '{relative}' is outside the repository volume")
+    return current
+
+
+def copy_from_volume(
+    root: Path, relative: str, sha256: str | None, dest: Path, *, max_bytes: int = DEFAULT_MAX_BYTES
+) -> int:
+    """Copy a file already on the volume into the staging folder, checking sha256 when given."""
+    src = volume_file(root, relative)
+    digest = hashlib.sha256()
+    size = 0
+    with open(src, "rb", opener=lambda p, f: os.open(p, f | os.O_NOFOLLOW)) as inp, open(dest, "wb") as out:
+        while chunk := inp.read(CHUNK):
+            size += len(chunk)
+            if size > max_bytes:
+                raise ArtifactError(
+                    "TooLarge", f"source.path '{relative}' is larger than the limit of {max_bytes} bytes"
+                )
+            digest.update(chunk)
+            out.write(chunk)
+        _fsync_write(out)
+    if sha256 and digest.hexdigest() != sha256.lower():
+        raise ArtifactError(
+            "ChecksumMismatch",
+            f"source.path '{relative}' has sha256 {digest.hexdigest()} but source.sha256 is {sha256}",
+        )
+    return size

@@ -1,0 +1,123 @@
+"""``kubeinfer-operator``: run the InferenceModel/InferenceServer operator (in-cluster or with a kubeconfig)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import socket
+import sys
+import threading
+import uuid
+from pathlib import Path
+
+import kopf
+from kubernetes.client import CoordinationV1Api
+
+from .handlers import OperatorConfig, Reconciler, register
+from .kube import Kube, load_config
+from .leader import LeaseElector
+
+ENDPOINTS_ENV = "KUBEINFER_SERVER_ENDPOINTS"
+
+
+def _endpoint(value: str) -> tuple[str, str]:
+    key, sep, url = value.partition("=")
+    if not sep or key.count("/") != 1 or not url.startswith(("http://", "https://")):
+        raise argparse.ArgumentTypeError(f"expected NAMESPACE/SERVER=http(s)://HOST:PORT, got '{value}'")
+    return key, url
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kubeinfer-operator", description=__doc__)
+    p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster service account, else ~/.kube/config)")
+    p.add_argument(
+        "--repository-root",
+        type=Path,
+        required=True,
+        help="where the model repository volume is mounted; servers' subPaths are folders below it",
+    )
+    p.add_argument(
+        "--claim-name", help="the PVC mounted at --repository-root; InferenceServers naming another are refused"
+    )
+    p.add_argument(
+        "--namespace", action="append", default=[], help="watch only this namespace (repeatable; default all)"
+    )
+    p.add_argument(
+        "--resync-seconds", type=float, default=30.0, help="timer interval that repairs drift and refreshes status"
+    )
+    p.add_argument(
+        "--server-endpoint",
+        action="append",
+        type=_endpoint,
+        default=[],
+        metavar="NS/SERVER=URL",
+        help=f"read this server's repository index at URL, not its Service (repeatable; also ${ENDPOINTS_ENV})",
+    )
+    p.add_argument("--max-artifact-bytes", type=int, default=20 << 30, help="largest model file to download or copy")
+    p.add_argument("--fetch-timeout", type=float, default=60.0, help="seconds without progress before a download fails")
+    p.add_argument(
+        "--unload-timeout",
+        type=float,
+        default=120.0,
+        help="longest wait for a server to unload a deleted model before its finalizer is released",
+    )
+    p.add_argument(
+        "--leader-election", action="store_true", help="run only while holding a Lease (for more than one replica)"
+    )
+    p.add_argument("--leader-election-namespace", default=os.environ.get("POD_NAMESPACE", "default"))
+    p.add_argument("--lease-name", default="kubeinfer-operator")
+    p.add_argument("--liveness", metavar="URL", help="serve kopf's liveness probe, e.g. http://0.0.0.0:8080/healthz")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    endpoints = dict(args.server_endpoint)
+    for item in filter(None, os.environ.get(ENDPOINTS_ENV, "").split(",")):
+        endpoints.setdefault(*_endpoint(item.strip()))
+    root = args.repository_root
+    if not root.is_dir():
+        print(f"kubeinfer-operator: --repository-root '{root}' is not a folder", file=sys.stderr)
+        return 2
+    load_config(args.kubeconfig)
+    config = OperatorConfig(
+        repository_root=root,
+        resync_seconds=args.resync_seconds,
+        server_endpoints=endpoints,
+        max_artifact_bytes=args.max_artifact_bytes,
+        fetch_timeout=args.fetch_timeout,
+        claim_name=args.claim_name,
+        unload_timeout=args.unload_timeout,
+        namespaces=list(args.namespace),
+    )
+    registry = kopf.OperatorRegistry()
+    register(Reconciler(config, Kube()), registry)
+    settings = kopf.OperatorSettings()
+    settings.posting.level = logging.WARNING  # kopf's own per-handler events are noise next to ours
+    settings.persistence.finalizer = "serving.kubeinfer.io/finalizer"
+    settings.execution.max_workers = 8
+    stop = threading.Event()
+    lost = threading.Event()
+    if args.leader_election:
+        identity = f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}"
+        elector = LeaseElector(CoordinationV1Api(), args.leader_election_namespace, args.lease_name, identity)
+        if not elector.wait_for_leadership(stop):
+            return 1
+        threading.Thread(target=elector.keep_renewing, args=(stop, lost), daemon=True, name="lease").start()
+    kopf.run(
+        registry=registry,
+        settings=settings,
+        standalone=True,
+        clusterwide=not args.namespace,
+        namespaces=args.namespace,
+        liveness_endpoint=args.liveness,
+        stop_flag=stop,
+    )
+    return 1 if lost.is_set() else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""Field descriptions for the model-config part of the InferenceModel CRD.
+
+Keyed by the proto field (``Message.field``, nested messages dotted) so the CRD generator can put a
+description on every field it derives from ``model_config.proto``; a missing key fails generation.
+"""
+
+CONFIG_FIELDS: dict[str, str] = {
+    # ModelConfig (top level)
+    "ModelConfig.platform": (
+        "Triton platform of the model: onnxruntime_onnx, tensorrt_plan or ensemble. Give platform or "
+        "backend; the InferenceServer must provide the matching backend (spec.backends)."
+    ),
+    "ModelConfig.backend": "Backend that runs the model (onnxruntime, tensorrt, python); implied by platform.",
+    "ModelConfig.version_policy": (
+        "Which of the versions in spec.versions the server serves: latest (default, the newest 1), all, or specific."
+    ),
+    "ModelConfig.max_batch_size": (
+        "Largest batch the model accepts. 0 = the model does not batch and dims are the full shape; "
+        "> 0 = an implicit leading batch dimension that dims must NOT include."
+    ),
+    "ModelConfig.input": "Input tensors (config field 'input').",
+    "ModelConfig.output": "Output tensors (config field 'output').",
+    "ModelConfig.optimization": "Optimization: graph level, CUDA graphs, execution accelerators (e.g. TensorRT).",
+    "ModelConfig.dynamic_batching": "Enables the dynamic batcher: requests are combined into batches on the server.",
+    "ModelConfig.ensemble_scheduling": "Steps of an ensemble (platform: ensemble); each step calls another model.",
+    "ModelConfig.instance_group": "Execution instances of the model: how many, and on which kind of device.",
+    "ModelConfig.default_model_filename": (
+        "File name of the model inside each version folder; default model.onnx, model.plan or model.py by "
+        "platform/backend."
+    ),
+    "ModelConfig.parameters": "Backend parameters (e.g. intra_op_thread_count), each as {stringValue: ...}.",
+    "ModelConfig.model_warmup": "Warmup requests the server runs before marking the model ready.",
+    # version policy
+    "ModelVersionPolicy.latest": "Serve the newest numVersions versions.",
+    "ModelVersionPolicy.Latest.num_versions": "How many of the newest versions to serve.",
+    "ModelVersionPolicy.all": "Serve every version in spec.versions.",
+    "ModelVersionPolicy.specific": "Serve exactly the listed versions.",
+    "ModelVersionPolicy.Specific.versions": "Version numbers to serve; each must appear in spec.versions.",
+    # inputs / outputs
+    "ModelInput.name": "Tensor name as the model file names it.",
+    "ModelInput.data_type": "Element type, as KServe v2 names it (FP32, INT64, BYTES, ...).",
+    "ModelInput.format": "Image layout hint for the input (FORMAT_NONE, FORMAT_NHWC, FORMAT_NCHW).",
+    "ModelInput.dims": ("Shape without the batch dimension when maxBatchSize > 0; -1 marks a variable-size dimension."),
+    "ModelInput.reshape": "Shape the server hands to the model instead of dims (same element count).",
+    "ModelTensorReshape.shape": "Target shape; -1 marks a variable-size dimension.",
+    "ModelInput.is_shape_tensor": "The input is a TensorRT shape tensor.",
+    "ModelInput.allow_ragged_batch": "Requests may differ in this input's shape within one batch.",
+    "ModelInput.optional": "The input may be omitted from a request.",
+    "ModelInput.is_non_linear_format_io": "The TensorRT input uses a non-linear memory format.",
+    "ModelOutput.name": "Tensor name as the model file names it.",
+    "ModelOutput.data_type": "Element type, as KServe v2 names it (FP32, INT64, BYTES, ...).",
+    "ModelOutput.dims": "Shape without the batch dimension when maxBatchSize > 0; -1 marks a variable size.",
+    "ModelOutput.reshape": "Shape the model produces, reshaped by the server to dims.",
+    "ModelOutput.label_filename": "File in the model folder with one class label per line (classification).",
+    "ModelOutput.is_shape_tensor": "The output is a TensorRT shape tensor.",
+    "ModelOutput.is_non_linear_format_io": "The TensorRT output uses a non-linear memory format.",
+    # optimization
+    "ModelOptimizationPolicy.graph": "Graph optimization level for backends that support it.",
+    "ModelOptimizationPolicy.Graph.level": "Optimization level; backend-specific (-1 = off, 0 = default, 1 = all).",
+    "ModelOptimizationPolicy.priority": "Relative scheduling priority of the model (PRIORITY_DEFAULT/MAX/MIN).",
+    "ModelOptimizationPolicy.cuda": "CUDA-specific optimizations.",
+    "ModelOptimizationPolicy.Cuda.graphs": "Capture CUDA graphs where the backend supports it.",
+    "ModelOptimizationPolicy.Cuda.busy_wait_events": "Busy-wait on CUDA events instead of blocking.",
+    "ModelOptimizationPolicy.Cuda.graph_spec": "Shapes to capture CUDA graphs for.",
+    "ModelOptimizationPolicy.Cuda.GraphSpec.batch_size": "Batch size of this CUDA graph.",
+    "ModelOptimizationPolicy.Cuda.GraphSpec.input": "Input name → shape of this CUDA graph.",
+    "ModelOptimizationPolicy.Cuda.GraphSpec.Shape.dim": "Dimensions of the shape.",
+    "ModelOptimizationPolicy.Cuda.GraphSpec.graph_lower_bound": "Smallest shapes this CUDA graph may serve.",
+    "ModelOptimizationPolicy.Cuda.GraphSpec.LowerBound.batch_size": "Smallest batch size served by the graph.",
+    "ModelOptimizationPolicy.Cuda.GraphSpec.LowerBound.input": "Input name → smallest shape served by the graph.",
+    "ModelOptimizationPolicy.Cuda.output_copy_stream": "Copy outputs on a separate CUDA stream.",
+    "ModelOptimizationPolicy.execution_accelerators": "Execution providers, e.g. tensorrt for ONNX models on GPU.",
+    "ModelOptimizationPolicy.ExecutionAccelerators.gpu_execution_accelerator": (
+        "GPU accelerators in order of preference (e.g. {name: tensorrt, parameters: {precision_mode: FP16}})."
+    ),
+    "ModelOptimizationPolicy.ExecutionAccelerators.Accelerator.name": "Accelerator name (tensorrt, cuda, openvino).",
+    "ModelOptimizationPolicy.ExecutionAccelerators.Accelerator.parameters": (
+        "Accelerator options, e.g. precision_mode, max_workspace_size_bytes, trt_engine_cache_enable."
+    ),
+    "ModelOptimizationPolicy.ExecutionAccelerators.cpu_execution_accelerator": "CPU accelerators, in order.",
+    "ModelOptimizationPolicy.input_pinned_memory": "Use pinned host memory for inputs.",
+    "ModelOptimizationPolicy.PinnedMemoryBuffer.enable": "Enable pinned memory.",
+    "ModelOptimizationPolicy.output_pinned_memory": "Use pinned host memory for outputs.",
+    "ModelOptimizationPolicy.gather_kernel_buffer_threshold": "Gather inputs on GPU above this many buffers.",
+    "ModelOptimizationPolicy.eager_batching": "Start a batch before all of its requests have arrived.",
+    # dynamic batching
+    "ModelDynamicBatching.preferred_batch_size": (
+        "Batch sizes the batcher tries to form; each at most maxBatchSize. Usually leave empty."
+    ),
+    "ModelDynamicBatching.max_queue_delay_microseconds": (
+        "How long the oldest request may wait for a fuller batch (microseconds; 0 = dispatch at once)."
+    ),
+    "ModelDynamicBatching.preserve_ordering": "Return responses in the order requests arrived.",
+    "ModelDynamicBatching.priority_levels": "Number of priority levels (1 = highest); 0 disables priorities.",
+    "ModelDynamicBatching.default_priority_level": "Priority of requests that give none; within 1..priorityLevels.",
+    "ModelDynamicBatching.default_queue_policy": "Queue policy of every priority level without its own.",
+    "ModelDynamicBatching.priority_queue_policy": 'Priority level (as a string key, e.g. "1") → its queue policy.',
+    "ModelQueuePolicy.timeout_action": "What happens to a request whose timeout expires in the queue: REJECT or DELAY.",
+    "ModelQueuePolicy.default_timeout_microseconds": "Queue timeout of requests that give none (0 = none).",
+    "ModelQueuePolicy.allow_timeout_override": "A request may set a shorter timeout of its own.",
+    "ModelQueuePolicy.max_queue_size": "Most requests queued; more are rejected as unavailable (0 = unbounded).",
+    # ensemble
+    "ModelEnsembling.step": "Steps of the ensemble, each calling one model.",
+    "ModelEnsembling.Step.model_name": "Model this step calls (an InferenceModel on the same server).",
+    "ModelEnsembling.Step.model_version": "Version this step calls; -1 = the latest ready version.",
+    "ModelEnsembling.Step.input_map": "Step model's input name → ensemble tensor that feeds it.",
+    "ModelEnsembling.Step.output_map": "Step model's output name → ensemble tensor it produces (once per tensor).",
+    "ModelEnsembling.Step.model_namespace": "Namespace of the step's model when the server uses model namespacing.",
+    "ModelEnsembling.max_inflight_requests": "Most requests in flight inside the ensemble (0 = unbounded).",
+    # instance groups
+    "ModelInstanceGroup.name": "Name of the group; defaults to the model name and an index.",
+    "ModelInstanceGroup.kind": "Device kind: KIND_AUTO, KIND_GPU, KIND_CPU or KIND_MODEL.",
+    "ModelInstanceGroup.count": "Instances of the model per device (per GPU for KIND_GPU).",
+    "ModelInstanceGroup.rate_limiter": "Resources an instance needs before it may execute.",
+    "ModelRateLimiter.resources": "Named resources an execution consumes.",
+    "ModelRateLimiter.Resource.name": "Resource name.",
+    "ModelRateLimiter.Resource.global": "The resource is shared by all devices.",
+    "ModelRateLimiter.Resource.count": "Units of the resource one execution needs.",
+    "ModelRateLimiter.priority": "Weight of this instance when resources are contended.",
+    "ModelInstanceGroup.gpus": "GPU device ids to place instances on (default: every visible GPU).",
+    "ModelInstanceGroup.secondary_devices": "Secondary devices (NVDLA) the instances use.",
+    "ModelInstanceGroup.SecondaryDevice.kind": "Kind of secondary device.",
+    "ModelInstanceGroup.SecondaryDevice.device_id": "Device id of the secondary device.",
+    "ModelInstanceGroup.profile": "TensorRT optimization profiles the instances use.",
+    "ModelInstanceGroup.passive": "Instances are loaded but receive no requests.",
+    "ModelInstanceGroup.host_policy": "Host policy name applied to the instances.",
+    "ModelParameter.string_value": "Parameter value, as a string.",
+    # warmup
+    "ModelWarmup.name": "Name of the warmup sample.",
+    "ModelWarmup.batch_size": "Batch size of the warmup request.",
+    "ModelWarmup.inputs": "Input name → the data to send.",
+    "ModelWarmup.Input.data_type": "Element type, as KServe v2 names it.",
+    "ModelWarmup.Input.dims": "Shape of the input without the batch dimension.",
+    "ModelWarmup.Input.zero_data": "Send zeros.",
+    "ModelWarmup.Input.random_data": "Send random data.",
+    "ModelWarmup.Input.input_data_file": "Send the contents of this file (in the model folder's warmup/ folder).",
+    "ModelWarmup.count": "How many times to run the warmup request.",
+}

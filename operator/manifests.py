@@ -1,0 +1,258 @@
+"""InferenceServer → Deployment, Service and HPA manifests. Pure functions of the custom object.
+
+Each manifest is complete (the operator server-side-applies it), carries an owner reference to the
+InferenceServer (deletion cascades through the garbage collector) and the labels the operator uses to
+find what it owns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from .schema import API_VERSION
+
+MODEL_REPOSITORY_MOUNT = "/models"
+MANAGED_BY = "kubeinfer-operator"
+SERVER_LABEL = "serving.kubeinfer.io/server"
+DEFAULT_PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
+DEFAULT_POLL_SECONDS = 5
+DEFAULT_SHM = "1Gi"
+DEFAULT_DRAIN_SECONDS = 10
+#: time after preStop for the server to finish in-flight requests and unload
+SHUTDOWN_SECONDS = 30
+DEFAULT_QUEUE_TARGET = "5000"
+PROBE_DEFAULTS = {
+    "liveness": {"periodSeconds": 10, "timeoutSeconds": 1, "failureThreshold": 3},
+    "readiness": {"periodSeconds": 5, "timeoutSeconds": 1, "failureThreshold": 3},
+    # 60 × 10 s = 10 minutes for the first models to load before liveness takes over
+    "startup": {"periodSeconds": 10, "timeoutSeconds": 1, "failureThreshold": 60},
+}
+PODS_METRICS = {
+    "QueueDurationPerRequest": "nv_inference_queue_duration_us_per_request",
+    "PendingRequests": "nv_inference_pending_request_count",
+}
+
+
+def selector_labels(name: str) -> dict[str, str]:
+    return {"app.kubernetes.io/name": "kubeinfer-server", "app.kubernetes.io/instance": name}
+
+
+def labels(name: str) -> dict[str, str]:
+    return {**selector_labels(name), "app.kubernetes.io/managed-by": MANAGED_BY, SERVER_LABEL: name}
+
+
+def selector_string(name: str) -> str:
+    return ",".join(f"{k}={v}" for k, v in selector_labels(name).items())
+
+
+def repository_subpath(namespace: str, name: str, spec: Mapping[str, Any]) -> str:
+    """Folder of this server's repository inside the volume (default ``<namespace>/<name>``)."""
+    return (spec.get("repository") or {}).get("subPath") or f"{namespace}/{name}"
+
+
+def ports(spec: Mapping[str, Any]) -> dict[str, int]:
+    flags = spec.get("server") or {}
+    return {k: int(flags.get(f"{k}Port") or v) for k, v in DEFAULT_PORTS.items()}
+
+
+def service_endpoint(namespace: str, name: str, spec: Mapping[str, Any]) -> dict[str, str]:
+    p = ports(spec)
+    host = f"{name}.{namespace}.svc"
+    return {"http": f"{host}:{p['http']}", "grpc": f"{host}:{p['grpc']}"}
+
+
+def owner_reference(body: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "InferenceServer",
+        "name": body["metadata"]["name"],
+        "uid": body["metadata"]["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _metadata(body: Mapping[str, Any]) -> dict[str, Any]:
+    meta = body["metadata"]
+    return {
+        "name": meta["name"],
+        "namespace": meta["namespace"],
+        "labels": labels(meta["name"]),
+        "ownerReferences": [owner_reference(body)],
+    }
+
+
+def server_args(spec: Mapping[str, Any]) -> list[str]:
+    flags = spec.get("server") or {}
+    p = ports(spec)
+    args = [
+        f"--model-repository={MODEL_REPOSITORY_MOUNT}",
+        f"--http-port={p['http']}",
+        f"--grpc-port={p['grpc']}",
+        f"--metrics-port={p['metrics']}",
+        "--model-control-mode=poll",
+        f"--repository-poll-secs={int(flags.get('pollIntervalSeconds') or DEFAULT_POLL_SECONDS)}",
+    ]
+    if flags.get("logLevel"):
+        args.append(f"--log-level={flags['logLevel']}")
+    return args + list(flags.get("extraArgs") or [])
+
+
+def _probe(kind: str, path: str, spec: Mapping[str, Any]) -> dict[str, Any]:
+    timing = {**PROBE_DEFAULTS[kind], **((spec.get("probes") or {}).get(kind) or {})}
+    return {"httpGet": {"path": path, "port": "http"}, **timing}
+
+
+def _resources(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """Quantities as strings; GPU requests default to the limits (Kubernetes requires them equal)."""
+    resources = spec.get("resources") or {}
+    return {k: {n: str(q) for n, q in v.items()} for k, v in resources.items() if v}
+
+
+def deployment(body: Mapping[str, Any]) -> dict[str, Any]:
+    meta, spec = body["metadata"], body["spec"]
+    name, namespace = meta["name"], meta["namespace"]
+    drain = int(spec.get("drainSeconds", DEFAULT_DRAIN_SECONDS))
+    container: dict[str, Any] = {
+        "name": "server",
+        "image": spec["image"],
+        "args": server_args(spec),
+        "ports": [
+            {"name": "http", "containerPort": ports(spec)["http"], "protocol": "TCP"},
+            {"name": "grpc", "containerPort": ports(spec)["grpc"], "protocol": "TCP"},
+            {"name": "metrics", "containerPort": ports(spec)["metrics"], "protocol": "TCP"},
+        ],
+        "resources": _resources(spec),
+        "volumeMounts": [
+            {
+                "name": "model-repository",
+                "mountPath": MODEL_REPOSITORY_MOUNT,
+                "subPath": repository_subpath(namespace, name, spec),
+                "readOnly": True,
+            },
+            {"name": "dshm", "mountPath": "/dev/shm"},
+            {"name": "tmp", "mountPath": "/tmp"},
+        ],
+        "livenessProbe": _probe("liveness", "/v2/health/live", spec),
+        "readinessProbe": _probe("readiness", "/v2/health/ready", spec),
+        "startupProbe": _probe("startup", "/v2/health/ready", spec),
+        # the endpoint is removed from the Service while the pod still serves; then SIGTERM drains
+        "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(drain)]}}},
+        "securityContext": {
+            "runAsNonRoot": True,
+            "readOnlyRootFilesystem": True,
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+        },
+    }
+    if spec.get("imagePullPolicy"):
+        container["imagePullPolicy"] = spec["imagePullPolicy"]
+    pod_spec: dict[str, Any] = {
+        "containers": [container],
+        "terminationGracePeriodSeconds": drain + SHUTDOWN_SECONDS,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": 1000,
+            "runAsGroup": 1000,
+            "fsGroup": 1000,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "automountServiceAccountToken": False,
+        "volumes": [
+            {
+                "name": "model-repository",
+                "persistentVolumeClaim": {"claimName": spec["repository"]["claimName"], "readOnly": True},
+            },
+            {
+                "name": "dshm",
+                "emptyDir": {"medium": "Memory", "sizeLimit": str(spec.get("sharedMemorySize") or DEFAULT_SHM)},
+            },
+            {"name": "tmp", "emptyDir": {}},
+        ],
+    }
+    for key in ("nodeSelector", "tolerations", "affinity", "imagePullSecrets"):
+        if spec.get(key):
+            pod_spec[key] = spec[key]
+    template_meta: dict[str, Any] = {"labels": labels(name)}
+    if spec.get("podAnnotations"):
+        template_meta["annotations"] = dict(spec["podAnnotations"])
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _metadata(body),
+        "spec": {
+            "replicas": int(spec.get("replicas", 1)),
+            "selector": {"matchLabels": selector_labels(name)},
+            # never fewer serving pods than asked for during a rollout
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
+            "template": {"metadata": template_meta, "spec": pod_spec},
+        },
+    }
+
+
+def service(body: Mapping[str, Any]) -> dict[str, Any]:
+    name = body["metadata"]["name"]
+    p = ports(body["spec"])
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(body),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": selector_labels(name),
+            "ports": [
+                {"name": "http", "port": p["http"], "targetPort": "http", "protocol": "TCP"},
+                {"name": "grpc", "port": p["grpc"], "targetPort": "grpc", "protocol": "TCP", "appProtocol": "grpc"},
+                {"name": "metrics", "port": p["metrics"], "targetPort": "metrics", "protocol": "TCP"},
+            ],
+        },
+    }
+
+
+def hpa_metrics(autoscaling: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The user's metrics verbatim, else the shorthand target (default: queue time per request)."""
+    if autoscaling.get("metrics"):
+        return [dict(m) for m in autoscaling["metrics"]]
+    target = autoscaling.get("target") or {}
+    metric = target.get("metric", "QueueDurationPerRequest")
+    if metric == "CPU":
+        value = int(str(target.get("averageValue", 80)).rstrip("%"))
+        return [
+            {
+                "type": "Resource",
+                "resource": {"name": "cpu", "target": {"type": "Utilization", "averageUtilization": value}},
+            }
+        ]
+    default = DEFAULT_QUEUE_TARGET if metric == "QueueDurationPerRequest" else "10"
+    return [
+        {
+            "type": "Pods",
+            "pods": {
+                "metric": {"name": PODS_METRICS[metric]},
+                "target": {"type": "AverageValue", "averageValue": str(target.get("averageValue", default))},
+            },
+        }
+    ]
+
+
+def hpa(body: Mapping[str, Any]) -> dict[str, Any] | None:
+    """An HPA that scales the InferenceServer itself (its scale subresource), or None without autoscaling."""
+    autoscaling = body["spec"].get("autoscaling")
+    if not autoscaling:
+        return None
+    meta = body["metadata"]
+    hpa_spec: dict[str, Any] = {
+        "scaleTargetRef": {"apiVersion": API_VERSION, "kind": "InferenceServer", "name": meta["name"]},
+        "minReplicas": int(autoscaling.get("minReplicas", 1)),
+        "maxReplicas": int(autoscaling["maxReplicas"]),
+        "metrics": hpa_metrics(autoscaling),
+    }
+    if autoscaling.get("behavior"):
+        hpa_spec["behavior"] = autoscaling["behavior"]
+    return {
+        "apiVersion": "autoscaling/v2",
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": _metadata(body),
+        "spec": hpa_spec,
+    }

@@ -1,0 +1,249 @@
+"""Writes a rendered model into a server's repository folder, following the server's atomic-write contract.
+
+See ``kubeinfer.server.core.repository``: everything is built under dot-names (which the server
+ignores), fsynced, and renamed into place; a new version goes in before the config that may select it
+(config last); removals rename to a dot-name first. Every artifact of a sync is fetched and checked
+before anything visible changes, so a failed download, checksum or ONNX check leaves what is served
+untouched. Stale dot-named leftovers of a crashed writer are removed at the start of every sync.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kubeinfer.server.core.repository import CONFIG_FILE, is_version_dir_name
+
+from . import artifacts
+from .artifacts import ArtifactError
+from .onnx_check import check_onnx
+from .render import RenderedModel, Source
+
+#: dot-named record of where a version folder's file came from (the server ignores dot files)
+SOURCE_MARKER = ".kubeinfer-source.json"
+#: leftovers inside a model folder: staged/retired versions and config temp files
+_LEFTOVER = re.compile(r"^\.(\d+\.(staging|deleting)|config\.pbtxt\.tmp)-[0-9a-f]+$")
+
+
+@dataclass
+class SyncResult:
+    created_model: bool = False
+    added_versions: list[int] = field(default_factory=list)
+    replaced_versions: list[int] = field(default_factory=list)
+    removed_versions: list[int] = field(default_factory=list)
+    config_changed: bool = False
+    cleaned: list[str] = field(default_factory=list)
+
+    @property
+    def changed(self) -> bool:
+        return bool(
+            self.created_model
+            or self.added_versions
+            or self.replaced_versions
+            or self.removed_versions
+            or self.config_changed
+        )
+
+
+def _suffix() -> str:
+    return secrets.token_hex(4)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_file(path: Path, text: str) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _remove_tree(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def _retire(path: Path) -> None:
+    """Rename to a dot-name (the server stops seeing it at once), then delete."""
+    hidden = path.with_name(f".{path.name}.deleting-{_suffix()}")
+    os.rename(path, hidden)
+    _fsync_dir(path.parent)
+    _remove_tree(hidden)
+
+
+class RepositoryWriter:
+    """File operations on ``<root>/<server subPath>/<model>``; blocking, call from a worker thread."""
+
+    def __init__(self, root: Path, *, max_bytes: int = artifacts.DEFAULT_MAX_BYTES, timeout: float = 60.0) -> None:
+        self.root = root.resolve()
+        self.max_bytes = max_bytes
+        self.timeout = timeout
+
+    # -------------------------------------------------------------------------------------- paths
+    def server_dir(self, subpath: str, create: bool = True) -> Path:
+        """The server's repository folder; refuses subPaths that leave the root or pass symlinks."""
+        rel = Path(subpath)
+        if rel.is_absolute() or any(p in ("", ".", "..") for p in rel.parts) or not rel.parts:
+            raise ArtifactError("PathRejected", f"repository.subPath '{subpath}' must be a relative path without '..'")
+        current = self.root
+        for part in rel.parts:
+            current = current / part
+            if current.is_symlink():
+                raise ArtifactError("PathRejected", f"repository.subPath '{subpath}' passes through a symlink")
+            if create and not current.exists():
+                current.mkdir(mode=0o755)
+        return current
+
+    # ----------------------------------------------------------------------------------- inspection
+    def versions_on_disk(self, server_dir: Path, name: str) -> list[int]:
+        model_dir = server_dir / name
+        if not model_dir.is_dir():
+            return []
+        return sorted(int(e.name) for e in os.scandir(model_dir) if e.is_dir() and is_version_dir_name(e.name))
+
+    def clean_stale(self, server_dir: Path, name: str) -> list[str]:
+        """Delete dot-named leftovers of an interrupted write of this model."""
+        removed = []
+        own = re.compile(rf"^\.{re.escape(name)}\.(staging|deleting)-[0-9a-f]+$")
+        candidates = [e for e in server_dir.iterdir() if own.match(e.name)] if server_dir.is_dir() else []
+        model_dir = server_dir / name
+        if model_dir.is_dir():
+            candidates += [e for e in model_dir.iterdir() if _LEFTOVER.match(e.name)]
+        for entry in candidates:
+            _remove_tree(entry)
+            removed.append(str(entry.relative_to(self.root)))
+        return removed
+
+    # -------------------------------------------------------------------------------------- staging
+    def _fetch(self, source: Source, dest: Path) -> None:
+        if source.uri:
+            artifacts.download(source.uri, source.sha256 or "", dest, max_bytes=self.max_bytes, timeout=self.timeout)
+        elif source.path:
+            artifacts.copy_from_volume(self.root, source.path, source.sha256, dest, max_bytes=self.max_bytes)
+
+    def _stage_version(self, folder: Path, model: RenderedModel, version: int) -> None:
+        """Fill an (invisible) version folder: the model file and the source marker."""
+        folder.mkdir()
+        source = model.versions[version]
+        if model.filename:
+            try:
+                self._fetch(source, folder / model.filename)
+            except ArtifactError as exc:
+                raise ArtifactError(exc.reason, f"version {version}: {exc.message}", version) from None
+        _write_file(folder / SOURCE_MARKER, json.dumps(source.as_dict(), sort_keys=True))
+        _fsync_dir(folder)
+
+    def _version_current(self, folder: Path, model: RenderedModel, version: int) -> bool:
+        try:
+            recorded = json.loads((folder / SOURCE_MARKER).read_text())
+        except (OSError, ValueError):
+            return False
+        if recorded != model.versions[version].as_dict():
+            return False
+        return not model.filename or (folder / model.filename).is_file()
+
+    def _check(self, model: RenderedModel, files: dict[int, Path]) -> None:
+        if model.config.platform != "onnxruntime_onnx" and model.config.backend != "onnxruntime":
+            return
+        problems = []
+        for version, path in sorted(files.items()):
+            problems += check_onnx(path, model.config, version)
+        if problems:
+            raise ArtifactError("ConfigMismatch", "; ".join(problems) + "; fix spec.inputs/outputs or the model file")
+
+    # ----------------------------------------------------------------------------------------- sync
+    def sync_model(
+        self, server_dir: Path, model: RenderedModel, on_stage: Callable[[int], None] | None = None
+    ) -> SyncResult:
+        """Make ``server_dir/<model>`` match ``model``; all-or-nothing for the fetches and checks."""
+        result = SyncResult(cleaned=self.clean_stale(server_dir, model.name))
+        model_dir = server_dir / model.name
+        if not model_dir.is_dir():
+            self._create_model(server_dir, model, on_stage)
+            result.created_model = True
+            result.added_versions = sorted(model.versions)
+            return result
+        stale = [v for v in sorted(model.versions) if not self._version_current(model_dir / str(v), model, v)]
+        config_path = model_dir / CONFIG_FILE
+        old_text = config_path.read_text(encoding="utf-8") if config_path.exists() else None
+        config_changed = old_text != model.config_text
+        staged: dict[int, Path] = {}
+        try:
+            for version in stale:
+                folder = model_dir / f".{version}.staging-{_suffix()}"
+                staged[version] = folder
+                self._stage_version(folder, model, version)
+                if on_stage:
+                    on_stage(version)
+            if staged or config_changed:
+                files = {}
+                if model.filename:
+                    for v in model.versions:
+                        folder = staged.get(v, model_dir / str(v))
+                        files[v] = folder / model.filename
+                self._check(model, files)
+        except BaseException:
+            for folder in staged.values():
+                _remove_tree(folder)
+            raise
+        for version, folder in sorted(staged.items()):
+            target = model_dir / str(version)
+            if target.exists():
+                _retire(target)
+                result.replaced_versions.append(version)
+            else:
+                result.added_versions.append(version)
+            os.rename(folder, target)
+        if staged:
+            _fsync_dir(model_dir)
+        if config_changed:  # config last: the versions it may select are already in place
+            tmp = model_dir / f".{CONFIG_FILE}.tmp-{_suffix()}"
+            _write_file(tmp, model.config_text)
+            os.replace(tmp, config_path)
+            _fsync_dir(model_dir)
+            result.config_changed = True
+        for version in self.versions_on_disk(server_dir, model.name):
+            if version not in model.versions:
+                _retire(model_dir / str(version))
+                result.removed_versions.append(version)
+        return result
+
+    def _create_model(self, server_dir: Path, model: RenderedModel, on_stage: Callable[[int], None] | None) -> None:
+        staging = server_dir / f".{model.name}.staging-{_suffix()}"
+        staging.mkdir()
+        try:
+            for version in sorted(model.versions):
+                self._stage_version(staging / str(version), model, version)
+                if on_stage:
+                    on_stage(version)
+            if model.filename:
+                self._check(model, {v: staging / str(v) / model.filename for v in model.versions})
+            _write_file(staging / CONFIG_FILE, model.config_text)
+            _fsync_dir(staging)
+            os.rename(staging, server_dir / model.name)
+            _fsync_dir(server_dir)
+        except BaseException:
+            _remove_tree(staging)
+            raise
+
+    def remove_model(self, server_dir: Path, name: str) -> bool:
+        self.clean_stale(server_dir, name)
+        model_dir = server_dir / name
+        if not model_dir.exists():
+            return False
+        _retire(model_dir)
+        return True

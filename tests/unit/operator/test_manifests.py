@@ -1,0 +1,117 @@
+"""InferenceServer spec → Deployment, Service, HPA."""
+
+from __future__ import annotations
+
+from kubeinfer.operator import manifests
+
+
+def _container(dep):
+    return dep["spec"]["template"]["spec"]["containers"][0]
+
+
+def test_deployment_from_issue_example(server_body):
+    dep = manifests.deployment(server_body)
+    pod = dep["spec"]["template"]["spec"]
+    c = _container(dep)
+    assert dep["metadata"]["ownerReferences"][0] == {
+        "apiVersion": "serving.kubeinfer.io/v1alpha1",
+        "kind": "InferenceServer",
+        "name": "gpu-pool",
+        "uid": "1234-uid",
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+    assert dep["spec"]["replicas"] == 1
+    assert dep["spec"]["selector"]["matchLabels"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
+    assert c["image"] == "registry.example.com/kubeinfer-server:0.1.0"
+    assert "--model-control-mode=poll" in c["args"]
+    assert "--model-repository=/models" in c["args"]
+    assert c["resources"] == {"limits": {"nvidia.com/gpu": "1"}}
+    repo_mount = next(m for m in c["volumeMounts"] if m["name"] == "model-repository")
+    assert repo_mount == {"name": "model-repository", "mountPath": "/models", "subPath": "gpu-pool", "readOnly": True}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["model-repository"]["persistentVolumeClaim"]["claimName"] == "kubeinfer-models"
+    assert volumes["dshm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "1Gi"}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/v2/health/live", "port": "http"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": "http"}
+    startup = c["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 300
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert c["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", "10"]
+    assert pod["terminationGracePeriodSeconds"] > 10
+
+
+def test_server_flags_ports_and_scheduling(server_body):
+    spec = server_body["spec"]
+    spec["server"] = {"httpPort": 9000, "pollIntervalSeconds": 2, "logLevel": "debug", "extraArgs": ["--x=1"]}
+    spec["nodeSelector"] = {"gpu": "a100"}
+    spec["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    spec["sharedMemorySize"] = "2Gi"
+    spec["probes"] = {"startup": {"failureThreshold": 120}}
+    dep = manifests.deployment(server_body)
+    c = _container(dep)
+    assert c["args"][1:] == [
+        "--http-port=9000",
+        "--grpc-port=8001",
+        "--metrics-port=8002",
+        "--model-control-mode=poll",
+        "--repository-poll-secs=2",
+        "--log-level=debug",
+        "--x=1",
+    ]
+    assert c["ports"][0] == {"name": "http", "containerPort": 9000, "protocol": "TCP"}
+    assert c["startupProbe"]["failureThreshold"] == 120
+    pod = dep["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"gpu": "a100"}
+    assert pod["tolerations"][0]["key"] == "nvidia.com/gpu"
+    assert {v["name"]: v for v in pod["volumes"]}["dshm"]["emptyDir"]["sizeLimit"] == "2Gi"
+
+
+def test_default_subpath_is_namespaced(server_body):
+    del server_body["spec"]["repository"]["subPath"]
+    mount = _container(manifests.deployment(server_body))["volumeMounts"][0]
+    assert mount["subPath"] == "ml/gpu-pool"
+
+
+def test_service_ports_are_named(server_body):
+    svc = manifests.service(server_body)
+    assert [(p["name"], p["port"], p["targetPort"]) for p in svc["spec"]["ports"]] == [
+        ("http", 8000, "http"),
+        ("grpc", 8001, "grpc"),
+        ("metrics", 8002, "metrics"),
+    ]
+    assert svc["spec"]["selector"] == manifests.selector_labels("gpu-pool")
+
+
+def test_hpa_passes_metrics_through_and_targets_the_server(server_body):
+    hpa = manifests.hpa(server_body)
+    assert hpa["apiVersion"] == "autoscaling/v2"
+    assert hpa["spec"]["scaleTargetRef"] == {
+        "apiVersion": "serving.kubeinfer.io/v1alpha1",
+        "kind": "InferenceServer",
+        "name": "gpu-pool",
+    }
+    assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (1, 8)
+    assert hpa["spec"]["metrics"] == server_body["spec"]["autoscaling"]["metrics"]
+
+
+def test_hpa_shorthand_targets(server_body):
+    auto = server_body["spec"]["autoscaling"]
+    del auto["metrics"]
+    default = manifests.hpa(server_body)["spec"]["metrics"][0]
+    assert default["pods"]["metric"]["name"] == "nv_inference_queue_duration_us_per_request"
+    auto["target"] = {"metric": "PendingRequests", "averageValue": 4}
+    pending = manifests.hpa(server_body)["spec"]["metrics"][0]
+    assert pending["pods"] == {
+        "metric": {"name": "nv_inference_pending_request_count"},
+        "target": {"type": "AverageValue", "averageValue": "4"},
+    }
+    auto["target"] = {"metric": "CPU", "averageValue": 70}
+    cpu = manifests.hpa(server_body)["spec"]["metrics"][0]
+    assert cpu["resource"]["target"] == {"type": "Utilization", "averageUtilization": 70}
+
+
+def test_no_hpa_without_autoscaling(server_body):
+    del server_body["spec"]["autoscaling"]
+    assert manifests.hpa(server_body) is None
