@@ -1,8 +1,9 @@
 """The in-process limit: onnxruntime's best throughput on this machine, with no server in the way.
 
 Tries every batch size in ``batches`` with (a) one session using every core and (b) one session per core,
-each on its own thread (what ``instance_group { count: N }`` does), and returns each measurement plus the
-best rows/second. A server cannot beat this number on the same cores; served/limit is its efficiency.
+each on its own thread (what ``instance_group { count: N }`` does), each with onnxruntime's thread spinning
+on (its default) and off, and returns each measurement plus the best rows/second. A server cannot beat
+this number on the same cores; served/limit is its efficiency.
 
     .venv/bin/python benchmarks/inprocess.py model.onnx input:FP32:3x32x32 [--seconds 3]
 """
@@ -23,11 +24,12 @@ from loadgen import DTYPES, Tensor
 BATCHES = (1, 2, 4, 8, 16, 32, 64)
 
 
-def _session(model_path: str, threads: int) -> Any:
+def _session(model_path: str, threads: int, spinning: bool = True) -> Any:
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
     return ort.InferenceSession(model_path, sess_options=opts, providers=["CPUExecutionProvider"])
 
 
@@ -37,18 +39,19 @@ def _feed(tensors: list[Tensor], batch: int) -> dict[str, np.ndarray]:
 
 
 def measure_one(model_path: str, tensors: list[Tensor], sessions: int, threads: int, batch: int,
-                seconds: float) -> float:
+                seconds: float, spinning: bool = True) -> float:
     """Rows/second of one layout at one batch size (used to re-measure the best point next to a served one)."""
-    return measure(model_path, tensors, (batch,), seconds, layouts=[(sessions, threads)])["limit"]
+    return measure(model_path, tensors, (batch,), seconds, layouts=[(sessions, threads, spinning)])["limit"]
 
 
 def measure(model_path: str, tensors: list[Tensor], batches: tuple[int, ...] = BATCHES, seconds: float = 3.0,
-            cores: int | None = None, layouts: list[tuple[int, int]] | None = None) -> dict[str, Any]:
+            cores: int | None = None, layouts: list[tuple[int, int, bool]] | None = None) -> dict[str, Any]:
     cores = cores or os.cpu_count() or 1
     points = []
-    layouts = layouts or [(1, cores)] + ([(cores, 1)] if cores > 1 else [])
-    for sessions, threads in layouts:
-        runners = [_session(model_path, threads) for _ in range(sessions)]
+    shapes = [(1, cores)] + ([(cores, 1)] if cores > 1 else [])
+    layouts = layouts or [(n, t, spin) for n, t in shapes for spin in (True, False)]
+    for sessions, threads, spinning in layouts:
+        runners = [_session(model_path, threads, spinning) for _ in range(sessions)]
         for batch in batches:
             feed = _feed(tensors, batch)
             for s in runners:
@@ -69,7 +72,7 @@ def measure(model_path: str, tensors: list[Tensor], batches: tuple[int, ...] = B
             for w in workers:
                 w.join()
             elapsed = time.perf_counter() - start
-            points.append({"sessions": sessions, "threads_per_session": threads, "batch": batch,
+            points.append({"sessions": sessions, "threads_per_session": threads, "spinning": spinning, "batch": batch,
                            "throughput": round(sum(counts) * batch / elapsed, 1)})
     best = max(points, key=lambda p: p["throughput"])
     return {"points": points, "best": best, "limit": best["throughput"]}

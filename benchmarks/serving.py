@@ -131,7 +131,7 @@ def drive(server: Server, protocol: str, model: str, base: str, concurrency: int
 def limit_next_to(root: Path, base: str, best: dict[str, Any], seconds: float) -> float:
     inputs, _ = MODELS[base]
     return measure_one(str(root / f"{base}.onnx"), [Tensor.parse(s) for s in inputs], best["sessions"],
-                       best["threads_per_session"], best["batch"], seconds / 2)
+                       best["threads_per_session"], best["batch"], seconds / 2, best["spinning"])
 
 
 def main(argv: list[str] | None = None) -> int:
