@@ -1,0 +1,872 @@
+#!/usr/bin/env python3
+"""Local Kubernetes control plane built from pinned Go modules (no containers).
+
+Sub-commands (the executables ``up``, ``down``, ``env`` and ``build`` next to this
+file call them):
+
+  build   build the binaries into the cache (no-op when already built for these pins)
+  up      build if needed, then start etcd, kube-apiserver, kube-controller-manager,
+          kube-scheduler and kwok (one fake GPU node) on 127.0.0.1 with free ports;
+          reuses a running, healthy cluster; prints ``export`` lines on stdout
+  down    stop exactly the processes ``up`` started (PIDs from the run folder)
+  env     print the ``export`` lines of the running cluster (exit 1 if none)
+  release drop a ``up --hold PID`` registration; stops the cluster when it was started
+          with --hold and no registered process is alive any more (pytest fixture)
+
+``up`` and ``env`` accept ``--json`` to print a JSON document instead of shell lines.
+Human-readable progress goes to stderr, so ``eval "$(e2e/cluster/up)"`` works.
+
+Environment:
+  KUBEINFER_CLUSTER_CACHE  cache folder (default ~/.cache/kubeinfer-cluster);
+                           binaries go to <cache>/bin-<hash of go.mod/go.sum files>
+  KUBEINFER_CLUSTER_RUN    run folder: PIDs, logs, PKI, etcd data, kubeconfig
+                           (default <cache>/run)
+  KUBEINFER_GO_BUILD_P     go build -p (default 2)
+  KUBEINFER_GOTOOLCHAIN    GOTOOLCHAIN for the build (default "local")
+  KUBEINFER_CLUSTER_TIMEOUT  seconds to wait for the cluster to become ready (default 180)
+
+Only the Python standard library, ``go`` (for building) and ``openssl`` are needed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shlex
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+MODULES = ("k8s", "etcd", "kwok", "helm")
+
+# Bump when the build recipe below changes (tags, ldflags, outputs): it is part of the
+# bin-<hash> name so a changed recipe never reuses stale binaries.
+BUILD_RECIPE = "v1 tags=selinux,notest,grpcnotrace trimpath cgo=0 ldflags=-s,-w,version-stamps"
+K8S_TAGS = "selinux,notest,grpcnotrace"
+K8S_CMDS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
+BINARIES = K8S_CMDS + ("etcd", "kwok", "helm")
+KWOK_STAGES = (
+    "kustomize/stage/node/fast/node-initialize.yaml",
+    "kustomize/stage/node/heartbeat-with-lease/node-heartbeat-with-lease.yaml",
+    "kustomize/stage/pod/fast/pod-ready.yaml",
+    "kustomize/stage/pod/fast/pod-complete.yaml",
+    "kustomize/stage/pod/fast/pod-delete.yaml",
+)
+COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+NODE_NAME = "kwok-gpu-node-0"
+SERVICE_CIDR = "10.0.0.0/24"
+SERVICE_IP = "10.0.0.1"
+POD_CIDR = "10.244.0.0/16"
+
+
+def log(msg: str) -> None:
+    print(f"[kubeinfer-cluster] {msg}", file=sys.stderr, flush=True)
+
+
+class ClusterError(RuntimeError):
+    pass
+
+
+# --------------------------------------------------------------------------- paths
+
+
+def cache_dir() -> Path:
+    default = Path.home() / ".cache" / "kubeinfer-cluster"
+    return Path(os.environ.get("KUBEINFER_CLUSTER_CACHE") or default).expanduser()
+
+
+def run_dir() -> Path:
+    return Path(os.environ.get("KUBEINFER_CLUSTER_RUN") or cache_dir() / "run").expanduser()
+
+
+def pins_hash() -> str:
+    h = hashlib.sha256(BUILD_RECIPE.encode())
+    for mod in MODULES:
+        for name in ("go.mod", "go.sum"):
+            p = HERE / mod / name
+            h.update(f"\0{mod}/{name}\0".encode())
+            h.update(p.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def bin_dir() -> Path:
+    return cache_dir() / f"bin-{pins_hash()}"
+
+
+@contextlib.contextmanager
+def flock(path: Path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+# --------------------------------------------------------------------------- build
+
+
+def go_env() -> dict:
+    env = dict(os.environ)
+    env.update(
+        GOTOOLCHAIN=os.environ.get("KUBEINFER_GOTOOLCHAIN", "local"),
+        GOWORK="off",
+        CGO_ENABLED="0",
+        GOFLAGS="-modcacherw -mod=readonly -buildvcs=false",
+    )
+    return env
+
+
+def go(args: list[str], mod: str, capture: bool = False) -> str:
+    cmd = ["go", *args]
+    log(f"({mod}) $ {' '.join(shlex.quote(a) for a in cmd)}")
+    try:
+        p = subprocess.run(
+            cmd,
+            cwd=HERE / mod,
+            env=go_env(),
+            stdout=subprocess.PIPE if capture else sys.stderr,
+            stderr=sys.stderr,
+            text=True,
+        )
+    except FileNotFoundError as e:
+        raise ClusterError("`go` not found on PATH: it is needed to build the binaries") from e
+    if p.returncode != 0:
+        raise ClusterError(
+            f"go {' '.join(args[:2])} failed in e2e/cluster/{mod} (exit {p.returncode}); see the output above"
+        )
+    return p.stdout if capture else ""
+
+
+def module_info(mod: str, path: str) -> dict:
+    """Version, commit and time of a pinned dependency, from the module cache."""
+    d = json.loads(go(["mod", "download", "-json", path], mod, capture=True))
+    if d.get("Error"):
+        raise ClusterError(f"go mod download {path}: {d['Error']}")
+    info = json.loads(Path(d["Info"]).read_text())
+    return {
+        "version": d["Version"],
+        "dir": d["Dir"],
+        "time": info.get("Time", "1970-01-01T00:00:00Z").replace(".000Z", "Z"),
+        "commit": (info.get("Origin") or {}).get("Hash", ""),
+    }
+
+
+def build(out: Path) -> None:
+    out.mkdir(parents=True)
+    jobs = os.environ.get("KUBEINFER_GO_BUILD_P", "2")
+    common = ["build", "-p", jobs, "-trimpath"]
+
+    # Kubernetes: the four commands in one invocation so shared packages compile once.
+    k8s = module_info("k8s", "k8s.io/kubernetes")
+    v = k8s["version"]
+    major, minor = v.lstrip("v").split(".")[:2]
+    x = []
+    for pkg in ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version"):
+        x += [
+            f"-X {pkg}.gitVersion={v}",
+            f"-X {pkg}.gitMajor={major}",
+            f"-X {pkg}.gitMinor={minor}",
+            f"-X {pkg}.gitCommit={k8s['commit']}",
+            f"-X {pkg}.gitTreeState=clean",
+            f"-X {pkg}.buildDate={k8s['time']}",
+        ]
+    go(
+        [
+            *common,
+            "-tags",
+            K8S_TAGS,
+            "-ldflags",
+            " ".join(["-s -w", *x]),
+            "-o",
+            str(out) + "/",
+            *(f"k8s.io/kubernetes/cmd/{c}" for c in K8S_CMDS),
+        ],
+        "k8s",
+    )
+
+    # etcd: version is hard-coded in the module; stamp the commit only.
+    etcd = module_info("etcd", "go.etcd.io/etcd/server/v3")
+    sha = f" -X go.etcd.io/etcd/api/v3/version.GitSHA={etcd['commit'][:7]}" if etcd["commit"] else ""
+    go([*common, "-ldflags", "-s -w" + sha, "-o", str(out / "etcd"), "go.etcd.io/etcd/server/v3"], "etcd")
+
+    # kwok + its default stages (node initialize/heartbeat, pod ready/complete/delete).
+    kwok = module_info("kwok", "sigs.k8s.io/kwok")
+    go([*common, "-ldflags", "-s -w", "-o", str(out / "kwok"), "sigs.k8s.io/kwok/cmd/kwok"], "kwok")
+    stages = []
+    for rel in KWOK_STAGES:
+        text = (Path(kwok["dir"]) / rel).read_text().strip()
+        stages.append(f"# from sigs.k8s.io/kwok@{kwok['version']}/{rel}\n" + text.removeprefix("---\n"))
+    (out / "kwok-stages.yaml").write_text("\n---\n".join(stages) + "\n")
+
+    # helm v3: version stamps as in helm's Makefile.
+    helm = module_info("helm", "helm.sh/helm/v3")
+    cg = module_info("helm", "k8s.io/client-go")["version"].lstrip("v").split(".")
+    kmaj, kmin = str(int(cg[0]) + 1), cg[1]
+    hx = [
+        f"-X helm.sh/helm/v3/internal/version.version={helm['version']}",
+        f"-X helm.sh/helm/v3/internal/version.gitCommit={helm['commit']}",
+        "-X helm.sh/helm/v3/internal/version.gitTreeState=clean",
+        f"-X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor={kmaj}",
+        f"-X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor={kmin}",
+        f"-X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor={kmaj}",
+        f"-X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor={kmin}",
+    ]
+    go([*common, "-ldflags", " ".join(["-s -w", *hx]), "-o", str(out / "helm"), "helm.sh/helm/v3/cmd/helm"], "helm")
+
+    for b in BINARIES:
+        if not (out / b).is_file():
+            raise ClusterError(f"build finished but {out / b} is missing")
+    (out / "VERSIONS").write_text(
+        json.dumps(
+            {"kubernetes": v, "etcd": etcd["version"], "kwok": kwok["version"], "helm": helm["version"]}, indent=2
+        )
+        + "\n"
+    )
+
+
+def ensure_built() -> tuple[Path, float, bool]:
+    """Return (bin dir, seconds spent, built now?)."""
+    t0 = time.monotonic()
+    target = bin_dir()
+    done = target / ".complete"
+    if done.exists():
+        return target, time.monotonic() - t0, False
+    with flock(cache_dir() / ".build.lock"):
+        if done.exists():  # someone else built it while we waited
+            return target, time.monotonic() - t0, False
+        log(f"building binaries into {target} (cold build of Kubernetes takes a while)")
+        tmp = target.with_name(target.name + f".tmp-{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            build(tmp)
+            (tmp / ".complete").write_text(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()) + "\n")
+            shutil.rmtree(target, ignore_errors=True)
+            tmp.rename(target)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    dt = time.monotonic() - t0
+    log(f"build took {dt:.0f}s")
+    return target, dt, True
+
+
+# --------------------------------------------------------------------------- processes
+
+
+def proc_starttime(pid: int) -> str | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()
+    if fields[0] == "Z":  # zombie: already dead
+        return None
+    return fields[19]  # field 22 of stat: start time in clock ticks since boot
+
+
+def alive(comp: dict) -> bool:
+    return proc_starttime(comp["pid"]) == comp["starttime"]
+
+
+def tail(path: Path, n: int = 40) -> str:
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return "(no log)"
+    return "\n".join(lines[-n:])
+
+
+def free_ports(n: int) -> list[int]:
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def load_state(rd: Path) -> dict | None:
+    try:
+        return json.loads((rd / "state.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def save_state(rd: Path, state: dict) -> None:
+    tmp = rd / "state.json.tmp"
+    tmp.write_text(json.dumps(state, indent=2) + "\n")
+    tmp.rename(rd / "state.json")
+
+
+def stop_components(rd: Path, state: dict) -> list[str]:
+    stopped = []
+    comps = state.get("components", {})
+    for name in reversed(list(comps)):
+        comp = comps[name]
+        if not alive(comp):
+            continue
+        os.kill(comp["pid"], signal.SIGTERM)
+        deadline = time.monotonic() + 20
+        while alive(comp) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if alive(comp):
+            log(f"{name} (pid {comp['pid']}) ignored SIGTERM; sending SIGKILL")
+            os.kill(comp["pid"], signal.SIGKILL)
+            while alive(comp):
+                time.sleep(0.1)
+        stopped.append(f"{name}({comp['pid']})")
+    for name in comps:
+        with contextlib.suppress(OSError):
+            (rd / "pids" / f"{name}.pid").unlink()
+    with contextlib.suppress(OSError):
+        (rd / "state.json").unlink()
+    return stopped
+
+
+# --------------------------------------------------------------------------- PKI / API
+
+
+def openssl(*args: str, cwd: Path) -> None:
+    p = subprocess.run(["openssl", *args], cwd=cwd, capture_output=True, text=True)
+    if p.returncode != 0:
+        raise ClusterError(f"openssl {' '.join(args)} failed:\n{p.stdout}{p.stderr}")
+
+
+def make_pki(pki: Path) -> None:
+    pki.mkdir(parents=True, exist_ok=True)
+    o = lambda *a: openssl(*a, cwd=pki)  # noqa: E731
+    for ca, cn in (("ca", "kubeinfer-local-ca"), ("front-proxy-ca", "kubeinfer-front-proxy-ca")):
+        o(
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            f"{ca}.key",
+            "-out",
+            f"{ca}.crt",
+            "-days",
+            "3650",
+            "-subj",
+            f"/CN={cn}",
+            "-addext",
+            "basicConstraints=critical,CA:TRUE",
+            "-addext",
+            "keyUsage=critical,keyCertSign,cRLSign,digitalSignature",
+        )
+    certs = {
+        "apiserver": (
+            "ca",
+            "/CN=kube-apiserver",
+            f"subjectAltName=DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,"
+            f"DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local,"
+            f"IP:127.0.0.1,IP:{SERVICE_IP}\nextendedKeyUsage=serverAuth\n",
+        ),
+        "admin": ("ca", "/O=system:masters/CN=kubeinfer-admin", "extendedKeyUsage=clientAuth\n"),
+        # client cert the apiserver uses towards aggregated API servers (request-header auth)
+        "front-proxy-client": ("front-proxy-ca", "/CN=front-proxy-client", "extendedKeyUsage=clientAuth\n"),
+    }
+    for name, (ca, subj, ext) in certs.items():
+        (pki / f"{name}.ext").write_text(
+            "basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\n" + ext
+        )
+        o("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", subj)
+        o(
+            "x509",
+            "-req",
+            "-in",
+            f"{name}.csr",
+            "-CA",
+            f"{ca}.crt",
+            "-CAkey",
+            f"{ca}.key",
+            "-CAcreateserial",
+            "-out",
+            f"{name}.crt",
+            "-days",
+            "3650",
+            "-sha256",
+            "-extfile",
+            f"{name}.ext",
+        )
+    o("genrsa", "-out", "sa.key", "2048")
+    o("rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub")
+    for k in pki.glob("*.key"):
+        k.chmod(0o600)
+
+
+def write_kubeconfig(path: Path, pki: Path, server: str) -> None:
+    b64 = lambda f: base64.b64encode((pki / f).read_bytes()).decode()  # noqa: E731
+    path.write_text(f"""apiVersion: v1
+kind: Config
+clusters:
+- name: kubeinfer-local
+  cluster:
+    server: {server}
+    certificate-authority-data: {b64("ca.crt")}
+users:
+- name: kubeinfer-admin
+  user:
+    client-certificate-data: {b64("admin.crt")}
+    client-key-data: {b64("admin.key")}
+contexts:
+- name: kubeinfer-local
+  context:
+    cluster: kubeinfer-local
+    user: kubeinfer-admin
+current-context: kubeinfer-local
+""")
+    path.chmod(0o600)
+
+
+class Api:
+    def __init__(self, server: str, pki: Path):
+        self.server = server
+        self.ctx = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+        self.ctx.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
+
+    def call(self, method: str, path: str, body: dict | None = None, timeout: float = 5) -> tuple[int, str]:
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(
+            self.server + path, data=data, method=method, headers={"Content-Type": "application/json"}
+        )
+        try:
+            with urllib.request.urlopen(req, context=self.ctx, timeout=timeout) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode(errors="replace")
+        except (OSError, ssl.SSLError) as e:
+            return 0, str(e)
+
+    def get_json(self, path: str) -> dict | None:
+        code, text = self.call("GET", path)
+        return json.loads(text) if code == 200 else None
+
+
+def http_ok(url: str, insecure: bool = True) -> bool:
+    ctx = ssl._create_unverified_context() if insecure else None  # self-signed serving certs of KCM/scheduler
+    try:
+        with urllib.request.urlopen(url, context=ctx, timeout=3) as r:
+            return r.status == 200
+    except (OSError, ssl.SSLError, urllib.error.URLError):
+        return False
+
+
+def healthy(state: dict, patience: float = 30) -> bool:
+    """All recorded processes alive and /readyz ok. A loaded machine can make the apiserver
+    slow, so with every process alive keep asking for up to ``patience`` seconds before
+    declaring the cluster broken (``up`` would then restart it under its users' feet)."""
+    comps = state.get("components", {})
+    if set(comps) != set(COMPONENTS):
+        return False
+    api = Api(state["server"], Path(state["pki"]))
+    deadline = time.monotonic() + patience
+    while all(alive(c) for c in comps.values()):
+        code, text = api.call("GET", "/readyz", timeout=10)
+        if code == 200 and text.strip() == "ok":
+            return True
+        if time.monotonic() > deadline:
+            log(f"apiserver {state['server']} /readyz: HTTP {code}: {text.strip()[:500]}")
+            return False
+        time.sleep(1)
+    return False
+
+
+# --------------------------------------------------------------------------- up
+
+
+def start(rd: Path, bins: Path, timeout: float) -> dict:
+    for sub in ("data", "pki", "pids"):
+        shutil.rmtree(rd / sub, ignore_errors=True)
+    (rd / "logs").mkdir(parents=True, exist_ok=True)
+    (rd / "pids").mkdir(parents=True, exist_ok=True)
+    pki = rd / "pki"
+    make_pki(pki)
+    (etcd_port, peer_port, api_port, kcm_port, sched_port) = free_ports(5)
+    server = f"https://127.0.0.1:{api_port}"
+    kubeconfig = rd / "kubeconfig"
+    write_kubeconfig(kubeconfig, pki, server)
+    state = {
+        "bin_dir": str(bins),
+        "run_dir": str(rd),
+        "kubeconfig": str(kubeconfig),
+        "server": server,
+        "pki": str(pki),
+        "ports": {
+            "etcd": etcd_port,
+            "etcd-peer": peer_port,
+            "kube-apiserver": api_port,
+            "kube-controller-manager": kcm_port,
+            "kube-scheduler": sched_port,
+        },
+        "components": {},
+    }
+    etcd_url = f"http://127.0.0.1:{etcd_port}"
+    peer_url = f"http://127.0.0.1:{peer_port}"
+    kc = str(kubeconfig)
+    cmds = {
+        "etcd": [
+            "--name=kubeinfer",
+            f"--data-dir={rd / 'data' / 'etcd'}",
+            f"--listen-client-urls={etcd_url}",
+            f"--advertise-client-urls={etcd_url}",
+            f"--listen-peer-urls={peer_url}",
+            f"--initial-advertise-peer-urls={peer_url}",
+            f"--initial-cluster=kubeinfer={peer_url}",
+            "--unsafe-no-fsync",
+        ],
+        "kube-apiserver": [
+            f"--etcd-servers={etcd_url}",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--secure-port={api_port}",
+            f"--cert-dir={pki}",
+            f"--tls-cert-file={pki / 'apiserver.crt'}",
+            f"--tls-private-key-file={pki / 'apiserver.key'}",
+            f"--client-ca-file={pki / 'ca.crt'}",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-account-key-file={pki / 'sa.pub'}",
+            f"--service-account-signing-key-file={pki / 'sa.key'}",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            "--authorization-mode=RBAC",
+            "--allow-privileged=true",
+            f"--requestheader-client-ca-file={pki / 'front-proxy-ca.crt'}",
+            "--requestheader-allowed-names=front-proxy-client",
+            "--requestheader-username-headers=X-Remote-User",
+            "--requestheader-group-headers=X-Remote-Group",
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+            f"--proxy-client-cert-file={pki / 'front-proxy-client.crt'}",
+            f"--proxy-client-key-file={pki / 'front-proxy-client.key'}",
+        ],
+        "kube-controller-manager": [
+            f"--kubeconfig={kc}",
+            f"--authentication-kubeconfig={kc}",
+            f"--authorization-kubeconfig={kc}",
+            "--leader-elect=false",
+            "--controllers=*",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={kcm_port}",
+            f"--service-account-private-key-file={pki / 'sa.key'}",
+            f"--root-ca-file={pki / 'ca.crt'}",
+            f"--cluster-signing-cert-file={pki / 'ca.crt'}",
+            f"--cluster-signing-key-file={pki / 'ca.key'}",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+        ],
+        "kube-scheduler": [
+            f"--kubeconfig={kc}",
+            f"--authentication-kubeconfig={kc}",
+            f"--authorization-kubeconfig={kc}",
+            "--leader-elect=false",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={sched_port}",
+        ],
+        "kwok": [
+            f"--kubeconfig={kc}",
+            "--manage-all-nodes=false",
+            "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
+            f"--config={bins / 'kwok-stages.yaml'}",
+            "--node-lease-duration-seconds=40",
+            f"--cidr={POD_CIDR}",
+            "--node-ip=127.0.0.1",
+        ],
+    }
+    api = Api(server, pki)
+    deadline = time.monotonic() + timeout
+
+    def launch(name: str) -> None:
+        logf = open(rd / "logs" / f"{name}.log", "ab")
+        logf.write(f"\n===== {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} starting {name}\n".encode())
+        logf.flush()
+        p = subprocess.Popen(
+            [str(bins / name), *cmds[name]],
+            stdin=subprocess.DEVNULL,
+            stdout=logf,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
+            cwd=rd,
+        )
+        logf.close()
+        st = None
+        while st is None and p.poll() is None:
+            st = proc_starttime(p.pid)
+        state["components"][name] = {
+            "pid": p.pid,
+            "starttime": st,
+            "log": str(rd / "logs" / f"{name}.log"),
+            "cmd": [str(bins / name), *cmds[name]],
+        }
+        (rd / "pids" / f"{name}.pid").write_text(f"{p.pid}\n")
+        save_state(rd, state)
+
+    def wait(what: str, check, names: tuple[str, ...]) -> None:
+        while True:
+            for n in names:
+                if not alive(state["components"][n]):
+                    raise ClusterError(
+                        f"{n} exited while waiting for {what}; last lines of "
+                        f"{state['components'][n]['log']}:\n{tail(Path(state['components'][n]['log']))}"
+                    )
+            try:
+                if check():
+                    return
+            except (OSError, ValueError, KeyError):
+                pass
+            if time.monotonic() > deadline:
+                logs = "\n".join(
+                    f"--- {n}: {state['components'][n]['log']}\n{tail(Path(state['components'][n]['log']), 25)}"
+                    for n in names
+                )
+                raise ClusterError(f"timed out after {timeout:.0f}s waiting for {what}\n{logs}")
+            time.sleep(0.25)
+
+    try:
+        launch("etcd")
+        wait("etcd /health", lambda: http_ok(etcd_url + "/health", insecure=False), ("etcd",))
+        launch("kube-apiserver")
+        wait("kube-apiserver /readyz", lambda: api.call("GET", "/readyz")[0] == 200, ("etcd", "kube-apiserver"))
+        launch("kube-controller-manager")
+        launch("kube-scheduler")
+        launch("kwok")
+        all_names = tuple(COMPONENTS)
+        wait("kube-controller-manager /healthz", lambda: http_ok(f"https://127.0.0.1:{kcm_port}/healthz"), all_names)
+        wait("kube-scheduler /healthz", lambda: http_ok(f"https://127.0.0.1:{sched_port}/healthz"), all_names)
+        node = {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": NODE_NAME,
+                "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
+                "labels": {
+                    "type": "kwok",
+                    "nvidia.com/gpu.present": "true",
+                    "kubernetes.io/hostname": NODE_NAME,
+                    "kubernetes.io/os": "linux",
+                    "kubernetes.io/arch": "amd64",
+                },
+            },
+            "status": {
+                "capacity": {"cpu": "32", "memory": "256Gi", "pods": "110", "nvidia.com/gpu": "8"},
+                "allocatable": {"cpu": "32", "memory": "256Gi", "pods": "110", "nvidia.com/gpu": "8"},
+            },
+        }
+        code, text = api.call("POST", "/api/v1/nodes", node)
+        if code not in (201, 409):
+            raise ClusterError(f"creating node {NODE_NAME} failed: HTTP {code}: {text}")
+
+        def node_ready() -> bool:
+            n = api.get_json(f"/api/v1/nodes/{NODE_NAME}")
+            if not n:
+                return False
+            ready = any(c["type"] == "Ready" and c["status"] == "True" for c in n["status"].get("conditions", []))
+            tainted = any(t["key"].startswith("node.kubernetes.io/") for t in n["spec"].get("taints", []))
+            return ready and not tainted
+
+        wait(f"node {NODE_NAME} Ready without not-ready taint", node_ready, all_names)
+        # Pods need the namespace's default ServiceAccount (ServiceAccount admission).
+        wait(
+            "ServiceAccount default/default",
+            lambda: api.get_json("/api/v1/namespaces/default/serviceaccounts/default") is not None,
+            all_names,
+        )
+    except BaseException:
+        log("start failed; stopping the processes started so far")
+        stop_components(rd, state)
+        raise
+    state["started_at"] = time.time()
+    save_state(rd, state)
+    return state
+
+
+def exports(state: dict) -> str:
+    return (
+        f'export KUBECONFIG={shlex.quote(state["kubeconfig"])}\nexport PATH={shlex.quote(state["bin_dir"])}:"$PATH"\n'
+    )
+
+
+def describe(state: dict, started: bool, build_s: float = 0.0, start_s: float = 0.0) -> dict:
+    return {
+        "kubeconfig": state["kubeconfig"],
+        "bin_dir": state["bin_dir"],
+        "run_dir": state["run_dir"],
+        "server": state["server"],
+        "started": started,
+        "build_seconds": round(build_s, 1),
+        "start_seconds": round(start_s, 1),
+        "ports": state["ports"],
+        "pids": {n: c["pid"] for n, c in state["components"].items()},
+    }
+
+
+def live_holders(rd: Path) -> list[int]:
+    """PIDs registered with ``up --hold`` that are still alive (stale files are removed)."""
+    live = []
+    for f in (rd / "holders").glob("*"):
+        try:
+            pid, st = int(f.name), f.read_text().strip()
+        except (OSError, ValueError):
+            continue
+        if proc_starttime(pid) == st:
+            live.append(pid)
+        else:
+            f.unlink(missing_ok=True)
+    return sorted(live)
+
+
+def add_holder(rd: Path, pid: int) -> None:
+    st = proc_starttime(pid)
+    if st is None:
+        raise ClusterError(f"--hold {pid}: no such process")
+    (rd / "holders").mkdir(exist_ok=True)
+    (rd / "holders" / str(pid)).write_text(st + "\n")
+
+
+def cmd_up(args) -> int:
+    bins, build_s, built = ensure_built()
+    if not built:
+        log(f"binaries: {bins} (cached, {build_s:.1f}s)")
+    rd = run_dir()
+    rd.mkdir(parents=True, exist_ok=True)
+    with flock(rd / ".lock"):
+        state = load_state(rd)
+        if state and state.get("bin_dir") == str(bins) and healthy(state):
+            log(f"reusing running cluster at {state['server']} (run folder {rd})")
+            if args.hold is None and state.get("managed"):
+                state["managed"] = False  # adopted by a person: `release` must not stop it any more
+                save_state(rd, state)
+            out = describe(state, started=False, build_s=build_s)
+        else:
+            if state:
+                stopped = stop_components(rd, state)
+                log(f"previous cluster in {rd} was not healthy or used other binaries; stopped {stopped or 'nothing'}")
+            t0 = time.monotonic()
+            timeout = float(os.environ.get("KUBEINFER_CLUSTER_TIMEOUT", "180"))
+            state = start(rd, bins, timeout)
+            state["managed"] = args.hold is not None
+            save_state(rd, state)
+            start_s = time.monotonic() - t0
+            log(f"cluster started in {start_s:.1f}s at {state['server']} (logs and PIDs in {rd})")
+            out = describe(state, started=True, build_s=build_s, start_s=start_s)
+        if args.hold is not None:
+            add_holder(rd, args.hold)
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        log('to use it: eval "$(e2e/cluster/env)"')
+        sys.stdout.write(exports(state))
+    return 0
+
+
+def stop_and_clean(rd: Path, state: dict) -> None:
+    stopped = stop_components(rd, state)
+    shutil.rmtree(rd / "data", ignore_errors=True)
+    shutil.rmtree(rd / "holders", ignore_errors=True)
+    what = ", ".join(stopped) if stopped else "nothing (processes were already gone)"
+    log(f"stopped {what}; logs kept in {rd / 'logs'}")
+
+
+def cmd_down(args) -> int:
+    rd = run_dir()
+    rd.mkdir(parents=True, exist_ok=True)
+    with flock(rd / ".lock"):
+        state = load_state(rd)
+        if not state:
+            log(f"no cluster recorded in {rd}")
+            return 0
+        stop_and_clean(rd, state)
+    return 0
+
+
+def cmd_release(args) -> int:
+    """Drop a holder; stop the cluster if it was started with --hold and nobody holds it now."""
+    rd = run_dir()
+    rd.mkdir(parents=True, exist_ok=True)
+    with flock(rd / ".lock"):
+        (rd / "holders" / str(args.hold)).unlink(missing_ok=True)
+        state = load_state(rd)
+        if not state:
+            log(f"no cluster recorded in {rd}")
+            return 0
+        others = live_holders(rd)
+        if others:
+            log(f"cluster still held by pid(s) {others}; leaving it running")
+        elif not state.get("managed"):
+            log("cluster was started or adopted by `up` without --hold; leaving it running")
+        else:
+            stop_and_clean(rd, state)
+    return 0
+
+
+def cmd_env(args) -> int:
+    rd = run_dir()
+    state = load_state(rd)
+    if not state or not healthy(state):
+        log(f"no running cluster in {rd}; start one with e2e/cluster/up")
+        return 1
+    if args.json:
+        print(json.dumps(describe(state, started=False), indent=2))
+    else:
+        sys.stdout.write(exports(state))
+    return 0
+
+
+def cmd_build(args) -> int:
+    bins, secs, built = ensure_built()
+    log(f"binaries in {bins} ({'built' if built else 'cached'}, {secs:.1f}s)")
+    print(bins)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    for name, fn in (
+        ("up", cmd_up),
+        ("down", cmd_down),
+        ("env", cmd_env),
+        ("build", cmd_build),
+        ("release", cmd_release),
+    ):
+        p = sub.add_parser(name)
+        if name in ("up", "env"):
+            p.add_argument("--json", action="store_true", help="print a JSON document instead of export lines")
+        if name == "up":
+            p.add_argument(
+                "--hold",
+                type=int,
+                metavar="PID",
+                help="register PID as a user of the cluster; a cluster started this way is stopped by "
+                "`release` once no registered PID is alive (used by the pytest fixture)",
+            )
+        if name == "release":
+            p.add_argument("--hold", type=int, metavar="PID", required=True, help="the PID given to `up --hold`")
+        p.set_defaults(fn=fn)
+    args = ap.parse_args(argv)
+    try:
+        return args.fn(args)
+    except ClusterError as e:
+        log(f"ERROR: {e}")
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,168 @@
+"""Shared fixtures for the end-to-end suite: a real local control plane.
+
+Before the first test, if any collected test uses ``cluster``, the pinned binaries are
+built (``e2e/cluster/build``; a cold build takes ~20 min on 2 cores, so it runs outside
+the per-test timeout, with live output). ``cluster`` (session scope) then runs
+``e2e/cluster/up`` once and stops the cluster at the end if, and only if, a pytest
+session started it and no other session still uses it (a cluster that was already
+running, e.g. from ``eval "$(e2e/cluster/up)"``, is reused and left running). If the
+build or the start fails, every test using the fixture errors with the tool's output:
+nothing is skipped.
+
+Set ``KUBEINFER_CLUSTER_KEEP=1`` to leave the cluster running after the session
+(faster reruns; stop it with ``e2e/cluster/down``). ``KUBEINFER_CLUSTER_CACHE`` / ``KUBEINFER_CLUSTER_RUN`` are passed
+through to the script (see e2e/cluster/cluster.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+CLUSTER_SCRIPT = Path(__file__).resolve().parent / "cluster" / "cluster.py"
+
+
+class CommandFailed(AssertionError):
+    """A kubectl/helm call that was expected to succeed did not."""
+
+
+@dataclass
+class Cluster:
+    kubeconfig: str
+    bin_dir: str
+    run_dir: str
+    server: str
+    started: bool
+    env: dict = field(repr=False)
+    info: dict = field(repr=False, default_factory=dict)
+
+    def run(
+        self, tool: str, *args: str, check: bool = True, input: str | None = None, timeout: float = 120
+    ) -> subprocess.CompletedProcess:
+        """Run a tool from the cluster's bin dir (``kubectl``, ``helm``, ...) with the cluster env."""
+        cmd = [str(Path(self.bin_dir) / tool), *map(str, args)]
+        proc = subprocess.run(cmd, env=self.env, input=input, capture_output=True, text=True, timeout=timeout)
+        if check and proc.returncode != 0:
+            raise CommandFailed(
+                f"{' '.join(cmd)} exited {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+            )
+        return proc
+
+    def kubectl(self, *args: str, **kw) -> subprocess.CompletedProcess:
+        return self.run("kubectl", *args, **kw)
+
+    def helm(self, *args: str, **kw) -> subprocess.CompletedProcess:
+        return self.run("helm", *args, **kw)
+
+    def kubectl_json(self, *args: str, **kw):
+        return json.loads(self.kubectl(*args, "-o", "json", **kw).stdout)
+
+    @staticmethod
+    def script(*args: str, env: dict | None = None, timeout: float | None = None) -> subprocess.CompletedProcess:
+        """Run e2e/cluster/cluster.py (``up``/``down``/``env``/``build``); pass ``env`` to target another run folder."""
+        return run_cluster_script(*args, env=env, timeout=timeout)
+
+    @classmethod
+    def from_info(cls, info: dict) -> Cluster:
+        """Build a handle from the JSON printed by ``up --json`` / ``env --json``."""
+        return cluster_from_info(info)
+
+
+def run_cluster_script(
+    *args: str, env: dict | None = None, timeout: float | None = None
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(CLUSTER_SCRIPT), *args], capture_output=True, text=True, env=env, timeout=timeout
+    )
+
+
+def cluster_from_info(info: dict) -> Cluster:
+    env = dict(os.environ)
+    env["KUBECONFIG"] = info["kubeconfig"]
+    env["PATH"] = info["bin_dir"] + os.pathsep + env.get("PATH", "")
+    return Cluster(
+        kubeconfig=info["kubeconfig"],
+        bin_dir=info["bin_dir"],
+        run_dir=info["run_dir"],
+        server=info["server"],
+        started=info["started"],
+        env=env,
+        info=info,
+    )
+
+
+_build_failure: str | None = None
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Build the binaries before any test runs when a collected test needs ``cluster``.
+
+    A cold build takes far longer than the per-test timeout (pytest-timeout counts
+    fixture setup), so it runs here, outside any test, with its output shown live.
+    A failure is recorded and reported by the ``cluster`` fixture (tests error, nothing
+    is skipped).
+    """
+    global _build_failure
+    if session.config.option.collectonly:
+        return
+    if not any("cluster" in getattr(item, "fixturenames", ()) for item in session.items):
+        return
+    capman = session.config.pluginmanager.getplugin("capturemanager")
+    ctx = capman.global_and_fixture_disabled() if capman else contextlib.nullcontext()
+    lines: list[str] = []
+    with ctx:
+        proc = subprocess.Popen(
+            [sys.executable, str(CLUSTER_SCRIPT), "build"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            sys.stderr.write(line)
+            sys.stderr.flush()
+        rc = proc.wait()
+    if rc != 0:
+        _build_failure = f"e2e/cluster/build failed (exit {rc}):\n" + "".join(lines)[-20000:]
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    """The local control plane (etcd, kube-apiserver, KCM, scheduler, kwok GPU node)."""
+    if _build_failure:
+        pytest.fail(_build_failure, pytrace=False)
+    keep = os.environ.get("KUBEINFER_CLUSTER_KEEP") == "1"
+    # --hold registers this process as a user: concurrent sessions (other engineers, xdist
+    # workers) share one cluster, and the last one out stops it -- only if a session started it.
+    hold = [] if keep else ["--hold", str(os.getpid())]
+    proc = run_cluster_script("up", "--json", *hold)
+    if proc.returncode != 0:
+        pytest.fail(
+            f"e2e/cluster/up failed (exit {proc.returncode}):\n{proc.stderr[-20000:]}\n{proc.stdout[-2000:]}",
+            pytrace=False,
+        )
+    sys.stderr.write(proc.stderr)
+    c = cluster_from_info(json.loads(proc.stdout))
+    yield c
+    if not keep:
+        rel = run_cluster_script("release", *hold)
+        sys.stderr.write(rel.stderr)
+        if rel.returncode != 0:
+            sys.stderr.write(f"e2e/cluster/cluster.py release failed (exit {rel.returncode})\n")
+
+
+@pytest.fixture(scope="session")
+def kubectl(cluster):
+    """``kubectl(*args, check=True, input=None, timeout=120) -> CompletedProcess``."""
+    return cluster.kubectl
+
+
+@pytest.fixture(scope="session")
+def helm(cluster):
+    """``helm(*args, check=True, input=None, timeout=120) -> CompletedProcess``."""
+    return cluster.helm

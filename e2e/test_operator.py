@@ -1,0 +1,540 @@
+"""End-to-end: real control plane, real ``kubeinfer-operator`` process, real ``kubeinfer-server`` process.
+
+The repository volume is a local folder (the operator's ``--repository-root``); a server process
+polls ``<root>/gpu-pool`` (the InferenceServer's subPath) and the operator reads that server's
+repository index for status (``--server-endpoint``). Model files come from an HTTP server on
+127.0.0.1 or from ``uploads/`` on the "volume". Each test uses its own model names.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.server
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+import tritonclient.http as httpclient
+from onnx import TensorProto
+
+from tests.support.models import unary
+from tests.support.server import ServerProcess, start_server
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[1]
+API = "serving.kubeinfer.io/v1alpha1"
+SERVER = "gpu-pool"
+
+
+def wait_for(what: str, predicate: Callable[[], Any], timeout: float = 60, interval: float = 0.5) -> Any:
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(interval)
+    pytest.fail(f"timed out after {timeout}s waiting for {what}; last observation: {last!r}")
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+# ------------------------------------------------------------------------------------------ fixtures
+
+
+class Files(http.server.SimpleHTTPRequestHandler):
+    """Serves uploads/; paths under /slow/ trickle the file out over ~6 s (to kill the operator mid-fetch)."""
+
+    def do_GET(self) -> None:  # noqa: N802
+        if not self.path.startswith("/slow/"):
+            return super().do_GET()
+        data = (Path(self.directory) / self.path.removeprefix("/slow/")).read_bytes()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        step = max(1, len(data) // 30)
+        for i in range(0, len(data), step):
+            self.wfile.write(data[i : i + step])
+            self.wfile.flush()
+            time.sleep(0.2)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+class Operator:
+    def __init__(self, cluster: Any, root: Path, namespace: str, server: ServerProcess, log_dir: Path) -> None:
+        self.args = [
+            sys.executable, "-m", "kubeinfer.operator",
+            "--kubeconfig", cluster.kubeconfig,
+            "--repository-root", str(root),
+            "--namespace", namespace,
+            "--resync-seconds", "2",
+            "--fetch-timeout", "10",
+            "--unload-timeout", "30",
+            "--server-endpoint", f"{namespace}/{SERVER}={server.base_url}",
+        ]  # fmt: skip
+        self.log_dir = log_dir
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    def start(self) -> None:
+        self.starts += 1
+        log = open(self.log_dir / f"operator-{self.starts}.log", "wb")  # noqa: SIM115
+        self.proc = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        log.close()
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+    def log(self) -> str:
+        return "\n".join(p.read_text(errors="replace")[-6000:] for p in sorted(self.log_dir.glob("operator-*.log")))
+
+
+class Env:
+    """Everything a test needs: kubectl in the test namespace, the volume, the servers, the operator."""
+
+    def __init__(self, cluster: Any, namespace: str, root: Path, base_url: str, server: ServerProcess, op: Operator):
+        self.cluster, self.ns, self.root, self.base_url, self.server, self.operator = (
+            cluster, namespace, root, base_url, server, op,
+        )  # fmt: skip
+        self.repo = root / SERVER
+
+    def kubectl(self, *args: str, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess:
+        return self.cluster.kubectl("-n", self.ns, *args, check=check, input=input)
+
+    def apply(self, obj: dict[str, Any]) -> None:
+        self.kubectl("apply", "-f", "-", input=json.dumps(obj))
+
+    def get(self, kind: str, name: str) -> dict[str, Any] | None:
+        proc = self.kubectl("get", kind, name, "-o", "json", check=False)
+        return json.loads(proc.stdout) if proc.returncode == 0 else None
+
+    def condition(self, name: str, ctype: str = "Ready") -> dict[str, Any]:
+        obj = self.get("inferencemodel", name) or {}
+        conds = (obj.get("status") or {}).get("conditions") or []
+        return next((c for c in conds if c["type"] == ctype), {})
+
+    def wait_condition(self, name: str, status: str, reason: str | None = None, timeout: float = 60) -> dict:
+        def check() -> dict | None:
+            c = self.condition(name)
+            return c if c.get("status") == status and (reason is None or c.get("reason") == reason) else None
+
+        try:
+            return wait_for(f"{name} Ready={status} {reason or ''}", check, timeout)
+        except BaseException:
+            print(self.operator.log())
+            raise
+
+    def model(self, name: str, versions: list[dict], **extra: Any) -> dict[str, Any]:
+        spec = {
+            "server": SERVER,
+            "platform": "onnxruntime_onnx",
+            "maxBatchSize": 8,
+            "inputs": [{"name": "IN", "dataType": "FP32", "dims": [4]}],
+            "outputs": [{"name": "OUT", "dataType": "FP32", "dims": [4]}],
+            "dynamicBatching": {"maxQueueDelayMicroseconds": 1000},
+            "instanceGroups": [{"count": 1, "kind": "KIND_CPU"}],
+            "versions": versions,
+            **extra,
+        }
+        return {"apiVersion": API, "kind": "InferenceModel", "metadata": {"name": name}, "spec": spec}
+
+    def uri_version(self, version: int, file: str, sha: str | None = None, slow: bool = False) -> dict:
+        prefix = "/slow" if slow else ""
+        return {
+            "version": version,
+            "source": {"uri": f"{self.base_url}{prefix}/{file}", "sha256": sha or sha256(self.root / "uploads" / file)},
+        }
+
+    def index(self, model: str) -> dict[str, str]:
+        import httpx
+
+        entries = httpx.post(f"{self.server.base_url}/v2/repository/index", json={}, timeout=5).json()
+        return {e.get("version", ""): e.get("state", "") for e in entries if e["name"] == model}
+
+    def visible(self, model: str) -> list[str]:
+        """What the server sees in a model folder (dot-names are staging/retiring, invisible to it)."""
+        return sorted(p.name for p in (self.repo / model).iterdir() if not p.name.startswith("."))
+
+    def leftovers(self) -> list[str]:
+        return sorted(str(p.relative_to(self.root)) for p in self.repo.rglob(".*") if ".kubeinfer-source" not in p.name)
+
+    def delete_model(self, name: str) -> None:
+        self.kubectl("delete", "inferencemodel", name, "--wait=true", "--timeout=60s")
+
+
+def infer(url: str, model: str, x: np.ndarray) -> np.ndarray:
+    client = httpclient.InferenceServerClient(url=url)
+    inp = httpclient.InferInput("IN", list(x.shape), "FP32")
+    inp.set_data_from_numpy(x)
+    return client.infer(model, [inp]).as_numpy("OUT")
+
+
+@pytest.fixture(scope="module")
+def env(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    ns = f"e2e-op-{uuid.uuid4().hex[:6]}"
+    cluster.kubectl("apply", "-f", str(ROOT / "crds"))
+    for crd in ("inferencemodels", "inferenceservers"):
+        cluster.kubectl("wait", "--for=condition=Established", f"crd/{crd}.serving.kubeinfer.io", "--timeout=60s")
+    cluster.kubectl("create", "namespace", ns)
+    root = tmp_path_factory.mktemp("volume")
+    uploads = root / "uploads"
+    uploads.mkdir()
+    for name, op in (("relu.onnx", "Relu"), ("neg.onnx", "Neg"), ("abs.onnx", "Abs")):
+        onnx.save(unary(name, op, TensorProto.FLOAT, ["batch", 4]), uploads / name)
+    onnx.save(unary("wide", "Relu", TensorProto.FLOAT, ["batch", 6]), uploads / "wide.onnx")
+    os.symlink(uploads / "relu.onnx", uploads / "link.onnx")
+    (root / SERVER).mkdir()
+    handler = lambda *a: Files(*a, directory=str(uploads))  # noqa: E731
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    logs = tmp_path_factory.mktemp("logs")
+    server = start_server(root / SERVER, "--model-control-mode", "poll", "--repository-poll-secs", "1", log_dir=logs)
+    op = Operator(cluster, root, ns, server, logs)
+    op.start()
+    e = Env(cluster, ns, root, f"http://127.0.0.1:{httpd.server_address[1]}", server, op)
+    e.apply(
+        {
+            "apiVersion": API,
+            "kind": "InferenceServer",
+            "metadata": {"name": SERVER},
+            "spec": {
+                "replicas": 1,
+                "image": "registry.example.com/kubeinfer-server:0.1.0",
+                "resources": {"limits": {"nvidia.com/gpu": 1}},
+                "repository": {"claimName": "kubeinfer-models", "subPath": SERVER},
+                "server": {"pollIntervalSeconds": 1},
+                "autoscaling": {
+                    "minReplicas": 1,
+                    "maxReplicas": 8,
+                    "metrics": [
+                        {
+                            "type": "Pods",
+                            "pods": {
+                                "metric": {"name": "nv_inference_queue_duration_us_per_request"},
+                                "target": {"type": "AverageValue", "averageValue": "5000"},
+                            },
+                        }
+                    ],
+                },
+            },
+        }
+    )
+    try:
+        yield e
+    finally:
+        e.kubectl("delete", "inferencemodels,inferenceservers", "--all", "--wait=true", "--timeout=60s", check=False)
+        op.stop()
+        for item in json.loads(e.kubectl("get", "inferencemodels", "-o", "json", check=False).stdout or "{}").get(
+            "items", []
+        ):
+            e.kubectl(
+                "patch", "inferencemodel", item["metadata"]["name"], "--type=merge",
+                "-p", '{"metadata":{"finalizers":null}}', check=False,
+            )  # fmt: skip
+        cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+        server.terminate()
+        httpd.shutdown()
+
+
+# --------------------------------------------------------------------------------------------- tests
+
+
+def test_server_pool_objects_and_drift_repair(env: Env) -> None:
+    dep = wait_for("Deployment", lambda: env.get("deployment", SERVER))
+    pod = dep["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    assert c["image"] == "registry.example.com/kubeinfer-server:0.1.0"
+    assert "--model-control-mode=poll" in c["args"] and "--repository-poll-secs=1" in c["args"]
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    mount = next(m for m in c["volumeMounts"] if m["name"] == "model-repository")
+    assert (mount["mountPath"], mount["subPath"], mount["readOnly"]) == ("/models", SERVER, True)
+    assert next(v for v in pod["volumes"] if v["name"] == "dshm")["emptyDir"]["medium"] == "Memory"
+    assert c["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
+    assert dep["metadata"]["ownerReferences"][0]["kind"] == "InferenceServer"
+    svc = wait_for("Service", lambda: env.get("service", SERVER))
+    assert {p["name"]: p["port"] for p in svc["spec"]["ports"]} == {"http": 8000, "grpc": 8001, "metrics": 8002}
+    hpa = wait_for("HPA", lambda: env.get("hpa", SERVER))
+    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": API, "kind": "InferenceServer", "name": SERVER}
+    assert hpa["spec"]["metrics"][0]["pods"]["metric"]["name"] == "nv_inference_queue_duration_us_per_request"
+    assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (1, 8)
+    wait_for(
+        "InferenceServer status",
+        lambda: (env.get("inferenceserver", SERVER) or {}).get("status", {}).get("selector"),
+    )
+    # nothing outside the cluster to clean up: no finalizer that would block deletion without the operator
+    assert not env.get("inferenceserver", SERVER)["metadata"].get("finalizers")
+    # a user edit to an owned object is put back
+    env.kubectl("set", "image", f"deployment/{SERVER}", "server=evil:latest")
+    env.kubectl("delete", "service", SERVER)
+    wait_for(
+        "image reconciled back",
+        lambda: (
+            env.get("deployment", SERVER)["spec"]["template"]["spec"]["containers"][0]["image"]
+            == "registry.example.com/kubeinfer-server:0.1.0"
+        ),
+    )
+    wait_for("Service recreated", lambda: env.get("service", SERVER))
+
+
+def test_model_served_then_hot_reloaded_without_failed_requests(env: Env) -> None:
+    name = "cifar"
+    env.apply(env.model(name, [env.uri_version(1, "relu.onnx")]))
+    ready = env.wait_condition(name, "True", "Serving")
+    assert "[1]" in ready["message"]
+    assert env.visible(name) == ["1", "config.pbtxt"]
+    x = np.array([[-1.0, 2.0, -3.0, 4.0]], dtype=np.float32)
+    np.testing.assert_array_equal(infer(env.server.http_url, name, x), np.maximum(x, 0))
+    obj = env.get("inferencemodel", name)
+    st = obj["status"]
+    assert st["activeVersions"] == [1] and st["targetVersions"] == [1]
+    assert st["endpoint"] == {
+        "http": f"{SERVER}.{env.ns}.svc:8000",
+        "grpc": f"{SERVER}.{env.ns}.svc:8001",
+        "model": name,
+    }
+    assert st["observedGeneration"] == obj["metadata"]["generation"]
+    wait_for(
+        "the InferenceServer lists the model",
+        lambda: name in (env.get("inferenceserver", SERVER).get("status") or {}).get("models", []),
+    )
+    table = env.kubectl("get", "inferencemodels", name).stdout
+    assert table.split("\n")[0].split()[:5] == ["NAME", "READY", "ACTIVE", "VERSION", "SERVER"]
+    assert table.split("\n")[1].split()[:4] == [name, "True", "1", SERVER]
+
+    failures: list[str] = []
+    outputs: list[np.ndarray] = []
+    stop = threading.Event()
+
+    def client() -> None:
+        c = httpclient.InferenceServerClient(url=env.server.http_url)
+        while not stop.is_set():
+            inp = httpclient.InferInput("IN", [1, 4], "FP32")
+            inp.set_data_from_numpy(x)
+            try:
+                outputs.append(c.infer(name, [inp]).as_numpy("OUT"))
+            except Exception as exc:  # noqa: BLE001 - every failure counts
+                failures.append(repr(exc))
+
+    thread = threading.Thread(target=client)
+    thread.start()
+    try:
+        (env.root / "uploads/v2").mkdir(exist_ok=True)
+        (env.root / "uploads/v2/model.onnx").write_bytes((env.root / "uploads/neg.onnx").read_bytes())
+        obj["spec"]["versions"].append({"version": 2, "source": {"path": "uploads/v2/model.onnx"}})
+        env.apply({"apiVersion": API, "kind": "InferenceModel", "metadata": {"name": name}, "spec": obj["spec"]})
+        wait_for(
+            "version 2 active",
+            lambda: (env.get("inferencemodel", name)["status"].get("activeVersions") == [2]
+                     and env.condition(name)["status"] == "True"),
+            timeout=60,
+        )  # fmt: skip
+        wait_for("requests answered by version 2", lambda: outputs and np.array_equal(outputs[-1], -x))
+    finally:
+        stop.set()
+        thread.join(30)
+    assert failures == []
+    assert len(outputs) > 10
+    assert env.visible(name) == ["1", "2", "config.pbtxt"]
+
+    env.delete_model(name)
+    assert not (env.repo / name).exists()
+    wait_for("server unloaded the model", lambda: "READY" not in env.index(name).values())
+    assert env.leftovers() == []
+
+
+def test_checksum_mismatch_keeps_serving_version_1(env: Env) -> None:
+    name = "checksum"
+    env.apply(env.model(name, [env.uri_version(1, "relu.onnx")]))
+    env.wait_condition(name, "True")
+    body = env.model(name, [env.uri_version(1, "relu.onnx"), env.uri_version(2, "neg.onnx", sha="0" * 64)])
+    env.apply(body)
+    cond = env.wait_condition(name, "False", "ChecksumMismatch")
+    assert "version 2" in cond["message"] and "fix source.sha256" in cond["message"]
+    assert env.condition(name, "Degraded")["status"] == "True"
+    assert env.visible(name) == ["1", "config.pbtxt"]
+    wait_for("no staging leftovers", lambda: env.leftovers() == [])
+    x = np.ones((1, 4), dtype=np.float32)
+    np.testing.assert_array_equal(infer(env.server.http_url, name, x), x)  # still relu, version 1
+    events = env.kubectl("get", "events", "--field-selector", f"involvedObject.name={name}").stdout
+    assert "ChecksumMismatch" in events
+    env.delete_model(name)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"versions": [{"version": 1, "source": {"path": "a.onnx"}}, {"version": 1, "source": {"path": "b.onnx"}}]},
+         "version numbers must be unique"),
+        ({"dynamicBatching": {"preferredBatchSize": [64]}}, "preferredBatchSize entries must not exceed maxBatchSize"),
+        ({"versions": [{"version": 1, "source": {"uri": "https://x/m.onnx"}}]}, "source.uri needs source.sha256"),
+        ({"versions": [{"version": 1, "source": {"path": "../../etc/passwd"}}]}, "must not contain '..'"),
+        ({"versions": [{"version": 1, "source": {"uri": "ftp://x/m.onnx", "sha256": "a" * 64}}]}, "should match '^https?://'"),
+        ({"inputs": [{"name": "IN", "dataType": "FP99", "dims": [4]}]}, "Unsupported value: \"FP99\""),
+        ({"inputs": [{"name": "IN", "dataType": "FP32", "dims": [0]}]}, "a dimension is a positive size or -1"),
+        ({"versionPolicy": {"latest": {"numVersions": 1}, "all": {}}}, "set at most one of latest, all, specific"),
+        ({"maxBatchSize": -1}, "should be greater than or equal to 0"),
+    ],
+)  # fmt: skip
+def test_invalid_objects_are_rejected_by_the_apiserver(env: Env, change: dict, message: str) -> None:
+    body = env.model("invalid", [{"version": 1, "source": {"path": "uploads/relu.onnx"}}])
+    body["spec"].update(change)
+    proc = env.kubectl("create", "-f", "-", input=json.dumps(body), check=False)
+    assert proc.returncode != 0
+    assert message in proc.stderr, proc.stderr
+
+
+def test_specs_the_schema_cannot_catch(env: Env) -> None:
+    env.apply(env.model("healthy", [env.uri_version(1, "relu.onnx")]))
+    env.apply(
+        {
+            "apiVersion": API,
+            "kind": "InferenceServer",
+            "metadata": {"name": "cpu-pool"},
+            "spec": {"image": "x", "backends": ["onnxruntime"], "repository": {"claimName": "c"}},
+        }
+    )
+    cases = {
+        "no-server": ({"server": "missing"}, "ServerNotFound", "InferenceServer 'missing' does not exist"),
+        "no-backend": (
+            {"server": "cpu-pool", "platform": "tensorrt_plan"},
+            "InvalidSpec",
+            "does not provide backend 'tensorrt'",
+        ),
+        "bad-dims": (
+            {"inputs": [{"name": "IN", "dataType": "FP32", "dims": [1, 4]}]},
+            "ConfigMismatch",
+            "dims must not include the batch dimension",
+        ),
+        "unreachable": (
+            {"versions": [{"version": 1, "source": {"uri": "http://127.0.0.1:9/m.onnx", "sha256": "a" * 64}}]},
+            "FetchFailed",
+            "cannot download http://127.0.0.1:9/m.onnx",
+        ),
+        "symlink": (
+            {"versions": [{"version": 1, "source": {"path": "uploads/link.onnx"}}]},
+            "PathRejected",
+            "passes through the symlink 'uploads/link.onnx'",
+        ),
+    }
+    for name, (change, _, _) in cases.items():
+        body = env.model(name, [{"version": 1, "source": {"path": "uploads/relu.onnx"}}])
+        body["spec"].update(change)
+        env.apply(body)
+    for name, (_, reason, message) in cases.items():
+        cond = env.wait_condition(name, "False", reason)
+        assert message in cond["message"], cond
+        assert not (env.repo / name).exists()
+    wait_for("no staging leftovers", lambda: env.leftovers() == [])  # retries of 'unreachable' stage briefly
+    assert env.condition("healthy")["status"] == "True"
+    np.testing.assert_array_equal(infer(env.server.http_url, "healthy", np.ones((1, 4), np.float32)), np.ones((1, 4)))
+    # fixing the spec heals it
+    env.apply(env.model("bad-dims", [{"version": 1, "source": {"path": "uploads/relu.onnx"}}]))
+    env.wait_condition("bad-dims", "True")
+    for name in [*cases, "healthy"]:
+        env.delete_model(name)
+    env.kubectl("delete", "inferenceserver", "cpu-pool")
+
+
+def test_operator_killed_mid_render_converges(env: Env) -> None:
+    name = "crashy"
+    env.apply(env.model(name, [env.uri_version(1, "abs.onnx", slow=True)]))
+    wait_for("staging folder", lambda: [p for p in env.repo.iterdir() if p.name.startswith(f".{name}.staging-")])
+    env.operator.kill()
+    assert not (env.repo / name).exists()
+    assert env.leftovers()  # the crash left a partial, dot-named folder (invisible to the server)
+    env.operator.start()
+    env.wait_condition(name, "True", timeout=90)
+    assert env.leftovers() == []
+    x = np.array([[-1.0, 1.0, -2.0, 2.0]], dtype=np.float32)
+    np.testing.assert_array_equal(infer(env.server.http_url, name, x), np.abs(x))
+    env.delete_model(name)
+
+
+def test_scale_and_delete_server_garbage_collects(env: Env) -> None:
+    name = "tmp-pool"
+    body = {
+        "apiVersion": API,
+        "kind": "InferenceServer",
+        "metadata": {"name": name},
+        "spec": {"image": "img:1", "repository": {"claimName": "c"}, "replicas": 1},
+    }
+    env.apply(body)
+    wait_for("Deployment", lambda: env.get("deployment", name))
+    env.kubectl("scale", "inferenceserver", name, "--replicas=3")
+    wait_for("scaled Deployment", lambda: env.get("deployment", name)["spec"]["replicas"] == 3)
+    wait_for(
+        "status replicas",
+        lambda: (env.get("inferenceserver", name).get("status") or {}).get("replicas") == 3,
+    )
+    assert env.get("hpa", name) is None
+    body["spec"]["autoscaling"] = {"maxReplicas": 4, "target": {"metric": "CPU", "averageValue": 60}}
+    body["spec"]["replicas"] = 3
+    env.apply(body)
+    hpa = wait_for("HPA", lambda: env.get("hpa", name))
+    assert hpa["spec"]["metrics"][0]["resource"]["target"]["averageUtilization"] == 60
+    assert env.get("deployment", name)["metadata"]["ownerReferences"][0]["name"] == name
+    env.kubectl("delete", "inferenceserver", name)
+    for kind in ("deployment", "service", "hpa"):
+        wait_for(f"{kind} garbage-collected", lambda kind=kind: env.get(kind, name) is None, timeout=90)
+
+
+def test_leader_election_hands_over_when_the_leader_dies(env: Env, tmp_path: Path) -> None:
+    lease = f"lease-{uuid.uuid4().hex[:6]}"
+    args = [
+        sys.executable, "-m", "kubeinfer.operator",
+        "--kubeconfig", env.cluster.kubeconfig,
+        "--repository-root", str(tmp_path),
+        "--namespace", f"{env.ns}-unused",
+        "--leader-election", "--leader-election-namespace", env.ns, "--lease-name", lease,
+    ]  # fmt: skip
+    procs = []
+
+    def holder() -> str | None:
+        obj = env.get("lease", lease)
+        return obj and obj["spec"].get("holderIdentity")
+
+    try:
+        for i in range(2):
+            with open(tmp_path / f"op-{i}.log", "wb") as log:
+                procs.append(subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT))
+            if i == 0:
+                first = wait_for("first operator holds the lease", holder)
+        wait_for("second operator waiting", lambda: "waiting for lease" in (tmp_path / "op-1.log").read_text())
+        assert holder() == first
+        procs[0].send_signal(signal.SIGKILL)
+        second = wait_for("second operator takes over", lambda: holder() not in (None, first) and holder(), timeout=40)
+        assert second != first
+        assert procs[1].poll() is None
+        assert "acquired lease" in (tmp_path / "op-1.log").read_text()
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait(10)
