@@ -112,9 +112,10 @@ class ModelRegistry:
             raise Unavailable("server is shutting down")
         mv = self.resolve(request.model_name, request.model_version)
         task = asyncio.current_task()
-        owner = task is not None and task not in self._requests  # a nested call (BLS) leaves it to the outer one
-        if owner:
-            self._requests.add(task)
+        # the outermost call owns the task's bookkeeping; a nested call (BLS) leaves it to the outer one
+        owner = task if task is not None and task not in self._requests else None
+        if owner is not None:
+            self._requests.add(owner)
         try:
             return await mv.infer(request)
         except asyncio.CancelledError:
@@ -125,8 +126,8 @@ class ModelRegistry:
             raise Unavailable("server is shutting down: the request did not finish within the shutdown timeout") \
                 from None
         finally:
-            if owner:
-                self._requests.discard(task)
+            if owner is not None:
+                self._requests.discard(owner)
 
     def is_model_ready(self, name: str, version: str = "") -> bool:
         try:

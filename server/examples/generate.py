@@ -7,10 +7,13 @@ repository is the same thing, built once under ``~/.cache/kubeinfer``.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import onnx
 
@@ -20,7 +23,7 @@ from . import models, python_models
 CONFIGS = Path(__file__).parent / "model_repository"
 #: model → {version: builder}; a builder returns an ONNX model, a model.py source text, or None (the empty
 #: version folder Triton expects of an ensemble)
-VERSIONS = {
+VERSIONS: dict[str, dict[int, Callable[[], Any]]] = {
     "cifar10_resnet": {1: lambda: models.resnet18_cifar(seed=0)},
     "add_sub": {1: lambda: models.add_sub(16), 2: lambda: models.add_sub(16)},
     "preprocessor": {1: lambda: python_models.source("preprocessor")},
@@ -53,9 +56,20 @@ def write_repository(target: Path) -> Path:
     return target
 
 
+def _content_digest() -> str:
+    """Changes whenever a bundled config, model source or the model list changes (not only the version)."""
+    h = hashlib.sha1(repr(sorted((m, sorted(v)) for m, v in VERSIONS.items())).encode())
+    here = Path(__file__).parent
+    for path in sorted(here.rglob("*")):
+        if path.is_file() and path.suffix in (".py", ".pbtxt") and "__pycache__" not in path.parts:
+            h.update(str(path.relative_to(here)).encode())
+            h.update(path.read_bytes())
+    return h.hexdigest()[:12]
+
+
 def default_repository() -> Path:
     cache = Path(os.environ.get("KUBEINFER_CACHE", Path.home() / ".cache" / "kubeinfer"))
-    target = cache / f"example-repository-{__version__}"
+    target = cache / f"example-repository-{__version__}-{_content_digest()}"
     if not target.exists():
         write_repository(target)
     return target

@@ -89,7 +89,8 @@ def test_wheel_serves_the_example_repository(wheel_dir: Path, tmp_path: Path) ->
         inp = httpclient.InferInput("input", x.shape, "FP32")
         inp.set_data_from_numpy(x)
         assert client.infer("cifar10_resnet", [inp]).as_numpy("output").shape == (1, 10)
-        assert (tmp_path / "cache" / "example-repository-0.1.0" / "cifar10_resnet" / "1" / "model.onnx").exists()
+        (repo,) = (tmp_path / "cache").glob("example-repository-0.1.0-*")
+        assert (repo / "cifar10_resnet" / "1" / "model.onnx").exists()
     finally:
         proc.terminate()
         assert proc.wait(60) == 0
