@@ -92,9 +92,9 @@ def decode_request(
     options: dict[str, Any] = {"__default_binary__": binary_default}
     requested: list[str] | None = None
     raw_outputs = header.get("outputs")
-    if raw_outputs is not None:
-        if not isinstance(raw_outputs, list):
-            raise InvalidArgument("'outputs' must be a list")
+    if raw_outputs is not None and not isinstance(raw_outputs, list):
+        raise InvalidArgument("'outputs' must be a list")
+    if raw_outputs:  # an empty list asks for nothing in particular: every output, as when it is left out
         requested = []
         for out in raw_outputs:
             if not isinstance(out, dict) or not isinstance(out.get("name"), str):

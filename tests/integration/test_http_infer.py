@@ -95,6 +95,19 @@ def test_nested_json_data_and_parameters_are_accepted(example_server: ServerProc
     assert r.json()["id"] == "nested"
 
 
+def test_empty_outputs_list_returns_every_output(example_server: ServerProcess) -> None:
+    body = {
+        "outputs": [],
+        "inputs": [
+            {"name": "INPUT0", "shape": [1, 16], "datatype": "FP32", "data": [1.0] * 16},
+            {"name": "INPUT1", "shape": [1, 16], "datatype": "FP32", "data": [1.0] * 16},
+        ],
+    }
+    r = httpx.post(f"{example_server.base_url}/v2/models/add_sub/infer", json=body)
+    assert r.status_code == 200, r.text
+    assert [o["name"] for o in r.json()["outputs"]] == ["OUTPUT0", "OUTPUT1"]
+
+
 def test_classification_extension(client: httpclient.InferenceServerClient) -> None:
     x = np.random.default_rng(3).random((2, 3, 32, 32), dtype=np.float32)
     inp = httpclient.InferInput("input", x.shape, "FP32")
