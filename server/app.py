@@ -83,9 +83,9 @@ async def serve(settings: ServerSettings) -> None:
     grpc_server = None
     # listeners start before models load: liveness answers at once, readiness once loading is done
     if settings.http_port is not None:
-        from .http.app import build_app
+        from .http.app import build_http_app
 
-        servers.append(_uvicorn(build_app(service), settings.host, settings.http_port, settings.log_level))
+        servers.append(_uvicorn(build_http_app(service), settings.host, settings.http_port, settings.log_level))
     if settings.metrics_port is not None:
         from .observability.endpoint import build_metrics_app
 

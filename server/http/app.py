@@ -11,11 +11,12 @@ from typing import Any
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
 from ..core.errors import InvalidArgument, ServerError
 from ..core.service import InferenceService, parse_config_override
-from .codec import HEADER_LENGTH, decode_request, encode_response
+from .infer_route import InferRoute
 
 log = logging.getLogger(__name__)
 
@@ -43,12 +44,22 @@ async def _json_body(request: Request) -> dict[str, Any]:
     return data
 
 
+def build_http_app(service: InferenceService) -> InferRoute:
+    """The whole HTTP front end: the inference route, then FastAPI for everything else."""
+    return InferRoute(build_app(service), service)
+
+
 def build_app(service: InferenceService) -> FastAPI:
     app = FastAPI(title="kubeinfer", docs_url=None, redoc_url=None, openapi_url=None)
 
     @app.exception_handler(ServerError)
     async def server_error(_: Request, exc: ServerError) -> Response:
         return _error(exc)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> Response:
+        # unknown routes and methods answer in the v2 error shape too
+        return _json({"error": str(exc.detail)}, exc.status_code)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError) -> Response:
@@ -110,27 +121,7 @@ def build_app(service: InferenceService) -> FastAPI:
     async def version_config(name: str, version: str) -> Response:
         return _json(service.model_config_dict(name, version))
 
-    # ---- inference ---------------------------------------------------------------------------
-    async def _infer(request: Request, name: str, version: str) -> Response:
-        body = await request.body()
-        infer_request, options = decode_request(body, request.headers.get(HEADER_LENGTH), name, version)
-        response = await service.infer(infer_request)
-        payload, header_len = encode_response(response, options)
-        if header_len is None:
-            return Response(payload, media_type=JSON)
-        return Response(
-            payload,
-            media_type="application/octet-stream",
-            headers={"Inference-Header-Content-Length": str(header_len)},
-        )
-
-    @app.post("/v2/models/{name}/infer")
-    async def infer(name: str, request: Request) -> Response:
-        return await _infer(request, name, "")
-
-    @app.post("/v2/models/{name}/versions/{version}/infer")
-    async def infer_version(name: str, version: str, request: Request) -> Response:
-        return await _infer(request, name, version)
+    # inference (POST .../infer) is served by InferRoute in front of this app: see infer_route.py
 
     # ---- repository extension ----------------------------------------------------------------
     @app.post("/v2/repository/index")
