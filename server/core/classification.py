@@ -1,14 +1,25 @@
-"""Triton's classification extension: top-k of an output as "score:index" strings."""
+"""Triton's classification extension: top-k of an output as "score:index[:label]" strings."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
+from ..config import ConfigError
 from .errors import InvalidArgument
 
 
-def classify(array: np.ndarray, k: int, batched: bool = True) -> np.ndarray:
-    """Per batch row, the ``k`` highest scores as BYTES ``b"<score>:<index>"``, best first."""
+def load_labels(path: Path) -> list[str]:
+    """One label per line, as Triton reads ``label_filename``."""
+    try:
+        return path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read label file {path.name}: {exc}") from None
+
+
+def classify(array: np.ndarray, k: int, labels: list[str] | None = None, batched: bool = True) -> np.ndarray:
+    """Per batch row, the ``k`` highest scores as BYTES ``b"<score>:<index>[:<label>]"``, best first."""
     if array.dtype == np.object_:
         raise InvalidArgument("classification needs a numeric output")
     rows = array.reshape(array.shape[0], -1) if batched and array.ndim > 1 else array.reshape(1, -1)
@@ -17,5 +28,8 @@ def classify(array: np.ndarray, k: int, batched: bool = True) -> np.ndarray:
     out = np.empty((rows.shape[0], k), dtype=object)
     for r in range(rows.shape[0]):
         for j, idx in enumerate(order[r]):
-            out[r, j] = f"{float(rows[r, idx]):f}:{int(idx)}".encode()
+            text = f"{float(rows[r, idx]):f}:{int(idx)}"
+            if labels is not None and idx < len(labels):
+                text += f":{labels[idx]}"
+            out[r, j] = text.encode()
     return out if batched and array.ndim > 1 else out.reshape(k)

@@ -16,6 +16,7 @@ from ..scheduling.base import Scheduler
 from ..scheduling.factory import make_scheduler
 from ..scheduling.instance_pool import InstancePool
 from . import devices
+from .classification import load_labels
 from .errors import BackendError, InvalidArgument, ServerError, Unavailable
 from .types import InferenceRequest, InferenceResponse
 from .validation import RequestValidator
@@ -74,6 +75,7 @@ class ModelVersion:
         pool: InstancePool | None,
         stats: ModelStats,
         digest: str,
+        labels: dict[str, list[str]] | None = None,
     ) -> None:
         self.config = config
         self.name = config.name
@@ -83,6 +85,7 @@ class ModelVersion:
         self.pool = pool
         self.stats = stats
         self.digest = digest
+        self.labels = labels or {}
         self.validator = RequestValidator(config)
         self.inflight = 0
         self._idle = asyncio.Event()
@@ -106,7 +109,7 @@ class ModelVersion:
                 self.stats.record_request(request, False, "BACKEND")
                 raise BackendError(f"model '{self.name}' failed: {type(exc).__name__}: {exc}") from exc
             self.stats.record_request(request, True)
-            return InferenceResponse(self.name, self.version_str, outputs, request.id)
+            return InferenceResponse(self.name, self.version_str, outputs, request.id, labels=self.labels)
         finally:
             self.inflight -= 1
             if self.inflight == 0:
@@ -135,9 +138,15 @@ async def build_model_version(
     digest: str,
     registry: Any,
     listeners: list[StatsListener],
+    model_dir: Path | None = None,
 ) -> ModelVersion:
     """Load every instance (off the loop), then start the scheduler."""
     stats = ModelStats(config.name, str(version), listeners)
+    labels = {
+        t.name: load_labels(model_dir / t.label_filename)
+        for t in config.output
+        if t.label_filename and model_dir is not None
+    }
     pool = None
     if backend_cls is not None:
         assert version_path is not None
@@ -161,4 +170,4 @@ async def build_model_version(
                  time.monotonic() - started)
     scheduler = make_scheduler(config, pool, registry)
     await scheduler.start()
-    return ModelVersion(config, version, scheduler, pool, stats, digest)
+    return ModelVersion(config, version, scheduler, pool, stats, digest, labels)

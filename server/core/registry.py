@@ -263,7 +263,8 @@ class ModelRegistry:
         vconfig.CopyFrom(config)
         backend_cls = await asyncio.to_thread(prepare_config, vconfig, path)
         validate_config(vconfig, config.name, available_backends())
-        return await build_model_version(vconfig, backend_cls, version, path, digest, self, self.listeners)
+        return await build_model_version(vconfig, backend_cls, version, path, digest, self, self.listeners,
+                                         self.repository_path / config.name)
 
     def _record_failure(self, entry: ModelEntry, version: int, reason: str) -> list[str]:
         log.error("model '%s' is unavailable: %s", entry.name, reason)

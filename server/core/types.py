@@ -53,3 +53,5 @@ class InferenceResponse:
     outputs: dict[str, np.ndarray]
     id: str = ""
     parameters: dict[str, Any] = field(default_factory=dict)
+    #: per output, the class labels from its ``label_filename`` (classification extension)
+    labels: dict[str, list[str]] = field(default_factory=dict)

@@ -102,7 +102,7 @@ def response_to_pb(response: InferenceResponse, classification: dict[str, int]) 
     for name, array in response.outputs.items():
         k = classification.get(name, 0)
         if k:
-            array = classify(array, k)
+            array = classify(array, k, response.labels.get(name))
         msg.outputs.add(name=name, datatype=tensors.v2_datatype(array), shape=array.shape)
         msg.raw_output_contents.append(bytes(tensors.to_raw(array)))
     return msg

@@ -133,7 +133,7 @@ def encode_response(response: InferenceResponse, options: dict[str, Any]) -> tup
     for name, array in response.outputs.items():
         opt = options.get(name) or {"binary": default_binary, "classification": 0}
         if opt["classification"]:
-            array = classify(array, opt["classification"])
+            array = classify(array, opt["classification"], response.labels.get(name))
         entry: dict[str, Any] = {"name": name, "datatype": tensors.v2_datatype(array), "shape": list(array.shape)}
         if opt["binary"]:
             raw = tensors.to_raw(array)

@@ -183,3 +183,50 @@ def test_bytes_bool_int64_fp16_tensors(dtype_server: ServerProcess, binary: bool
     result = run("fp16s", A=half, B=half)
     assert result.dtype == np.float16
     np.testing.assert_array_equal(result, half + half)
+
+
+def test_classification_appends_labels_from_label_filename(tmp_path: Path) -> None:
+    import tritonclient.grpc as grpcclient
+    from kubeinfer.server.examples import models
+
+    repo = tmp_path / "repo"
+    write_model(repo, "labelled", """
+        platform: "onnxruntime_onnx"
+        max_batch_size: 4
+        output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 16 ] label_filename: "labels.txt" } ]
+        """, {1: models.add_sub(16)})
+    (repo / "labelled" / "labels.txt").write_text("\n".join(f"class-{i}" for i in range(16)) + "\n")
+    server = start_server(repo)
+    try:
+        a = np.arange(16, dtype=np.float32).reshape(1, 16)
+        http = httpclient.InferenceServerClient(url=server.http_url)
+        inputs = [httpclient.InferInput(n, a.shape, "FP32") for n in ("INPUT0", "INPUT1")]
+        for i in inputs:
+            i.set_data_from_numpy(a)
+        top = http.infer("labelled", inputs, outputs=[httpclient.InferRequestedOutput("OUTPUT0", class_count=2)])
+        assert top.as_numpy("OUTPUT0").tolist() == [[b"30.000000:15:class-15", b"28.000000:14:class-14"]]
+        grpc = grpcclient.InferenceServerClient(url=server.grpc_url)
+        ginputs = [grpcclient.InferInput(n, a.shape, "FP32") for n in ("INPUT0", "INPUT1")]
+        for i in ginputs:
+            i.set_data_from_numpy(a)
+        gtop = grpc.infer("labelled", ginputs, outputs=[grpcclient.InferRequestedOutput("OUTPUT0", class_count=1)])
+        assert gtop.as_numpy("OUTPUT0").tolist() == [[b"30.000000:15:class-15"]]
+    finally:
+        server.terminate()
+
+
+def test_missing_label_file_is_a_load_failure_with_reason(tmp_path: Path) -> None:
+    from kubeinfer.server.examples import models
+
+    repo = tmp_path / "repo"
+    write_model(repo, "nolabels", """
+        platform: "onnxruntime_onnx"
+        max_batch_size: 4
+        output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 16 ] label_filename: "missing.txt" } ]
+        """, {1: models.add_sub(16)})
+    server = start_server(repo, "--allow-grpc", "false")
+    try:
+        (row,) = httpx.post(f"{server.base_url}/v2/repository/index").json()
+        assert row["state"] == "UNAVAILABLE" and "cannot read label file missing.txt" in row["reason"]
+    finally:
+        server.terminate()
