@@ -19,8 +19,6 @@ import argparse
 import json
 import os
 import platform
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -33,21 +31,18 @@ import httpx
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))  # tests.support.server: the same real-process launcher the tests use
 
 from inprocess import measure, measure_one  # noqa: E402
 from loadgen import Tensor  # noqa: E402
+
+from tests.support.server import ServerProcess, start_server  # noqa: E402
 
 MODELS = {
     # name: (input specs, output names, onnx builder)
     "resnet": (["input:FP32:3x32x32"], ["output"]),
     "add_sub": (["INPUT0:FP32:16", "INPUT1:FP32:16"], ["OUTPUT0", "OUTPUT1"]),
 }
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def write_repository(root: Path, max_batch: int, delay_us: int, instances: int, intra_op: int) -> Path:
@@ -74,41 +69,11 @@ def write_repository(root: Path, max_batch: int, delay_us: int, instances: int, 
     return repo
 
 
-class Server:
-    def __init__(self, repo: Path, log: Path) -> None:
-        self.http_port, self.grpc_port, self.metrics_port = _free_port(), _free_port(), _free_port()
-        self.log = log
-        with open(log, "wb") as out:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "kubeinfer.server", "--model-repository", str(repo), "--host", "127.0.0.1",
-                 "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port),
-                 "--metrics-port", str(self.metrics_port)],
-                stdout=out, stderr=subprocess.STDOUT,
-            )
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited: {log.read_text()}")
-            try:
-                if httpx.get(f"http://127.0.0.1:{self.http_port}/v2/health/ready", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise TimeoutError("server not ready")
-
-    def stats(self, model: str) -> dict[str, Any]:
-        return httpx.get(f"http://127.0.0.1:{self.http_port}/v2/models/{model}/stats", timeout=10).json()
-
-    def stop(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+def _stats(server: ServerProcess, model: str) -> dict[str, Any]:
+    return httpx.get(f"{server.base_url}/v2/models/{model}/stats", timeout=10).json()
 
 
-def drive(server: Server, protocol: str, model: str, base: str, concurrency: int, seconds: float,
+def drive(server: ServerProcess, protocol: str, model: str, base: str, concurrency: int, seconds: float,
           warmup: float) -> dict[str, Any]:
     inputs, outputs = MODELS[base]
     port = server.http_port if protocol == "http" else server.grpc_port
@@ -118,10 +83,10 @@ def drive(server: Server, protocol: str, model: str, base: str, concurrency: int
         cmd += ["--input", spec]
     for name in outputs:
         cmd += ["--output", name]
-    before = server.stats(model)["model_stats"][0]
+    before = _stats(server, model)["model_stats"][0]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     result = json.loads(out.strip().splitlines()[-1])
-    after = server.stats(model)["model_stats"][0]
+    after = _stats(server, model)["model_stats"][0]
     executions = after["execution_count"] - before["execution_count"]
     inferences = after["inference_count"] - before["inference_count"]
     result["avg_batch"] = round(inferences / executions, 2) if executions else None
@@ -172,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"in-process limit {base}: {lim['limit']:.0f}/s (batch {lim['best']['batch']}, "
                       f"{lim['best']['sessions']} session(s) x {lim['best']['threads_per_session']} thread(s))",
                       flush=True)
-        server = Server(repo, root / "server.log")
+        server = start_server(repo, log_dir=root)
         try:
             for base in bases:
                 for variant in ("batched", "single"):
@@ -196,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
                                   + (f"  limit next to it {r['adjacent_limit']}/s" if "adjacent_limit" in r else ""),
                                   flush=True)
         finally:
-            server.stop()
+            server.terminate()
     report["load_average_end"] = os.getloadavg()
     report["summary"] = summarize(report, max(concurrencies))
     for line in report["summary"]["lines"]:
