@@ -16,6 +16,7 @@ from starlette.responses import Response
 
 from ..core.errors import InvalidArgument, ServerError
 from ..core.service import InferenceService, parse_config_override
+from .codec import error_body, internal_error_message
 from .infer_route import InferRoute
 
 log = logging.getLogger(__name__)
@@ -27,8 +28,8 @@ def _json(data: Any, status: int = 200) -> Response:
     return Response(orjson.dumps(data), status_code=status, media_type=JSON)
 
 
-def _error(exc: ServerError) -> Response:
-    return _json({"error": exc.message}, exc.http_status)
+def _error(message: str, status: int) -> Response:
+    return Response(error_body(message), status_code=status, media_type=JSON)
 
 
 async def _json_body(request: Request) -> dict[str, Any]:
@@ -54,21 +55,21 @@ def build_app(service: InferenceService) -> FastAPI:
 
     @app.exception_handler(ServerError)
     async def server_error(_: Request, exc: ServerError) -> Response:
-        return _error(exc)
+        return _error(exc.message, exc.http_status)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException) -> Response:
         # unknown routes and methods answer in the v2 error shape too
-        return _json({"error": str(exc.detail)}, exc.status_code)
+        return _error(str(exc.detail), exc.status_code)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError) -> Response:
-        return _json({"error": str(exc)}, 400)
+        return _error(str(exc), 400)
 
     @app.exception_handler(Exception)
     async def unexpected(_: Request, exc: Exception) -> Response:
         log.exception("unexpected error")
-        return _json({"error": f"internal error: {type(exc).__name__}: {exc}"}, 500)
+        return _error(internal_error_message(exc), 500)
 
     # ---- health and server metadata ---------------------------------------------------------
     @app.get("/v2")

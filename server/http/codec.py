@@ -19,6 +19,15 @@ from ..core.types import InferenceRequest, InferenceResponse
 HEADER_LENGTH = "inference-header-content-length"
 
 
+def error_body(message: str) -> bytes:
+    """The v2 error shape every HTTP route answers with."""
+    return orjson.dumps({"error": message})
+
+
+def internal_error_message(exc: Exception) -> str:
+    return f"internal error: {type(exc).__name__}: {exc}"
+
+
 def _int_param(params: dict[str, Any], key: str, where: str) -> int | None:
     value = params.get(key)
     if value is None:

@@ -13,11 +13,9 @@ import re
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-import orjson
-
 from ..core.errors import ServerError
 from ..core.service import InferenceService
-from .codec import HEADER_LENGTH, decode_request, encode_response
+from .codec import HEADER_LENGTH, decode_request, encode_response, error_body, internal_error_message
 
 log = logging.getLogger(__name__)
 
@@ -60,11 +58,11 @@ class InferRoute:
             response = await self.service.infer(request)
             payload, json_length = encode_response(response, options)
         except ServerError as exc:
-            await _respond(send, exc.http_status, orjson.dumps({"error": exc.message}), None)
+            await _respond(send, exc.http_status, error_body(exc.message), None)
             return
         except Exception as exc:  # a bug must answer 500, never drop the connection
             log.exception("inference request failed")
-            await _respond(send, 500, orjson.dumps({"error": f"internal error: {type(exc).__name__}: {exc}"}), None)
+            await _respond(send, 500, error_body(internal_error_message(exc)), None)
             return
         await _respond(send, 200, payload, json_length)
 
