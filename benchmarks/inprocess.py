@@ -38,14 +38,27 @@ def _feed(tensors: list[Tensor], batch: int) -> dict[str, np.ndarray]:
     return {t.name: rng.standard_normal([batch, *t.shape[1:]]).astype(DTYPES[t.datatype]) for t in tensors}
 
 
-def measure_one(model_path: str, tensors: list[Tensor], sessions: int, threads: int, batch: int,
-                seconds: float, spinning: bool = True) -> float:
+def measure_one(
+    model_path: str,
+    tensors: list[Tensor],
+    sessions: int,
+    threads: int,
+    batch: int,
+    seconds: float,
+    spinning: bool = True,
+) -> float:
     """Rows/second of one layout at one batch size (used to re-measure the best point next to a served one)."""
     return measure(model_path, tensors, (batch,), seconds, layouts=[(sessions, threads, spinning)])["limit"]
 
 
-def measure(model_path: str, tensors: list[Tensor], batches: tuple[int, ...] = BATCHES, seconds: float = 3.0,
-            cores: int | None = None, layouts: list[tuple[int, int, bool]] | None = None) -> dict[str, Any]:
+def measure(
+    model_path: str,
+    tensors: list[Tensor],
+    batches: tuple[int, ...] = BATCHES,
+    seconds: float = 3.0,
+    cores: int | None = None,
+    layouts: list[tuple[int, int, bool]] | None = None,
+) -> dict[str, Any]:
     cores = cores or os.cpu_count() or 1
     points = []
     shapes = [(1, cores)] + ([(cores, 1)] if cores > 1 else [])
@@ -59,8 +72,9 @@ def measure(model_path: str, tensors: list[Tensor], batches: tuple[int, ...] = B
             counts = [0] * sessions
             stop = time.perf_counter() + seconds
 
-            def loop(i: int, stop: float = stop, feed: dict = feed, runners: list = runners,
-                     counts: list = counts) -> None:
+            def loop(
+                i: int, stop: float = stop, feed: dict = feed, runners: list = runners, counts: list = counts
+            ) -> None:
                 while time.perf_counter() < stop:
                     runners[i].run(None, feed)
                     counts[i] += 1
@@ -72,8 +86,15 @@ def measure(model_path: str, tensors: list[Tensor], batches: tuple[int, ...] = B
             for w in workers:
                 w.join()
             elapsed = time.perf_counter() - start
-            points.append({"sessions": sessions, "threads_per_session": threads, "spinning": spinning, "batch": batch,
-                           "throughput": round(sum(counts) * batch / elapsed, 1)})
+            points.append(
+                {
+                    "sessions": sessions,
+                    "threads_per_session": threads,
+                    "spinning": spinning,
+                    "batch": batch,
+                    "throughput": round(sum(counts) * batch / elapsed, 1),
+                }
+            )
     best = max(points, key=lambda p: p["throughput"])
     return {"points": points, "best": best, "limit": best["throughput"]}
 

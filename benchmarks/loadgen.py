@@ -95,8 +95,16 @@ async def _grpc_worker(stub: Any, request: Any, stop: float, lat: list[float], e
         lat.append(time.perf_counter() - t0)
 
 
-async def run(protocol: str, url: str, model: str, tensors: list[Tensor], outputs: list[str], concurrency: int,
-              seconds: float, warmup: float) -> dict[str, Any]:
+async def run(
+    protocol: str,
+    url: str,
+    model: str,
+    tensors: list[Tensor],
+    outputs: list[str],
+    concurrency: int,
+    seconds: float,
+    warmup: float,
+) -> dict[str, Any]:
     host, port = url.rsplit(":", 1)
     rng = np.random.default_rng(0)
     channel = None
@@ -109,8 +117,9 @@ async def run(protocol: str, url: str, model: str, tensors: list[Tensor], output
         import grpc
         from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-        channel = grpc.aio.insecure_channel(url, options=[("grpc.max_receive_message_length", 1 << 28),
-                                                          ("grpc.max_send_message_length", 1 << 28)])
+        channel = grpc.aio.insecure_channel(
+            url, options=[("grpc.max_receive_message_length", 1 << 28), ("grpc.max_send_message_length", 1 << 28)]
+        )
         stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
         message = service_pb2.ModelInferRequest(model_name=model)
         for t in tensors:
@@ -136,8 +145,13 @@ async def run(protocol: str, url: str, model: str, tensors: list[Tensor], output
     lat_ms = np.array(latencies) * 1000
     rows = tensors[0].shape[0]
     return {
-        "protocol": protocol, "model": model, "concurrency": concurrency, "seconds": round(elapsed, 3),
-        "requests": len(latencies), "errors": len(errors), "first_error": errors[0] if errors else "",
+        "protocol": protocol,
+        "model": model,
+        "concurrency": concurrency,
+        "seconds": round(elapsed, 3),
+        "requests": len(latencies),
+        "errors": len(errors),
+        "first_error": errors[0] if errors else "",
         "throughput": round(len(latencies) * rows / elapsed, 1),
         "p50_ms": round(float(np.percentile(lat_ms, 50)), 2) if len(lat_ms) else None,
         "p90_ms": round(float(np.percentile(lat_ms, 90)), 2) if len(lat_ms) else None,
@@ -163,8 +177,9 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         pass
     tensors = [Tensor.parse(s) for s in args.input]
-    result = asyncio.run(run(args.protocol, args.url, args.model, tensors, args.output, args.concurrency,
-                             args.seconds, args.warmup))
+    result = asyncio.run(
+        run(args.protocol, args.url, args.model, tensors, args.output, args.concurrency, args.seconds, args.warmup)
+    )
     print(json.dumps(result))
     return 0
 

@@ -122,8 +122,10 @@ def main() -> None:
     shm_out.unlink()
 
     mb = images.nbytes / 1e6
-    print(f"batch of {args.batch} UINT8 images {args.height}x{args.width}x3 ({mb:.1f} MB) → FP32 [3,32,32], "
-          f"median of {args.repeats}")
+    print(
+        f"batch of {args.batch} UINT8 images {args.height}x{args.width}x3 ({mb:.1f} MB) → FP32 [3,32,32], "
+        f"median of {args.repeats}"
+    )
     base = results["in-process"]
     for name, ms in results.items():
         print(f"  {name:12s} {ms:8.2f} ms/batch   overhead vs in-process {ms - base:+7.2f} ms ({ms / base:.2f}x)")

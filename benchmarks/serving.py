@@ -55,15 +55,22 @@ def write_repository(root: Path, max_batch: int, delay_us: int, instances: int, 
             name = f"{base}_{'batched' if batching else 'single'}"
             (repo / name / "1").mkdir(parents=True)
             (repo / name / "1" / "model.onnx").write_bytes(model.SerializeToString())
-            params = (f'parameters {{ key: "intra_op_thread_count" value {{ string_value: "{intra_op}" }} }}\n'
-                      if intra_op else "")
+            params = (
+                f'parameters {{ key: "intra_op_thread_count" value {{ string_value: "{intra_op}" }} }}\n'
+                if intra_op
+                else ""
+            )
             batcher = f"dynamic_batching {{ max_queue_delay_microseconds: {delay_us} }}\n" if batching else ""
-            (repo / name / "config.pbtxt").write_text(textwrap.dedent(f"""\
+            (repo / name / "config.pbtxt").write_text(
+                textwrap.dedent(f"""\
                 name: "{name}"
                 platform: "onnxruntime_onnx"
                 max_batch_size: {max_batch}
                 instance_group [ {{ count: {instances} kind: KIND_CPU }} ]
-                """) + batcher + params)
+                """)
+                + batcher
+                + params
+            )
     (root / "resnet.onnx").write_bytes(onnx_models["resnet"].SerializeToString())
     (root / "add_sub.onnx").write_bytes(onnx_models["add_sub"].SerializeToString())
     return repo
@@ -73,12 +80,27 @@ def _stats(server: ServerProcess, model: str) -> dict[str, Any]:
     return httpx.get(f"{server.base_url}/v2/models/{model}/stats", timeout=10).json()
 
 
-def drive(server: ServerProcess, protocol: str, model: str, base: str, concurrency: int, seconds: float,
-          warmup: float) -> dict[str, Any]:
+def drive(
+    server: ServerProcess, protocol: str, model: str, base: str, concurrency: int, seconds: float, warmup: float
+) -> dict[str, Any]:
     inputs, outputs = MODELS[base]
     port = server.http_port if protocol == "http" else server.grpc_port
-    cmd = [sys.executable, str(HERE / "loadgen.py"), "--protocol", protocol, "--url", f"127.0.0.1:{port}",
-           "--model", model, "--concurrency", str(concurrency), "--seconds", str(seconds), "--warmup", str(warmup)]
+    cmd = [
+        sys.executable,
+        str(HERE / "loadgen.py"),
+        "--protocol",
+        protocol,
+        "--url",
+        f"127.0.0.1:{port}",
+        "--model",
+        model,
+        "--concurrency",
+        str(concurrency),
+        "--seconds",
+        str(seconds),
+        "--warmup",
+        str(warmup),
+    ]
     for spec in inputs:
         cmd += ["--input", spec]
     for name in outputs:
@@ -95,8 +117,15 @@ def drive(server: ServerProcess, protocol: str, model: str, base: str, concurren
 
 def limit_next_to(root: Path, base: str, best: dict[str, Any], seconds: float) -> float:
     inputs, _ = MODELS[base]
-    return measure_one(str(root / f"{base}.onnx"), [Tensor.parse(s) for s in inputs], best["sessions"],
-                       best["threads_per_session"], best["batch"], seconds / 2, best["spinning"])
+    return measure_one(
+        str(root / f"{base}.onnx"),
+        [Tensor.parse(s) for s in inputs],
+        best["sessions"],
+        best["threads_per_session"],
+        best["batch"],
+        seconds / 2,
+        best["spinning"],
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -119,10 +148,13 @@ def main(argv: list[str] | None = None) -> int:
     bases = args.models.split(",")
 
     report: dict[str, Any] = {
-        "when": time.strftime("%Y-%m-%dT%H:%M:%S"), "machine": platform.platform(), "cpus": os.cpu_count(),
+        "when": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "machine": platform.platform(),
+        "cpus": os.cpu_count(),
         "load_average_start": os.getloadavg(),
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "limit": {}, "served": [],
+        "limit": {},
+        "served": [],
     }
     with tempfile.TemporaryDirectory(prefix="kubeinfer-bench-") as tmp:
         root = Path(tmp)
@@ -131,12 +163,15 @@ def main(argv: list[str] | None = None) -> int:
             for base in bases:
                 inputs, _ = MODELS[base]
                 batches = tuple(b for b in (1, 2, 4, 8, 16, 32, 64) if b <= args.max_batch)
-                lim = measure(str(root / f"{base}.onnx"), [Tensor.parse(s) for s in inputs], batches,
-                              args.limit_seconds)
+                lim = measure(
+                    str(root / f"{base}.onnx"), [Tensor.parse(s) for s in inputs], batches, args.limit_seconds
+                )
                 report["limit"][base] = lim
-                print(f"in-process limit {base}: {lim['limit']:.0f}/s (batch {lim['best']['batch']}, "
-                      f"{lim['best']['sessions']} session(s) x {lim['best']['threads_per_session']} thread(s))",
-                      flush=True)
+                print(
+                    f"in-process limit {base}: {lim['limit']:.0f}/s (batch {lim['best']['batch']}, "
+                    f"{lim['best']['sessions']} session(s) x {lim['best']['threads_per_session']} thread(s))",
+                    flush=True,
+                )
         server = start_server(repo, log_dir=root)
         try:
             for base in bases:
@@ -155,11 +190,13 @@ def main(argv: list[str] | None = None) -> int:
                                 r["adjacent_limit"] = round(sum(adjacent) / 2, 1)
                             r["base"], r["batching"] = base, variant == "batched"
                             report["served"].append(r)
-                            print(f"{model:16} {protocol:4} c={c:<3} {r['throughput']:8.1f}/s  p50 {r['p50_ms']}ms "
-                                  f"p90 {r['p90_ms']}ms p99 {r['p99_ms']}ms  avg batch {r['avg_batch']}  "
-                                  f"errors {r['errors']}"
-                                  + (f"  limit next to it {r['adjacent_limit']}/s" if "adjacent_limit" in r else ""),
-                                  flush=True)
+                            print(
+                                f"{model:16} {protocol:4} c={c:<3} {r['throughput']:8.1f}/s  p50 {r['p50_ms']}ms "
+                                f"p90 {r['p90_ms']}ms p99 {r['p99_ms']}ms  avg batch {r['avg_batch']}  "
+                                f"errors {r['errors']}"
+                                + (f"  limit next to it {r['adjacent_limit']}/s" if "adjacent_limit" in r else ""),
+                                flush=True,
+                            )
         finally:
             server.terminate()
     report["load_average_end"] = os.getloadavg()
@@ -201,8 +238,10 @@ def summarize(report: dict[str, Any], top: int) -> dict[str, Any]:
                     if r and limit:
                         ratio = round(r["throughput"] / limit, 3)
                         summary["ratio_to_limit"][f"{base}/{protocol}/{label}"] = ratio
-                        lines.append(f"served/limit {base} {protocol} c={top} {label}: {ratio:.0%} "
-                                     f"({r['throughput']:.0f}/s of {limit:.0f}/s measured next to it)")
+                        lines.append(
+                            f"served/limit {base} {protocol} c={top} {label}: {ratio:.0%} "
+                            f"({r['throughput']:.0f}/s of {limit:.0f}/s measured next to it)"
+                        )
     summary["lines"] = lines
     return summary
 

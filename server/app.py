@@ -51,8 +51,14 @@ class _Uvicorn(uvicorn.Server):
 
 def _uvicorn(app: Any, host: str, port: int, log_level: str) -> _Uvicorn:
     config = uvicorn.Config(
-        app, host=host, port=port, loop="none", lifespan="off", access_log=False,
-        log_level="warning" if log_level == "info" else log_level, timeout_keep_alive=75,
+        app,
+        host=host,
+        port=port,
+        loop="none",
+        lifespan="off",
+        access_log=False,
+        log_level="warning" if log_level == "info" else log_level,
+        timeout_keep_alive=75,
         # after the core drained (bounded by --shutdown-timeout), responses still being written get
         # this long; then uvicorn cancels what is left instead of waiting forever
         timeout_graceful_shutdown=5,
@@ -89,15 +95,17 @@ async def serve(settings: ServerSettings) -> None:
     if settings.metrics_port is not None:
         from .observability.endpoint import build_metrics_app
 
-        servers.append(_uvicorn(build_metrics_app(metrics, registry), settings.host, settings.metrics_port,
-                                settings.log_level))
+        servers.append(
+            _uvicorn(build_metrics_app(metrics, registry), settings.host, settings.metrics_port, settings.log_level)
+        )
     for server in servers:
         tasks.append(asyncio.create_task(server.serve()))
     if settings.grpc_port is not None:
         from .grpc.server import start_grpc_server
 
-        grpc_server = await start_grpc_server(service, settings.host, settings.grpc_port,
-                                              settings.grpc_max_message_bytes)
+        grpc_server = await start_grpc_server(
+            service, settings.host, settings.grpc_port, settings.grpc_max_message_bytes
+        )
     await asyncio.sleep(0)
     for server, task in zip(servers, tasks, strict=True):
         while not server.started and not task.done():
@@ -110,8 +118,13 @@ async def serve(settings: ServerSettings) -> None:
     await asyncio.wait([load, stop_wait], return_when=asyncio.FIRST_COMPLETED)
     if load.done():
         load.result()
-        log.info("kubeinfer-server ready: http=%s grpc=%s metrics=%s repository=%s", settings.http_port,
-                 settings.grpc_port, settings.metrics_port, settings.model_repository)
+        log.info(
+            "kubeinfer-server ready: http=%s grpc=%s metrics=%s repository=%s",
+            settings.http_port,
+            settings.grpc_port,
+            settings.metrics_port,
+            settings.model_repository,
+        )
         await stop_wait
     else:
         load.cancel()

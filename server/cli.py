@@ -15,8 +15,12 @@ def build_parser() -> argparse.ArgumentParser:
         prog="kubeinfer-server",
         description="Serve a Triton-style model repository over KServe v2 HTTP and gRPC.",
     )
-    p.add_argument("--model-repository", type=Path, default=None,
-                   help="model repository folder (default: the bundled example repository, generated on first use)")
+    p.add_argument(
+        "--model-repository",
+        type=Path,
+        default=None,
+        help="model repository folder (default: the bundled example repository, generated on first use)",
+    )
     p.add_argument("--host", default="0.0.0.0", help="address to bind HTTP, gRPC and metrics to")
     p.add_argument("--http-port", type=int, default=8000)
     p.add_argument("--grpc-port", type=int, default=8001)
@@ -26,12 +30,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-metrics", type=_bool, default=True)
     p.add_argument("--model-control-mode", choices=["none", "poll", "explicit"], default="none")
     p.add_argument("--repository-poll-secs", type=float, default=15.0)
-    p.add_argument("--load-model", action="append", default=[], metavar="NAME",
-                   help="explicit mode: model to load at start ('*' for all); repeatable")
-    p.add_argument("--strict-readiness", type=_bool, default=False,
-                   help="/v2/health/ready only when every model in the repository is ready")
-    p.add_argument("--shutdown-timeout", type=float, default=30.0,
-                   help="seconds to let in-flight requests finish after SIGTERM")
+    p.add_argument(
+        "--load-model",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="explicit mode: model to load at start ('*' for all); repeatable",
+    )
+    p.add_argument(
+        "--strict-readiness",
+        type=_bool,
+        default=False,
+        help="/v2/health/ready only when every model in the repository is ready",
+    )
+    p.add_argument(
+        "--shutdown-timeout", type=float, default=30.0, help="seconds to let in-flight requests finish after SIGTERM"
+    )
     p.add_argument("--grpc-max-message-bytes", type=int, default=256 * 1024 * 1024)
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return p

@@ -68,13 +68,19 @@ class Stream:
 
     def h2d(self, dst: int, array: Any) -> None:
         rt = cudart()
-        check(rt.cudaMemcpyAsync(dst, array.ctypes.data, array.nbytes,
-                                 rt.cudaMemcpyKind.cudaMemcpyHostToDevice, self.handle))
+        check(
+            rt.cudaMemcpyAsync(
+                dst, array.ctypes.data, array.nbytes, rt.cudaMemcpyKind.cudaMemcpyHostToDevice, self.handle
+            )
+        )
 
     def d2h(self, array: Any, src: int) -> None:
         rt = cudart()
-        check(rt.cudaMemcpyAsync(array.ctypes.data, src, array.nbytes,
-                                 rt.cudaMemcpyKind.cudaMemcpyDeviceToHost, self.handle))
+        check(
+            rt.cudaMemcpyAsync(
+                array.ctypes.data, src, array.nbytes, rt.cudaMemcpyKind.cudaMemcpyDeviceToHost, self.handle
+            )
+        )
 
     def synchronize(self) -> None:
         check(cudart().cudaStreamSynchronize(self.handle))

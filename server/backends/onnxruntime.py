@@ -225,9 +225,7 @@ class OnnxRuntimeInstance(TensorBackendInstance):
         self.output_names = [o.name for o in config.output] or [o.name for o in self.session.get_outputs()]
         self._input_reshape = {t.name: list(t.reshape.shape) for t in config.input if t.HasField("reshape")}
         self._output_reshape = {t.name: list(t.dims) for t in config.output if t.HasField("reshape")}
-        self._string_inputs = {
-            t.name for t in config.input if t.data_type == pb.TYPE_STRING
-        }
+        self._string_inputs = {t.name for t in config.input if t.data_type == pb.TYPE_STRING}
 
     def run(self, inputs: dict[str, np.ndarray], output_names: list[str]) -> dict[str, np.ndarray]:
         feed = {}
@@ -259,4 +257,3 @@ def _to_str(v: Any) -> str:
 
 def _to_bytes(v: Any) -> bytes:
     return v if isinstance(v, bytes) else str(v).encode("utf-8", errors="surrogateescape")
-

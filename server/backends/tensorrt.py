@@ -51,8 +51,9 @@ def require_tensorrt() -> Any:
     return tensorrt
 
 
-def choose_profile(profiles: Sequence[ProfileShapes], shapes: dict[str, tuple[int, ...]],
-                   allowed: Sequence[int] | None = None) -> int:
+def choose_profile(
+    profiles: Sequence[ProfileShapes], shapes: dict[str, tuple[int, ...]], allowed: Sequence[int] | None = None
+) -> int:
     """Index of the tightest profile (smallest max batch) whose [min, max] contains every input shape."""
     candidates = []
     for index, profile in enumerate(profiles):
@@ -72,7 +73,8 @@ def choose_profile(profiles: Sequence[ProfileShapes], shapes: dict[str, tuple[in
     if not candidates:
         ranges = "; ".join(
             f"profile {i}: " + ", ".join(f"{n} {list(lo)}..{list(hi)}" for n, (lo, _, hi) in p.items())
-            for i, p in enumerate(profiles) if not allowed or i in allowed
+            for i, p in enumerate(profiles)
+            if not allowed or i in allowed
         )
         got = ", ".join(f"{n} {list(s)}" for n, s in shapes.items())
         raise InvalidArgument(f"input shapes {got} fit no optimization profile of the engine ({ranges})")
@@ -95,8 +97,11 @@ class EngineInfo:
             (self.inputs if is_input else self.outputs).append(name)
             dtype = engine.get_tensor_dtype(name)
             self.config_types[name] = TRT_TO_CONFIG.get(dtype.name, "TYPE_INVALID")
-            self.dtypes[name] = np.dtype(trt.nptype(dtype)) if dtype.name in TRT_TO_CONFIG and dtype.name != "BF16" \
+            self.dtypes[name] = (
+                np.dtype(trt.nptype(dtype))
+                if dtype.name in TRT_TO_CONFIG and dtype.name != "BF16"
                 else np.dtype(np.float32)
+            )
             self.shapes[name] = tuple(engine.get_tensor_shape(name))
         self.profiles: list[ProfileShapes] = []
         for p in range(engine.num_optimization_profiles):
@@ -284,8 +289,10 @@ class TensorRTBackend(Backend):
                 if len(engine_dims) != len(t.dims) or any(
                     e != -1 and c != -1 and e != c for e, c in zip(engine_dims, t.dims, strict=True)
                 ):
-                    raise ConfigError(f"{kind} '{t.name}' has dims {list(t.dims)} in the config but {engine_dims} "
-                                      "in the engine" + (" (without the batch dimension)" if skip else ""))
+                    raise ConfigError(
+                        f"{kind} '{t.name}' has dims {list(t.dims)} in the config but {engine_dims} "
+                        "in the engine" + (" (without the batch dimension)" if skip else "")
+                    )
 
     def create_instance(self, spec: InstanceSpec) -> BackendInstance:
         require_tensorrt()

@@ -62,8 +62,7 @@ def _check_dynamic_batching(config: pb.ModelConfig) -> None:
             raise ConfigError(f"dynamic_batching.preferred_batch_size {size} must be positive")
         if config.max_batch_size > 0 and size > config.max_batch_size:
             raise ConfigError(
-                f"dynamic_batching.preferred_batch_size {size} is larger than max_batch_size "
-                f"{config.max_batch_size}"
+                f"dynamic_batching.preferred_batch_size {size} is larger than max_batch_size {config.max_batch_size}"
             )
     if db.priority_levels:
         if not 1 <= db.default_priority_level <= db.priority_levels:
@@ -115,22 +114,17 @@ def validate_config(
     """Raise ConfigError with an actionable message if ``config`` cannot be served."""
     if model_name is not None and config.name and config.name != model_name:
         raise ConfigError(
-            f"config name '{config.name}' does not match the model folder name '{model_name}'; "
-            "they must be equal"
+            f"config name '{config.name}' does not match the model folder name '{model_name}'; they must be equal"
         )
     backends = set(BUILTIN_BACKENDS) | set(available_backends or ())
     if config.platform and config.platform not in KNOWN_PLATFORMS:
-        raise ConfigError(
-            f"unknown platform '{config.platform}': expected one of {', '.join(sorted(KNOWN_PLATFORMS))}"
-        )
+        raise ConfigError(f"unknown platform '{config.platform}': expected one of {', '.join(sorted(KNOWN_PLATFORMS))}")
     if config.backend and config.backend not in backends:
         raise ConfigError(f"unknown backend '{config.backend}': available are {', '.join(sorted(backends))}")
     if config.platform and config.backend:
         expected = KNOWN_PLATFORMS[config.platform]
         if expected and config.backend != expected:
-            raise ConfigError(
-                f"platform '{config.platform}' is served by backend '{expected}', not '{config.backend}'"
-            )
+            raise ConfigError(f"platform '{config.platform}' is served by backend '{expected}', not '{config.backend}'")
     if config.max_batch_size < 0:
         raise ConfigError(f"max_batch_size must be >= 0, got {config.max_batch_size}")
     names: set[str] = set()
@@ -162,4 +156,4 @@ def validate_config(
     if config.platform == "ensemble":
         _check_ensemble(config)
     elif config.HasField("ensemble_scheduling"):
-        raise ConfigError("ensemble_scheduling is only valid with platform: \"ensemble\"")
+        raise ConfigError('ensemble_scheduling is only valid with platform: "ensemble"')

@@ -43,9 +43,7 @@ def from_v2(name: str) -> DataType:
     try:
         return BY_V2[name]
     except KeyError:
-        raise InvalidArgument(
-            f"invalid datatype '{name}': expected one of {', '.join(BY_V2)}"
-        ) from None
+        raise InvalidArgument(f"invalid datatype '{name}': expected one of {', '.join(BY_V2)}") from None
 
 
 def from_config(name: str) -> DataType:

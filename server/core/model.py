@@ -39,8 +39,7 @@ def instance_specs(config: pb.ModelConfig, model_label: str) -> list[InstanceSpe
             gpus = list(group.gpus) or list(range(n_gpus))
             if not gpus:
                 raise InvalidArgument(
-                    f"instance_group '{name}' asks for KIND_GPU but this machine has no GPU; "
-                    "use KIND_CPU or KIND_AUTO"
+                    f"instance_group '{name}' asks for KIND_GPU but this machine has no GPU; use KIND_CPU or KIND_AUTO"
                 )
             for gpu in gpus:
                 if gpu >= n_gpus:
@@ -166,8 +165,9 @@ async def build_model_version(
 
         started = time.monotonic()
         pool = await asyncio.to_thread(load)
-        log.info("loaded %s version %s (%d instances) in %.2fs", config.name, version, pool.size,
-                 time.monotonic() - started)
+        log.info(
+            "loaded %s version %s (%d instances) in %.2fs", config.name, version, pool.size, time.monotonic() - started
+        )
     scheduler = make_scheduler(config, pool, registry)
     await scheduler.start()
     return ModelVersion(config, version, scheduler, pool, stats, digest, labels)

@@ -123,8 +123,9 @@ class ModelRegistry:
                 raise
             if hasattr(task, "uncancel"):  # Python 3.11+: this cancellation is handled here
                 task.uncancel()
-            raise Unavailable("server is shutting down: the request did not finish within the shutdown timeout") \
-                from None
+            raise Unavailable(
+                "server is shutting down: the request did not finish within the shutdown timeout"
+            ) from None
         finally:
             if owner is not None:
                 self._requests.discard(owner)
@@ -263,8 +264,9 @@ class ModelRegistry:
         vconfig.CopyFrom(config)
         backend_cls = await asyncio.to_thread(prepare_config, vconfig, path)
         validate_config(vconfig, config.name, available_backends())
-        return await build_model_version(vconfig, backend_cls, version, path, digest, self, self.listeners,
-                                         self.repository_path / config.name)
+        return await build_model_version(
+            vconfig, backend_cls, version, path, digest, self, self.listeners, self.repository_path / config.name
+        )
 
     def _record_failure(self, entry: ModelEntry, version: int, reason: str) -> list[str]:
         log.error("model '%s' is unavailable: %s", entry.name, reason)
@@ -367,8 +369,9 @@ class ModelRegistry:
         drained = await asyncio.gather(*(mv.drain(timeout) for mv in everything))
         if not all(drained):
             # past the bound: what is still queued or running answers 503 / UNAVAILABLE now
-            log.warning("shutdown timeout (%.0fs) reached: failing %d unfinished request(s)", timeout,
-                        len(self._requests))
+            log.warning(
+                "shutdown timeout (%.0fs) reached: failing %d unfinished request(s)", timeout, len(self._requests)
+            )
             self._expired = set(self._requests)
             for task in self._expired:
                 task.cancel()

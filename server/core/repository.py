@@ -160,4 +160,4 @@ def select_versions(config: pb.ModelConfig, available: list[int]) -> list[int]:
     if policy.HasField("specific"):
         return sorted(v for v in set(policy.specific.versions) if v in available)
     n = policy.latest.num_versions if policy.HasField("latest") else 1
-    return available[-max(n, 1):]
+    return available[-max(n, 1) :]

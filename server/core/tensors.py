@@ -101,9 +101,7 @@ def from_list(name: str, datatype: str, shape: list[int], data: Any) -> np.ndarr
     flat = _flatten(data)
     count = element_count(shape)
     if len(flat) != count:
-        raise InvalidArgument(
-            f"input '{name}' has {len(flat)} elements in its data but shape {shape} needs {count}"
-        )
+        raise InvalidArgument(f"input '{name}' has {len(flat)} elements in its data but shape {shape} needs {count}")
     if dt.v2 == "BYTES":
         out = np.empty(count, dtype=object)
         for i, v in enumerate(flat):

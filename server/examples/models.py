@@ -49,10 +49,16 @@ class _Builder:
         w = self.rng.standard_normal((cout, cin, k, k)) * np.sqrt(2.0 / (cin * k * k))
         b = self.rng.standard_normal(cout) * 0.01
         y = self.name("conv")
-        self.nodes.append(helper.make_node(
-            "Conv", [x, self.const(w, "w"), self.const(b, "b")], [y],
-            kernel_shape=[k, k], strides=[stride, stride], pads=[k // 2] * 4,
-        ))
+        self.nodes.append(
+            helper.make_node(
+                "Conv",
+                [x, self.const(w, "w"), self.const(b, "b")],
+                [y],
+                kernel_shape=[k, k],
+                strides=[stride, stride],
+                pads=[k // 2] * 4,
+            )
+        )
         if relu:
             r = self.name("relu")
             self.nodes.append(helper.make_node("Relu", [y], [r]))
@@ -85,7 +91,8 @@ def resnet18_cifar(num_classes: int = 10, seed: int = 0) -> onnx.ModelProto:
     bias = b.rng.standard_normal(num_classes) * 0.01
     b.nodes.append(helper.make_node("Gemm", ["flat", b.const(w, "fc_w"), b.const(bias, "fc_b")], ["output"]))
     graph = helper.make_graph(
-        b.nodes, "cifar10_resnet18",
+        b.nodes,
+        "cifar10_resnet18",
         [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", 3, 32, 32])],
         [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["batch", num_classes])],
         initializer=b.inits,

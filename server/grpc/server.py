@@ -34,7 +34,8 @@ def method_handlers(servicer: InferenceServicer) -> dict[str, grpc.RpcMethodHand
             )
         else:
             handlers[method.name] = grpc.unary_unary_rpc_method_handler(
-                unary(fn), request_deserializer=request_cls.FromString,
+                unary(fn),
+                request_deserializer=request_cls.FromString,
                 response_serializer=response_cls.SerializeToString,
             )
     for name in UNIMPLEMENTED:
@@ -43,9 +44,7 @@ def method_handlers(servicer: InferenceServicer) -> dict[str, grpc.RpcMethodHand
     return handlers
 
 
-async def start_grpc_server(
-    service: InferenceService, host: str, port: int, max_message_bytes: int
-) -> grpc.aio.Server:
+async def start_grpc_server(service: InferenceService, host: str, port: int, max_message_bytes: int) -> grpc.aio.Server:
     options = [
         ("grpc.max_send_message_length", max_message_bytes),
         ("grpc.max_receive_message_length", max_message_bytes),

@@ -130,8 +130,22 @@ def decode_request(
     return request, options
 
 
-_ORJSON_NUMPY = {np.dtype(t) for t in (np.float32, np.float64, np.int8, np.int16, np.int32, np.int64,
-                                        np.uint8, np.uint16, np.uint32, np.uint64, np.bool_)}
+_ORJSON_NUMPY = {
+    np.dtype(t)
+    for t in (
+        np.float32,
+        np.float64,
+        np.int8,
+        np.int16,
+        np.int32,
+        np.int64,
+        np.uint8,
+        np.uint16,
+        np.uint32,
+        np.uint64,
+        np.bool_,
+    )
+}
 
 
 def encode_response(response: InferenceResponse, options: dict[str, Any]) -> tuple[bytes, int | None]:

@@ -27,28 +27,59 @@ from .system import CpuUtilization, GpuReader, cpu_memory
 FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
 #: request/queue latency buckets in microseconds: 100 µs … 60 s
 LATENCY_BUCKETS_US = (
-    100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000,
-    1_000_000, 2_500_000, 5_000_000, 10_000_000, 60_000_000,
+    100,
+    250,
+    500,
+    1_000,
+    2_500,
+    5_000,
+    10_000,
+    25_000,
+    50_000,
+    100_000,
+    250_000,
+    500_000,
+    1_000_000,
+    2_500_000,
+    5_000_000,
+    10_000_000,
+    60_000_000,
 )
 
 #: (attribute, name, help) of the per-model counters, in Triton's order
 COUNTERS = (
-    ("success", "nv_inference_request_success",
-     "Number of successful inference requests, all batch sizes"),
-    ("count", "nv_inference_count",
-     "Number of inferences performed (does not include cached requests)"),
-    ("exec_count", "nv_inference_exec_count",
-     "Number of model executions performed (does not include cached requests)"),
-    ("request_us", "nv_inference_request_duration_us",
-     "Cumulative inference request duration in microseconds (includes cached requests)"),
-    ("queue_us", "nv_inference_queue_duration_us",
-     "Cumulative inference queuing duration in microseconds (includes cached requests)"),
-    ("input_us", "nv_inference_compute_input_duration_us",
-     "Cumulative compute input duration in microseconds (does not include cached requests)"),
-    ("infer_us", "nv_inference_compute_infer_duration_us",
-     "Cumulative compute inference duration in microseconds (does not include cached requests)"),
-    ("output_us", "nv_inference_compute_output_duration_us",
-     "Cumulative inference compute output duration in microseconds (does not include cached requests)"),
+    ("success", "nv_inference_request_success", "Number of successful inference requests, all batch sizes"),
+    ("count", "nv_inference_count", "Number of inferences performed (does not include cached requests)"),
+    (
+        "exec_count",
+        "nv_inference_exec_count",
+        "Number of model executions performed (does not include cached requests)",
+    ),
+    (
+        "request_us",
+        "nv_inference_request_duration_us",
+        "Cumulative inference request duration in microseconds (includes cached requests)",
+    ),
+    (
+        "queue_us",
+        "nv_inference_queue_duration_us",
+        "Cumulative inference queuing duration in microseconds (includes cached requests)",
+    ),
+    (
+        "input_us",
+        "nv_inference_compute_input_duration_us",
+        "Cumulative compute input duration in microseconds (does not include cached requests)",
+    ),
+    (
+        "infer_us",
+        "nv_inference_compute_infer_duration_us",
+        "Cumulative compute inference duration in microseconds (does not include cached requests)",
+    ),
+    (
+        "output_us",
+        "nv_inference_compute_output_duration_us",
+        "Cumulative inference compute output duration in microseconds (does not include cached requests)",
+    ),
 )
 
 
@@ -69,8 +100,20 @@ class _Histogram:
 class _Series:
     """Every number exported for one (model, version)."""
 
-    __slots__ = ("success", "count", "exec_count", "request_us", "queue_us", "input_us", "infer_us",
-                 "output_us", "failure", "request_hist", "queue_hist", "load_failures")
+    __slots__ = (
+        "success",
+        "count",
+        "exec_count",
+        "request_us",
+        "queue_us",
+        "input_us",
+        "infer_us",
+        "output_us",
+        "failure",
+        "request_hist",
+        "queue_hist",
+        "load_failures",
+    )
 
     def __init__(self) -> None:
         self.success = self.count = self.exec_count = 0
@@ -102,8 +145,16 @@ class TritonMetrics(Collector):
         return s
 
     # ---- StatsListener ---------------------------------------------------------------------
-    def on_request(self, model: str, version: str, success: bool, total_ns: int, queue_ns: int,
-                   timings: ExecutionTimings | None, reason: str) -> None:
+    def on_request(
+        self,
+        model: str,
+        version: str,
+        success: bool,
+        total_ns: int,
+        queue_ns: int,
+        timings: ExecutionTimings | None,
+        reason: str,
+    ) -> None:
         s = self._get(model, version)
         total_us = total_ns / 1000
         with self._lock:
@@ -147,26 +198,40 @@ class TritonMetrics(Collector):
             items = [(k, _snapshot(s)) for k, s in sorted(self._series.items())]
         for attr, name, doc in COUNTERS[:1]:
             yield _family(name, doc, "counter", ((k, getattr(s, attr)) for k, s in items))
-        failure = Metric("nv_inference_request_failure", "Number of failed inference requests, all batch sizes",
-                         "counter")
+        failure = Metric(
+            "nv_inference_request_failure", "Number of failed inference requests, all batch sizes", "counter"
+        )
         for (model, version), s in items:
             for reason, value in s.failure.items():
                 failure.add_sample(failure.name, {"model": model, "reason": reason, "version": version}, value)
         yield failure
         for attr, name, doc in COUNTERS[1:]:
             yield _family(name, doc, "counter", ((k, getattr(s, attr)) for k, s in items))
-        yield _family("nv_inference_pending_request_count",
-                      "Instantaneous number of pending requests awaiting execution per-model", "gauge",
-                      sorted(self._pending.items()))
+        yield _family(
+            "nv_inference_pending_request_count",
+            "Instantaneous number of pending requests awaiting execution per-model",
+            "gauge",
+            sorted(self._pending.items()),
+        )
         for attr, name, doc in (
-            ("request_hist", "kubeinfer_inference_request_duration_us",
-             "Inference request latency inside the server in microseconds (received to response ready)"),
-            ("queue_hist", "kubeinfer_inference_queue_duration_us",
-             "Time successful requests waited in the scheduler queue in microseconds"),
+            (
+                "request_hist",
+                "kubeinfer_inference_request_duration_us",
+                "Inference request latency inside the server in microseconds (received to response ready)",
+            ),
+            (
+                "queue_hist",
+                "kubeinfer_inference_queue_duration_us",
+                "Time successful requests waited in the scheduler queue in microseconds",
+            ),
         ):
             yield _histogram(name, doc, ((k, getattr(s, attr)) for k, s in items))
-        yield _family("kubeinfer_model_load_failures", "Model version loads that failed", "counter",
-                      ((k, s.load_failures) for k, s in items if s.load_failures))
+        yield _family(
+            "kubeinfer_model_load_failures",
+            "Model version loads that failed",
+            "counter",
+            ((k, s.load_failures) for k, s in items if s.load_failures),
+        )
         yield from self._system()
 
     def _system(self) -> Iterator[Metric]:

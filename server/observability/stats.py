@@ -36,8 +36,14 @@ class BatchStats:
 
 class StatsListener(Protocol):
     def on_request(
-        self, model: str, version: str, success: bool, total_ns: int, queue_ns: int,
-        timings: ExecutionTimings | None, reason: str,
+        self,
+        model: str,
+        version: str,
+        success: bool,
+        total_ns: int,
+        queue_ns: int,
+        timings: ExecutionTimings | None,
+        reason: str,
     ) -> None: ...
 
     def on_execution(self, model: str, version: str, batch_size: int, timings: ExecutionTimings) -> None: ...

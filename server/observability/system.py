@@ -105,14 +105,16 @@ class GpuReader:
                 uuid = nvml.nvmlDeviceGetUUID(handle)
             except Exception:
                 continue
-            samples.append(GpuSample(
-                uuid=uuid.decode() if isinstance(uuid, bytes) else str(uuid),
-                utilization=_try(lambda h=handle: nvml.nvmlDeviceGetUtilizationRates(h).gpu / 100.0),
-                memory_total=_try(lambda h=handle: int(nvml.nvmlDeviceGetMemoryInfo(h).total)),
-                memory_used=_try(lambda h=handle: int(nvml.nvmlDeviceGetMemoryInfo(h).used)),
-                power_usage=_try(lambda h=handle: nvml.nvmlDeviceGetPowerUsage(h) / 1000.0),
-                power_limit=_try(lambda h=handle: nvml.nvmlDeviceGetPowerManagementLimit(h) / 1000.0),
-            ))
+            samples.append(
+                GpuSample(
+                    uuid=uuid.decode() if isinstance(uuid, bytes) else str(uuid),
+                    utilization=_try(lambda h=handle: nvml.nvmlDeviceGetUtilizationRates(h).gpu / 100.0),
+                    memory_total=_try(lambda h=handle: int(nvml.nvmlDeviceGetMemoryInfo(h).total)),
+                    memory_used=_try(lambda h=handle: int(nvml.nvmlDeviceGetMemoryInfo(h).used)),
+                    power_usage=_try(lambda h=handle: nvml.nvmlDeviceGetPowerUsage(h) / 1000.0),
+                    power_limit=_try(lambda h=handle: nvml.nvmlDeviceGetPowerManagementLimit(h) / 1000.0),
+                )
+            )
         return samples
 
 

@@ -78,8 +78,7 @@ class DynamicBatcher(Scheduler):
         now = time.monotonic_ns()
         request.queued_ns = now
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        entry = Entry(request, future, request.batch_size(self.max_batch_size),
-                      _shape_key(request, self.batching), now)
+        entry = Entry(request, future, request.batch_size(self.max_batch_size), _shape_key(request, self.batching), now)
         self.queue.push(entry, level)  # raises QueueRejected when the level is full
         if self.preserve_ordering:
             entry.seq = self._next_seq
@@ -118,10 +117,13 @@ class DynamicBatcher(Scheduler):
                 self._timer = None
             now = time.monotonic_ns()
             for entry in self.queue.expire(now):
-                self._finish(entry, QueueRejected(
-                    f"Request timeout expired: request waited more than its queue timeout in model "
-                    f"'{entry.request.model_name}'"
-                ))
+                self._finish(
+                    entry,
+                    QueueRejected(
+                        f"Request timeout expired: request waited more than its queue timeout in model "
+                        f"'{entry.request.model_name}'"
+                    ),
+                )
             wake_at = await self._dispatch(now)
             deadline = self.queue.next_deadline_ns
             if deadline and (not wake_at or deadline < wake_at):

@@ -56,8 +56,11 @@ class InstancePool:
         for r in batch.requests:
             r.timings = batch.timings
         # Triton counts successful inferences only: rows of requests that failed are left out
-        rows = sum(r.batch_size(batch.max_batch_size)
-                   for r, res in zip(batch.requests, results, strict=True) if not isinstance(res, Exception))
+        rows = sum(
+            r.batch_size(batch.max_batch_size)
+            for r, res in zip(batch.requests, results, strict=True)
+            if not isinstance(res, Exception)
+        )
         if rows:
             self.stats.record_execution(rows, batch.timings)
         return results

@@ -11,9 +11,14 @@ from . import convert
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kubeinfer", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    convert.add_arguments(sub.add_parser("convert", help=convert.__doc__.splitlines()[0],
-                                         description=convert.__doc__,
-                                         formatter_class=argparse.RawDescriptionHelpFormatter))
+    convert.add_arguments(
+        sub.add_parser(
+            "convert",
+            help=convert.__doc__.splitlines()[0],
+            description=convert.__doc__,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+    )
     return parser
 
 

@@ -81,6 +81,7 @@ class Layout:
 
 # ---- pure: arguments, shapes, config, layout ---------------------------------------------------
 
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("onnx", type=Path, help="the ONNX model to convert")
     p.add_argument("--repository", type=Path, required=True, help="model repository folder")
@@ -88,14 +89,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--version", type=int, default=1)
     p.add_argument("--fp16", action="store_true", help="allow FP16 kernels")
     p.add_argument("--int8", action="store_true", help="allow INT8 kernels (needs --calibration-data)")
-    p.add_argument("--calibration-data", type=Path,
-                   help=".npy [N, ...] for a single-input model, or .npz keyed by input name")
+    p.add_argument(
+        "--calibration-data", type=Path, help=".npy [N, ...] for a single-input model, or .npz keyed by input name"
+    )
     p.add_argument("--min-batch", type=int, help="optimization profile: smallest batch (default 1)")
     p.add_argument("--opt-batch", type=int, help="optimization profile: batch to tune for (default --max-batch)")
     p.add_argument("--max-batch", type=int, help="optimization profile: largest batch (default 8)")
     p.add_argument("--workspace", type=int, default=1024, metavar="MIB", help="builder workspace limit in MiB")
-    p.add_argument("--input-shape", action="append", default=[], metavar="NAME=DxDxD",
-                   help="dims without batch for an input with dynamic non-batch dims; repeatable")
+    p.add_argument(
+        "--input-shape",
+        action="append",
+        default=[],
+        metavar="NAME=DxDxD",
+        help="dims without batch for an input with dynamic non-batch dims; repeatable",
+    )
     p.add_argument("--instance-count", type=int, default=1, help="instances per GPU in the rendered config")
     p.add_argument("--gpus", default="0", help="comma-separated GPU ids for the instance group")
     p.add_argument("--force", action="store_true", help="replace an existing version")
@@ -117,10 +124,22 @@ def options_from_args(args: argparse.Namespace) -> ConvertOptions:
     except ValueError:
         raise ConvertError(f"--gpus '{args.gpus}' must be comma-separated integers") from None
     return ConvertOptions(
-        onnx=args.onnx, repository=args.repository, name=args.name, version=args.version, fp16=args.fp16,
-        int8=args.int8, calibration_data=args.calibration_data, min_batch=args.min_batch,
-        opt_batch=args.opt_batch, max_batch=args.max_batch, workspace_mib=args.workspace, input_shapes=shapes,
-        instance_count=args.instance_count, gpus=gpus, force=args.force, compare=not args.no_compare,
+        onnx=args.onnx,
+        repository=args.repository,
+        name=args.name,
+        version=args.version,
+        fp16=args.fp16,
+        int8=args.int8,
+        calibration_data=args.calibration_data,
+        min_batch=args.min_batch,
+        opt_batch=args.opt_batch,
+        max_batch=args.max_batch,
+        workspace_mib=args.workspace,
+        input_shapes=shapes,
+        instance_count=args.instance_count,
+        gpus=gpus,
+        force=args.force,
+        compare=not args.no_compare,
     )
 
 
@@ -145,8 +164,11 @@ def check_options(options: ConvertOptions) -> None:
         raise ConvertError(f"--instance-count must be >= 1, got {options.instance_count}")
     if not options.gpus or any(g < 0 for g in options.gpus):
         raise ConvertError(f"--gpus must list device ids >= 0, got {options.gpus}")
-    for flag, value in (("--min-batch", options.min_batch), ("--opt-batch", options.opt_batch),
-                        ("--max-batch", options.max_batch)):
+    for flag, value in (
+        ("--min-batch", options.min_batch),
+        ("--opt-batch", options.opt_batch),
+        ("--max-batch", options.max_batch),
+    ):
         if value is not None and value < 1:
             raise ConvertError(f"{flag} must be >= 1, got {value}")
     lo, opt, hi = batch_range(options)
@@ -194,8 +216,10 @@ def profile_shapes(options: ConvertOptions, sig: Signature) -> dict[str, tuple[l
         )
     unknown = set(options.input_shapes) - {n for n, _, _ in sig.inputs}
     if unknown:
-        raise ConvertError(f"--input-shape names unknown input(s) {', '.join(sorted(unknown))}; "
-                           f"the model's inputs are {', '.join(n for n, _, _ in sig.inputs)}")
+        raise ConvertError(
+            f"--input-shape names unknown input(s) {', '.join(sorted(unknown))}; "
+            f"the model's inputs are {', '.join(n for n, _, _ in sig.inputs)}"
+        )
     lo, opt, hi = batch_range(options)
     shapes = {}
     for name, _, dims in sig.inputs:
@@ -203,14 +227,18 @@ def profile_shapes(options: ConvertOptions, sig: Signature) -> dict[str, tuple[l
         given = options.input_shapes.get(name)
         if given is not None:
             if len(given) != len(item) or any(d != -1 and g != d for g, d in zip(given, item, strict=True)):
-                raise ConvertError(f"--input-shape {name}={'x'.join(map(str, given))} does not match the "
-                                   f"model's dims {item}" + (" (without the batch dimension)" if sig.batching else ""))
+                raise ConvertError(
+                    f"--input-shape {name}={'x'.join(map(str, given))} does not match the "
+                    f"model's dims {item}" + (" (without the batch dimension)" if sig.batching else "")
+                )
             if any(g < 1 for g in given):
                 raise ConvertError(f"--input-shape {name} dims must be positive")
             item = given
         if -1 in item:
-            raise ConvertError(f"input '{name}' has dynamic dims {item}; give them with --input-shape "
-                               f"{name}={'x'.join('N' if d == -1 else str(d) for d in item)}")
+            raise ConvertError(
+                f"input '{name}' has dynamic dims {item}; give them with --input-shape "
+                f"{name}={'x'.join('N' if d == -1 else str(d) for d in item)}"
+            )
         if sig.batching:
             shapes[name] = ([lo, *item], [opt, *item], [hi, *item])
         else:
@@ -244,8 +272,9 @@ def render_config(options: ConvertOptions, sig: Signature) -> pb.ModelConfig:
 def plan_layout(options: ConvertOptions) -> Layout:
     model_dir = options.repository / options.name
     version_dir = model_dir / str(options.version)
-    return Layout(model_dir, version_dir, version_dir / PLAN_FILE, model_dir / CONFIG_FILE,
-                  version_dir / CALIBRATION_CACHE)
+    return Layout(
+        model_dir, version_dir, version_dir / PLAN_FILE, model_dir / CONFIG_FILE, version_dir / CALIBRATION_CACHE
+    )
 
 
 def error_stats(reference: dict[str, np.ndarray], candidate: dict[str, np.ndarray]) -> dict[str, tuple[float, float]]:
@@ -254,8 +283,9 @@ def error_stats(reference: dict[str, np.ndarray], candidate: dict[str, np.ndarra
     for name, ref in reference.items():
         got = candidate[name]
         if got.shape != ref.shape:
-            raise ConvertError(f"output '{name}' has shape {list(got.shape)} from TensorRT but {list(ref.shape)} "
-                               "from onnxruntime")
+            raise ConvertError(
+                f"output '{name}' has shape {list(got.shape)} from TensorRT but {list(ref.shape)} from onnxruntime"
+            )
         ref64 = ref.astype(np.float64)
         diff = np.abs(got.astype(np.float64) - ref64)
         max_abs = float(diff.max()) if diff.size else 0.0
@@ -283,8 +313,10 @@ def load_calibration(path: Path, sig: Signature) -> dict[str, np.ndarray]:
         out[name] = arrays[name].astype(numpy_type, copy=False)
         item = dims[1:] if sig.batching else dims
         if out[name].ndim != len(item) + 1:
-            raise ConvertError(f"calibration data for '{name}' has shape {list(out[name].shape)}; expected "
-                               f"[N, {', '.join(map(str, item))}]")
+            raise ConvertError(
+                f"calibration data for '{name}' has shape {list(out[name].shape)}; expected "
+                f"[N, {', '.join(map(str, item))}]"
+            )
     counts = {len(a) for a in out.values()}
     if len(counts) != 1:
         raise ConvertError("calibration arrays must all hold the same number of samples")
@@ -292,6 +324,7 @@ def load_calibration(path: Path, sig: Signature) -> dict[str, np.ndarray]:
 
 
 # ---- effects: build, write, compare ---------------------------------------------------------------
+
 
 def _say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
@@ -324,8 +357,9 @@ def _progress_monitor(trt: Any) -> Any:
     return Monitor()
 
 
-def _calibrator(trt: Any, samples: dict[str, np.ndarray], batch: int, batching: bool, cache: Path,
-                device_id: int) -> Any:
+def _calibrator(
+    trt: Any, samples: dict[str, np.ndarray], batch: int, batching: bool, cache: Path, device_id: int
+) -> Any:
     from ..backends.cuda_runtime import DeviceBuffer, Stream
 
     class EntropyCalibrator(trt.IInt8EntropyCalibrator2):  # type: ignore[misc, name-defined]
@@ -345,7 +379,7 @@ def _calibrator(trt: Any, samples: dict[str, np.ndarray], batch: int, batching: 
                 return None
             pointers = []
             for name in names:
-                rows = samples[name][self.index:self.index + batch] if batching else samples[name][self.index]
+                rows = samples[name][self.index : self.index + batch] if batching else samples[name][self.index]
                 chunk = np.ascontiguousarray(rows)
                 ptr = self.buffers[name].ensure(chunk.nbytes)
                 self.stream.h2d(ptr, chunk)
@@ -407,15 +441,16 @@ def build_engine(options: ConvertOptions, sig: Signature, layout: Layout) -> tup
         batch = opt_batch if sig.batching else 1
         count = len(next(iter(samples.values())))
         if count < batch:
-            raise ConvertError(f"calibration data holds {count} samples; INT8 calibration needs at least one "
-                               f"batch of --opt-batch ({batch})")
+            raise ConvertError(
+                f"calibration data holds {count} samples; INT8 calibration needs at least one "
+                f"batch of --opt-batch ({batch})"
+            )
         calibrator = _calibrator(trt, samples, batch, sig.batching, layout.calibration_cache, options.gpus[0])
         config.set_flag(trt.BuilderFlag.INT8)
         config.int8_calibrator = calibrator
         config.set_calibration_profile(profile)
     precision = "+".join(p for p, on in (("FP16", options.fp16), ("INT8", options.int8)) if on) or "FP32"
-    _say(f"building {precision} engine (batch {'..'.join(map(str, batch_range(options)[::2]))}); "
-         "this can take minutes")
+    _say(f"building {precision} engine (batch {'..'.join(map(str, batch_range(options)[::2]))}); this can take minutes")
     started = time.monotonic()
     serialized = builder.build_serialized_network(network, config)
     if serialized is None:
@@ -522,9 +557,14 @@ def compare(options: ConvertOptions, sig: Signature, plan: bytes) -> dict[str, A
         trt_ms = _median_ms(lambda: runner.run(inputs, names), options.compare_runs)
     finally:
         runner.close()
-    return {"errors": errors, "onnxruntime_provider": provider, "onnxruntime_ms": ort_ms, "tensorrt_ms": trt_ms,
-            "speedup": ort_ms / trt_ms if trt_ms > 0 else float("inf"),
-            "batch": next(iter(inputs.values())).shape[0] if sig.batching else 1}
+    return {
+        "errors": errors,
+        "onnxruntime_provider": provider,
+        "onnxruntime_ms": ort_ms,
+        "tensorrt_ms": trt_ms,
+        "speedup": ort_ms / trt_ms if trt_ms > 0 else float("inf"),
+        "batch": next(iter(inputs.values())).shape[0] if sig.batching else 1,
+    }
 
 
 def run(options: ConvertOptions) -> int:
@@ -543,7 +583,9 @@ def run(options: ConvertOptions) -> int:
         report = compare(options, sig, plan)
         for name, (max_abs, max_rel) in report["errors"].items():
             print(f"output '{name}': max abs error {max_abs:.3g}, max rel error {max_rel:.3g}")
-        print(f"batch {report['batch']}: onnxruntime ({report['onnxruntime_provider']}) "
-              f"{report['onnxruntime_ms']:.3f} ms, TensorRT {report['tensorrt_ms']:.3f} ms, "
-              f"speed-up {report['speedup']:.2f}x")
+        print(
+            f"batch {report['batch']}: onnxruntime ({report['onnxruntime_provider']}) "
+            f"{report['onnxruntime_ms']:.3f} ms, TensorRT {report['tensorrt_ms']:.3f} ms, "
+            f"speed-up {report['speedup']:.2f}x"
+        )
     return 0

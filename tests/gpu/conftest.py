@@ -32,8 +32,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(scope="session", autouse=True)
 def _needs_gpu() -> None:
-    require(devices.gpu_count() > 0, "no NVIDIA GPU visible (nvidia-smi / CUDA_VISIBLE_DEVICES); "
-                                     "run tests/gpu/run.sh on a GPU machine")
+    require(
+        devices.gpu_count() > 0,
+        "no NVIDIA GPU visible (nvidia-smi / CUDA_VISIBLE_DEVICES); run tests/gpu/run.sh on a GPU machine",
+    )
 
 
 @pytest.fixture(scope="session")

@@ -33,8 +33,9 @@ TRT_EP = """
 
 
 def _reference(x: np.ndarray) -> np.ndarray:
-    session = ort.InferenceSession(models.resnet18_cifar(seed=0).SerializeToString(),
-                                   providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(
+        models.resnet18_cifar(seed=0).SerializeToString(), providers=["CPUExecutionProvider"]
+    )
     return session.run(None, {"input": x})[0]
 
 
@@ -65,8 +66,10 @@ def test_cuda_execution_provider(tmp_path: Path) -> None:
 
 
 def test_tensorrt_execution_provider_fp16_with_engine_cache(tmp_path: Path) -> None:
-    require("TensorrtExecutionProvider" in ort_providers(),
-            "onnxruntime-gpu has no TensorrtExecutionProvider (TensorRT libraries missing)")
+    require(
+        "TensorrtExecutionProvider" in ort_providers(),
+        "onnxruntime-gpu has no TensorrtExecutionProvider (TensorRT libraries missing)",
+    )
     model_dir = _serve_and_check(tmp_path, "resnet_trt_ep", BASE.format(name="resnet_trt_ep") + TRT_EP, 0.05)
     cache = model_dir / "1" / ".trt_cache"
     assert cache.is_dir() and any(cache.iterdir()), "the TensorRT EP wrote no engine cache"
@@ -78,12 +81,17 @@ def test_gpu_instance_on_a_missing_device_is_refused(tmp_path: Path, kind: str) 
 
     repo = tmp_path / "repo"
     bad = devices.gpu_count()  # one past the last visible GPU
-    write_model(repo, "far", f"""
+    write_model(
+        repo,
+        "far",
+        f"""
         name: "far"
         platform: "onnxruntime_onnx"
         max_batch_size: 8
         instance_group [ {{ kind: {kind} gpus: [ {bad} ] }} ]
-    """, {1: models.resnet18_cifar(seed=0)})
+    """,
+        {1: models.resnet18_cifar(seed=0)},
+    )
     server = start_server(repo, log_dir=tmp_path)
     try:
         rows = {r["name"]: r for r in httpclient.InferenceServerClient(server.http_url).get_model_repository_index()}

@@ -24,8 +24,12 @@ ERROR_LINE = re.compile(r"output '(\w+)': max abs error (\S+), max rel error (\S
 
 
 def _convert(*argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "kubeinfer.server.tools.cli", "convert", *argv],
-                          capture_output=True, text=True, timeout=1800)
+    return subprocess.run(
+        [sys.executable, "-m", "kubeinfer.server.tools.cli", "convert", *argv],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -40,9 +44,24 @@ def work(tmp_path_factory: pytest.TempPathFactory, tensorrt_available: None) -> 
 
 @pytest.fixture(scope="module")
 def fp16_build(work: Path) -> subprocess.CompletedProcess[str]:
-    return _convert(str(work / "resnet.onnx"), "--repository", str(work / "repo"), "--name", "resnet_fp16",
-                    "--fp16", "--min-batch", "1", "--opt-batch", "8", "--max-batch", "16", "--instance-count", "2",
-                    "--gpus", "0")
+    return _convert(
+        str(work / "resnet.onnx"),
+        "--repository",
+        str(work / "repo"),
+        "--name",
+        "resnet_fp16",
+        "--fp16",
+        "--min-batch",
+        "1",
+        "--opt-batch",
+        "8",
+        "--max-batch",
+        "16",
+        "--instance-count",
+        "2",
+        "--gpus",
+        "0",
+    )
 
 
 def test_fp16_build_writes_plan_and_config_and_reports_accuracy(work: Path, fp16_build) -> None:  # type: ignore[no-untyped-def]
@@ -60,8 +79,21 @@ def test_fp16_build_writes_plan_and_config_and_reports_accuracy(work: Path, fp16
 
 
 def test_int8_build_calibrates_and_reuses_the_cache(work: Path) -> None:
-    argv = [str(work / "resnet.onnx"), "--repository", str(work / "repo"), "--name", "resnet_int8", "--int8",
-            "--fp16", "--calibration-data", str(work / "calib.npy"), "--opt-batch", "8", "--max-batch", "8"]
+    argv = [
+        str(work / "resnet.onnx"),
+        "--repository",
+        str(work / "repo"),
+        "--name",
+        "resnet_int8",
+        "--int8",
+        "--fp16",
+        "--calibration-data",
+        str(work / "calib.npy"),
+        "--opt-batch",
+        "8",
+        "--max-batch",
+        "8",
+    ]
     first = _convert(*argv)
     assert first.returncode == 0, first.stderr
     cache = work / "repo" / "resnet_int8" / "1" / "calibration.cache"
@@ -78,8 +110,7 @@ def test_int8_build_calibrates_and_reuses_the_cache(work: Path) -> None:
 @pytest.fixture(scope="module")
 def plan_server(work: Path, fp16_build) -> Iterator[ServerProcess]:  # type: ignore[no-untyped-def]
     assert fp16_build.returncode == 0, fp16_build.stderr
-    server = start_server(work / "repo", "--model-control-mode=explicit", "--load-model=resnet_fp16",
-                          log_dir=work)
+    server = start_server(work / "repo", "--model-control-mode=explicit", "--load-model=resnet_fp16", log_dir=work)
     yield server
     server.terminate()
 

@@ -16,7 +16,7 @@ from tritonclient.utils import InferenceServerException
 from tests.support.repos import write_model
 from tests.support.server import ServerProcess, start_server
 
-ADD_SUB_CONFIG = (Path(__file__).resolve().parents[2] / "server/examples/model_repository/add_sub/config.pbtxt")
+ADD_SUB_CONFIG = Path(__file__).resolve().parents[2] / "server/examples/model_repository/add_sub/config.pbtxt"
 
 
 @pytest.fixture(scope="module")
@@ -56,25 +56,33 @@ def _good_request(server: ServerProcess) -> None:
     assert client.is_server_ready()
 
 
-def _json_request(shape: list[int], datatype: str = "FP32", data: list[float] | None = None,
-                  names: tuple[str, ...] = ("INPUT0", "INPUT1")) -> bytes:
+def _json_request(
+    shape: list[int],
+    datatype: str = "FP32",
+    data: list[float] | None = None,
+    names: tuple[str, ...] = ("INPUT0", "INPUT1"),
+) -> bytes:
     n = int(np.prod(shape))
-    return json.dumps({
-        "inputs": [
-            {"name": name, "shape": shape, "datatype": datatype, "data": data if data is not None else [1] * n}
-            for name in names
-        ]
-    }).encode()
+    return json.dumps(
+        {
+            "inputs": [
+                {"name": name, "shape": shape, "datatype": datatype, "data": data if data is not None else [1] * n}
+                for name in names
+            ]
+        }
+    ).encode()
 
 
-def _binary_request(arrays: dict[str, np.ndarray], declared: dict[str, int] | None = None,
-                    truncate: int = 0) -> tuple[bytes, dict[str, str]]:
+def _binary_request(
+    arrays: dict[str, np.ndarray], declared: dict[str, int] | None = None, truncate: int = 0
+) -> tuple[bytes, dict[str, str]]:
     inputs = []
     raw = b""
     for name, a in arrays.items():
         size = (declared or {}).get(name, a.nbytes)
-        inputs.append({"name": name, "shape": list(a.shape), "datatype": "FP32",
-                       "parameters": {"binary_data_size": size}})
+        inputs.append(
+            {"name": name, "shape": list(a.shape), "datatype": "FP32", "parameters": {"binary_data_size": size}}
+        )
         raw += a.tobytes()
     header = json.dumps({"inputs": inputs}).encode()
     body = header + raw
@@ -84,20 +92,39 @@ def _binary_request(arrays: dict[str, np.ndarray], declared: dict[str, int] | No
 
 
 CASES = {
-    "wrong_shape": (lambda: _json_request([1, 15]), 400, r"unexpected shape for input 'INPUT0' for model 'add_sub'. "
-                    r"Expected \[-1, 16\], got \[1, 15\]"),
-    "wrong_datatype": (lambda: _json_request([1, 16], "INT32"), 400,
-                       "inference input 'INPUT0' data-type is 'INT32', but model 'add_sub' expects 'FP32'"),
+    "wrong_shape": (
+        lambda: _json_request([1, 15]),
+        400,
+        r"unexpected shape for input 'INPUT0' for model 'add_sub'. "
+        r"Expected \[-1, 16\], got \[1, 15\]",
+    ),
+    "wrong_datatype": (
+        lambda: _json_request([1, 16], "INT32"),
+        400,
+        "inference input 'INPUT0' data-type is 'INT32', but model 'add_sub' expects 'FP32'",
+    ),
     "unknown_datatype": (lambda: _json_request([1, 16], "FLOAT99"), 400, "invalid datatype 'FLOAT99'"),
-    "element_count_mismatch": (lambda: _json_request([1, 16], data=[1.0] * 15), 400,
-                               r"input 'INPUT0' has 15 elements in its data but shape \[1, 16\] needs 16"),
+    "element_count_mismatch": (
+        lambda: _json_request([1, 16], data=[1.0] * 15),
+        400,
+        r"input 'INPUT0' has 15 elements in its data but shape \[1, 16\] needs 16",
+    ),
     "non_numeric_data": (lambda: _json_request([1, 2], data=["a", "b"]), 400, "FP32 data must be numbers"),
-    "missing_input": (lambda: _json_request([1, 16], names=("INPUT0",)), 400,
-                      "expected 2 inputs but got 1 inputs for model 'add_sub'; missing: INPUT1"),
-    "unknown_input": (lambda: _json_request([1, 16], names=("INPUT0", "INPUT1", "EXTRA")), 400,
-                      "unexpected inference input 'EXTRA' for model 'add_sub'"),
-    "batch_too_large": (lambda: _json_request([9, 16]), 400,
-                        "inference request batch-size must be <= 8 for 'add_sub', got 9"),
+    "missing_input": (
+        lambda: _json_request([1, 16], names=("INPUT0",)),
+        400,
+        "expected 2 inputs but got 1 inputs for model 'add_sub'; missing: INPUT1",
+    ),
+    "unknown_input": (
+        lambda: _json_request([1, 16], names=("INPUT0", "INPUT1", "EXTRA")),
+        400,
+        "unexpected inference input 'EXTRA' for model 'add_sub'",
+    ),
+    "batch_too_large": (
+        lambda: _json_request([9, 16]),
+        400,
+        "inference request batch-size must be <= 8 for 'add_sub', got 9",
+    ),
     "negative_dim": (lambda: _json_request([-1, 16], data=[]), 400, "has a negative dimension"),
     "malformed_json": (lambda: b'{"inputs": [', 400, "failed to parse the request JSON"),
     "not_an_object": (lambda: b"[1, 2]", 400, "must be a JSON object"),

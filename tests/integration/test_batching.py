@@ -36,37 +36,77 @@ from tests.support.sleep_models import (
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     require_sleep_backend()
     repo = tmp_path_factory.mktemp("batching") / "repo"
-    write_sleep_model(repo, "preferred", 50, """
+    write_sleep_model(
+        repo,
+        "preferred",
+        50,
+        """
         dynamic_batching { preferred_batch_size: [ 4, 8 ] max_queue_delay_microseconds: 20000 }
-    """)
-    write_sleep_model(repo, "backlog", 50, """
+    """,
+    )
+    write_sleep_model(
+        repo,
+        "backlog",
+        50,
+        """
         dynamic_batching { preferred_batch_size: [ 4, 6 ] max_queue_delay_microseconds: 20000 }
-    """)
+    """,
+    )
     write_sleep_model(repo, "greedy", 30, "dynamic_batching { }\n")
     write_sleep_model(repo, "delayed", 0, "dynamic_batching { max_queue_delay_microseconds: 2000000 }\n")
-    write_sleep_model(repo, "queue_limited", 2000, """
+    write_sleep_model(
+        repo,
+        "queue_limited",
+        2000,
+        """
         dynamic_batching { default_queue_policy { max_queue_size: 2 } }
-    """, max_batch_size=1)
-    write_sleep_model(repo, "timeout_reject", 1500, """
+    """,
+        max_batch_size=1,
+    )
+    write_sleep_model(
+        repo,
+        "timeout_reject",
+        1500,
+        """
         dynamic_batching {
           default_queue_policy { timeout_action: REJECT default_timeout_microseconds: 300000
                                  allow_timeout_override: true }
         }
-    """, max_batch_size=1)
-    write_sleep_model(repo, "timeout_delay", 1500, """
+    """,
+        max_batch_size=1,
+    )
+    write_sleep_model(
+        repo,
+        "timeout_delay",
+        1500,
+        """
         dynamic_batching {
           default_queue_policy { timeout_action: DELAY default_timeout_microseconds: 60000000
                                  allow_timeout_override: true }
         }
-    """, max_batch_size=1)
-    write_sleep_model(repo, "prioritized", 300, """
+    """,
+        max_batch_size=1,
+    )
+    write_sleep_model(
+        repo,
+        "prioritized",
+        300,
+        """
         dynamic_batching { priority_levels: 2 default_priority_level: 2 }
-    """, max_batch_size=1)
+    """,
+        max_batch_size=1,
+    )
     for name, ordered in (("ordered", "true"), ("unordered", "false")):
-        write_sleep_model(repo, name, 100, f"""
+        write_sleep_model(
+            repo,
+            name,
+            100,
+            f"""
             dynamic_batching {{ preserve_ordering: {ordered} }}
             instance_group [ {{ count: 2 kind: KIND_CPU }} ]
-        """, max_batch_size=1)
+        """,
+            max_batch_size=1,
+        )
     srv = start_server(repo, log_dir=repo.parent)
     yield srv
     srv.terminate()
@@ -274,4 +314,3 @@ def test_preserve_ordering(server: ServerProcess, model: str, ordered: bool) -> 
         assert fast_done >= 1.9
     else:
         assert fast_done < 1.9
-

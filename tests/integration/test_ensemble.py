@@ -67,9 +67,9 @@ def test_pipeline_rejects_a_wrong_image(pipeline_server: ServerProcess) -> None:
     bad = np.zeros((1, 8, 8, 4), dtype=np.uint8)  # 4 channels: the ensemble's own config refuses it
     response = httpx.post(
         f"{pipeline_server.base_url}/v2/models/cifar10_pipeline/infer",
-        json={"inputs": [
-            {"name": "IMAGE", "datatype": "UINT8", "shape": list(bad.shape), "data": bad.ravel().tolist()}
-        ]},
+        json={
+            "inputs": [{"name": "IMAGE", "datatype": "UINT8", "shape": list(bad.shape), "data": bad.ravel().tolist()}]
+        },
     )
     assert response.status_code == 400
     assert "IMAGE" in response.json()["error"]
@@ -77,8 +77,12 @@ def test_pipeline_rejects_a_wrong_image(pipeline_server: ServerProcess) -> None:
 
 def test_pipeline_readiness_follows_its_members(example_repository: Path, tmp_path: Path) -> None:
     server = start_server(
-        example_repository, "--model-control-mode=explicit", "--load-model=cifar10_pipeline",
-        "--load-model=preprocessor", "--load-model=postprocessor", log_dir=tmp_path,
+        example_repository,
+        "--model-control-mode=explicit",
+        "--load-model=cifar10_pipeline",
+        "--load-model=preprocessor",
+        "--load-model=postprocessor",
+        log_dir=tmp_path,
     )
     try:
         client = httpclient.InferenceServerClient(server.http_url)
@@ -105,7 +109,7 @@ def test_pipeline_readiness_follows_its_members(example_repository: Path, tmp_pa
 
 # ---- the diamond: IN → (sleepy_a, sleepy_b in parallel) → join -------------------------------------------
 
-SLEEPY = '''
+SLEEPY = """
 import json
 import time
 
@@ -125,7 +129,7 @@ class TritonPythonModel:
             raise ValueError("X contains NaN")
         time.sleep(self.sleep_s)
         return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", (x * self.scale).astype(np.float32))]) for x in xs]
-'''
+"""
 
 JOIN = '''
 import numpy as np
@@ -278,9 +282,7 @@ def test_ensemble_step_batches_with_outside_traffic(diamond_server: ServerProces
 
     def through_ensemble() -> np.ndarray:
         client = httpclient.InferenceServerClient(url, network_timeout=60)
-        return client.infer("diamond_batched", _ensemble_input(np.ones((1, 4), dtype=np.float32))).as_numpy(
-            "REQUESTS"
-        )
+        return client.infer("diamond_batched", _ensemble_input(np.ones((1, 4), dtype=np.float32))).as_numpy("REQUESTS")
 
     with ThreadPoolExecutor(2) as pool:
         a = pool.submit(direct)
@@ -295,7 +297,8 @@ def test_ensemble_step_batches_with_outside_traffic(diamond_server: ServerProces
 def test_ensemble_refuses_unknown_member_at_request_time(tmp_path: Path) -> None:
     repo = copy_example_repository(tmp_path / "repo")
     (repo / "broken_pipeline" / "1").mkdir(parents=True)
-    (repo / "broken_pipeline" / "config.pbtxt").write_text(textwrap.dedent("""
+    (repo / "broken_pipeline" / "config.pbtxt").write_text(
+        textwrap.dedent("""
         name: "broken_pipeline"
         platform: "ensemble"
         max_batch_size: 8
@@ -303,7 +306,8 @@ def test_ensemble_refuses_unknown_member_at_request_time(tmp_path: Path) -> None
         output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 16 ] } ]
         ensemble_scheduling { step [ { model_name: "no_such_model" model_version: -1
           input_map { key: "INPUT0" value: "IN" } output_map { key: "OUTPUT0" value: "OUT" } } ] }
-    """))
+    """)
+    )
     server = start_server(repo, log_dir=tmp_path)
     try:
         client = httpclient.InferenceServerClient(server.http_url)

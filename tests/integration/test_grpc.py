@@ -36,7 +36,8 @@ output [ {{ name: "OUT" data_type: {dtype} dims: [ -1 ] }} ]
 
 def identity(elem_type: int) -> onnx.ModelProto:
     graph = helper.make_graph(
-        [helper.make_node("Identity", ["IN"], ["OUT"])], "identity",
+        [helper.make_node("Identity", ["IN"], ["OUT"])],
+        "identity",
         [helper.make_tensor_value_info("IN", elem_type, ["n"])],
         [helper.make_tensor_value_info("OUT", elem_type, ["n"])],
     )
@@ -262,8 +263,16 @@ def test_large_message_beyond_grpc_default(client) -> None:
 
 
 def test_max_message_flag(tmp_path: Path, repo: Path) -> None:
-    small = start_server(repo, "--grpc-max-message-bytes", "65536", "--model-control-mode", "explicit",
-                         "--load-model", "identity_fp32", log_dir=tmp_path)
+    small = start_server(
+        repo,
+        "--grpc-max-message-bytes",
+        "65536",
+        "--model-control-mode",
+        "explicit",
+        "--load-model",
+        "identity_fp32",
+        log_dir=tmp_path,
+    )
     try:
         c = grpcclient.InferenceServerClient(small.grpc_url)
         inp = grpcclient.InferInput("IN", [32 * 1024], "FP32")
@@ -346,8 +355,9 @@ def test_errors_match_http(client, server: ServerProcess) -> None:
     ok = grpcclient.InferInput("INPUT1", [1, 15], "FP32")
     ok.set_data_from_numpy(np.zeros((1, 15), np.float32))
     err = grpc_error(client.infer, "add_sub", [bad, ok])
-    body = {"inputs": [{"name": n, "datatype": "FP32", "shape": [1, 15], "data": [0.0] * 15}
-                       for n in ("INPUT0", "INPUT1")]}
+    body = {
+        "inputs": [{"name": n, "datatype": "FP32", "shape": [1, 15], "data": [0.0] * 15} for n in ("INPUT0", "INPUT1")]
+    }
     status, message = http_error(server, "POST", "/v2/models/add_sub/infer", json=body)
     assert err.status() == "StatusCode.INVALID_ARGUMENT" and status == 400
     assert err.message() == message and "unexpected shape" in message

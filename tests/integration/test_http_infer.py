@@ -190,11 +190,16 @@ def test_classification_appends_labels_from_label_filename(tmp_path: Path) -> No
     from kubeinfer.server.examples import models
 
     repo = tmp_path / "repo"
-    write_model(repo, "labelled", """
+    write_model(
+        repo,
+        "labelled",
+        """
         platform: "onnxruntime_onnx"
         max_batch_size: 4
         output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 16 ] label_filename: "labels.txt" } ]
-        """, {1: models.add_sub(16)})
+        """,
+        {1: models.add_sub(16)},
+    )
     (repo / "labelled" / "labels.txt").write_text("\n".join(f"class-{i}" for i in range(16)) + "\n")
     server = start_server(repo)
     try:
@@ -219,11 +224,16 @@ def test_missing_label_file_is_a_load_failure_with_reason(tmp_path: Path) -> Non
     from kubeinfer.server.examples import models
 
     repo = tmp_path / "repo"
-    write_model(repo, "nolabels", """
+    write_model(
+        repo,
+        "nolabels",
+        """
         platform: "onnxruntime_onnx"
         max_batch_size: 4
         output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 16 ] label_filename: "missing.txt" } ]
-        """, {1: models.add_sub(16)})
+        """,
+        {1: models.add_sub(16)},
+    )
     server = start_server(repo, "--allow-grpc", "false")
     try:
         (row,) = httpx.post(f"{server.base_url}/v2/repository/index").json()

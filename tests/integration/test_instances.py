@@ -26,21 +26,37 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     repo = tmp_path_factory.mktemp("instances") / "repo"
     write_sleep_model(repo, "single", SLEEP_MS, "instance_group [ { count: 1 kind: KIND_CPU } ]\n")
     write_sleep_model(repo, "double", SLEEP_MS, "instance_group [ { count: 2 kind: KIND_CPU } ]\n")
-    write_sleep_model(repo, "two_groups", SLEEP_MS, """
+    write_sleep_model(
+        repo,
+        "two_groups",
+        SLEEP_MS,
+        """
         instance_group [ { count: 2 kind: KIND_CPU }, { name: "extra" count: 1 kind: KIND_AUTO } ]
-    """)
-    write_sleep_model(repo, "batched_double", SLEEP_MS, """
+    """,
+    )
+    write_sleep_model(
+        repo,
+        "batched_double",
+        SLEEP_MS,
+        """
         dynamic_batching { }
         instance_group [ { count: 2 kind: KIND_CPU } ]
-    """, max_batch_size=1)
+    """,
+        max_batch_size=1,
+    )
     write_sleep_model(repo, "other", SLEEP_MS, "")
     write_sleep_model(repo, "on_gpu", 0, "instance_group [ { count: 1 kind: KIND_GPU gpus: [ 7 ] } ]\n")
-    write_model(repo, "add_sub", """
+    write_model(
+        repo,
+        "add_sub",
+        """
         name: "add_sub"
         platform: "onnxruntime_onnx"
         max_batch_size: 8
         instance_group [ { count: 2 kind: KIND_CPU } ]
-    """, {1: models.add_sub(16)})
+    """,
+        {1: models.add_sub(16)},
+    )
     srv = start_server(repo, log_dir=repo.parent)
     yield srv
     srv.terminate()

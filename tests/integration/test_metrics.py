@@ -15,7 +15,7 @@ import tritonclient.http as httpclient
 from tests.support.server import ServerProcess, start_server
 from tests.support.sleep_models import infer_body, post_infer, require_sleep_backend, stats, write_sleep_model
 
-SAMPLE = re.compile(r'^(?P<name>[a-z_]+)(?:\{(?P<labels>[^}]*)\})? (?P<value>\S+)$')
+SAMPLE = re.compile(r"^(?P<name>[a-z_]+)(?:\{(?P<labels>[^}]*)\})? (?P<value>\S+)$")
 
 
 @pytest.fixture(scope="module")
@@ -23,9 +23,15 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     require_sleep_backend()
     repo = tmp_path_factory.mktemp("metrics") / "repo"
     write_sleep_model(repo, "counted", 20, "dynamic_batching { max_queue_delay_microseconds: 5000 }\n")
-    write_sleep_model(repo, "tiny_queue", 1500, """
+    write_sleep_model(
+        repo,
+        "tiny_queue",
+        1500,
+        """
         dynamic_batching { default_queue_policy { max_queue_size: 1 } }
-    """, max_batch_size=1)
+    """,
+        max_batch_size=1,
+    )
     srv = start_server(repo, log_dir=repo.parent)
     yield srv
     srv.terminate()
@@ -54,8 +60,7 @@ def test_counts_agree_with_requests_sent(server: ServerProcess) -> None:
     bad_input = [{"inputs": [{"name": "WRONG", "datatype": "FP32", "shape": [1, 2], "data": [1, 2]}]}] * 3
     backend_fail = [infer_body(fail=True)] * 2
     with ThreadPoolExecutor(16) as pool:
-        results = list(pool.map(lambda b: post_infer(server.base_url, "counted", b),
-                                bodies + bad_input + backend_fail))
+        results = list(pool.map(lambda b: post_infer(server.base_url, "counted", b), bodies + bad_input + backend_fail))
     statuses = [r[0] for r in results]
     assert statuses == [200] * len(bodies) + [400] * 3 + [500] * 2, statuses
     # tritonclient over gRPC counts the same way
@@ -90,8 +95,12 @@ def test_counts_agree_with_requests_sent(server: ServerProcess) -> None:
     assert value(m, "nv_inference_pending_request_count", **labels) == 0
     total_ns = s["inference_stats"]["success"]["ns"] + s["inference_stats"]["fail"]["ns"]
     assert value(m, "nv_inference_request_duration_us", **labels) == pytest.approx(total_ns / 1000, rel=1e-6)
-    for key, metric in (("queue", "queue"), ("compute_input", "compute_input"), ("compute_infer", "compute_infer"),
-                        ("compute_output", "compute_output")):
+    for key, metric in (
+        ("queue", "queue"),
+        ("compute_input", "compute_input"),
+        ("compute_infer", "compute_infer"),
+        ("compute_output", "compute_output"),
+    ):
         ns = s["inference_stats"][key]["ns"]
         assert value(m, f"nv_inference_{metric}_duration_us", **labels) == pytest.approx(ns / 1000, rel=1e-6, abs=1)
     assert value(m, "kubeinfer_inference_request_duration_us_count", **labels) == n_ok + 5
@@ -117,14 +126,21 @@ def test_rejections_are_counted_as_rejected(server: ServerProcess) -> None:
 def test_exposition_uses_tritons_names_and_types(server: ServerProcess) -> None:
     text, m = scrape(server)
     for name, kind in (
-        ("nv_inference_request_success", "counter"), ("nv_inference_request_failure", "counter"),
-        ("nv_inference_count", "counter"), ("nv_inference_exec_count", "counter"),
-        ("nv_inference_request_duration_us", "counter"), ("nv_inference_queue_duration_us", "counter"),
-        ("nv_inference_compute_input_duration_us", "counter"), ("nv_inference_compute_infer_duration_us", "counter"),
-        ("nv_inference_compute_output_duration_us", "counter"), ("nv_inference_pending_request_count", "gauge"),
+        ("nv_inference_request_success", "counter"),
+        ("nv_inference_request_failure", "counter"),
+        ("nv_inference_count", "counter"),
+        ("nv_inference_exec_count", "counter"),
+        ("nv_inference_request_duration_us", "counter"),
+        ("nv_inference_queue_duration_us", "counter"),
+        ("nv_inference_compute_input_duration_us", "counter"),
+        ("nv_inference_compute_infer_duration_us", "counter"),
+        ("nv_inference_compute_output_duration_us", "counter"),
+        ("nv_inference_pending_request_count", "gauge"),
         ("kubeinfer_inference_request_duration_us", "histogram"),
         ("kubeinfer_inference_queue_duration_us", "histogram"),
-        ("nv_cpu_utilization", "gauge"), ("nv_cpu_memory_total_bytes", "gauge"), ("nv_cpu_memory_used_bytes", "gauge"),
+        ("nv_cpu_utilization", "gauge"),
+        ("nv_cpu_memory_total_bytes", "gauge"),
+        ("nv_cpu_memory_used_bytes", "gauge"),
     ):
         assert f"# TYPE {name} {kind}\n" in text, name
     assert "_total{" not in text.replace("process_cpu_seconds_total", "")  # no prometheus-client suffixes
@@ -140,8 +156,16 @@ def test_statistics_endpoints_shape(server: ServerProcess) -> None:
     assert {e["name"] for e in everything} == {"counted", "tiny_queue"}
     one = httpx.get(f"{server.base_url}/v2/models/counted/versions/1/stats", timeout=10).json()["model_stats"]
     assert len(one) == 1 and one[0]["version"] == "1"
-    for key in ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output", "cache_hit",
-                "cache_miss"):
+    for key in (
+        "success",
+        "fail",
+        "queue",
+        "compute_input",
+        "compute_infer",
+        "compute_output",
+        "cache_hit",
+        "cache_miss",
+    ):
         assert set(one[0]["inference_stats"][key]) == {"count", "ns"}
     missing = httpx.get(f"{server.base_url}/v2/models/nope/stats", timeout=10)
     assert missing.status_code == 404

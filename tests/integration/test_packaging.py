@@ -22,7 +22,9 @@ def wheel_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(out), str(ROOT)],
-        check=True, capture_output=True, timeout=300,
+        check=True,
+        capture_output=True,
+        timeout=300,
     )
     (wheel,) = out.glob("kubeinfer-*.whl")
     unpacked = out / "site"
@@ -56,8 +58,14 @@ def test_wheel_imports_from_its_own_files(wheel_dir: Path) -> None:
         "print(kubeinfer.server.__file__); print(operator.__file__ or 'builtin');"
         "print(c.parse_config_text('max_batch_size: 2').max_batch_size)"
     )
-    out = subprocess.run([sys.executable, "-c", code], env=_env(wheel_dir), capture_output=True, text=True,
-                         check=True, cwd=wheel_dir.parent)
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env=_env(wheel_dir),
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=wheel_dir.parent,
+    )
     server_file, operator_file, mbs = out.stdout.split()
     assert server_file.startswith(str(wheel_dir))
     assert "kubeinfer" not in operator_file  # the standard library's operator module
@@ -69,9 +77,23 @@ def test_wheel_serves_the_example_repository(wheel_dir: Path, tmp_path: Path) ->
     env = {**_env(wheel_dir), "KUBEINFER_CACHE": str(tmp_path / "cache")}
     log = open(tmp_path / "server.log", "wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kubeinfer.server", "--host", "127.0.0.1", "--http-port", str(http_port),
-         "--allow-grpc", "false", "--allow-metrics", "false"],
-        env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path,
+        [
+            sys.executable,
+            "-m",
+            "kubeinfer.server",
+            "--host",
+            "127.0.0.1",
+            "--http-port",
+            str(http_port),
+            "--allow-grpc",
+            "false",
+            "--allow-metrics",
+            "false",
+        ],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=tmp_path,
     )
     try:
         client = httpclient.InferenceServerClient(url=f"127.0.0.1:{http_port}")

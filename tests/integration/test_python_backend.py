@@ -19,7 +19,7 @@ from tests.support.repos import write_model
 from tests.support.server import ServerProcess, start_server
 
 # Triton's python_backend/examples/add_sub/model.py, verbatim in substance: nothing kubeinfer-specific
-TRITON_ADD_SUB = '''
+TRITON_ADD_SUB = """
 import json
 
 import numpy as np
@@ -53,7 +53,7 @@ class TritonPythonModel:
 
     def finalize(self):
         print("Cleaning up...")
-'''
+"""
 
 TRITON_ADD_SUB_CONFIG = """
 name: "py_add_sub"
@@ -70,7 +70,7 @@ instance_group [{ kind: KIND_CPU }]
 """
 
 # Triton's auto_complete_config example shape: the config file names only the backend
-AUTO_COMPLETE = '''
+AUTO_COMPLETE = """
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
@@ -96,10 +96,10 @@ class TritonPythonModel:
     def execute(self, requests):
         outputs = [pb_utils.get_input_tensor_by_name(r, "IN").as_numpy() * 2 for r in requests]
         return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", out)]) for out in outputs]
-'''
+"""
 
 # BLS: calls the ONNX add_sub model through the server (target and version from config parameters)
-BLS_SYNC = '''
+BLS_SYNC = """
 import json
 
 import triton_python_backend_utils as pb_utils
@@ -127,10 +127,10 @@ class TritonPythonModel:
                 pb_utils.get_output_tensor_by_name(response, "OUTPUT1"),
             ]))
         return responses
-'''
+"""
 
 # async BLS: version 1 and version 2 of add_sub called concurrently, OUTPUT0 from one, OUTPUT1 from the other
-BLS_ASYNC = '''
+BLS_ASYNC = """
 import asyncio
 
 import triton_python_backend_utils as pb_utils
@@ -156,7 +156,7 @@ class TritonPythonModel:
                 pb_utils.get_output_tensor_by_name(second, "OUTPUT1"),
             ]))
         return responses
-'''
+"""
 
 BLS_CONFIG = """
 name: "{name}"
@@ -174,7 +174,7 @@ parameters {{ key: "target" value: {{ string_value: "{target}" }} }}
 """
 
 # raises for a negative input: with one request per execute, only that request fails
-RAISER = '''
+RAISER = """
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
@@ -188,10 +188,10 @@ class TritonPythonModel:
                 raise ValueError(f"negative input {x.min()}")
             responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", np.sqrt(x))]))
         return responses
-'''
+"""
 
 # a per-request error response inside a batch: the other requests of the same execute call succeed
-CHECKER = '''
+CHECKER = """
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
@@ -209,7 +209,7 @@ class TritonPythonModel:
             responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", np.sqrt(x)),
                                                          pb_utils.Tensor("REQUESTS", n)]))
         return responses
-'''
+"""
 
 SQRT_CONFIG = """
 name: "{name}"
@@ -223,14 +223,14 @@ output [
 {extra}
 """
 
-BROKEN_INIT = '''
+BROKEN_INIT = """
 class TritonPythonModel:
     def initialize(self, args):
         raise RuntimeError("cannot find weights.bin")
 
     def execute(self, requests):
         return []
-'''
+"""
 
 
 def _python_model(repo: Path, name: str, config: str, source: str) -> None:
@@ -351,8 +351,11 @@ def test_an_exception_fails_only_the_request_that_raised(server: ServerProcess) 
     def call(v: float) -> tuple[str, object]:
         client = httpclient.InferenceServerClient(server.http_url, network_timeout=60)
         try:
-            out = client.infer("raiser", _inputs(httpclient, X=np.full((1, 4), v, dtype=np.float32)),
-                               outputs=[httpclient.InferRequestedOutput("Y")])
+            out = client.infer(
+                "raiser",
+                _inputs(httpclient, X=np.full((1, 4), v, dtype=np.float32)),
+                outputs=[httpclient.InferRequestedOutput("Y")],
+            )
             return "ok", out.as_numpy("Y")
         except InferenceServerException as exc:
             return exc.status() or "", exc.message()

@@ -203,8 +203,9 @@ def index(server: ServerProcess) -> dict[str, dict]:
 
 
 def served_after(load: Load, since: float, protocol: str, version: str) -> bool:
-    return any(o.at > since and o.protocol == protocol and o.version == version and not o.error
-               for o in load.snapshot())
+    return any(
+        o.at > since and o.protocol == protocol and o.version == version and not o.error for o in load.snapshot()
+    )
 
 
 def test_reload_drill_under_load(tmp_path: Path) -> None:
@@ -224,8 +225,11 @@ def test_reload_drill_under_load(tmp_path: Path) -> None:
         t1 = time.monotonic()
         stage_version(model_dir, 2, add_sub_plus(OFFSET["2"]).SerializeToString())
         for protocol in ("http", "grpc"):
-            wait_until(f"{protocol} clients served by version 2",
-                       lambda p=protocol: served_after(load, t1, p, "2"), server=server)
+            wait_until(
+                f"{protocol} clients served by version 2",
+                lambda p=protocol: served_after(load, t1, p, "2"),
+                server=server,
+            )
         switched = min(o.at for o in load.snapshot() if o.version == "2")
         wait_until("version 1 unloaded", lambda: index(server).get("1", {}).get("state") in (None, "UNAVAILABLE"))
         time.sleep(1)
@@ -235,23 +239,32 @@ def test_reload_drill_under_load(tmp_path: Path) -> None:
 
         # 2. a config change (config last, atomic replace): reloaded with the new settings
         t2 = time.monotonic()
-        replace_config(model_dir, CONFIG.format(max_batch_size=16,
-                                                extra="dynamic_batching { max_queue_delay_microseconds: 1000 }"))
+        replace_config(
+            model_dir, CONFIG.format(max_batch_size=16, extra="dynamic_batching { max_queue_delay_microseconds: 1000 }")
+        )
         config_url = f"{server.base_url}/v2/models/{MODEL}/config"
-        wait_until("config API shows max_batch_size 16",
-                   lambda: httpx.get(config_url, timeout=10).json().get("max_batch_size") == 16, server=server)
+        wait_until(
+            "config API shows max_batch_size 16",
+            lambda: httpx.get(config_url, timeout=10).json().get("max_batch_size") == 16,
+            server=server,
+        )
         assert "dynamic_batching" in httpx.get(config_url, timeout=10).json()
         grpc = grpcclient.InferenceServerClient(server.grpc_url)
         assert grpc.get_model_config(MODEL).config.max_batch_size == 16
         for protocol in ("http", "grpc"):
-            wait_until(f"{protocol} clients served after the config reload",
-                       lambda p=protocol: served_after(load, time.monotonic() - 0.5, p, "2"))
+            wait_until(
+                f"{protocol} clients served after the config reload",
+                lambda p=protocol: served_after(load, time.monotonic() - 0.5, p, "2"),
+            )
         assert time.monotonic() - t2 < 90
 
         # 3. a corrupt version 3: version 2 keeps serving; the index says why version 3 is unavailable
         stage_version(model_dir, 3, b"this is not an ONNX model")
-        wait_until("index shows version 3 UNAVAILABLE",
-                   lambda: index(server).get("3", {}).get("state") == "UNAVAILABLE", server=server)
+        wait_until(
+            "index shows version 3 UNAVAILABLE",
+            lambda: index(server).get("3", {}).get("state") == "UNAVAILABLE",
+            server=server,
+        )
         rows = index(server)
         assert rows["3"]["reason"], rows
         assert "ONNX" in rows["3"]["reason"] or "onnx" in rows["3"]["reason"], rows["3"]["reason"]
@@ -260,8 +273,10 @@ def test_reload_drill_under_load(tmp_path: Path) -> None:
         assert grpc_rows["3"].state == "UNAVAILABLE" and grpc_rows["3"].reason == rows["3"]["reason"]
         assert httpx.get(f"{server.base_url}/v2/models/{MODEL}/versions/2/ready", timeout=10).status_code == 200
         metrics = httpx.get(server.metrics_url, timeout=10).text
-        assert any(line.startswith("kubeinfer_model_load_failures") and MODEL in line and '"3"' in line
-                   for line in metrics.splitlines()), "load failure metric missing"
+        assert any(
+            line.startswith("kubeinfer_model_load_failures") and MODEL in line and '"3"' in line
+            for line in metrics.splitlines()
+        ), "load failure metric missing"
         t3 = time.monotonic()
         time.sleep(2)  # a few more polls: the failure must not be retried into an outage
         for protocol in ("http", "grpc"):
@@ -278,8 +293,9 @@ def test_reload_drill_under_load(tmp_path: Path) -> None:
             return http_404 and grpc_nf
 
         wait_until("404 / NOT_FOUND after removal", not_found_everywhere, server=server)
-        assert MODEL not in {r["name"] for r in httpx.post(f"{server.base_url}/v2/repository/index",
-                                                           json={}, timeout=10).json()}
+        assert MODEL not in {
+            r["name"] for r in httpx.post(f"{server.base_url}/v2/repository/index", json={}, timeout=10).json()
+        }
         assert httpx.get(f"{server.base_url}/v2/models/{MODEL}/ready", timeout=10).status_code != 200
         grpc.close()
     finally:
@@ -297,8 +313,7 @@ def test_reload_drill_under_load(tmp_path: Path) -> None:
     assert len(ok) > 200, f"only {len(ok)} requests made it: the load was not continuous"
     assert not load.not_ready, f"readiness went false: {load.not_ready[:5]}"
     assert code == 0
-    print(f"\nreload drill: {len(ok)} successful requests, 0 failed; versions seen "
-          f"{sorted({o.version for o in ok})}")
+    print(f"\nreload drill: {len(ok)} successful requests, 0 failed; versions seen {sorted({o.version for o in ok})}")
 
 
 def test_unload_releases_instances(tmp_path: Path) -> None:

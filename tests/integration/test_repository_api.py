@@ -104,17 +104,23 @@ def test_load_and_unload_over_both_protocols(server: ServerProcess, grpc, http) 
     with pytest.raises(InferenceServerException) as info:
         grpc.infer("cifar10_resnet", [inp])
     assert info.value.status() == "StatusCode.UNAVAILABLE"
-    r = httpx.post(f"{server.base_url}/v2/models/cifar10_resnet/infer", timeout=30,
-                   json={"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 3, 32, 32],
-                                     "data": [0.0] * 3072}]})
+    r = httpx.post(
+        f"{server.base_url}/v2/models/cifar10_resnet/infer",
+        timeout=30,
+        json={"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 3, 32, 32], "data": [0.0] * 3072}]},
+    )
     assert r.status_code == 503 and "no available versions" in r.json()["error"]
 
     http.load_model("cifar10_resnet")
     assert grpc.is_model_ready("cifar10_resnet")
     grpc.unload_model("cifar10_resnet", unload_dependents=True)
     assert not http.is_model_ready("cifar10_resnet")
-    assert post(server, "/v2/repository/models/cifar10_resnet/unload",
-                {"parameters": {"unload_dependents": True}}).status_code == 200
+    assert (
+        post(
+            server, "/v2/repository/models/cifar10_resnet/unload", {"parameters": {"unload_dependents": True}}
+        ).status_code
+        == 200
+    )
 
 
 def test_unload_unknown_model(server: ServerProcess, grpc) -> None:

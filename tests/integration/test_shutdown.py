@@ -49,7 +49,8 @@ def slow_identity(depth: int = 32) -> onnx.ModelProto:
         prev = out
     shape = ["batch", SIZE, SIZE]
     graph = helper.make_graph(
-        nodes, "slow_identity",
+        nodes,
+        "slow_identity",
         [helper.make_tensor_value_info("INPUT", TensorProto.FLOAT, shape)],
         [helper.make_tensor_value_info("OUTPUT", TensorProto.FLOAT, shape)],
         initializer=[numpy_helper.from_array(np.eye(SIZE, dtype=np.float32), "eye")],

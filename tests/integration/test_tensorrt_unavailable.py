@@ -23,20 +23,27 @@ pytestmark = pytest.mark.skipif(
 
 def test_plan_model_without_tensorrt_is_unavailable_with_the_reason(tmp_path: Path) -> None:
     repo = tmp_path / "repo"
-    write_model(repo, "add_sub", """
+    write_model(
+        repo,
+        "add_sub",
+        """
         name: "add_sub"
         platform: "onnxruntime_onnx"
         max_batch_size: 8
-    """, {1: models.add_sub(16)})
+    """,
+        {1: models.add_sub(16)},
+    )
     (repo / "engine" / "1").mkdir(parents=True)
     (repo / "engine" / "1" / "model.plan").write_bytes(b"not an engine")
-    (repo / "engine" / "config.pbtxt").write_text(textwrap.dedent("""
+    (repo / "engine" / "config.pbtxt").write_text(
+        textwrap.dedent("""
         name: "engine"
         platform: "tensorrt_plan"
         max_batch_size: 8
         input [ { name: "input" data_type: TYPE_FP32 dims: [ 3, 32, 32 ] } ]
         output [ { name: "output" data_type: TYPE_FP32 dims: [ 10 ] } ]
-    """))
+    """)
+    )
     server = start_server(repo, log_dir=tmp_path)
     try:
         client = httpclient.InferenceServerClient(server.http_url)

@@ -86,12 +86,19 @@ def start_server(
     log_dir = log_dir or repository.parent
     log_path = log_dir / f"server-{http_port}.log"
     args = [
-        sys.executable, "-m", "kubeinfer.server",
-        "--model-repository", str(repository),
-        "--host", "127.0.0.1",
-        "--http-port", str(http_port),
-        "--grpc-port", str(grpc_port),
-        "--metrics-port", str(metrics_port),
+        sys.executable,
+        "-m",
+        "kubeinfer.server",
+        "--model-repository",
+        str(repository),
+        "--host",
+        "127.0.0.1",
+        "--http-port",
+        str(http_port),
+        "--grpc-port",
+        str(grpc_port),
+        "--metrics-port",
+        str(metrics_port),
         *extra,
     ]
     with open(log_path, "wb") as log:

@@ -30,8 +30,7 @@ def write_sleep_model(repo: Path, name: str, sleep_ms: float, body: str = "", ma
     (model_dir / "1").mkdir(parents=True, exist_ok=True)
     config = (
         f'name: "{name}"\nbackend: "sleep"\nmax_batch_size: {max_batch_size}\n'
-        f'parameters {{ key: "sleep_ms" value {{ string_value: "{sleep_ms}" }} }}\n'
-        + textwrap.dedent(body)
+        f'parameters {{ key: "sleep_ms" value {{ string_value: "{sleep_ms}" }} }}\n' + textwrap.dedent(body)
     )
     (model_dir / "config.pbtxt").write_text(config)
     return model_dir

@@ -94,9 +94,16 @@ def test_rows_shapes_and_max_batch_size_cut_batches() -> None:
         await b.start()
         tasks = [asyncio.create_task(b.submit(req("busy")))]
         await settle()
-        tasks += [asyncio.create_task(b.submit(r)) for r in (
-            req("a", rows=3), req("b", rows=2), req("c", rows=2), req("d", width=3), req("e", width=3),
-        )]
+        tasks += [
+            asyncio.create_task(b.submit(r))
+            for r in (
+                req("a", rows=3),
+                req("b", rows=2),
+                req("c", rows=2),
+                req("d", width=3),
+                req("e", width=3),
+            )
+        ]
         await settle()
         for _ in range(4):
             inst.gate.release()
@@ -110,11 +117,14 @@ def test_rows_shapes_and_max_batch_size_cut_batches() -> None:
 
 def test_priority_levels_and_delay_policy() -> None:
     async def main() -> None:
-        b, inst = make("""dynamic_batching {
+        b, inst = make(
+            """dynamic_batching {
             priority_levels: 2 default_priority_level: 2
             default_queue_policy { timeout_action: DELAY default_timeout_microseconds: 300000 }
             priority_queue_policy { key: 1 value { max_queue_size: 1 } }
-        }""", max_batch_size=1)
+        }""",
+            max_batch_size=1,
+        )
         await b.start()
         busy = asyncio.create_task(b.submit(req("busy")))
         await settle()
@@ -138,10 +148,13 @@ def test_priority_levels_and_delay_policy() -> None:
 
 def test_reject_timeout_and_preserve_ordering() -> None:
     async def main() -> None:
-        b, inst = make("""dynamic_batching {
+        b, inst = make(
+            """dynamic_batching {
             preserve_ordering: true
             default_queue_policy { default_timeout_microseconds: 50000 allow_timeout_override: true }
-        }""", max_batch_size=1)
+        }""",
+            max_batch_size=1,
+        )
         await b.start()
         busy = asyncio.create_task(b.submit(req("busy")))
         await settle()

@@ -123,7 +123,8 @@ def test_dynamic_non_batch_dims_need_an_input_shape(tmp_path: Path, repo: Path) 
     from onnx import TensorProto, helper
 
     graph = helper.make_graph(
-        [helper.make_node("Relu", ["x"], ["y"])], "dyn",
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "dyn",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3, "h", "w"])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3, "h", "w"])],
     )
@@ -182,22 +183,49 @@ def test_layout_and_atomic_write(resnet: Path, repo: Path) -> None:
 def test_error_stats() -> None:
     ref = {"y": np.array([[1.0, -2.0, 4.0]], dtype=np.float32)}
     got = {"y": np.array([[1.5, -2.0, 3.0]], dtype=np.float32)}
-    (max_abs, max_rel), = convert.error_stats(ref, got).values()
+    ((max_abs, max_rel),) = convert.error_stats(ref, got).values()
     assert max_abs == pytest.approx(1.0) and max_rel == pytest.approx(0.25)
     with pytest.raises(ConvertError, match="shape"):
         convert.error_stats(ref, {"y": np.zeros((2, 3), dtype=np.float32)})
 
 
 def test_cli_reports_argument_errors_and_missing_tensorrt(resnet: Path, repo: Path) -> None:
-    bad = subprocess.run([sys.executable, "-m", "kubeinfer.server.tools.cli", "convert", str(resnet),
-                          "--repository", str(repo), "--name", "m", "--int8"], capture_output=True, text=True)
+    bad = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kubeinfer.server.tools.cli",
+            "convert",
+            str(resnet),
+            "--repository",
+            str(repo),
+            "--name",
+            "m",
+            "--int8",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert bad.returncode == 2
     assert "--int8 needs --calibration-data" in bad.stderr
     try:
         import tensorrt  # noqa: F401
     except ImportError:
-        missing = subprocess.run([sys.executable, "-m", "kubeinfer.server.tools.cli", "convert", str(resnet),
-                                  "--repository", str(repo), "--name", "m"], capture_output=True, text=True)
+        missing = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "kubeinfer.server.tools.cli",
+                "convert",
+                str(resnet),
+                "--repository",
+                str(repo),
+                "--name",
+                "m",
+            ],
+            capture_output=True,
+            text=True,
+        )
         assert missing.returncode == 2
         assert "tensorrt is not installed: pip install kubeinfer[gpu]" in missing.stderr
         assert not (repo / "m").exists()  # nothing half-written

@@ -23,14 +23,16 @@ ROOT = Path(__file__).resolve().parents[2]
 def _local(full_name: str) -> str:
     for prefix in ("kubeinfer.inference.", "inference."):
         if full_name.startswith(prefix):
-            return full_name[len(prefix):]
+            return full_name[len(prefix) :]
     return full_name
 
 
 def _signature(d: Descriptor) -> dict[str, tuple]:
     return {
         f.name: (
-            f.number, f.type, f.label,
+            f.number,
+            f.type,
+            f.label,
             _local(f.message_type.full_name) if f.message_type else None,
             _local(f.enum_type.full_name) if f.enum_type else None,
             f.containing_oneof.name if f.containing_oneof else None,
@@ -41,8 +43,10 @@ def _signature(d: Descriptor) -> dict[str, tuple]:
 
 def test_every_message_matches_the_protocol() -> None:
     checked = 0
-    stack = [(d, theirs.DESCRIPTOR.message_types_by_name.get(name))
-             for name, d in ours.DESCRIPTOR.message_types_by_name.items()]
+    stack = [
+        (d, theirs.DESCRIPTOR.message_types_by_name.get(name))
+        for name, d in ours.DESCRIPTOR.message_types_by_name.items()
+    ]
     while stack:
         mine, reference = stack.pop()
         assert reference is not None, f"{mine.full_name} is not a message of the protocol"
@@ -70,6 +74,10 @@ def test_config_message_is_ours() -> None:
 
 
 def test_generated_code_is_current() -> None:
-    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "gen_protos.py"), "--check"],
-                            capture_output=True, text=True, check=False)
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "gen_protos.py"), "--check"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert result.returncode == 0, result.stdout + result.stderr

@@ -114,9 +114,7 @@ class PythonInstance(BackendInstance):
             try:
                 self._call(init, args)
             except Exception as exc:
-                raise ConfigError(
-                    f"model '{config.name}': initialize failed: {type(exc).__name__}: {exc}"
-                ) from None
+                raise ConfigError(f"model '{config.name}': initialize failed: {type(exc).__name__}: {exc}") from None
 
     def _call(self, fn: Any, *args: Any) -> Any:
         """Call a model method; coroutine functions run on this instance's private loop."""
@@ -171,9 +169,7 @@ class PythonInstance(BackendInstance):
         if response.has_error():
             err = response.error()
             assert err is not None
-            return _ERROR_TYPES.get(err.code(), errors.BackendError)(
-                f"model '{self.model_name}': {err.message()}"
-            )
+            return _ERROR_TYPES.get(err.code(), errors.BackendError)(f"model '{self.model_name}': {err.message()}")
         wanted = request.requested_outputs
         outputs: dict[str, np.ndarray] = {}
         for t in response.output_tensors():

@@ -42,8 +42,19 @@ _TYPE_TO_NUMPY: dict[str, Any] = {
 }
 # Triton's numeric TRITONSERVER_DataType codes, used by triton_to_numpy_type / numpy_to_triton_type
 _CODES = {
-    1: np.bool_, 2: np.uint8, 3: np.uint16, 4: np.uint32, 5: np.uint64, 6: np.int8, 7: np.int16,
-    8: np.int32, 9: np.int64, 10: np.float16, 11: np.float32, 12: np.float64, 13: np.object_,
+    1: np.bool_,
+    2: np.uint8,
+    3: np.uint16,
+    4: np.uint32,
+    5: np.uint64,
+    6: np.int8,
+    7: np.int16,
+    8: np.int32,
+    9: np.int64,
+    10: np.float16,
+    11: np.float32,
+    12: np.float64,
+    13: np.object_,
 }
 
 
@@ -359,9 +370,7 @@ class ModelConfig:
             raise ValueError(f"max_batch_size must be a non-negative int, got {max_batch_size!r}")
         current = int(self._config.get("max_batch_size") or 0)
         if current not in (0, max_batch_size):
-            raise ValueError(
-                f"configuration specified max_batch_size {current}, but the model sets {max_batch_size}"
-            )
+            raise ValueError(f"configuration specified max_batch_size {current}, but the model sets {max_batch_size}")
         self._config["max_batch_size"] = max_batch_size
 
     def set_dynamic_batching(self) -> None:
@@ -375,8 +384,17 @@ class ModelConfig:
     def _add(self, kind: str, tensor: dict[str, Any]) -> None:
         if not isinstance(tensor, dict) or "name" not in tensor:
             raise ValueError(f"model {kind} must be a dict with a 'name', got {tensor!r}")
-        allowed = {"name", "data_type", "dims", "optional", "format", "reshape", "label_filename",
-                   "is_shape_tensor", "allow_ragged_batch"}
+        allowed = {
+            "name",
+            "data_type",
+            "dims",
+            "optional",
+            "format",
+            "reshape",
+            "label_filename",
+            "is_shape_tensor",
+            "allow_ragged_batch",
+        }
         unknown = set(tensor) - allowed
         if unknown:
             raise ValueError(f"model {kind} '{tensor['name']}' has unknown keys: {', '.join(sorted(unknown))}")

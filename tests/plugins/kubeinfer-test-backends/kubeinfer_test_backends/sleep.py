@@ -56,11 +56,13 @@ class SleepInstance(BackendInstance):
                 continue
             n = r.batch_size(self.max_batch_size)
             shape = (n, 1) if self.max_batch_size > 0 else (1,)
-            results.append({
-                "OUTPUT0": np.array(r.inputs["INPUT0"], copy=True),
-                "INSTANCE": np.full(shape, self.index, dtype=np.int32),
-                "BATCH": np.full(shape, rows, dtype=np.int32),
-            })
+            results.append(
+                {
+                    "OUTPUT0": np.array(r.inputs["INPUT0"], copy=True),
+                    "INSTANCE": np.full(shape, self.index, dtype=np.int32),
+                    "BATCH": np.full(shape, rows, dtype=np.int32),
+                }
+            )
         batch.timings.compute_infer_ns = t1 - t0
         return results
 
