@@ -11,7 +11,7 @@ from pathlib import Path
 
 import onnx
 from kubeinfer.server.config import pb
-from kubeinfer.server.core import datatypes
+from kubeinfer.server.vocabulary import datatypes
 from onnx import helper
 
 

@@ -19,8 +19,8 @@ from kubeinfer.server.config import (
     pb,
     validate_config,
 )
-from kubeinfer.server.core import datatypes
-from kubeinfer.server.core.repository import model_filename as server_model_filename
+from kubeinfer.server.repository.scan import model_filename as server_model_filename
+from kubeinfer.server.vocabulary import datatypes
 
 from .schema import CONFIG_TOP_FIELDS, TOP_LEVEL_ALIASES
 

@@ -1,6 +1,6 @@
 """Writes a rendered model into a server's repository folder, following the server's atomic-write contract.
 
-See ``kubeinfer.server.core.repository``: everything is built under dot-names (which the server
+See ``kubeinfer.server.repository.layout``: everything is built under dot-names (which the server
 ignores), fsynced, and renamed into place; a new version goes in before the config that may select it
 (config last); removals rename to a dot-name first. Every artifact of a sync is fetched and checked
 before anything visible changes, so a failed download, checksum or ONNX check leaves what is served
@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kubeinfer.server.core.repository import CONFIG_FILE, is_version_dir_name
+from kubeinfer.server.repository.layout import CONFIG_FILE, is_version_dir_name
 
 from . import artifacts
 from .artifacts import ArtifactError

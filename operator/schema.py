@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 from google.protobuf import descriptor
 from kubeinfer.server.config import pb
-from kubeinfer.server.core import datatypes
+from kubeinfer.server.vocabulary import datatypes
 
 from .descriptions import CONFIG_FIELDS
 

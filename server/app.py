@@ -18,9 +18,9 @@ from typing import Any
 
 import uvicorn
 
-from .core.registry import ModelRegistry
-from .core.service import InferenceService, ServiceOptions
 from .observability.metrics import TritonMetrics
+from .runtime.registry import ModelRegistry
+from .runtime.service import InferenceService, ServiceOptions
 
 log = logging.getLogger("kubeinfer.server")
 

@@ -6,15 +6,16 @@ import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
 from ..config import pb
-from ..core.types import ExecutionTimings
+from ..vocabulary.registry_view import RegistryView
+from ..vocabulary.types import ExecutionTimings
 
 if TYPE_CHECKING:
-    from ..core.types import InferenceRequest
+    from ..vocabulary.types import InferenceRequest
 
 
 @dataclass(frozen=True)
@@ -116,8 +117,10 @@ class Backend(ABC):
     platforms: ClassVar[tuple[str, ...]] = ()
     default_filename: ClassVar[str] = ""
 
-    def __init__(self, config: pb.ModelConfig, version_path: Path, version: int, context: Any = None) -> None:
-        """``context`` is the server-side handle backends may need (the registry, for BLS)."""
+    def __init__(
+        self, config: pb.ModelConfig, version_path: Path, version: int, context: RegistryView | None = None
+    ) -> None:
+        """``context`` is the registry as backends may use it (BLS); None outside a server."""
         self.config = config
         self.version_path = version_path
         self.version = version

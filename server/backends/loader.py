@@ -7,7 +7,7 @@ from functools import lru_cache
 from importlib.metadata import entry_points
 
 from ..config import pb
-from ..core.errors import InvalidArgument
+from ..vocabulary.errors import InvalidArgument
 from .base import Backend
 
 log = logging.getLogger(__name__)

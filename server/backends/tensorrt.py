@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..config import ConfigError, pb
-from ..core.errors import InvalidArgument, Unavailable
+from ..vocabulary.errors import InvalidArgument, Unavailable
 from .base import Backend, BackendInstance, InstanceSpec, TensorBackendInstance
 
 INSTALL_HINT = "pip install kubeinfer[gpu]"

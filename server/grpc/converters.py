@@ -10,10 +10,10 @@ from typing import Any
 
 from google.protobuf import json_format
 
-from ..core import datatypes, tensors
-from ..core.classification import classify
-from ..core.errors import InvalidArgument
-from ..core.types import InferenceRequest, InferenceResponse
+from ..vocabulary import datatypes, tensors
+from ..vocabulary.classification import classify
+from ..vocabulary.errors import InvalidArgument
+from ..vocabulary.types import InferenceRequest, InferenceResponse
 from . import grpc_service_pb2 as pb
 
 

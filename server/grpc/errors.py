@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from ..core.errors import ServerError
+from ..vocabulary.errors import ServerError
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import grpc
 
-from ..core.service import InferenceService
+from ..runtime.service import InferenceService
 from . import grpc_service_pb2 as pb
 from .errors import unary
 from .servicer import UNIMPLEMENTED, InferenceServicer, unimplemented

@@ -13,8 +13,8 @@ from typing import Any
 
 import grpc
 
-from ..core.errors import Unsupported
-from ..core.service import InferenceService, parse_config_override
+from ..runtime.service import InferenceService, parse_config_override
+from ..vocabulary.errors import Unsupported
 from . import converters
 from . import grpc_service_pb2 as pb
 from .errors import status_of

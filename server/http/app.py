@@ -14,8 +14,8 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
-from ..core.errors import InvalidArgument, ServerError
-from ..core.service import InferenceService, parse_config_override
+from ..runtime.service import InferenceService, parse_config_override
+from ..vocabulary.errors import InvalidArgument, ServerError
 from .codec import error_body, internal_error_message
 from .infer_route import InferRoute
 

@@ -11,10 +11,10 @@ from typing import Any
 import numpy as np
 import orjson
 
-from ..core import tensors
-from ..core.classification import classify
-from ..core.errors import InvalidArgument
-from ..core.types import InferenceRequest, InferenceResponse
+from ..vocabulary import tensors
+from ..vocabulary.classification import classify
+from ..vocabulary.errors import InvalidArgument
+from ..vocabulary.types import InferenceRequest, InferenceResponse
 
 HEADER_LENGTH = "inference-header-content-length"
 

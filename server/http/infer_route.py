@@ -13,8 +13,8 @@ import re
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from ..core.errors import ServerError
-from ..core.service import InferenceService
+from ..runtime.service import InferenceService
+from ..vocabulary.errors import ServerError
 from .codec import HEADER_LENGTH, decode_request, encode_response, error_body, internal_error_message
 
 log = logging.getLogger(__name__)

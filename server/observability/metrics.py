@@ -21,7 +21,7 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from ..core.types import ExecutionTimings
+from ..vocabulary.types import ExecutionTimings
 from .system import CpuUtilization, GpuReader, cpu_memory
 
 FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")

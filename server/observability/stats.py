@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ..core.types import ExecutionTimings, InferenceRequest
+from ..vocabulary.types import ExecutionTimings, InferenceRequest
 
 
 @dataclass

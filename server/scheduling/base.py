@@ -6,7 +6,7 @@ from abc import ABC, abstractmethod
 
 import numpy as np
 
-from ..core.types import InferenceRequest
+from ..vocabulary.types import InferenceRequest
 
 
 class Scheduler(ABC):

@@ -7,7 +7,7 @@ import time
 import numpy as np
 
 from ..backends.base import Batch
-from ..core.types import InferenceRequest
+from ..vocabulary.types import InferenceRequest
 from .base import Scheduler
 from .instance_pool import InstancePool
 from .results import unwrap

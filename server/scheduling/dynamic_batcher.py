@@ -23,8 +23,8 @@ import numpy as np
 
 from ..backends.base import Batch, RequestResult
 from ..config import pb
-from ..core.errors import QueueRejected, ServerError, Unavailable
-from ..core.types import InferenceRequest
+from ..vocabulary.errors import QueueRejected, ServerError, Unavailable
+from ..vocabulary.types import InferenceRequest
 from .base import Scheduler
 from .instance_pool import InstancePool
 from .queue_policy import Entry, PriorityQueue

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from ..config import pb
-from ..core.errors import InternalError, ServerError, Unavailable
-from ..core.types import InferenceRequest
+from ..vocabulary.errors import InternalError, ServerError, Unavailable
+from ..vocabulary.registry_view import RegistryView
+from ..vocabulary.types import InferenceRequest
 from .base import Scheduler
 
 
@@ -39,7 +39,7 @@ class Step:
 
 
 class EnsembleScheduler(Scheduler):
-    def __init__(self, config: pb.ModelConfig, registry: Any) -> None:
+    def __init__(self, config: pb.ModelConfig, registry: RegistryView) -> None:
         self.name = config.name
         self.registry = registry
         self.steps = [

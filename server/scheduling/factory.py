@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from ..config import pb
+from ..vocabulary.registry_view import RegistryView
 from .base import Scheduler
 from .default import DefaultScheduler
 from .instance_pool import InstancePool
 
 
-def make_scheduler(config: pb.ModelConfig, pool: InstancePool | None, registry: Any) -> Scheduler:
+def make_scheduler(config: pb.ModelConfig, pool: InstancePool | None, registry: RegistryView) -> Scheduler:
     """``ensemble_scheduling`` → ensemble, ``dynamic_batching`` → batcher, otherwise request by request."""
     choice = config.WhichOneof("scheduling_choice")
     if choice == "ensemble_scheduling":

@@ -9,13 +9,20 @@ from __future__ import annotations
 import asyncio
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Protocol
 
 from ..backends.base import BackendInstance, Batch, RequestResult
-from ..observability.stats import ModelStats
+from ..vocabulary.types import ExecutionTimings
+
+
+class ExecutionRecorder(Protocol):
+    """Where executions are counted (the runtime passes the version's ``observability.stats.ModelStats``)."""
+
+    def record_execution(self, batch_size: int, timings: ExecutionTimings) -> None: ...
 
 
 class InstancePool:
-    def __init__(self, instances: list[BackendInstance], stats: ModelStats, label: str) -> None:
+    def __init__(self, instances: list[BackendInstance], stats: ExecutionRecorder, label: str) -> None:
         self.instances = instances
         self.stats = stats
         self._executors = [

@@ -13,8 +13,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from ..config import pb
-from ..core.errors import InvalidArgument, QueueRejected
-from ..core.types import InferenceRequest
+from ..vocabulary.errors import InvalidArgument, QueueRejected
+from ..vocabulary.types import InferenceRequest
 
 
 @dataclass(slots=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..backends.base import RequestResult
-from ..core.errors import BackendError, ServerError
+from ..vocabulary.errors import BackendError, ServerError
 
 
 def unwrap(result: RequestResult) -> dict[str, np.ndarray]:

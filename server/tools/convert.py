@@ -145,8 +145,8 @@ def options_from_args(args: argparse.Namespace) -> ConvertOptions:
 
 def check_options(options: ConvertOptions) -> None:
     """Argument checks that need no model: fail before anything slow starts."""
-    from ..core.errors import InvalidArgument
-    from ..core.repository import check_model_name
+    from ..repository.layout import check_model_name
+    from ..vocabulary.errors import InvalidArgument
 
     try:
         check_model_name(options.name)
@@ -296,7 +296,7 @@ def error_stats(reference: dict[str, np.ndarray], candidate: dict[str, np.ndarra
 
 def load_calibration(path: Path, sig: Signature) -> dict[str, np.ndarray]:
     """Calibration samples per input, each [N, ...] (batching models) in the model's dtype."""
-    from ..core import datatypes
+    from ..vocabulary import datatypes
 
     if path.suffix == ".npz":
         with np.load(path) as data:
@@ -404,7 +404,7 @@ def _calibrator(
 def build_engine(options: ConvertOptions, sig: Signature, layout: Layout) -> tuple[bytes, bytes | None]:
     """Build the serialized engine; returns (plan, calibration cache or None)."""
     from ..backends.tensorrt import _logger, require_tensorrt
-    from ..core.errors import Unavailable
+    from ..vocabulary.errors import Unavailable
 
     try:
         trt = require_tensorrt()
@@ -502,7 +502,7 @@ def _write_version(folder: Path, plan: bytes, cache: bytes | None) -> None:
 
 def sample_inputs(options: ConvertOptions, sig: Signature, seed: int = 0) -> dict[str, np.ndarray]:
     """Inputs at the profile's opt shape: calibration samples when given, else random."""
-    from ..core import datatypes
+    from ..vocabulary import datatypes
 
     shapes = profile_shapes(options, sig)
     rng = np.random.default_rng(seed)

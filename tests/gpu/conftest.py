@@ -11,7 +11,7 @@ import importlib.util
 import os
 
 import pytest
-from kubeinfer.server.core import devices
+from kubeinfer.server.runtime import devices
 
 STRICT = os.environ.get("KUBEINFER_GPU_STRICT") == "1"
 

@@ -77,7 +77,7 @@ def test_tensorrt_execution_provider_fp16_with_engine_cache(tmp_path: Path) -> N
 
 @pytest.mark.parametrize("kind", ["KIND_GPU"])
 def test_gpu_instance_on_a_missing_device_is_refused(tmp_path: Path, kind: str) -> None:
-    from kubeinfer.server.core import devices
+    from kubeinfer.server.runtime import devices
 
     repo = tmp_path / "repo"
     bad = devices.gpu_count()  # one past the last visible GPU

@@ -10,8 +10,8 @@ import httpx
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
-from kubeinfer.server.core import devices
 from kubeinfer.server.examples import models
+from kubeinfer.server.runtime import devices
 
 from tests.support.repos import write_model
 from tests.support.server import ServerProcess, start_server

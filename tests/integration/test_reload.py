@@ -75,7 +75,7 @@ def add_sub_plus(offset: float) -> onnx.ModelProto:
     return model
 
 
-# ---- writers that follow the atomic-write contract (server/core/repository.py) ---------------------
+# ---- writers that follow the atomic-write contract (server/repository/layout.py) ---------------------
 def stage_model(repo: Path, name: str, config: str, versions: dict[int, bytes]) -> None:
     staging = Path(tempfile.mkdtemp(prefix=f".{name}.staging-", dir=repo))
     (staging / "config.pbtxt").write_text(config)
@@ -322,7 +322,7 @@ def test_unload_releases_instances(tmp_path: Path) -> None:
     In-process on purpose: a weak reference is the one exact way to see that nothing still holds the
     session (RSS is too noisy to assert on).
     """
-    from kubeinfer.server.core.registry import ModelRegistry
+    from kubeinfer.server.runtime.registry import ModelRegistry
 
     repo = tmp_path / "repo"
     repo.mkdir()

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 from kubeinfer.server.backends.base import Batch, TensorBackendInstance
 from kubeinfer.server.config import parse_config_text
-from kubeinfer.server.core.errors import InvalidArgument, QueueRejected
-from kubeinfer.server.core.types import InferenceRequest
 from kubeinfer.server.observability.stats import ModelStats
 from kubeinfer.server.scheduling.dynamic_batcher import DynamicBatcher
 from kubeinfer.server.scheduling.instance_pool import InstancePool
+from kubeinfer.server.vocabulary.errors import InvalidArgument, QueueRejected
+from kubeinfer.server.vocabulary.types import InferenceRequest
 
 
 class Gated(TensorBackendInstance):

@@ -12,11 +12,11 @@ import onnx
 import pytest
 from kubeinfer.server.backends.tensorrt import choose_profile
 from kubeinfer.server.config import parse_config_text, validate_config
-from kubeinfer.server.core.errors import InvalidArgument
 from kubeinfer.server.examples import models
 from kubeinfer.server.tools import convert
 from kubeinfer.server.tools.cli import build_parser
 from kubeinfer.server.tools.convert import ConvertError, ConvertOptions
+from kubeinfer.server.vocabulary.errors import InvalidArgument
 
 
 @pytest.fixture()

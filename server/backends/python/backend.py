@@ -23,7 +23,8 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ...config import ConfigError, config_from_dict, config_to_dict, pb
-from ...core import errors
+from ...vocabulary import errors
+from ...vocabulary.registry_view import RegistryView
 from ..base import Backend, BackendInstance, Batch, InstanceSpec, RequestResult
 from . import triton_python_backend_utils as pb_utils
 
@@ -64,10 +65,12 @@ class PythonBackend(Backend):
     name: ClassVar[str] = "python"
     default_filename: ClassVar[str] = "model.py"
 
-    def __init__(self, config: pb.ModelConfig, version_path: Path, version: int, context: Any = None) -> None:
+    def __init__(
+        self, config: pb.ModelConfig, version_path: Path, version: int, context: RegistryView | None = None
+    ) -> None:
         super().__init__(config, version_path, version, context)
         if context is not None:
-            pb_utils._bind(context, getattr(context, "loop", None))
+            pb_utils._bind(context, context.loop)
 
     @classmethod
     def auto_complete_config(cls, config: pb.ModelConfig, version_path: Path) -> None:

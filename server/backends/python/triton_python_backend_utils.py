@@ -13,9 +13,13 @@ import asyncio
 import json
 import logging
 from collections.abc import Awaitable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from ...vocabulary.registry_view import RegistryView
+    from ...vocabulary.types import InferenceRequest as CoreRequest
 
 _log = logging.getLogger("kubeinfer.python_model")
 
@@ -183,14 +187,14 @@ class InferenceResponse:
 class _BlsBinding:
     """How BLS requests reach the server: its registry and the event loop it runs on (set at load)."""
 
-    registry: Any = None
+    registry: RegistryView | None = None
     loop: asyncio.AbstractEventLoop | None = None
 
 
 _bls = _BlsBinding()
 
 
-def _bind(registry: Any, loop: asyncio.AbstractEventLoop | None) -> None:
+def _bind(registry: RegistryView, loop: asyncio.AbstractEventLoop | None) -> None:
     """Called by the Python backend when it loads a model (not part of Triton's API)."""
     _bls.registry = registry
     _bls.loop = loop
@@ -258,8 +262,8 @@ class InferenceRequest:
         return False
 
     # ---- BLS --------------------------------------------------------------------------------
-    def _core_request(self) -> Any:
-        from ...core.types import InferenceRequest as CoreRequest
+    def _core_request(self) -> CoreRequest:
+        from ...vocabulary.types import InferenceRequest as CoreRequest
 
         return CoreRequest(
             model_name=self._model_name,
@@ -297,8 +301,8 @@ class InferenceRequest:
         return asyncio.wrap_future(self._submit())
 
 
-async def _call(registry: Any, request: Any) -> InferenceResponse:
-    from ...core.errors import ServerError
+async def _call(registry: RegistryView, request: CoreRequest) -> InferenceResponse:
+    from ...vocabulary.errors import ServerError
 
     try:
         response = await registry.infer(request)
@@ -310,7 +314,7 @@ async def _call(registry: Any, request: Any) -> InferenceResponse:
 
 
 def _code_of(exc: Exception) -> int:
-    from ...core import errors
+    from ...vocabulary import errors
 
     for cls, code in (
         (errors.InvalidArgument, TritonError.INVALID_ARG),

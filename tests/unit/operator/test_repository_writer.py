@@ -15,7 +15,7 @@ from kubeinfer.operator.artifacts import ArtifactError
 from kubeinfer.operator.render import render_model
 from kubeinfer.operator.repository_writer import SOURCE_MARKER, RepositoryWriter
 from kubeinfer.server.config import load_config_file
-from kubeinfer.server.core.repository import read_model
+from kubeinfer.server.repository.scan import read_model
 from onnx import TensorProto
 
 from tests.support.models import unary

@@ -15,7 +15,7 @@ from typing import ClassVar
 import numpy as np
 from kubeinfer.server.backends.base import Backend, BackendInstance, Batch, InstanceSpec, RequestResult
 from kubeinfer.server.config import pb
-from kubeinfer.server.core.types import InferenceRequest
+from kubeinfer.server.vocabulary.types import InferenceRequest
 
 
 class SleepBackend(Backend):

@@ -10,10 +10,10 @@ from typing import Any
 
 from .. import SERVER_NAME, __version__
 from ..config import ConfigError, config_from_dict, config_to_dict, pb
-from . import datatypes
-from .errors import InvalidArgument, Unavailable, Unsupported
+from ..vocabulary import datatypes
+from ..vocabulary.errors import InvalidArgument, Unavailable, Unsupported
+from ..vocabulary.types import InferenceRequest, InferenceResponse
 from .registry import ModelRegistry
-from .types import InferenceRequest, InferenceResponse
 
 log = logging.getLogger(__name__)
 

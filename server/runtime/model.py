@@ -6,7 +6,6 @@ import asyncio
 import logging
 import time
 from pathlib import Path
-from typing import Any
 
 from ..backends.base import Backend, InstanceSpec
 from ..backends.loader import load_backend_class
@@ -15,10 +14,11 @@ from ..observability.stats import ModelStats, StatsListener
 from ..scheduling.base import Scheduler
 from ..scheduling.factory import make_scheduler
 from ..scheduling.instance_pool import InstancePool
+from ..vocabulary.classification import load_labels
+from ..vocabulary.errors import BackendError, InvalidArgument, ServerError, Unavailable
+from ..vocabulary.registry_view import RegistryView
+from ..vocabulary.types import InferenceRequest, InferenceResponse
 from . import devices
-from .classification import load_labels
-from .errors import BackendError, InvalidArgument, ServerError, Unavailable
-from .types import InferenceRequest, InferenceResponse
 from .validation import RequestValidator
 
 log = logging.getLogger(__name__)
@@ -135,7 +135,7 @@ async def build_model_version(
     version: int,
     version_path: Path | None,
     digest: str,
-    registry: Any,
+    registry: RegistryView,
     listeners: list[StatsListener],
     model_dir: Path | None = None,
 ) -> ModelVersion:

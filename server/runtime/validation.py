@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from ..config import pb
-from . import datatypes
-from .errors import InvalidArgument
-from .types import InferenceRequest
+from ..vocabulary import datatypes
+from ..vocabulary.errors import InvalidArgument
+from ..vocabulary.types import InferenceRequest
 
 
 class RequestValidator:

@@ -10,42 +10,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..backends.loader import available_backends
 from ..config import ConfigError, pb, validate_config
 from ..observability.stats import StatsListener
-from . import repository
-from .errors import InvalidArgument, NotFound, ServerError, Unavailable
+from ..repository import scan
+from ..repository.layout import check_model_name
+from ..vocabulary.errors import InvalidArgument, NotFound, ServerError, Unavailable
+from ..vocabulary.types import InferenceRequest, InferenceResponse
+from .lifecycle import ModelEntry, ModelState, VersionState
 from .model import ModelVersion, build_model_version, prepare_config
-from .types import InferenceRequest, InferenceResponse
 
 log = logging.getLogger(__name__)
-
-READY, LOADING, UNLOADING, UNAVAILABLE = "READY", "LOADING", "UNLOADING", "UNAVAILABLE"
-
-
-@dataclass
-class VersionState:
-    state: str
-    reason: str = ""
-
-
-@dataclass
-class ModelEntry:
-    name: str
-    #: versions that serve requests; replaced as a whole, never mutated in place
-    serving: dict[int, ModelVersion] = field(default_factory=dict)
-    #: what the index reports per version; key 0 holds a model-level failure with no version
-    states: dict[int, VersionState] = field(default_factory=dict)
-    config: pb.ModelConfig | None = None
-    config_digest: str = ""
-    override: pb.ModelConfig | None = None
-    #: digest per version of the last load attempt, failed or not (poll mode retries only on change)
-    attempted: dict[int, str] = field(default_factory=dict)
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:
@@ -94,9 +72,9 @@ class ModelRegistry:
         mv = serving.get(v)
         if mv is None:
             state = entry.states.get(v)
-            if state is not None and state.state != READY:
+            if state is not None and state.state != ModelState.READY:
                 raise Unavailable(
-                    f"model '{name}' version {v} is not ready: {state.state}"
+                    f"model '{name}' version {v} is not ready: {state.state.value}"
                     + (f" ({state.reason})" if state.reason else "")
                 )
             raise NotFound(f"Request for unknown model: '{name}' version {v} is not found")
@@ -147,14 +125,15 @@ class ModelRegistry:
         return self.resolve(name, version).config
 
     def all_ready(self) -> bool:
-        return all(e.serving and all(s.state == READY for s in e.states.values()) for e in self._models.values())
+        ready = ModelState.READY
+        return all(e.serving and all(s.state == ready for s in e.states.values()) for e in self._models.values())
 
     def index(self, ready_only: bool = False) -> list[dict[str, str]]:
         """Triton's repository index: one row per known version (or per model without versions)."""
         rows: list[dict[str, str]] = []
         names = set(self._models)
         if not ready_only:
-            names |= set(repository.list_model_names(self.repository_path))
+            names |= set(scan.list_model_names(self.repository_path))
         for name in sorted(names):
             entry = self._models.get(name)
             if entry is None:
@@ -165,9 +144,9 @@ class ModelRegistry:
                 rows.append({"name": name})
             for v in sorted(states):
                 s = states[v]
-                if ready_only and s.state != READY:
+                if ready_only and s.state != ModelState.READY:
                     continue
-                row = {"name": name, "version": str(v) if v else "", "state": s.state, "reason": s.reason}
+                row = {"name": name, "version": str(v) if v else "", "state": s.state.value, "reason": s.reason}
                 rows.append(row)
         return rows
 
@@ -178,7 +157,7 @@ class ModelRegistry:
         Raises InvalidArgument when a selected version failed to load; whatever was serving before
         keeps serving, and the message says so.
         """
-        repository.check_model_name(name)
+        check_model_name(name)
         entry = self._models.get(name)
         if entry is None:
             entry = self._models.setdefault(name, ModelEntry(name))
@@ -196,7 +175,7 @@ class ModelRegistry:
     async def _reconcile(self, entry: ModelEntry) -> list[str]:
         """Bring ``entry`` in line with the repository; returns why each failed part failed."""
         name = entry.name
-        source = await asyncio.to_thread(repository.read_model, self.repository_path, name, entry.override)
+        source = await asyncio.to_thread(scan.read_model, self.repository_path, name, entry.override)
         entry.config_digest = source.config_digest
         if source.error or source.config is None:
             return self._record_failure(entry, 0, source.error or "no config")
@@ -222,7 +201,7 @@ class ModelRegistry:
                 new_serving[v] = current
                 continue
             if current is None:
-                entry.states[v] = VersionState(LOADING)
+                entry.states[v] = VersionState(ModelState.LOADING)
             try:
                 mv = await self._build(config, v, source.versions.get(v), digest)
             except Exception as exc:  # any load failure is reported, never fatal
@@ -231,14 +210,14 @@ class ModelRegistry:
                 failures.append(f"version {v}: {reason}")
                 if current is not None:
                     new_serving[v] = current  # keep serving what worked
-                    entry.states[v] = VersionState(READY, f"reload failed: {reason}")
+                    entry.states[v] = VersionState(ModelState.READY, f"reload failed: {reason}")
                 else:
-                    entry.states[v] = VersionState(UNAVAILABLE, reason)
+                    entry.states[v] = VersionState(ModelState.UNAVAILABLE, reason)
                 for hook in self.on_load_failure:
                     hook(name, str(v), reason)
                 continue
             new_serving[v] = mv
-            entry.states[v] = VersionState(READY)
+            entry.states[v] = VersionState(ModelState.READY)
             if current is not None:
                 replaced.append(current)
         if not new_serving and entry.serving:
@@ -248,7 +227,7 @@ class ModelRegistry:
         entry.serving = new_serving  # the atomic switch
         entry.config = new_serving[max(new_serving)].config if new_serving else config
         for mv in removed:
-            entry.states[mv.version] = VersionState(UNLOADING)
+            entry.states[mv.version] = VersionState(ModelState.UNLOADING)
         removed_versions = {mv.version for mv in removed}
         for v in list(entry.states):
             if v not in wanted and v not in removed_versions:
@@ -273,9 +252,9 @@ class ModelRegistry:
         if entry.serving:
             # keep serving the last good config; say why the new one was refused
             for v in entry.serving:
-                entry.states[v] = VersionState(READY, f"reload failed: {reason}")
+                entry.states[v] = VersionState(ModelState.READY, f"reload failed: {reason}")
         else:
-            entry.states = {version: VersionState(UNAVAILABLE, reason)}
+            entry.states = {version: VersionState(ModelState.UNAVAILABLE, reason)}
         for hook in self.on_load_failure:
             hook(entry.name, str(version) if version else "", reason)
         return [reason]
@@ -285,8 +264,9 @@ class ModelRegistry:
         if not drained:
             log.warning("unloading %s version %s with requests still in flight", mv.name, mv.version)
         await mv.close()
-        if forget and entry.states.get(mv.version, VersionState("")).state == UNLOADING:
-            entry.states[mv.version] = VersionState(UNAVAILABLE, "unloaded")
+        state = entry.states.get(mv.version)
+        if forget and state is not None and state.state == ModelState.UNLOADING:
+            entry.states[mv.version] = VersionState(ModelState.UNAVAILABLE, "unloaded")
         log.info("unloaded %s version %s", mv.name, mv.version)
 
     def _spawn(self, coro: Any) -> None:
@@ -295,7 +275,7 @@ class ModelRegistry:
         task.add_done_callback(self._background.discard)
 
     async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
-        repository.check_model_name(name)
+        check_model_name(name)
         entry = self._models.get(name)
         if entry is None:
             raise NotFound(f"failed to unload '{name}': model is not loaded")
@@ -303,7 +283,7 @@ class ModelRegistry:
             retiring = list(entry.serving.values())
             entry.serving = {}
             for mv in retiring:
-                entry.states[mv.version] = VersionState(UNLOADING)
+                entry.states[mv.version] = VersionState(ModelState.UNLOADING)
             entry.override = None
             await asyncio.gather(*(self._retire(entry, mv, forget=True) for mv in retiring))
         if unload_dependents:
@@ -320,7 +300,7 @@ class ModelRegistry:
             self._models.pop(name, None)
 
     async def load_all(self) -> None:
-        for name in repository.list_model_names(self.repository_path):
+        for name in scan.list_model_names(self.repository_path):
             try:
                 await self.load_model(name)
             except ServerError as exc:
@@ -328,7 +308,7 @@ class ModelRegistry:
 
     async def poll(self) -> None:
         """Bring the loaded set in line with the repository (poll mode)."""
-        on_disk = set(await asyncio.to_thread(repository.list_model_names, self.repository_path))
+        on_disk = set(await asyncio.to_thread(scan.list_model_names, self.repository_path))
         for name in sorted(set(self._models) - on_disk):
             await self.forget_model(name)
         for name in sorted(on_disk):
@@ -341,7 +321,7 @@ class ModelRegistry:
                 log.error("%s", exc)
 
     async def _changed(self, entry: ModelEntry) -> bool:
-        source = await asyncio.to_thread(repository.read_model, self.repository_path, entry.name, entry.override)
+        source = await asyncio.to_thread(scan.read_model, self.repository_path, entry.name, entry.override)
         if source.config_digest != entry.config_digest:
             return True
         config = entry.config or source.config
@@ -350,9 +330,9 @@ class ModelRegistry:
         return self._wanted(source, config) != entry.attempted
 
     @staticmethod
-    def _wanted(source: repository.ModelSource, config: pb.ModelConfig) -> dict[int, str]:
+    def _wanted(source: scan.ModelSource, config: pb.ModelConfig) -> dict[int, str]:
         """Digest per version the policy selects: what a load would (re)build."""
-        targets = repository.select_versions(config, list(source.versions))
+        targets = scan.select_versions(config, list(source.versions))
         return {v: source.config_digest + ":" + source.version_digests.get(v, "") for v in targets}
 
     async def shutdown(self, timeout: float) -> None:

@@ -1,30 +1,15 @@
-"""Reads a Triton-style model repository from disk (no loading, no state).
-
-Layout: ``<repo>/<model>/config.pbtxt`` and ``<repo>/<model>/<version>/<model file>``.
-
-Atomic-write contract (what a writer such as the operator must follow, and what poll mode relies on):
-
-* every file or folder whose name starts with ``.`` is ignored, at the repository level and inside a
-  model folder, so writers stage under dot-names and ``rename`` into place;
-* a version folder (numeric, no leading zero) counts only once its model file exists;
-* a new model is staged whole as ``<repo>/.<model>.staging-*`` and renamed to ``<repo>/<model>``;
-* a new version is staged as ``<repo>/<model>/.<version>.staging-*`` and renamed, then the config is
-  replaced (config last) via ``.config.pbtxt.tmp-*`` and ``os.replace``;
-* removal renames to a dot-name first, then deletes.
-"""
+"""Reads a Triton-style model repository from disk (no loading, no state); see ``layout`` for the rules."""
 
 from __future__ import annotations
 
 import hashlib
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..config import ConfigError, load_config_file, pb
-from .errors import InvalidArgument
+from .layout import CONFIG_FILE, MODEL_NAME, is_version_dir_name
 
-CONFIG_FILE = "config.pbtxt"
 #: default model file per platform/backend, as Triton names them
 DEFAULT_FILENAMES = {
     "onnxruntime_onnx": "model.onnx",
@@ -33,19 +18,6 @@ DEFAULT_FILENAMES = {
     "tensorrt": "model.plan",
     "python": "model.py",
 }
-_MODEL_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
-
-
-def check_model_name(name: str) -> None:
-    """Reject names that could escape the repository (``..``, separators) or are hidden."""
-    if not name or "/" in name or "\\" in name or name in (".", "..") or not _MODEL_NAME.match(name):
-        raise InvalidArgument(
-            f"invalid model name '{name}': use letters, digits, '_', '-' and '.', without path separators"
-        )
-
-
-def is_version_dir_name(name: str) -> bool:
-    return name.isdigit() and not name.startswith("0")
 
 
 @dataclass
@@ -104,7 +76,7 @@ def list_model_names(repo: Path) -> list[str]:
         entries = sorted(os.scandir(repo), key=lambda e: e.name)
     except OSError:
         return []
-    return [e.name for e in entries if not e.name.startswith(".") and e.is_dir() and _MODEL_NAME.match(e.name)]
+    return [e.name for e in entries if not e.name.startswith(".") and e.is_dir() and MODEL_NAME.match(e.name)]
 
 
 def read_model(repo: Path, name: str, override: pb.ModelConfig | None = None) -> ModelSource:

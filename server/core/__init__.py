@@ -1,1 +1,0 @@
-"""Transport-neutral core: request types, errors, the model registry and its lifecycle."""
