@@ -1,9 +1,10 @@
 """End-to-end: real control plane, real ``kubeinfer-operator`` process, real ``kubeinfer-server`` process.
 
 The repository volume is a local folder (the operator's ``--repository-root``); a server process
-polls ``<root>/gpu-pool`` (the InferenceServer's subPath) and the operator reads that server's
-repository index for status (``--server-endpoint``). Model files come from an HTTP server on
-127.0.0.1 or from ``uploads/`` on the "volume". Each test uses its own model names.
+polls ``<root>/<namespace>/gpu-pool`` (the InferenceServer's subPath, inside its namespace's folder) and
+the operator reads that server's repository index for status (``--server-endpoint``). Model files come
+from an HTTP server on 127.0.0.1 or from ``<namespace>/uploads/`` on the "volume". Each test uses its
+own model names.
 """
 
 from __future__ import annotations
@@ -123,7 +124,8 @@ class Env:
         self.cluster, self.ns, self.root, self.base_url, self.server, self.operator = (
             cluster, namespace, root, base_url, server, op,
         )  # fmt: skip
-        self.repo = root / SERVER
+        self.uploads = root / namespace / "uploads"
+        self.repo = root / namespace / SERVER
 
     def kubectl(self, *args: str, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess:
         return self.cluster.kubectl("-n", self.ns, *args, check=check, input=input)
@@ -169,7 +171,7 @@ class Env:
         prefix = "/slow" if slow else ""
         return {
             "version": version,
-            "source": {"uri": f"{self.base_url}{prefix}/{file}", "sha256": sha or sha256(self.root / "uploads" / file)},
+            "source": {"uri": f"{self.base_url}{prefix}/{file}", "sha256": sha or sha256(self.uploads / file)},
         }
 
     def index(self, model: str) -> dict[str, str]:
@@ -204,18 +206,20 @@ def env(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]
         cluster.kubectl("wait", "--for=condition=Established", f"crd/{crd}.serving.kubeinfer.io", "--timeout=60s")
     cluster.kubectl("create", "namespace", ns)
     root = tmp_path_factory.mktemp("volume")
-    uploads = root / "uploads"
-    uploads.mkdir()
+    uploads = root / ns / "uploads"
+    uploads.mkdir(parents=True)
     for name, op in (("relu.onnx", "Relu"), ("neg.onnx", "Neg"), ("abs.onnx", "Abs")):
         onnx.save(unary(name, op, TensorProto.FLOAT, ["batch", 4]), uploads / name)
     onnx.save(unary("wide", "Relu", TensorProto.FLOAT, ["batch", 6]), uploads / "wide.onnx")
     os.symlink(uploads / "relu.onnx", uploads / "link.onnx")
-    (root / SERVER).mkdir()
+    (root / ns / SERVER).mkdir()
     handler = lambda *a: Files(*a, directory=str(uploads))  # noqa: E731
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     logs = tmp_path_factory.mktemp("logs")
-    server = start_server(root / SERVER, "--model-control-mode", "poll", "--repository-poll-secs", "1", log_dir=logs)
+    server = start_server(
+        root / ns / SERVER, "--model-control-mode", "poll", "--repository-poll-secs", "1", log_dir=logs
+    )
     op = Operator(cluster, root, ns, server, logs)
     op.start()
     e = Env(cluster, ns, root, f"http://127.0.0.1:{httpd.server_address[1]}", server, op)
@@ -274,7 +278,7 @@ def test_server_pool_objects_and_drift_repair(env: Env) -> None:
     assert "--model-control-mode=poll" in c["args"] and "--repository-poll-secs=1" in c["args"]
     assert c["resources"]["limits"]["nvidia.com/gpu"] == "1"
     mount = next(m for m in c["volumeMounts"] if m["name"] == "model-repository")
-    assert (mount["mountPath"], mount["subPath"], mount["readOnly"]) == ("/models", SERVER, True)
+    assert (mount["mountPath"], mount["subPath"], mount["readOnly"]) == ("/models", f"{env.ns}/{SERVER}", True)
     assert next(v for v in pod["volumes"] if v["name"] == "dshm")["emptyDir"]["medium"] == "Memory"
     assert c["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
     assert dep["metadata"]["ownerReferences"][0]["kind"] == "InferenceServer"
@@ -345,8 +349,8 @@ def test_model_served_then_hot_reloaded_without_failed_requests(env: Env) -> Non
     thread = threading.Thread(target=client)
     thread.start()
     try:
-        (env.root / "uploads/v2").mkdir(exist_ok=True)
-        (env.root / "uploads/v2/model.onnx").write_bytes((env.root / "uploads/neg.onnx").read_bytes())
+        (env.uploads / "v2").mkdir(exist_ok=True)
+        (env.uploads / "v2/model.onnx").write_bytes((env.uploads / "neg.onnx").read_bytes())
         obj["spec"]["versions"].append({"version": 2, "source": {"path": "uploads/v2/model.onnx"}})
         env.apply({"apiVersion": API, "kind": "InferenceModel", "metadata": {"name": name}, "spec": obj["spec"]})
         wait_for(

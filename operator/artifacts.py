@@ -70,12 +70,19 @@ def download(uri: str, sha256: str, dest: Path, *, max_bytes: int = DEFAULT_MAX_
 
 
 def volume_file(root: Path, relative: str) -> Path:
-    """The regular file ``relative`` names inside ``root``; refuses '..', absolute paths and symlinks."""
+    """The regular file ``relative`` names inside ``root`` (the namespace's folder on the volume).
+
+    Refuses '..', absolute paths and symlinks anywhere on the way, and checks the resolved file is inside.
+    """
     rel = Path(relative)
-    if rel.is_absolute() or ".." in rel.parts or not rel.parts:
+    if rel.is_absolute() or ".." in rel.parts or not rel.parts or "\0" in relative:
         raise ArtifactError(
-            "PathRejected", f"source.path '{relative}' must be relative to the repository volume, without '..'"
+            "PathRejected",
+            f"source.path '{relative}' must be relative to this namespace's folder on the repository volume "
+            f"('{root.name}/'), without '..'",
         )
+    if root.is_symlink():
+        raise ArtifactError("PathRejected", f"the namespace's folder '{root.name}' on the volume is a symlink")
     current = root
     for part in rel.parts:
         current = current / part
@@ -83,8 +90,12 @@ def volume_file(root: Path, relative: str) -> Path:
             mode = os.lstat(current).st_mode
         except FileNotFoundError:
             raise ArtifactError(
-                "PathNotFound", f"source.path '{relative}' does not exist on the repository volume"
+                "PathNotFound",
+                f"source.path '{relative}' does not exist in this namespace's folder on the repository volume "
+                f"('{root.name}/{relative}')",
             ) from None
+        except OSError as exc:
+            raise ArtifactError("PathRejected", f"source.path '{relative}' cannot be used: {exc.strerror}") from None
         if stat.S_ISLNK(mode):
             raise ArtifactError(
                 "PathRejected",
@@ -95,7 +106,9 @@ def volume_file(root: Path, relative: str) -> Path:
         raise ArtifactError("PathRejected", f"source.path '{relative}' is not a regular file")
     resolved = current.resolve()
     if not resolved.is_relative_to(root.resolve()):
-        raise ArtifactError("PathRejected", f"source.path '{relative}' is outside the repository volume")
+        raise ArtifactError(
+            "PathRejected", f"source.path '{relative}' is outside this namespace's folder on the volume"
+        )
     return current
 
 

@@ -101,7 +101,7 @@ class Reconciler:
                 f"'{self.config.claim_name}'; use that claim in spec.repository.claimName",
             )
         subpath = manifests.repository_subpath(namespace, server_name, spec)
-        return subpath, self.writer.server_dir(subpath)
+        return subpath, self.writer.server_dir(namespace, subpath)
 
     # ----------------------------------------------------------------------------------- servers
     def reconcile_server(self, body: Mapping[str, Any], logger: logging.Logger | None = None) -> None:
@@ -213,7 +213,7 @@ class Reconciler:
                     else:
                         result = self.writer.sync_model(server_dir, rendered)
                         obs.repository_path = f"{subpath}/{name}"
-                        self._forget_old_location(prev.get("repositoryPath"), obs.repository_path)
+                        self._forget_old_location(ns, name, prev.get("repositoryPath"), obs.repository_path)
                         if result.changed:
                             kopf.info(_ref(body), reason="Rendered", message=_describe(result))
                 except ConfigError as exc:
@@ -260,14 +260,24 @@ class Reconciler:
                 generation, obs.render_error, obs.failed_version, delay, time.monotonic() + delay
             )
 
-    def _forget_old_location(self, old: str | None, new: str) -> None:
-        """The model moved (other server or subPath): remove it from where it was."""
+    def _forget_old_location(self, namespace: str, name: str, old: str | None, new: str) -> None:
+        """The model moved (other server or subPath): remove it from where it was.
+
+        ``old`` comes from the object's status, which whoever may write the status subresource can
+        change: it is only acted on when it names this model inside this namespace's folder.
+        """
         if not old or old == new:
             return
         old_path = Path(old)
+        if old_path.name != name:
+            log.warning(
+                "ignoring status.repositoryPath %r of model %s/%s: not this model's folder", old, namespace, name
+            )
+            return
         try:
-            server_dir = self.writer.server_dir(str(old_path.parent), create=False)
-        except ArtifactError:
+            server_dir = self.writer.server_dir(namespace, str(old_path.parent), create=False)
+        except ArtifactError as exc:
+            log.warning("ignoring status.repositoryPath %r of model %s/%s: %s", old, namespace, name, exc.message)
             return
         if server_dir.is_dir():
             self.writer.remove_model(server_dir, old_path.name)
@@ -301,7 +311,7 @@ class Reconciler:
                     self.writer.remove_model(server_dir, name)
                 except ArtifactError:
                     pass
-            self._forget_old_location(recorded, "")
+            self._forget_old_location(ns, name, recorded, "")
             if server is None:
                 return
             try:

@@ -47,8 +47,12 @@ def selector_string(name: str) -> str:
 
 
 def repository_subpath(namespace: str, name: str, spec: Mapping[str, Any]) -> str:
-    """Folder of this server's repository inside the volume (default ``<namespace>/<name>``)."""
-    return (spec.get("repository") or {}).get("subPath") or f"{namespace}/{name}"
+    """Folder of this server's repository inside the volume: ``<namespace>/<subPath>`` (default ``<namespace>/<name>``).
+
+    ``spec.repository.subPath`` is relative to the namespace's own folder, so no object can name
+    another namespace's models (tenant isolation on the shared volume).
+    """
+    return f"{namespace}/{(spec.get('repository') or {}).get('subPath') or name}"
 
 
 def ports(spec: Mapping[str, Any]) -> dict[str, int]:

@@ -18,7 +18,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kubeinfer.server.repository.layout import CONFIG_FILE, is_version_dir_name
+from kubeinfer.server.config import ConfigError, check_file_name
+from kubeinfer.server.repository.layout import (
+    CONFIG_FILE,
+    PathEscape,
+    check_model_name,
+    is_version_dir_name,
+    resolve_inside,
+)
+from kubeinfer.server.vocabulary.errors import InvalidArgument
 
 from . import artifacts
 from .artifacts import ArtifactError
@@ -49,6 +57,21 @@ class SyncResult:
             or self.removed_versions
             or self.config_changed
         )
+
+
+def check_model_name_for_writer(name: str) -> None:
+    try:
+        check_model_name(name)
+    except InvalidArgument as exc:
+        raise ArtifactError("PathRejected", str(exc)) from None
+
+
+def check_file_name_for_writer(name: str) -> None:
+    """The config validator's file-name rule, again right where the name is joined to a folder."""
+    try:
+        check_file_name(name, "default_model_filename")
+    except ConfigError as exc:
+        raise ArtifactError("PathRejected", str(exc)) from None
 
 
 def _suffix() -> str:
@@ -94,19 +117,69 @@ class RepositoryWriter:
         self.timeout = timeout
 
     # -------------------------------------------------------------------------------------- paths
-    def server_dir(self, subpath: str, create: bool = True) -> Path:
-        """The server's repository folder; refuses subPaths that leave the root or pass symlinks."""
+    def server_dir(self, namespace: str, subpath: str, create: bool = True) -> Path:
+        """The folder ``subpath`` (relative to the volume) of a server in ``namespace``.
+
+        Tenant isolation on the shared volume: objects of a namespace write only below
+        ``<root>/<namespace>/``, so ``subpath`` must start with that folder; no component may be empty,
+        '.', '..' or hidden, and none may be a symlink (checked again after resolving, too).
+        """
         rel = Path(subpath)
-        if rel.is_absolute() or any(p in ("", ".", "..") for p in rel.parts) or not rel.parts:
-            raise ArtifactError("PathRejected", f"repository.subPath '{subpath}' must be a relative path without '..'")
+        if rel.is_absolute() or not rel.parts or any(p.startswith(".") for p in rel.parts) or "\\" in subpath:
+            raise ArtifactError(
+                "PathRejected",
+                f"repository folder '{subpath}' must be a relative path without '.', '..' or hidden parts",
+            )
+        if rel.parts[0] != namespace or len(rel.parts) < 2:
+            raise ArtifactError(
+                "PathRejected",
+                f"repository folder '{subpath}' is outside the folder of namespace '{namespace}' on the volume "
+                f"('{namespace}/...'): a namespace's servers and models live only there",
+            )
         current = self.root
         for part in rel.parts:
             current = current / part
             if current.is_symlink():
-                raise ArtifactError("PathRejected", f"repository.subPath '{subpath}' passes through a symlink")
+                raise ArtifactError("PathRejected", f"repository folder '{subpath}' passes through a symlink")
             if create and not current.exists():
                 current.mkdir(mode=0o755)
+        self._confine(self.root / namespace, current, f"repository folder '{subpath}'")
         return current
+
+    def namespace_dir(self, server_dir: Path) -> Path:
+        """``<root>/<namespace>`` of a folder ``server_dir`` returned (always below it)."""
+        return self.root / server_dir.relative_to(self.root).parts[0]
+
+    @staticmethod
+    def _confine(root: Path, path: Path, what: str, inside: str = "its namespace's folder") -> Path:
+        try:
+            return resolve_inside(root, path, what, inside)
+        except PathEscape as exc:
+            raise ArtifactError("PathRejected", str(exc)) from None
+
+    def _model_dir(self, server_dir: Path, name: str) -> Path:
+        """``server_dir/name``, refusing a symlink there or at a version folder or config.pbtxt inside it.
+
+        The operator owns these paths; a symlink planted by anyone with write access to the volume would
+        make the renames and writes below land in another tenant's folder.
+        """
+        check_model_name_for_writer(name)
+        model_dir = server_dir / name
+        if model_dir.is_symlink():
+            raise ArtifactError(
+                "PathRejected",
+                f"'{model_dir.relative_to(self.root)}' is a symlink; the operator writes only real folders",
+            )
+        if model_dir.is_dir():
+            for entry in os.scandir(model_dir):
+                if entry.is_symlink() and (is_version_dir_name(entry.name) or entry.name == CONFIG_FILE):
+                    raise ArtifactError(
+                        "PathRejected",
+                        f"'{model_dir.relative_to(self.root)}/{entry.name}' is a symlink; remove it "
+                        "(the operator writes only real files and folders)",
+                    )
+        self._confine(server_dir, model_dir, "model folder", "its server's folder")
+        return model_dir
 
     # ----------------------------------------------------------------------------------- inspection
     def versions_on_disk(self, server_dir: Path, name: str) -> list[int]:
@@ -121,7 +194,7 @@ class RepositoryWriter:
         own = re.compile(rf"^\.{re.escape(name)}\.(staging|deleting)-[0-9a-f]+$")
         candidates = [e for e in server_dir.iterdir() if own.match(e.name)] if server_dir.is_dir() else []
         model_dir = server_dir / name
-        if model_dir.is_dir():
+        if model_dir.is_dir() and not model_dir.is_symlink():
             candidates += [e for e in model_dir.iterdir() if _LEFTOVER.match(e.name)]
         for entry in candidates:
             _remove_tree(entry)
@@ -129,19 +202,20 @@ class RepositoryWriter:
         return removed
 
     # -------------------------------------------------------------------------------------- staging
-    def _fetch(self, source: Source, dest: Path) -> None:
+    def _fetch(self, source: Source, dest: Path, namespace_dir: Path) -> None:
         if source.uri:
             artifacts.download(source.uri, source.sha256 or "", dest, max_bytes=self.max_bytes, timeout=self.timeout)
         elif source.path:
-            artifacts.copy_from_volume(self.root, source.path, source.sha256, dest, max_bytes=self.max_bytes)
+            artifacts.copy_from_volume(namespace_dir, source.path, source.sha256, dest, max_bytes=self.max_bytes)
 
-    def _stage_version(self, folder: Path, model: RenderedModel, version: int) -> None:
+    def _stage_version(self, folder: Path, model: RenderedModel, version: int, namespace_dir: Path) -> None:
         """Fill an (invisible) version folder: the model file and the source marker."""
         folder.mkdir()
         source = model.versions[version]
         if model.filename:
+            check_file_name_for_writer(model.filename)
             try:
-                self._fetch(source, folder / model.filename)
+                self._fetch(source, folder / model.filename, namespace_dir)
             except ArtifactError as exc:
                 raise ArtifactError(exc.reason, f"version {version}: {exc.message}", version) from None
         _write_file(folder / SOURCE_MARKER, json.dumps(source.as_dict(), sort_keys=True))
@@ -170,8 +244,9 @@ class RepositoryWriter:
         self, server_dir: Path, model: RenderedModel, on_stage: Callable[[int], None] | None = None
     ) -> SyncResult:
         """Make ``server_dir/<model>`` match ``model``; all-or-nothing for the fetches and checks."""
+        model_dir = self._model_dir(server_dir, model.name)
         result = SyncResult(cleaned=self.clean_stale(server_dir, model.name))
-        model_dir = server_dir / model.name
+        namespace_dir = self.namespace_dir(server_dir)
         if not model_dir.is_dir():
             self._create_model(server_dir, model, on_stage)
             result.created_model = True
@@ -186,7 +261,7 @@ class RepositoryWriter:
             for version in stale:
                 folder = model_dir / f".{version}.staging-{_suffix()}"
                 staged[version] = folder
-                self._stage_version(folder, model, version)
+                self._stage_version(folder, model, version, namespace_dir)
                 if on_stage:
                     on_stage(version)
             if staged or config_changed:
@@ -227,7 +302,7 @@ class RepositoryWriter:
         staging.mkdir()
         try:
             for version in sorted(model.versions):
-                self._stage_version(staging / str(version), model, version)
+                self._stage_version(staging / str(version), model, version, self.namespace_dir(server_dir))
                 if on_stage:
                     on_stage(version)
             if model.filename:
@@ -241,9 +316,10 @@ class RepositoryWriter:
             raise
 
     def remove_model(self, server_dir: Path, name: str) -> bool:
+        check_model_name_for_writer(name)
         self.clean_stale(server_dir, name)
         model_dir = server_dir / name
-        if not model_dir.exists():
+        if not model_dir.exists() and not model_dir.is_symlink():
             return False
         _retire(model_dir)
         return True

@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 from google.protobuf import descriptor
-from kubeinfer.server.config import pb
+from kubeinfer.server.config import MAX_FILE_NAME_BYTES, pb
 from kubeinfer.server.vocabulary import datatypes
 
 from .descriptions import CONFIG_FIELDS
@@ -79,6 +79,23 @@ _MINIMUMS = {
 }
 _DIM_FIELDS = {"ModelInput.dims", "ModelOutput.dims", "ModelTensorReshape.shape"}
 _NAME_FIELDS = {"ModelInput.name", "ModelOutput.name", "ModelEnsembling.Step.model_name"}
+#: file names joined to a model's folder: CEL mirror of ``kubeinfer.server.config.check_file_name``
+_FILE_NAME_FIELDS = {
+    "ModelConfig.default_model_filename",
+    "ModelConfig.cc_model_filenames",
+    "ModelOutput.label_filename",
+    "ModelWarmup.Input.input_data_file",
+    "ModelSequenceBatching.InitialState.data_file",
+}
+FILE_NAME_RULES = [
+    {
+        "rule": "!self.contains('/') && !self.contains('\\\\')",
+        "message": "a file name in the model's folder: one path component, no '/' or '\\'",
+    },
+    {"rule": "!self.startsWith('.')", "message": "a file name must not start with '.' (no '..', no hidden files)"},
+    {"rule": "!self.matches('[\\\\x00-\\\\x1f\\\\x7f]')", "message": "a file name must not contain control characters"},
+    {"rule": "size(bytes(self)) <= 255", "message": "a file name is at most 255 bytes"},
+]
 #: extra rules on messages that span fields
 _MESSAGE_RULES = {
     "ModelDynamicBatching": [
@@ -125,6 +142,8 @@ def _scalar_schema(fd: descriptor.FieldDescriptor, key: str) -> dict[str, Any]:
         schema = {"type": "string"}
         if key in _NAME_FIELDS:
             schema.update(minLength=1, maxLength=NAME_MAX)
+        if key in _FILE_NAME_FIELDS:
+            schema.update(minLength=1, maxLength=MAX_FILE_NAME_BYTES, **{"x-kubernetes-validations": FILE_NAME_RULES})
         return schema
     raise TypeError(f"no CRD schema for proto field {key} (type {fd.type})")
 
@@ -243,8 +262,9 @@ _SOURCE = {
             "type": "string",
             "minLength": 1,
             "maxLength": 1024,
-            "description": "File path relative to the root of the repository volume (e.g. uploads/model.onnx). "
-            "Must stay inside the volume and must not pass through a symlink.",
+            "description": "File path relative to this namespace's folder on the repository volume "
+            "(<volume>/<namespace>/, e.g. uploads/model.onnx). Must stay inside that folder and must not pass "
+            "through a symlink.",
         },
     },
     "x-kubernetes-validations": [
@@ -579,14 +599,16 @@ INFERENCE_SERVER_SPEC = {
             "properties": {
                 "claimName": _s("PersistentVolumeClaim holding the repository (ReadWriteMany).", minLength=1),
                 "subPath": _s(
-                    "Folder inside the volume for this server's repository; default <namespace>/<name>.",
+                    "Folder of this server's repository inside this namespace's folder of the volume "
+                    "(<volume>/<namespace>/<subPath>); default <name>.",
                     pattern="^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$",
+                    maxLength=1024,
                 ),
             },
             "x-kubernetes-validations": [
                 {
-                    "rule": "!has(self.subPath) || !self.subPath.matches('(^|/)[.][.]?(/|$)')",
-                    "message": "repository.subPath must not contain '.' or '..' components",
+                    "rule": "!has(self.subPath) || !self.subPath.matches('(^|/)[.]')",
+                    "message": "repository.subPath must not contain '.', '..' or hidden (dot-named) components",
                 }
             ],
         },

@@ -13,14 +13,17 @@ from .codec import (
     load_config_file,
     parse_config_text,
 )
-from .validate import KNOWN_PLATFORMS, validate_config
+from .validate import KNOWN_PLATFORMS, MAX_FILE_NAME_BYTES, check_file_name, check_file_names, validate_config
 
 ModelConfig = pb.ModelConfig
 
 __all__ = [
     "KNOWN_PLATFORMS",
+    "MAX_FILE_NAME_BYTES",
     "ConfigError",
     "ModelConfig",
+    "check_file_name",
+    "check_file_names",
     "config_from_dict",
     "config_from_json",
     "config_to_dict",

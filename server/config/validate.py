@@ -6,6 +6,7 @@ runs them before rendering, so a bad spec is refused with the same words in both
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
 from . import model_config_pb2 as pb
@@ -18,6 +19,56 @@ KNOWN_PLATFORMS = {
     "ensemble": "",
 }
 BUILTIN_BACKENDS = {"onnxruntime", "tensorrt", "python"}
+#: longest file name Linux file systems take (NAME_MAX, in bytes)
+MAX_FILE_NAME_BYTES = 255
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def check_file_name(value: str, field: str) -> None:
+    """A file name from a config must name one file inside its folder, never a path.
+
+    The one rule for every file name a config carries (model file, label file, warmup data), used by
+    the server (config.pbtxt and the load API's overrides) and the operator (InferenceModel specs,
+    mirrored as CEL rules in the CRD): one path component, no leading ``.`` (so no ``..`` and no
+    hidden names, which the repository contract reserves for staging), no separators, no control
+    characters, at most 255 bytes.
+    """
+    problem = ""
+    if not value:
+        problem = "is empty"
+    elif "/" in value or "\\" in value:
+        problem = "contains a path separator"
+    elif _CONTROL.search(value):
+        problem = "contains a control character"
+    elif value.startswith("."):
+        problem = "starts with '.'"
+    elif len(value.encode("utf-8")) > MAX_FILE_NAME_BYTES:
+        problem = f"is {len(value.encode('utf-8'))} bytes long (at most {MAX_FILE_NAME_BYTES})"
+    if problem:
+        shown = value if len(value) <= 80 else value[:80] + "..."
+        raise ConfigError(
+            f"{field} {shown!r} {problem}: it must be a single file name inside the model's folder "
+            "(no '/', '\\' or control characters, not starting with '.', at most 255 bytes)"
+        )
+
+
+def check_file_names(config: pb.ModelConfig) -> None:
+    """Apply ``check_file_name`` to every file name field of ``config`` that is set."""
+    if config.default_model_filename:
+        check_file_name(config.default_model_filename, "default_model_filename")
+    for arch, filename in config.cc_model_filenames.items():
+        check_file_name(filename, f"cc_model_filenames['{arch}']")
+    for t in config.output:
+        if t.label_filename:
+            check_file_name(t.label_filename, f"output '{t.name}' label_filename")
+    for warmup in config.model_warmup:
+        for name, inp in warmup.inputs.items():
+            if inp.input_data_file:
+                check_file_name(inp.input_data_file, f"model_warmup '{warmup.name}' input '{name}' input_data_file")
+    for state in config.sequence_batching.state:
+        for initial in state.initial_state:
+            if initial.data_file:
+                check_file_name(initial.data_file, f"sequence_batching state '{state.input_name}' data_file")
 
 
 def _check_tensor(kind: str, t: pb.ModelInput | pb.ModelOutput, max_batch_size: int) -> None:
@@ -116,6 +167,7 @@ def validate_config(
         raise ConfigError(
             f"config name '{config.name}' does not match the model folder name '{model_name}'; they must be equal"
         )
+    check_file_names(config)
     backends = set(BUILTIN_BACKENDS) | set(available_backends or ())
     if config.platform and config.platform not in KNOWN_PLATFORMS:
         raise ConfigError(f"unknown platform '{config.platform}': expected one of {', '.join(sorted(KNOWN_PLATFORMS))}")

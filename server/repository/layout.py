@@ -17,7 +17,9 @@ Atomic-write contract (what a writer must follow, and what poll mode relies on):
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
+from ..config import MAX_FILE_NAME_BYTES, ConfigError
 from ..vocabulary.errors import InvalidArgument
 
 CONFIG_FILE = "config.pbtxt"
@@ -25,7 +27,12 @@ MODEL_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
 
 
 def check_model_name(name: str) -> None:
-    """Reject names that could escape the repository (``..``, separators) or are hidden."""
+    """Reject names that could escape the repository (``..``, separators), are hidden or too long for a folder."""
+    if len(name.encode("utf-8")) > MAX_FILE_NAME_BYTES:
+        raise InvalidArgument(
+            f"invalid model name '{name[:40]}...' ({len(name.encode('utf-8'))} bytes): "
+            f"a model name is a folder name, at most {MAX_FILE_NAME_BYTES} bytes"
+        )
     if not name or "/" in name or "\\" in name or name in (".", "..") or not MODEL_NAME.match(name):
         raise InvalidArgument(
             f"invalid model name '{name}': use letters, digits, '_', '-' and '.', without path separators"
@@ -34,3 +41,28 @@ def check_model_name(name: str) -> None:
 
 def is_version_dir_name(name: str) -> bool:
     return name.isdigit() and not name.startswith("0")
+
+
+class PathEscape(ConfigError):
+    """A path (through a symlink) leads outside the folder it must stay in."""
+
+
+def resolve_inside(root: Path, path: Path, what: str, inside: str = "the model repository") -> Path:
+    """``path`` with every symlink resolved, provided the result stays inside ``root`` (resolved too).
+
+    Every file the server reads from a model folder goes through here (and the operator's writes), so
+    a symlink planted in a repository cannot make the server read (and echo, e.g. as class labels) a
+    file elsewhere on the machine or the shared volume. Symlinks that stay inside are fine.
+    """
+    try:
+        real_root = root.resolve()
+        real = path.resolve()
+    except (OSError, RuntimeError) as exc:  # a symlink loop
+        raise PathEscape(f"{what} cannot be resolved: {exc}") from None
+    if real != real_root and not real.is_relative_to(real_root):
+        try:
+            shown: Path | str = path.relative_to(root)
+        except ValueError:
+            shown = path.name
+        raise PathEscape(f"{what} '{shown}' leads outside {inside} through a symlink; symlinks must stay inside it")
+    return real

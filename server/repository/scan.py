@@ -7,8 +7,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..config import ConfigError, load_config_file, pb
-from .layout import CONFIG_FILE, MODEL_NAME, is_version_dir_name
+from ..config import ConfigError, check_file_names, load_config_file, pb
+from .layout import CONFIG_FILE, MODEL_NAME, PathEscape, is_version_dir_name, resolve_inside
 
 #: default model file per platform/backend, as Triton names them
 DEFAULT_FILENAMES = {
@@ -86,6 +86,19 @@ def read_model(repo: Path, name: str, override: pb.ModelConfig | None = None) ->
     if not path.is_dir():
         source.error = f"model folder '{name}' not found in the repository"
         return source
+    try:
+        _read_model(repo, source, override)
+    except PathEscape as exc:
+        source.config = None
+        source.versions.clear()
+        source.version_digests.clear()
+        source.error = str(exc)
+    return source
+
+
+def _read_model(repo: Path, source: ModelSource, override: pb.ModelConfig | None) -> None:
+    name, path = source.name, source.path
+    resolve_inside(repo, path, "model folder")
     if override is not None:
         config = pb.ModelConfig()
         config.CopyFrom(override)
@@ -93,22 +106,24 @@ def read_model(repo: Path, name: str, override: pb.ModelConfig | None = None) ->
     else:
         config_path = path / CONFIG_FILE
         if config_path.exists():
+            resolve_inside(repo, config_path, CONFIG_FILE)
             try:
                 source.config_digest = hashlib.sha1(config_path.read_bytes()).hexdigest()
                 config = load_config_file(config_path)
             except (ConfigError, OSError) as exc:
                 source.error = str(exc)
-                return source
+                return
         else:
             config = pb.ModelConfig()
             source.config_digest = "none"
     if not config.name:
         config.name = name
     try:
+        check_file_names(config)  # before any file name is joined to a folder
         infer_platform(config, path)
-    except OSError as exc:
+    except (ConfigError, OSError) as exc:
         source.error = str(exc)
-        return source
+        return
     source.config = config
     filename = model_filename(config)
     for entry in os.scandir(path):
@@ -116,11 +131,13 @@ def read_model(repo: Path, name: str, override: pb.ModelConfig | None = None) ->
             continue
         version = int(entry.name)
         vpath = Path(entry.path)
+        resolve_inside(repo, vpath, f"version folder {version}")
         if filename and not (vpath / filename).exists():
             continue  # incomplete version folder: not there yet, as far as we are concerned
+        if filename:
+            resolve_inside(repo, vpath / filename, f"version {version} model file")
         source.versions[version] = vpath
         source.version_digests[version] = _digest_dir(vpath)
-    return source
 
 
 def select_versions(config: pb.ModelConfig, available: list[int]) -> list[int]:

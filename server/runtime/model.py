@@ -11,6 +11,7 @@ from ..backends.base import Backend, InstanceSpec
 from ..backends.loader import load_backend_class
 from ..config import pb
 from ..observability.stats import ModelStats, StatsListener
+from ..repository.layout import resolve_inside
 from ..scheduling.base import Scheduler
 from ..scheduling.factory import make_scheduler
 from ..scheduling.instance_pool import InstancePool
@@ -142,7 +143,9 @@ async def build_model_version(
     """Load every instance (off the loop), then start the scheduler."""
     stats = ModelStats(config.name, str(version), listeners)
     labels = {
-        t.name: load_labels(model_dir / t.label_filename)
+        t.name: load_labels(
+            resolve_inside(model_dir.parent, model_dir / t.label_filename, f"output '{t.name}' label file")
+        )
         for t in config.output
         if t.label_filename and model_dir is not None
     }

@@ -28,7 +28,12 @@ def test_deployment_from_issue_example(server_body):
     assert "--model-repository=/models" in c["args"]
     assert c["resources"] == {"limits": {"nvidia.com/gpu": "1"}}
     repo_mount = next(m for m in c["volumeMounts"] if m["name"] == "model-repository")
-    assert repo_mount == {"name": "model-repository", "mountPath": "/models", "subPath": "gpu-pool", "readOnly": True}
+    assert repo_mount == {
+        "name": "model-repository",
+        "mountPath": "/models",
+        "subPath": "ml/gpu-pool",
+        "readOnly": True,
+    }
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert volumes["model-repository"]["persistentVolumeClaim"]["claimName"] == "kubeinfer-models"
     assert volumes["dshm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "1Gi"}
@@ -68,7 +73,11 @@ def test_server_flags_ports_and_scheduling(server_body):
     assert {v["name"]: v for v in pod["volumes"]}["dshm"]["emptyDir"]["sizeLimit"] == "2Gi"
 
 
-def test_default_subpath_is_namespaced(server_body):
+def test_subpath_is_inside_the_namespace_folder(server_body):
+    """Tenant isolation: repository.subPath is relative to <volume>/<namespace>/, default the server's name."""
+    server_body["spec"]["repository"]["subPath"] = "team/pool"
+    mount = _container(manifests.deployment(server_body))["volumeMounts"][0]
+    assert mount["subPath"] == "ml/team/pool"
     del server_body["spec"]["repository"]["subPath"]
     mount = _container(manifests.deployment(server_body))["volumeMounts"][0]
     assert mount["subPath"] == "ml/gpu-pool"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import http.server
 import os
@@ -14,7 +15,7 @@ import pytest
 from kubeinfer.operator.artifacts import ArtifactError
 from kubeinfer.operator.render import render_model
 from kubeinfer.operator.repository_writer import SOURCE_MARKER, RepositoryWriter
-from kubeinfer.server.config import load_config_file
+from kubeinfer.server.config import ConfigError, load_config_file
 from kubeinfer.server.repository.scan import read_model
 from onnx import TensorProto
 
@@ -33,17 +34,21 @@ def _spec(versions: list[dict], dims: list[int] | None = None) -> dict:
     }
 
 
+NS = "ns"
+
+
 @pytest.fixture
 def root(tmp_path: Path) -> Path:
-    (tmp_path / "uploads").mkdir()
+    """The volume root; this namespace's uploads are in ``<root>/ns/uploads``."""
+    (tmp_path / NS / "uploads").mkdir(parents=True)
     for name, op in (("relu.onnx", "Relu"), ("neg.onnx", "Neg")):
-        onnx.save(unary(name, op, TensorProto.FLOAT, ["batch", 4]), tmp_path / "uploads" / name)
+        onnx.save(unary(name, op, TensorProto.FLOAT, ["batch", 4]), tmp_path / NS / "uploads" / name)
     return tmp_path
 
 
 @pytest.fixture
 def http_files(root: Path) -> Iterator[str]:
-    handler = lambda *a: http.server.SimpleHTTPRequestHandler(*a, directory=str(root / "uploads"))  # noqa: E731
+    handler = lambda *a: http.server.SimpleHTTPRequestHandler(*a, directory=str(root / NS / "uploads"))  # noqa: E731
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
@@ -61,11 +66,11 @@ def listing(folder: Path) -> list[str]:
 
 def test_new_model_from_path_and_uri(root, http_files):
     writer = RepositoryWriter(root)
-    server_dir = writer.server_dir("ns/pool")
+    server_dir = writer.server_dir(NS, "ns/pool")
     spec = _spec(
         [
             {"version": 1, "source": {"path": "uploads/relu.onnx"}},
-            {"version": 2, "source": {"uri": f"{http_files}/neg.onnx", "sha256": sha(root / "uploads/neg.onnx")}},
+            {"version": 2, "source": {"uri": f"{http_files}/neg.onnx", "sha256": sha(root / NS / "uploads/neg.onnx")}},
         ]
     )
     result = writer.sync_model(server_dir, render_model("m", spec))
@@ -80,7 +85,7 @@ def test_new_model_from_path_and_uri(root, http_files):
         "m/2/model.onnx",
         "m/config.pbtxt",
     ]
-    assert (server_dir / "m/2/model.onnx").read_bytes() == (root / "uploads/neg.onnx").read_bytes()
+    assert (server_dir / "m/2/model.onnx").read_bytes() == (root / NS / "uploads/neg.onnx").read_bytes()
     source = read_model(server_dir, "m")  # what the server itself sees
     assert source.error == "" and sorted(source.versions) == [1, 2]
     assert load_config_file(server_dir / "m/config.pbtxt").max_batch_size == 8
@@ -90,7 +95,7 @@ def test_new_model_from_path_and_uri(root, http_files):
 
 def test_checksum_mismatch_changes_nothing(root, http_files):
     writer = RepositoryWriter(root)
-    server_dir = writer.server_dir("pool")
+    server_dir = writer.server_dir(NS, "ns/pool")
     v1 = {"version": 1, "source": {"path": "uploads/relu.onnx"}}
     writer.sync_model(server_dir, render_model("m", _spec([v1])))
     before = {p: p.stat().st_mtime_ns for p in server_dir.rglob("*") if p.is_file()}
@@ -105,7 +110,7 @@ def test_checksum_mismatch_changes_nothing(root, http_files):
 
 def test_unreachable_uri_and_missing_file(root, http_files):
     writer = RepositoryWriter(root, timeout=2)
-    server_dir = writer.server_dir("pool")
+    server_dir = writer.server_dir(NS, "ns/pool")
     for uri, reason in ((f"{http_files}/nope.onnx", "FetchFailed"), ("http://127.0.0.1:1/x.onnx", "FetchFailed")):
         spec = _spec([{"version": 1, "source": {"uri": uri, "sha256": "0" * 64}}])
         with pytest.raises(ArtifactError) as info:
@@ -118,19 +123,36 @@ def test_size_limit(root):
     writer = RepositoryWriter(root, max_bytes=10)
     with pytest.raises(ArtifactError) as info:
         writer.sync_model(
-            writer.server_dir("pool"),
+            writer.server_dir(NS, "ns/pool"),
             render_model("m", _spec([{"version": 1, "source": {"path": "uploads/relu.onnx"}}])),
         )
     assert info.value.reason == "TooLarge"
 
 
-@pytest.mark.parametrize("path", ["../outside.onnx", "/etc/passwd", "link/relu.onnx", "uploads/linked.onnx"])
-def test_paths_outside_the_volume_or_through_symlinks_are_refused(root, path):
+@pytest.mark.parametrize(
+    "path",
+    [
+        "../outside.onnx",
+        "../../outside.onnx",
+        "../other/uploads/theirs.onnx",
+        "/etc/passwd",
+        "link/relu.onnx",
+        "uploads/linked.onnx",
+        "uploads/theirs.onnx",
+        "uploads/\0x",
+        "x" * 5000,
+    ],
+)
+def test_paths_outside_the_namespace_folder_or_through_symlinks_are_refused(root, path):
     (root.parent / "outside.onnx").write_bytes(b"x")
-    os.symlink(root / "uploads", root / "link")
-    os.symlink(root / "uploads/relu.onnx", root / "uploads/linked.onnx")
+    (root / "outside.onnx").write_bytes(b"x")
+    (root / "other" / "uploads").mkdir(parents=True)
+    (root / "other" / "uploads" / "theirs.onnx").write_bytes(b"x")
+    os.symlink(root / "other" / "uploads" / "theirs.onnx", root / NS / "uploads" / "theirs.onnx")
+    os.symlink(root / NS / "uploads", root / NS / "link")
+    os.symlink(root / NS / "uploads/relu.onnx", root / NS / "uploads/linked.onnx")
     writer = RepositoryWriter(root)
-    server_dir = writer.server_dir("pool")
+    server_dir = writer.server_dir(NS, "ns/pool")
     with pytest.raises(ArtifactError) as info:
         writer.sync_model(server_dir, render_model("m", _spec([{"version": 1, "source": {"path": path}}])))
     assert info.value.reason == "PathRejected"
@@ -139,7 +161,7 @@ def test_paths_outside_the_volume_or_through_symlinks_are_refused(root, path):
 
 def test_dims_that_contradict_the_onnx_file(root):
     writer = RepositoryWriter(root)
-    server_dir = writer.server_dir("pool")
+    server_dir = writer.server_dir(NS, "ns/pool")
     spec = _spec([{"version": 1, "source": {"path": "uploads/relu.onnx"}}], dims=[1, 4])  # batch dim included
     with pytest.raises(ArtifactError) as info:
         writer.sync_model(server_dir, render_model("m", spec))
@@ -150,7 +172,7 @@ def test_dims_that_contradict_the_onnx_file(root):
 
 def test_add_replace_and_remove_versions_config_last(root):
     writer = RepositoryWriter(root)
-    server_dir = writer.server_dir("pool")
+    server_dir = writer.server_dir(NS, "ns/pool")
     writer.sync_model(server_dir, render_model("m", _spec([{"version": 1, "source": {"path": "uploads/relu.onnx"}}])))
     config_before = (server_dir / "m/config.pbtxt").read_text()
     staged_while_config_old: list[str] = []
@@ -168,7 +190,7 @@ def test_add_replace_and_remove_versions_config_last(root):
     )
     assert result.added_versions == [2] and result.replaced_versions == [1] and result.config_changed
     assert staged_while_config_old == [config_before, config_before]
-    assert (server_dir / "m/1/model.onnx").read_bytes() == (root / "uploads/neg.onnx").read_bytes()
+    assert (server_dir / "m/1/model.onnx").read_bytes() == (root / NS / "uploads/neg.onnx").read_bytes()
     assert "max_batch_size: 4" in (server_dir / "m/config.pbtxt").read_text()
     result = writer.sync_model(
         server_dir, render_model("m", _spec([{"version": 2, "source": {"path": "uploads/relu.onnx"}}]))
@@ -179,7 +201,7 @@ def test_add_replace_and_remove_versions_config_last(root):
 
 def test_stale_leftovers_are_cleaned_but_not_other_models(root):
     writer = RepositoryWriter(root)
-    server_dir = writer.server_dir("pool")
+    server_dir = writer.server_dir(NS, "ns/pool")
     (server_dir / ".m.staging-deadbeef").mkdir()
     (server_dir / ".m.b.staging-deadbeef").mkdir()  # belongs to model "m.b"
     writer.sync_model(server_dir, render_model("m", _spec([{"version": 1, "source": {"path": "uploads/relu.onnx"}}])))
@@ -193,17 +215,125 @@ def test_stale_leftovers_are_cleaned_but_not_other_models(root):
 
 def test_remove_model(root):
     writer = RepositoryWriter(root)
-    server_dir = writer.server_dir("pool")
+    server_dir = writer.server_dir(NS, "ns/pool")
     writer.sync_model(server_dir, render_model("m", _spec([{"version": 1, "source": {"path": "uploads/relu.onnx"}}])))
     assert writer.remove_model(server_dir, "m")
     assert listing(server_dir) == []
     assert not writer.remove_model(server_dir, "m")
 
 
-def test_subpath_must_stay_inside(root):
+@pytest.mark.parametrize(
+    ("subpath", "problem"),
+    [
+        ("../x", "without '.', '..' or hidden parts"),
+        ("ns/../other/pool", "without '.', '..' or hidden parts"),
+        ("ns/.hidden", "without '.', '..' or hidden parts"),
+        ("/abs/pool", "without '.', '..' or hidden parts"),
+        ("other/pool", "outside the folder of namespace 'ns'"),
+        ("ns", "outside the folder of namespace 'ns'"),
+        ("ns/escape/pool", "passes through a symlink"),
+    ],
+)
+def test_server_folder_must_stay_inside_the_namespace_folder(root, subpath, problem):
     writer = RepositoryWriter(root)
-    with pytest.raises(ArtifactError):
-        writer.server_dir("../x")
-    os.symlink(root.parent, root / "escape")
-    with pytest.raises(ArtifactError):
-        writer.server_dir("escape/pool")
+    os.symlink(root.parent, root / NS / "escape")
+    with pytest.raises(ArtifactError) as info:
+        writer.server_dir(NS, subpath)
+    assert info.value.reason == "PathRejected" and problem in info.value.message
+
+
+def test_a_symlinked_namespace_folder_is_refused(root):
+    (root / "victim" / "uploads").mkdir(parents=True)
+    os.symlink(root / "victim", root / "evil")
+    writer = RepositoryWriter(root)
+    with pytest.raises(ArtifactError, match="passes through a symlink"):
+        writer.server_dir("evil", "evil/pool")
+
+
+def _victim(root: Path) -> Path:
+    """Another namespace's live model on the same volume."""
+    victim = root / "other" / "pool" / "m"
+    (victim / "1").mkdir(parents=True)
+    (victim / "config.pbtxt").write_text("theirs")
+    (victim / "1" / "model.onnx").write_bytes(b"theirs")
+    (victim / ".1.staging-0123abcd").mkdir()  # their writer's work in progress
+    return victim
+
+
+def _snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() if p.is_file() else b"" for p in folder.rglob("*")}
+
+
+@pytest.mark.parametrize("planted", ["model", "version", "config"])
+def test_symlinks_planted_in_a_server_folder_never_redirect_writes(root, planted):
+    victim = _victim(root)
+    before = _snapshot(victim)
+    writer = RepositoryWriter(root)
+    server_dir = writer.server_dir(NS, "ns/pool")
+    if planted == "model":
+        os.symlink(victim, server_dir / "m")
+    else:
+        (server_dir / "m").mkdir()
+        target, link = (victim / "1", "1") if planted == "version" else (victim / "config.pbtxt", "config.pbtxt")
+        os.symlink(target, server_dir / "m" / link)
+    spec = _spec([{"version": 1, "source": {"path": "uploads/relu.onnx"}}])
+    with pytest.raises(ArtifactError) as info:
+        writer.sync_model(server_dir, render_model("m", spec))
+    assert info.value.reason == "PathRejected" and "is a symlink" in info.value.message
+    assert _snapshot(victim) == before
+    writer.remove_model(server_dir, "m")  # removes the link (or the folder holding it), never what it points to
+    assert _snapshot(victim) == before
+    assert not (server_dir / "m").exists() and not (server_dir / "m").is_symlink()
+
+
+def test_a_file_name_that_escapes_is_refused_even_past_the_renderer(root):
+    """The writer checks the rule again where it joins the name, whatever built the RenderedModel."""
+    victim = _victim(root)
+    before = _snapshot(victim)
+    writer = RepositoryWriter(root)
+    server_dir = writer.server_dir(NS, "ns/pool")
+    rendered = render_model("m", _spec([{"version": 1, "source": {"path": "uploads/relu.onnx"}}]))
+    forged = dataclasses.replace(rendered, filename="../../../other/pool/m/1/model.onnx")
+    with pytest.raises(ArtifactError) as info:
+        writer.sync_model(server_dir, forged)
+    assert info.value.reason == "PathRejected" and "default_model_filename" in info.value.message
+    assert _snapshot(victim) == before
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("defaultModelFilename", "../../../other/pool/m/1/model.py"),
+        ("defaultModelFilename", "/models/other/model.py"),
+        ("defaultModelFilename", ".model.py"),
+    ],
+)
+def test_render_refuses_file_names_that_are_paths(field, value):
+    spec = {k: v for k, v in _spec([{"version": 1, "source": {"path": "uploads/m.py"}}]).items() if k != "platform"}
+    spec.update({"backend": "python", field: value})
+    with pytest.raises(ConfigError, match="default_model_filename"):
+        render_model("m", spec)
+
+
+def test_render_refuses_label_file_names_that_are_paths():
+    spec = _spec([{"version": 1, "source": {"path": "uploads/relu.onnx"}}])
+    spec["outputs"][0]["labelFilename"] = "../../../other/secrets.txt"
+    with pytest.raises(ConfigError, match="output 'OUT' label_filename"):
+        render_model("m", spec)
+
+
+@pytest.mark.parametrize(
+    "forged",
+    ["other/pool/m", "ns/pool/../../other/pool/m", "../other/pool/m", "/other/pool/m", "ns/other-pool/other-model"],
+)
+def test_a_forged_status_repository_path_never_removes_another_tenants_model(root, forged):
+    """status.repositoryPath is writable by whoever may patch the status: it is only trusted inside the namespace."""
+    from kubeinfer.operator.handlers import OperatorConfig, Reconciler
+
+    victim = _victim(root)
+    (root / NS / "other-pool" / "other-model" / "1").mkdir(parents=True)
+    before = _snapshot(victim)
+    reconciler = Reconciler(OperatorConfig(repository_root=root), kube=None)  # type: ignore[arg-type]
+    reconciler._forget_old_location(NS, "m", forged, "ns/pool/m")
+    assert _snapshot(victim) == before
+    assert (root / NS / "other-pool" / "other-model" / "1").is_dir()

@@ -1,0 +1,249 @@
+"""Issue 15 part 1, server side: nothing in a config or a planted symlink makes the server read outside its repository.
+
+One real server in explicit mode. Escapes tried: file names in a load request's config override (HTTP and
+gRPC) and in a config.pbtxt on disk (``default_model_filename``, ``label_filename``: '..', absolute,
+hidden, separators, control characters, over-long), and symlinks planted in the repository (model
+folder, config.pbtxt, version folder, model file, label file) that lead outside it. Each is refused with a
+reason naming the field or file; the secret file's text never appears in any answer; the good model keeps
+serving; symlinks that stay inside the repository keep working.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from onnx import TensorProto
+from tritonclient.utils import InferenceServerException
+
+from tests.support.models import unary
+from tests.support.server import ServerProcess, start_server
+
+SECRET = "TOP-SECRET-LINE"
+GOOD_CONFIG = """
+platform: "onnxruntime_onnx"
+max_batch_size: 4
+input [ { name: "IN" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] %s } ]
+"""
+
+
+def _model_bytes() -> bytes:
+    return unary("relu", "Relu", TensorProto.FLOAT, ["batch", 4]).SerializeToString()
+
+
+def _write(repo: Path, name: str, extra: str = "", model_file: str = "model.onnx") -> Path:
+    folder = repo / name
+    (folder / "1").mkdir(parents=True)
+    (folder / "config.pbtxt").write_text(textwrap.dedent(GOOD_CONFIG % extra))
+    (folder / "1" / model_file).write_bytes(_model_bytes())
+    return folder
+
+
+@pytest.fixture(scope="module")
+def layout(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    base = tmp_path_factory.mktemp("isolation")
+    outside = base / "other-tenant"
+    outside.mkdir()
+    (outside / "secret.txt").write_text("\n".join(f"{SECRET}-{i}" for i in range(4)) + "\n")
+    (outside / "model.onnx").write_bytes(_model_bytes())
+    _write(outside, "theirs")
+    repo = base / "repo"
+    repo.mkdir()
+    _write(repo, "good", 'label_filename: "labels.txt"')
+    (repo / "good" / "labels.txt").write_text("a\nb\nc\nd\n")
+    return {"base": base, "repo": repo, "outside": outside}
+
+
+@pytest.fixture(scope="module")
+def server(layout: dict[str, Path]) -> Iterator[ServerProcess]:
+    s = start_server(layout["repo"], "--model-control-mode", "explicit", "--load-model", "good")
+    yield s
+    assert s.terminate() == 0
+
+
+@pytest.fixture(scope="module")
+def grpc(server: ServerProcess) -> Iterator[grpcclient.InferenceServerClient]:
+    c = grpcclient.InferenceServerClient(server.grpc_url)
+    yield c
+    c.close()
+
+
+def _classify(server: ServerProcess, model: str) -> httpx.Response:
+    body = {
+        "inputs": [{"name": "IN", "datatype": "FP32", "shape": [1, 4], "data": [4.0, 3.0, 2.0, 1.0]}],
+        "outputs": [{"name": "OUT", "parameters": {"classification": 4}}],
+    }
+    return httpx.post(f"{server.base_url}/v2/models/{model}/infer", json=body, timeout=30)
+
+
+def _index(server: ServerProcess) -> dict[str, list[dict]]:
+    rows: dict[str, list[dict]] = {}
+    for row in httpx.post(f"{server.base_url}/v2/repository/index", json={}, timeout=30).json():
+        rows.setdefault(row["name"], []).append(row)
+    return rows
+
+
+def _still_serving(server: ServerProcess) -> None:
+    r = _classify(server, "good")
+    assert r.status_code == 200, r.text
+    assert r.json()["outputs"][0]["data"] == ["4.000000:0:a", "3.000000:1:b", "2.000000:2:c", "1.000000:3:d"]
+
+
+def _override(**fields: object) -> dict:
+    config: dict = {
+        "platform": "onnxruntime_onnx",
+        "max_batch_size": 4,
+        "input": [{"name": "IN", "data_type": "TYPE_FP32", "dims": [4]}],
+        "output": [{"name": "OUT", "data_type": "TYPE_FP32", "dims": [4]}],
+    }
+    label = fields.pop("label_filename", None)
+    if label is not None:
+        config["output"][0]["label_filename"] = label
+    config.update(fields)
+    return config
+
+
+ESCAPING_NAMES = [
+    ("../../other-tenant/model.onnx", "contains a path separator"),
+    ("/etc/passwd", "contains a path separator"),
+    ("..", "starts with '.'"),
+    (".hidden.onnx", "starts with '.'"),
+    ("a\\b.onnx", "contains a path separator"),
+    ("model\n.onnx", "contains a control character"),
+    ("m" * 256, "bytes long (at most 255)"),
+]
+
+
+@pytest.mark.parametrize(("filename", "problem"), ESCAPING_NAMES)
+@pytest.mark.parametrize("field", ["default_model_filename", "label_filename"])
+def test_file_names_in_a_load_override_are_refused(
+    server: ServerProcess, grpc, field: str, filename: str, problem: str
+) -> None:
+    override = json.dumps(_override(**{field: filename}))
+    r = httpx.post(
+        f"{server.base_url}/v2/repository/models/good/load", json={"parameters": {"config": override}}, timeout=60
+    )
+    assert r.status_code == 400, r.text
+    assert field in r.json()["error"] and problem in r.json()["error"], r.text
+    with pytest.raises(InferenceServerException) as info:
+        grpc.load_model("good", config=override)
+    assert info.value.status() == "StatusCode.INVALID_ARGUMENT"
+    assert field in info.value.message() and problem in info.value.message()
+    _still_serving(server)
+
+
+def test_a_config_on_disk_naming_a_file_outside_is_unavailable_with_reason(
+    server: ServerProcess, layout: dict[str, Path]
+) -> None:
+    repo = layout["repo"]
+    _write(repo, "ondisk", 'label_filename: "../../other-tenant/secret.txt"')
+    r = httpx.post(f"{server.base_url}/v2/repository/models/ondisk/load", json={}, timeout=60)
+    assert r.status_code == 400 and "label_filename" in r.json()["error"], r.text
+    (row,) = _index(server)["ondisk"]
+    assert row["state"] == "UNAVAILABLE" and "single file name" in row["reason"]
+    assert SECRET not in r.text + json.dumps(row)
+    (repo / "ondisk" / "config.pbtxt").write_text(
+        'platform: "onnxruntime_onnx"\ndefault_model_filename: "/etc/hostname"\n'
+    )
+    r = httpx.post(f"{server.base_url}/v2/repository/models/ondisk/load", json={}, timeout=60)
+    assert r.status_code == 400 and "default_model_filename" in r.json()["error"], r.text
+    _still_serving(server)
+
+
+def _plant(repo: Path, outside: Path, kind: str) -> str:
+    """A model whose ``kind`` is a symlink leading out of the repository; returns the model name."""
+    name = f"link-{kind.replace('_', '-')}"
+    if kind == "model_folder":
+        os.symlink(outside / "theirs", repo / name)
+        return name
+    folder = _write(repo, name, 'label_filename: "labels.txt"')
+    (folder / "labels.txt").write_text("a\nb\nc\nd\n")
+    if kind == "config":
+        (folder / "config.pbtxt").unlink()
+        os.symlink(outside / "theirs" / "config.pbtxt", folder / "config.pbtxt")
+    elif kind == "version_folder":
+        (folder / "1" / "model.onnx").unlink()
+        (folder / "1").rmdir()
+        os.symlink(outside / "theirs" / "1", folder / "1")
+    elif kind == "model_file":
+        (folder / "1" / "model.onnx").unlink()
+        os.symlink(outside / "model.onnx", folder / "1" / "model.onnx")
+    elif kind == "label_file":
+        (folder / "labels.txt").unlink()
+        os.symlink(outside / "secret.txt", folder / "labels.txt")
+    elif kind == "label_file_relative":
+        (folder / "labels.txt").unlink()
+        os.symlink("../../other-tenant/secret.txt", folder / "labels.txt")
+    return name
+
+
+@pytest.mark.parametrize(
+    ("kind", "what"),
+    [
+        ("model_folder", "model folder"),
+        ("config", "config.pbtxt"),
+        ("version_folder", "version folder 1"),
+        ("model_file", "version 1 model file"),
+        ("label_file", "output 'OUT' label file"),
+        ("label_file_relative", "output 'OUT' label file"),
+    ],
+)
+def test_symlinks_leading_out_of_the_repository_are_refused(
+    server: ServerProcess, grpc, layout: dict[str, Path], kind: str, what: str
+) -> None:
+    name = _plant(layout["repo"], layout["outside"], kind)
+    r = httpx.post(f"{server.base_url}/v2/repository/models/{name}/load", json={}, timeout=60)
+    assert r.status_code == 400, r.text
+    assert what in r.json()["error"] and "leads outside" in r.json()["error"], r.text
+    assert SECRET not in r.text
+    rows = _index(server)[name]
+    assert all(row["state"] == "UNAVAILABLE" for row in rows), rows
+    assert any("leads outside" in row["reason"] for row in rows), rows
+    assert not grpc.is_model_ready(name)
+    r = _classify(server, name)
+    assert r.status_code in (400, 404, 503) and SECRET not in r.text, r.text
+    _still_serving(server)
+
+
+def test_symlinks_inside_the_repository_keep_working(server: ServerProcess, layout: dict[str, Path]) -> None:
+    """Sharing files between models of one repository through symlinks stays allowed."""
+    repo = layout["repo"]
+    shared = repo / ".shared"  # dot-folder: ignored by the repository scan
+    shared.mkdir()
+    (shared / "relu.onnx").write_bytes(_model_bytes())
+    (shared / "labels.txt").write_text("w\nx\ny\nz\n")
+    folder = repo / "linked-inside"
+    (folder / "1").mkdir(parents=True)
+    (folder / "config.pbtxt").write_text(textwrap.dedent(GOOD_CONFIG % 'label_filename: "labels.txt"'))
+    os.symlink("../../.shared/relu.onnx", folder / "1" / "model.onnx")
+    os.symlink(shared / "labels.txt", folder / "labels.txt")
+    r = httpx.post(f"{server.base_url}/v2/repository/models/linked-inside/load", json={}, timeout=60)
+    assert r.status_code == 200, r.text
+    r = _classify(server, "linked-inside")
+    assert r.status_code == 200 and r.json()["outputs"][0]["data"][0] == "4.000000:0:w", r.text
+
+
+@pytest.mark.parametrize("length", [256, 5000])
+def test_over_long_model_names_are_a_400_not_a_500(server: ServerProcess, grpc, length: int) -> None:
+    name = "m" * length
+    for action in ("load", "unload"):
+        r = httpx.post(f"{server.base_url}/v2/repository/models/{name}/{action}", json={}, timeout=60)
+        assert r.status_code == 400 and "at most 255 bytes" in r.json()["error"], r.text[:300]
+    with pytest.raises(InferenceServerException) as info:
+        grpc.load_model(name)
+    assert info.value.status() == "StatusCode.INVALID_ARGUMENT" and "at most 255 bytes" in info.value.message()
+    _still_serving(server)
+
+
+def test_classification_output_only_carries_the_models_own_labels(server: ServerProcess) -> None:
+    """The label file is the only thing the server echoes from disk: it is the model folder's own."""
+    data = np.array(_classify(server, "good").json()["outputs"][0]["data"])
+    assert all(str(x).rsplit(":", 1)[1] in "abcd" for x in data)
