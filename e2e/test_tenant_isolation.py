@@ -211,10 +211,10 @@ def _victim_path(t: Tenants) -> str:
 @pytest.mark.parametrize(
     ("kind", "message"),
     [
-        ("reported", "one path component"),
-        ("absolute", "one path component"),
-        ("dotdot", "must not start with '.'"),
-        ("label", "one path component"),
+        ("reported", "must be one file name in the model's folder"),
+        ("absolute", "must be one file name in the model's folder"),
+        ("dotdot", "must be one file name in the model's folder"),
+        ("label", "must be one file name in the model's folder"),
         ("source-path", "must not contain '..'"),
         ("subpath", "must not contain '.', '..' or hidden"),
     ],

@@ -89,12 +89,10 @@ _FILE_NAME_FIELDS = {
 }
 FILE_NAME_RULES = [
     {
-        "rule": "!self.contains('/') && !self.contains('\\\\')",
-        "message": "a file name in the model's folder: one path component, no '/' or '\\'",
+        "rule": "self.matches('^[^./\\\\\\\\\\\\x00-\\\\x1f\\\\x7f][^/\\\\\\\\\\\\x00-\\\\x1f\\\\x7f]*$')",
+        "message": "must be one file name in the model's folder: no '/', '\\' or control characters, "
+        "not starting with '.'",
     },
-    {"rule": "!self.startsWith('.')", "message": "a file name must not start with '.' (no '..', no hidden files)"},
-    {"rule": "!self.matches('[\\\\x00-\\\\x1f\\\\x7f]')", "message": "a file name must not contain control characters"},
-    {"rule": "size(bytes(self)) <= 255", "message": "a file name is at most 255 bytes"},
 ]
 #: extra rules on messages that span fields
 _MESSAGE_RULES = {
@@ -156,6 +154,8 @@ def field_schema(desc: descriptor.Descriptor, fd: descriptor.FieldDescriptor) ->
     if entry is not None and entry.GetOptions().map_entry:
         value_fd = entry.fields_by_name["value"]
         schema: dict[str, Any] = {"type": "object", "additionalProperties": _scalar_schema(value_fd, key)}
+        if key in _FILE_NAME_FIELDS or key == "ModelWarmup.inputs":
+            schema["maxProperties"] = MAX_TENSORS  # bounds the CEL cost of the file-name rule inside
     elif fd.is_repeated:
         schema = {"type": "array", "items": _scalar_schema(fd, key)}
         if key in _DIM_FIELDS:
