@@ -11,11 +11,14 @@ import os
 import re
 import subprocess
 import textwrap
-import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from tests.support import waiting
 
 CLUSTER_DIR = Path(__file__).resolve().parent / "cluster"
 GPU = "nvidia.com/gpu"
@@ -28,18 +31,9 @@ def pinned(module_dir: str, module: str) -> str:
     return m.group(1)
 
 
-def wait_for(what: str, predicate, timeout: float = 120, interval: float = 0.5, describe=None):
-    """Poll ``predicate`` until it returns a truthy value; fail with the last value seen
-    (or ``describe()``, when given, to say what the cluster looked like)."""
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(interval)
-    seen = describe() if describe else last
-    pytest.fail(f"timed out after {timeout}s waiting for {what}; last observation: {seen!r}")
+def wait_for(what: str, predicate: Callable[[], Any], timeout: float = 120, **kw: Any) -> Any:
+    """``tests.support.waiting.wait_for`` at the pace of a control plane (kubectl calls are not free)."""
+    return waiting.wait_for(what, predicate, timeout, **{"interval": 0.5, **kw})
 
 
 @pytest.fixture

@@ -29,8 +29,10 @@ import pytest
 import tritonclient.http as httpclient
 from onnx import TensorProto
 
+from tests.support import waiting
 from tests.support.models import unary
 from tests.support.server import ServerProcess, start_server
+from tests.support.specs import server_spec
 
 pytestmark = pytest.mark.e2e
 
@@ -39,15 +41,9 @@ API = "serving.kubeinfer.io/v1alpha1"
 SERVER = "gpu-pool"
 
 
-def wait_for(what: str, predicate: Callable[[], Any], timeout: float = 60, interval: float = 0.5) -> Any:
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(interval)
-    pytest.fail(f"timed out after {timeout}s waiting for {what}; last observation: {last!r}")
+def wait_for(what: str, predicate: Callable[[], Any], timeout: float = 60, **kw: Any) -> Any:
+    """``tests.support.waiting.wait_for`` at the pace of a control plane (kubectl calls are not free)."""
+    return waiting.wait_for(what, predicate, timeout, **{"interval": 0.5, **kw})
 
 
 def sha256(path: Path) -> str:
@@ -228,26 +224,7 @@ def env(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]
             "apiVersion": API,
             "kind": "InferenceServer",
             "metadata": {"name": SERVER},
-            "spec": {
-                "replicas": 1,
-                "image": "registry.example.com/kubeinfer-server:0.1.0",
-                "resources": {"limits": {"nvidia.com/gpu": 1}},
-                "repository": {"claimName": "kubeinfer-models", "subPath": SERVER},
-                "server": {"pollIntervalSeconds": 1},
-                "autoscaling": {
-                    "minReplicas": 1,
-                    "maxReplicas": 8,
-                    "metrics": [
-                        {
-                            "type": "Pods",
-                            "pods": {
-                                "metric": {"name": "nv_inference_queue_duration_us_per_request"},
-                                "target": {"type": "AverageValue", "averageValue": "5000"},
-                            },
-                        }
-                    ],
-                },
-            },
+            "spec": server_spec(server={"pollIntervalSeconds": 1}),
         }
     )
     try:

@@ -20,14 +20,15 @@ from typing import Any, cast
 import httpx
 import kopf
 from kubeinfer.server.config import ConfigError
+from kubeinfer.server.config.version_policy import select_versions
 from kubernetes.client.exceptions import ApiException
 
 from . import manifests, status
+from .api import GROUP, VERSION
 from .artifacts import DEFAULT_MAX_BYTES, ArtifactError
 from .kube import MODELS, SERVERS, Kube, is_temporary
-from .render import DEFAULT_BACKENDS, render_model, target_versions
+from .render import DEFAULT_BACKENDS, render_model
 from .repository_writer import RepositoryWriter
-from .schema import GROUP, VERSION
 
 #: artifact failures that may go away by themselves (network); the rest wait for a spec change
 TEMPORARY_REASONS = {"FetchFailed"}
@@ -207,7 +208,7 @@ class Reconciler:
                 try:
                     subpath, server_dir = self._server_dir(ns, server_name, sspec)
                     rendered = render_model(name, spec, sspec.get("backends") or DEFAULT_BACKENDS, server_name)
-                    obs.target = target_versions(rendered.versions, rendered.config)
+                    obs.target = select_versions(rendered.config, rendered.versions)
                     if held:
                         obs.render_error, obs.failed_version = held
                     else:

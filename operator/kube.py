@@ -15,7 +15,7 @@ import kubernetes
 from kubernetes.client import ApiClient, AppsV1Api, AutoscalingV2Api, CoreV1Api, CustomObjectsApi
 from kubernetes.client.exceptions import ApiException
 
-from .schema import GROUP, VERSION
+from .api import GROUP, VERSION
 
 FIELD_MANAGER = "kubeinfer-operator"
 APPLY = "application/apply-patch+yaml"

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .schema import API_VERSION
+from .api import API_VERSION
 
 MODEL_REPOSITORY_MOUNT = "/models"
 MANAGED_BY = "kubeinfer-operator"

@@ -19,12 +19,13 @@ from kubeinfer.server.config import (
     pb,
     validate_config,
 )
-from kubeinfer.server.repository.scan import model_filename as server_model_filename
+from kubeinfer.server.config.platforms import BUILTIN_BACKENDS, backend_for, model_filename
 from kubeinfer.server.vocabulary import datatypes
 
 from .schema import CONFIG_TOP_FIELDS, TOP_LEVEL_ALIASES
 
-DEFAULT_BACKENDS = ("onnxruntime", "tensorrt", "python")
+#: what an InferenceServer serves when its spec.backends is empty
+DEFAULT_BACKENDS = BUILTIN_BACKENDS
 _CRD_TO_PROTO = {v: k for k, v in TOP_LEVEL_ALIASES.items()}
 _DATA_TYPE = pb.DataType.DESCRIPTOR.full_name
 _INT_CPP_TYPES = {descriptor.FieldDescriptor.CPPTYPE_INT64, descriptor.FieldDescriptor.CPPTYPE_UINT64}
@@ -100,30 +101,6 @@ def config_to_spec(config: pb.ModelConfig) -> dict[str, Any]:
     return _convert_message(pb.ModelConfig.DESCRIPTOR, data, to_config=False, top=True)
 
 
-def backend_of(config: pb.ModelConfig) -> str:
-    """The backend that serves the model ('' for ensembles, which need none)."""
-    if config.backend:
-        return config.backend
-    return KNOWN_PLATFORMS.get(config.platform, "")
-
-
-def model_filename(config: pb.ModelConfig) -> str | None:
-    """File each version folder must hold (the server's own rule); None for ensembles (empty folders)."""
-    return server_model_filename(config) or None
-
-
-def target_versions(versions: Iterable[int], config: pb.ModelConfig) -> list[int]:
-    """Versions the version policy selects among the ones the spec lists (Triton's rules)."""
-    available = sorted(set(versions))
-    policy = config.version_policy
-    if policy.HasField("all"):
-        return available
-    if policy.HasField("specific"):
-        return sorted(set(policy.specific.versions) & set(available))
-    n = policy.latest.num_versions if policy.HasField("latest") else 1
-    return available[-n:] if n else []
-
-
 @dataclass(frozen=True)
 class Source:
     uri: str | None = None
@@ -161,7 +138,7 @@ def render_model(
             f"spec.platform '{config.platform}' is not served by kubeinfer-server: use one of "
             f"{', '.join(sorted(KNOWN_PLATFORMS))}"
         )
-    needed = backend_of(config)
+    needed = backend_for(config)
     if needed and needed not in backends:
         raise ConfigError(
             f"InferenceServer '{server}' does not provide backend '{needed}' (its spec.backends: "
@@ -188,4 +165,5 @@ def render_model(
         missing = sorted(set(config.version_policy.specific.versions) - set(versions))
         if missing:
             raise ConfigError(f"versionPolicy.specific lists versions {missing} that are not in spec.versions")
-    return RenderedModel(name, config, config_to_text(config), model_filename(config), versions)
+    # None for ensembles: their version folders stay empty
+    return RenderedModel(name, config, config_to_text(config), model_filename(config) or None, versions)

@@ -1,24 +1,24 @@
 """Writes a rendered model into a server's repository folder, following the server's atomic-write contract.
 
 See ``kubeinfer.server.repository.layout``: everything is built under dot-names (which the server
-ignores), fsynced, and renamed into place; a new version goes in before the config that may select it
-(config last); removals rename to a dot-name first. Every artifact of a sync is fetched and checked
-before anything visible changes, so a failed download, checksum or ONNX check leaves what is served
-untouched. Stale dot-named leftovers of a crashed writer are removed at the start of every sync.
+ignores), fsynced, and renamed into place by ``kubeinfer.server.repository.publish``; a new version
+goes in before the config that may select it (config last); removals rename to a dot-name first.
+Every artifact of a sync is fetched and checked before anything visible changes, so a failed
+download, checksum or ONNX check leaves what is served untouched. Stale dot-named leftovers of a
+crashed writer are removed at the start of every sync.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
-import secrets
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from kubeinfer.server.config import ConfigError, check_file_name
+from kubeinfer.server.config.platforms import backend_for
+from kubeinfer.server.repository import publish
 from kubeinfer.server.repository.layout import (
     CONFIG_FILE,
     PathEscape,
@@ -35,8 +35,6 @@ from .render import RenderedModel, Source
 
 #: dot-named record of where a version folder's file came from (the server ignores dot files)
 SOURCE_MARKER = ".kubeinfer-source.json"
-#: leftovers inside a model folder: staged/retired versions and config temp files
-_LEFTOVER = re.compile(r"^\.(\d+\.(staging|deleting)|config\.pbtxt\.tmp)-[0-9a-f]+$")
 
 
 @dataclass
@@ -72,40 +70,6 @@ def check_file_name_for_writer(name: str) -> None:
         check_file_name(name, "default_model_filename")
     except ConfigError as exc:
         raise ArtifactError("PathRejected", str(exc)) from None
-
-
-def _suffix() -> str:
-    return secrets.token_hex(4)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_file(path: Path, text: str) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _remove_tree(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        path.unlink(missing_ok=True)
-
-
-def _retire(path: Path) -> None:
-    """Rename to a dot-name (the server stops seeing it at once), then delete."""
-    hidden = path.with_name(f".{path.name}.deleting-{_suffix()}")
-    os.rename(path, hidden)
-    _fsync_dir(path.parent)
-    _remove_tree(hidden)
 
 
 class RepositoryWriter:
@@ -191,13 +155,17 @@ class RepositoryWriter:
     def clean_stale(self, server_dir: Path, name: str) -> list[str]:
         """Delete dot-named leftovers of an interrupted write of this model."""
         removed = []
-        own = re.compile(rf"^\.{re.escape(name)}\.(staging|deleting)-[0-9a-f]+$")
-        candidates = [e for e in server_dir.iterdir() if own.match(e.name)] if server_dir.is_dir() else []
+        candidates = (
+            [e for e in server_dir.iterdir() if publish.leftover_of(e.name) == name] if server_dir.is_dir() else []
+        )
         model_dir = server_dir / name
         if model_dir.is_dir() and not model_dir.is_symlink():
-            candidates += [e for e in model_dir.iterdir() if _LEFTOVER.match(e.name)]
+            for e in model_dir.iterdir():
+                owner = publish.leftover_of(e.name)
+                if owner is not None and (is_version_dir_name(owner) or owner == CONFIG_FILE):
+                    candidates.append(e)
         for entry in candidates:
-            _remove_tree(entry)
+            publish.remove_tree(entry)
             removed.append(str(entry.relative_to(self.root)))
         return removed
 
@@ -210,7 +178,7 @@ class RepositoryWriter:
 
     def _stage_version(self, folder: Path, model: RenderedModel, version: int, namespace_dir: Path) -> None:
         """Fill an (invisible) version folder: the model file and the source marker."""
-        folder.mkdir()
+        folder.mkdir(exist_ok=True)
         source = model.versions[version]
         if model.filename:
             check_file_name_for_writer(model.filename)
@@ -218,8 +186,8 @@ class RepositoryWriter:
                 self._fetch(source, folder / model.filename, namespace_dir)
             except ArtifactError as exc:
                 raise ArtifactError(exc.reason, f"version {version}: {exc.message}", version) from None
-        _write_file(folder / SOURCE_MARKER, json.dumps(source.as_dict(), sort_keys=True))
-        _fsync_dir(folder)
+        publish.write_file(folder / SOURCE_MARKER, json.dumps(source.as_dict(), sort_keys=True))
+        publish.fsync_dir(folder)
 
     def _version_current(self, folder: Path, model: RenderedModel, version: int) -> bool:
         try:
@@ -231,7 +199,7 @@ class RepositoryWriter:
         return not model.filename or (folder / model.filename).is_file()
 
     def _check(self, model: RenderedModel, files: dict[int, Path]) -> None:
-        if model.config.platform != "onnxruntime_onnx" and model.config.backend != "onnxruntime":
+        if backend_for(model.config) != "onnxruntime":
             return
         problems = []
         for version, path in sorted(files.items()):
@@ -259,7 +227,7 @@ class RepositoryWriter:
         staged: dict[int, Path] = {}
         try:
             for version in stale:
-                folder = model_dir / f".{version}.staging-{_suffix()}"
+                folder = publish.stage_dir(model_dir, str(version))
                 staged[version] = folder
                 self._stage_version(folder, model, version, namespace_dir)
                 if on_stage:
@@ -273,33 +241,24 @@ class RepositoryWriter:
                 self._check(model, files)
         except BaseException:
             for folder in staged.values():
-                _remove_tree(folder)
+                publish.remove_tree(folder)
             raise
         for version, folder in sorted(staged.items()):
-            target = model_dir / str(version)
-            if target.exists():
-                _retire(target)
+            if publish.publish_dir(folder, model_dir / str(version)):
                 result.replaced_versions.append(version)
             else:
                 result.added_versions.append(version)
-            os.rename(folder, target)
-        if staged:
-            _fsync_dir(model_dir)
         if config_changed:  # config last: the versions it may select are already in place
-            tmp = model_dir / f".{CONFIG_FILE}.tmp-{_suffix()}"
-            _write_file(tmp, model.config_text)
-            os.replace(tmp, config_path)
-            _fsync_dir(model_dir)
+            publish.replace_file(config_path, model.config_text)
             result.config_changed = True
         for version in self.versions_on_disk(server_dir, model.name):
             if version not in model.versions:
-                _retire(model_dir / str(version))
+                publish.retire(model_dir / str(version))
                 result.removed_versions.append(version)
         return result
 
     def _create_model(self, server_dir: Path, model: RenderedModel, on_stage: Callable[[int], None] | None) -> None:
-        staging = server_dir / f".{model.name}.staging-{_suffix()}"
-        staging.mkdir()
+        staging = publish.stage_dir(server_dir, model.name)
         try:
             for version in sorted(model.versions):
                 self._stage_version(staging / str(version), model, version, self.namespace_dir(server_dir))
@@ -307,12 +266,10 @@ class RepositoryWriter:
                     on_stage(version)
             if model.filename:
                 self._check(model, {v: staging / str(v) / model.filename for v in model.versions})
-            _write_file(staging / CONFIG_FILE, model.config_text)
-            _fsync_dir(staging)
-            os.rename(staging, server_dir / model.name)
-            _fsync_dir(server_dir)
+            publish.write_file(staging / CONFIG_FILE, model.config_text)
+            publish.publish_dir(staging, server_dir / model.name)
         except BaseException:
-            _remove_tree(staging)
+            publish.remove_tree(staging)
             raise
 
     def remove_model(self, server_dir: Path, name: str) -> bool:
@@ -321,5 +278,5 @@ class RepositoryWriter:
         model_dir = server_dir / name
         if not model_dir.exists() and not model_dir.is_symlink():
             return False
-        _retire(model_dir)
+        publish.retire(model_dir)
         return True

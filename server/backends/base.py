@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, ClassVar
 import numpy as np
 
 from ..config import pb
+from ..config.platforms import model_filename
 from ..vocabulary.registry_view import RegistryView
 from ..vocabulary.types import ExecutionTimings
 
@@ -113,8 +114,7 @@ class Backend(ABC):
 
     #: the ``backend`` name in config.pbtxt
     name: ClassVar[str]
-    #: ``platform`` values this backend serves
-    platforms: ClassVar[tuple[str, ...]] = ()
+    #: model file name for a backend the platform table (``config.platforms``) does not know
     default_filename: ClassVar[str] = ""
 
     def __init__(
@@ -134,8 +134,13 @@ class Backend(ABC):
     def validate_model(cls, config: pb.ModelConfig, version_path: Path) -> None:
         """Raise ConfigError when the config contradicts the model file."""
 
+    @classmethod
+    def model_path(cls, config: pb.ModelConfig, version_path: Path) -> Path:
+        """The model file of one version folder: ``default_model_filename``, else the platform table's."""
+        return version_path / (model_filename(config) or cls.default_filename)
+
     def model_file(self) -> Path:
-        return self.version_path / (self.config.default_model_filename or self.default_filename)
+        return self.model_path(self.config, self.version_path)
 
     @abstractmethod
     def create_instance(self, spec: InstanceSpec) -> BackendInstance:

@@ -7,6 +7,7 @@ from functools import lru_cache
 from importlib.metadata import entry_points
 
 from ..config import pb
+from ..config.platforms import backend_for
 from ..vocabulary.errors import InvalidArgument
 from .base import Backend
 
@@ -18,7 +19,6 @@ _BUILTIN = {
     "python": "kubeinfer.server.backends.python.backend:PythonBackend",
     "tensorrt": "kubeinfer.server.backends.tensorrt:TensorRTBackend",
 }
-PLATFORM_BACKENDS = {"onnxruntime_onnx": "onnxruntime", "tensorrt_plan": "tensorrt"}
 
 
 @lru_cache(maxsize=1)
@@ -33,12 +33,8 @@ def available_backends() -> list[str]:
     return sorted(_entry_points())
 
 
-def backend_name(config: pb.ModelConfig) -> str:
-    return config.backend or PLATFORM_BACKENDS.get(config.platform, "")
-
-
 def load_backend_class(config: pb.ModelConfig) -> type[Backend]:
-    name = backend_name(config)
+    name = backend_for(config)
     target = _entry_points().get(name)
     if target is None:
         raise InvalidArgument(

@@ -68,12 +68,10 @@ def _graph_signature(model_file: Path) -> tuple[list[tuple[str, str, list[int]]]
 
 class OnnxRuntimeBackend(Backend):
     name: ClassVar[str] = "onnxruntime"
-    platforms: ClassVar[tuple[str, ...]] = ("onnxruntime_onnx",)
-    default_filename: ClassVar[str] = "model.onnx"
 
     @classmethod
     def auto_complete_config(cls, config: pb.ModelConfig, version_path: Path) -> None:
-        model_file = version_path / (config.default_model_filename or cls.default_filename)
+        model_file = cls.model_path(config, version_path)
         inputs, outputs = _graph_signature(model_file)
         graph_batches = all(d and d[0] == -1 for _, _, d in inputs + outputs)
         if not config.HasField("max_batch_size"):
@@ -97,7 +95,7 @@ class OnnxRuntimeBackend(Backend):
 
     @classmethod
     def validate_model(cls, config: pb.ModelConfig, version_path: Path) -> None:
-        model_file = version_path / (config.default_model_filename or cls.default_filename)
+        model_file = cls.model_path(config, version_path)
         inputs, outputs = _graph_signature(model_file)
         for kind, declared, found in (("input", config.input, inputs), ("output", config.output, outputs)):
             graph = {n: (dt, dims) for n, dt, dims in found}

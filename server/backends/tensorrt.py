@@ -232,12 +232,10 @@ def _instance_profiles(config: pb.ModelConfig, spec: InstanceSpec) -> list[int]:
 
 class TensorRTBackend(Backend):
     name: ClassVar[str] = "tensorrt"
-    platforms: ClassVar[tuple[str, ...]] = ("tensorrt_plan",)
-    default_filename: ClassVar[str] = "model.plan"
 
     @classmethod
     def _info(cls, config: pb.ModelConfig, version_path: Path) -> EngineInfo:
-        plan = version_path / (config.default_model_filename or cls.default_filename)
+        plan = cls.model_path(config, version_path)
         device = next((g.gpus[0] for g in config.instance_group if g.gpus), 0)
         return EngineInfo(deserialize(plan, device))
 

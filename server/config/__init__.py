@@ -13,7 +13,8 @@ from .codec import (
     load_config_file,
     parse_config_text,
 )
-from .validate import KNOWN_PLATFORMS, MAX_FILE_NAME_BYTES, check_file_name, check_file_names, validate_config
+from .platforms import KNOWN_PLATFORMS
+from .validate import MAX_FILE_NAME_BYTES, check_file_name, check_file_names, validate_config
 
 ModelConfig = pb.ModelConfig
 

@@ -11,14 +11,8 @@ from collections.abc import Iterable
 
 from . import model_config_pb2 as pb
 from .codec import ConfigError
+from .platforms import BUILTIN_BACKENDS, KNOWN_PLATFORMS
 
-#: platform → the backend that serves it (Triton's names)
-KNOWN_PLATFORMS = {
-    "onnxruntime_onnx": "onnxruntime",
-    "tensorrt_plan": "tensorrt",
-    "ensemble": "",
-}
-BUILTIN_BACKENDS = {"onnxruntime", "tensorrt", "python"}
 #: longest file name Linux file systems take (NAME_MAX, in bytes)
 MAX_FILE_NAME_BYTES = 255
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")

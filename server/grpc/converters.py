@@ -23,15 +23,6 @@ def param_value(param: Any) -> Any:
     return getattr(param, kind) if kind else None
 
 
-def _int_param(params: dict[str, Any], key: str, where: str) -> int:
-    value = params.get(key)
-    if value is None:
-        return 0
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise InvalidArgument(f"{where}: parameter '{key}' must be a non-negative integer, got {value!r}")
-    return value
-
-
 def _set_param(target: Any, value: Any) -> None:
     if isinstance(value, bool):
         target.bool_param = value
@@ -55,9 +46,7 @@ def request_from_pb(msg: pb.ModelInferRequest) -> tuple[InferenceRequest, dict[s
         name = item.name
         if name in inputs:
             raise InvalidArgument(f"input '{name}' appears twice in the request")
-        shape = list(item.shape)
-        if any(d < 0 for d in shape):
-            raise InvalidArgument(f"input '{name}': shape {shape} has a negative dimension")
+        shape = tensors.check_shape(name, list(item.shape))
         if raw:
             if item.HasField("contents"):
                 raise InvalidArgument(
@@ -81,7 +70,7 @@ def request_from_pb(msg: pb.ModelInferRequest) -> tuple[InferenceRequest, dict[s
         for out in msg.outputs:
             requested.append(out.name)
             oparams = {k: param_value(v) for k, v in out.parameters.items()}
-            classification[out.name] = _int_param(oparams, "classification", f"output '{out.name}'")
+            classification[out.name] = tensors.int_parameter(oparams, "classification", f"output '{out.name}'") or 0
     request = InferenceRequest(
         model_name=msg.model_name,
         model_version=msg.model_version,
@@ -89,8 +78,8 @@ def request_from_pb(msg: pb.ModelInferRequest) -> tuple[InferenceRequest, dict[s
         requested_outputs=requested,
         id=msg.id,
         parameters=params,
-        priority=_int_param(params, "priority", "request"),
-        timeout_us=_int_param(params, "timeout", "request"),
+        priority=tensors.int_parameter(params, "priority", "request") or 0,
+        timeout_us=tensors.int_parameter(params, "timeout", "request") or 0,
     )
     return request, classification
 

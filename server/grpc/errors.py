@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from ..vocabulary.errors import ServerError
+from ..vocabulary.errors import ServerError, internal_error_message
 
 log = logging.getLogger(__name__)
 
@@ -21,7 +21,7 @@ def status_of(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     if isinstance(exc, ServerError):
         return getattr(grpc.StatusCode, exc.grpc_code, grpc.StatusCode.UNKNOWN), exc.message
     log.error("unexpected error", exc_info=exc)
-    return grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}"
+    return grpc.StatusCode.INTERNAL, internal_error_message(exc)
 
 
 def unary(fn: Callable[[Any, grpc.aio.ServicerContext], Awaitable[T]]) -> Callable[..., Awaitable[T]]:

@@ -15,8 +15,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
 from ..runtime.service import InferenceService, parse_config_override
-from ..vocabulary.errors import InvalidArgument, ServerError
-from .codec import error_body, internal_error_message
+from ..vocabulary.errors import InvalidArgument, ServerError, internal_error_message
+from .codec import error_body
 from .infer_route import InferRoute
 
 log = logging.getLogger(__name__)

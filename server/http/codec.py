@@ -24,19 +24,6 @@ def error_body(message: str) -> bytes:
     return orjson.dumps({"error": message})
 
 
-def internal_error_message(exc: Exception) -> str:
-    return f"internal error: {type(exc).__name__}: {exc}"
-
-
-def _int_param(params: dict[str, Any], key: str, where: str) -> int | None:
-    value = params.get(key)
-    if value is None:
-        return None
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise InvalidArgument(f"{where}: parameter '{key}' must be a non-negative integer, got {value!r}")
-    return value
-
-
 def decode_request(
     body: bytes, header_length: str | None, model_name: str, model_version: str
 ) -> tuple[InferenceRequest, dict[str, Any]]:
@@ -80,7 +67,7 @@ def decode_request(
         iparams = item.get("parameters") or {}
         if not isinstance(iparams, dict):
             raise InvalidArgument(f"input '{name}': 'parameters' must be an object")
-        size = _int_param(iparams, "binary_data_size", f"input '{name}'")
+        size = tensors.int_parameter(iparams, "binary_data_size", f"input '{name}'")
         if size is not None:
             if "data" in item:
                 raise InvalidArgument(f"input '{name}' has both 'data' and binary_data_size")
@@ -114,7 +101,7 @@ def decode_request(
             requested.append(out["name"])
             options[out["name"]] = {
                 "binary": bool(oparams.get("binary_data", binary_default)),
-                "classification": _int_param(oparams, "classification", f"output '{out['name']}'") or 0,
+                "classification": tensors.int_parameter(oparams, "classification", f"output '{out['name']}'") or 0,
             }
     request_id = header.get("id", "")
     request = InferenceRequest(
@@ -124,8 +111,8 @@ def decode_request(
         requested_outputs=requested,
         id=request_id if isinstance(request_id, str) else str(request_id),
         parameters={k: v for k, v in params.items() if k != "binary_data_output"},
-        priority=_int_param(params, "priority", "request") or 0,
-        timeout_us=_int_param(params, "timeout", "request") or 0,
+        priority=tensors.int_parameter(params, "priority", "request") or 0,
+        timeout_us=tensors.int_parameter(params, "timeout", "request") or 0,
     )
     return request, options
 

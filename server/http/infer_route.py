@@ -14,8 +14,8 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from ..runtime.service import InferenceService
-from ..vocabulary.errors import ServerError
-from .codec import HEADER_LENGTH, decode_request, encode_response, error_body, internal_error_message
+from ..vocabulary.errors import ServerError, internal_error_message
+from .codec import HEADER_LENGTH, decode_request, encode_response, error_body
 
 log = logging.getLogger(__name__)
 

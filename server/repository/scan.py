@@ -8,16 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..config import ConfigError, check_file_names, load_config_file, pb
+from ..config.platforms import detect, model_filename
 from .layout import CONFIG_FILE, MODEL_NAME, PathEscape, is_version_dir_name, resolve_inside
-
-#: default model file per platform/backend, as Triton names them
-DEFAULT_FILENAMES = {
-    "onnxruntime_onnx": "model.onnx",
-    "onnxruntime": "model.onnx",
-    "tensorrt_plan": "model.plan",
-    "tensorrt": "model.plan",
-    "python": "model.py",
-}
 
 
 @dataclass
@@ -37,23 +29,17 @@ class ModelSource:
     version_digests: dict[int, str] = field(default_factory=dict)
 
 
-def model_filename(config: pb.ModelConfig) -> str:
-    if config.default_model_filename:
-        return config.default_model_filename
-    return DEFAULT_FILENAMES.get(config.platform) or DEFAULT_FILENAMES.get(config.backend) or ""
-
-
 def infer_platform(config: pb.ModelConfig, model_dir: Path) -> None:
     """Without platform/backend, pick one from the model files found (Triton's auto-complete)."""
     if config.platform or config.backend:
         return
     for version_dir in sorted(p for p in model_dir.iterdir() if is_version_dir_name(p.name)):
-        for filename, platform in (("model.onnx", "onnxruntime_onnx"), ("model.plan", "tensorrt_plan")):
-            if (version_dir / filename).exists():
-                config.platform = platform
-                return
-        if (version_dir / "model.py").exists():
-            config.backend = "python"
+        found = detect({p.name for p in version_dir.iterdir()}) if version_dir.is_dir() else None
+        if found is not None:
+            if found.platform:
+                config.platform = found.platform
+            else:
+                config.backend = found.backend
             return
 
 
@@ -138,15 +124,3 @@ def _read_model(repo: Path, source: ModelSource, override: pb.ModelConfig | None
             resolve_inside(repo, vpath / filename, f"version {version} model file")
         source.versions[version] = vpath
         source.version_digests[version] = _digest_dir(vpath)
-
-
-def select_versions(config: pb.ModelConfig, available: list[int]) -> list[int]:
-    """Apply the version policy (default: latest 1) to the versions found on disk."""
-    available = sorted(available)
-    policy = config.version_policy
-    if policy.HasField("all"):
-        return available
-    if policy.HasField("specific"):
-        return sorted(v for v in set(policy.specific.versions) if v in available)
-    n = policy.latest.num_versions if policy.HasField("latest") else 1
-    return available[-max(n, 1) :]

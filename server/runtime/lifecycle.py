@@ -1,18 +1,36 @@
-"""Model lifecycle states as the repository index reports them (Triton's ``ModelReadyState`` names).
+"""The model lifecycle: load, reload, retire and unload versions, and the states the index reports.
 
-A version goes LOADING → READY; a reload keeps the READY version serving until the new one is READY;
-a retired version goes UNLOADING (draining) → UNAVAILABLE ("unloaded"); a failed load is UNAVAILABLE
-with its reason.
+States are Triton's ``ModelReadyState`` names. A version goes LOADING → READY; a reload keeps the READY
+version serving until the new one is READY; a retired version goes UNLOADING (draining) → UNAVAILABLE
+("unloaded"); a failed load is UNAVAILABLE with its reason.
+
+Reload never interrupts service: a new or changed version loads in the background while the old one
+serves; the routing table (``ModelEntry.serving``) is swapped in one assignment when the new one is
+ready; the old version drains its in-flight and queued requests and only then unloads. A failed load
+leaves what was serving in place and records the failure (index state/reason, log, metric).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from enum import Enum
+from pathlib import Path
+from typing import Any
 
-from ..config import pb
-from .model import ModelVersion
+from ..backends.loader import available_backends
+from ..config import ConfigError, pb, validate_config
+from ..config.version_policy import select_versions
+from ..observability.stats import StatsListener
+from ..repository import scan
+from ..repository.layout import check_model_name
+from ..vocabulary.errors import InvalidArgument, NotFound, ServerError
+from ..vocabulary.registry_view import RegistryView
+from .model import ModelVersion, build_model_version, prepare_config
+
+log = logging.getLogger(__name__)
 
 
 class ModelState(str, Enum):
@@ -43,3 +61,211 @@ class ModelEntry:
     #: digest per version of the last load attempt, failed or not (poll mode retries only on change)
     attempted: dict[int, str] = field(default_factory=dict)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+class ModelLifecycle:
+    """Brings the registry's entries in line with the repository; owns every load and unload."""
+
+    def __init__(
+        self,
+        models: dict[str, ModelEntry],
+        repository_path: Path,
+        router: RegistryView,
+        listeners: list[StatsListener],
+        drain_timeout: float,
+    ) -> None:
+        #: the registry's routing table, shared: the lifecycle writes it, the registry reads it
+        self.models = models
+        self.repository_path = repository_path
+        #: handed to every version it builds (ensembles and BLS route through it)
+        self.router = router
+        self.listeners = listeners
+        self.drain_timeout = drain_timeout
+        #: retiring versions (drain, then close)
+        self.background: set[asyncio.Task[Any]] = set()
+        #: called with (model, version, reason) when a load fails (metrics hook)
+        self.on_load_failure: list[Callable[[str, str, str], None]] = []
+
+    async def load_model(self, name: str, override: pb.ModelConfig | None = None) -> None:
+        """Load or reload ``name``; ``override`` replaces its config.pbtxt for this load (as Triton).
+
+        Raises InvalidArgument when a selected version failed to load; whatever was serving before
+        keeps serving, and the message says so.
+        """
+        check_model_name(name)
+        entry = self.models.get(name)
+        if entry is None:
+            entry = self.models.setdefault(name, ModelEntry(name))
+        async with entry.lock:
+            entry.override = override
+            failures = await self._reconcile(entry)
+        if not entry.serving and (not entry.states or not (self.repository_path / name).is_dir()):
+            self.models.pop(name, None)  # nothing to show in the index for a folder that does not exist
+        if failures or not entry.serving:
+            kept = f"; still serving version {', '.join(map(str, sorted(entry.serving)))}" if entry.serving else ""
+            raise InvalidArgument(
+                f"failed to load '{name}': " + ("; ".join(failures) if failures else "no version to serve") + kept
+            )
+
+    async def _reconcile(self, entry: ModelEntry) -> list[str]:
+        """Bring ``entry`` in line with the repository; returns why each failed part failed."""
+        name = entry.name
+        source = await asyncio.to_thread(scan.read_model, self.repository_path, name, entry.override)
+        entry.config_digest = source.config_digest
+        if source.error or source.config is None:
+            return self._record_failure(entry, 0, source.error or "no config")
+        config = source.config
+        is_ensemble = config.platform == "ensemble"
+        wanted = {1: source.config_digest} if is_ensemble else self._wanted(source, config)
+        entry.attempted = wanted
+        try:
+            validate_config(config, name, available_backends())
+        except ConfigError as exc:
+            return self._record_failure(entry, 0, str(exc))
+        entry.states.pop(0, None)
+        targets = list(wanted)
+        if not targets:
+            return self._record_failure(entry, 0, "no version folder with a model file matches the version policy")
+        failures: list[str] = []
+        new_serving: dict[int, ModelVersion] = {}
+        replaced: list[ModelVersion] = []
+        for v in targets:
+            digest = wanted[v]
+            current = entry.serving.get(v)
+            if current is not None and current.digest == digest:
+                new_serving[v] = current
+                continue
+            if current is None:
+                entry.states[v] = VersionState(ModelState.LOADING)
+            try:
+                mv = await self._build(config, v, source.versions.get(v), digest)
+            except Exception as exc:  # any load failure is reported, never fatal
+                reason = str(exc) if isinstance(exc, (ConfigError, ServerError)) else f"{type(exc).__name__}: {exc}"
+                log.error("failed to load '%s' version %s: %s", name, v, reason)
+                failures.append(f"version {v}: {reason}")
+                if current is not None:
+                    new_serving[v] = current  # keep serving what worked
+                    entry.states[v] = VersionState(ModelState.READY, f"reload failed: {reason}")
+                else:
+                    entry.states[v] = VersionState(ModelState.UNAVAILABLE, reason)
+                for hook in self.on_load_failure:
+                    hook(name, str(v), reason)
+                continue
+            new_serving[v] = mv
+            entry.states[v] = VersionState(ModelState.READY)
+            if current is not None:
+                replaced.append(current)
+        if not new_serving and entry.serving:
+            # nothing new could load: what was serving stays in place
+            return failures
+        removed = [mv for v, mv in entry.serving.items() if v not in new_serving]
+        entry.serving = new_serving  # the atomic switch
+        entry.config = new_serving[max(new_serving)].config if new_serving else config
+        for mv in removed:
+            entry.states[mv.version] = VersionState(ModelState.UNLOADING)
+        removed_versions = {mv.version for mv in removed}
+        for v in list(entry.states):
+            if v not in wanted and v not in removed_versions:
+                del entry.states[v]
+        # replaced and removed versions take no new requests now; they drain, then unload
+        for mv in replaced + removed:
+            self._spawn(self._retire(entry, mv, forget=mv in removed))
+        return failures
+
+    async def _build(self, config: pb.ModelConfig, version: int, path: Path | None, digest: str) -> ModelVersion:
+        """Complete the config against this version's model file, then load it."""
+        vconfig = pb.ModelConfig()
+        vconfig.CopyFrom(config)
+        backend_cls = await asyncio.to_thread(prepare_config, vconfig, path)
+        validate_config(vconfig, config.name, available_backends())
+        return await build_model_version(
+            vconfig, backend_cls, version, path, digest, self.router, self.listeners, self.repository_path / config.name
+        )
+
+    def _record_failure(self, entry: ModelEntry, version: int, reason: str) -> list[str]:
+        log.error("model '%s' is unavailable: %s", entry.name, reason)
+        if entry.serving:
+            # keep serving the last good config; say why the new one was refused
+            for v in entry.serving:
+                entry.states[v] = VersionState(ModelState.READY, f"reload failed: {reason}")
+        else:
+            entry.states = {version: VersionState(ModelState.UNAVAILABLE, reason)}
+        for hook in self.on_load_failure:
+            hook(entry.name, str(version) if version else "", reason)
+        return [reason]
+
+    async def _retire(self, entry: ModelEntry, mv: ModelVersion, forget: bool) -> None:
+        drained = await mv.drain(self.drain_timeout)
+        if not drained:
+            log.warning("unloading %s version %s with requests still in flight", mv.name, mv.version)
+        await mv.close()
+        state = entry.states.get(mv.version)
+        if forget and state is not None and state.state == ModelState.UNLOADING:
+            entry.states[mv.version] = VersionState(ModelState.UNAVAILABLE, "unloaded")
+        log.info("unloaded %s version %s", mv.name, mv.version)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self.background.add(task)
+        task.add_done_callback(self.background.discard)
+
+    async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
+        check_model_name(name)
+        entry = self.models.get(name)
+        if entry is None:
+            raise NotFound(f"failed to unload '{name}': model is not loaded")
+        async with entry.lock:
+            retiring = list(entry.serving.values())
+            entry.serving = {}
+            for mv in retiring:
+                entry.states[mv.version] = VersionState(ModelState.UNLOADING)
+            entry.override = None
+            await asyncio.gather(*(self._retire(entry, mv, forget=True) for mv in retiring))
+        if unload_dependents:
+            for other in list(self.models.values()):
+                if other.config is not None and other.config.platform == "ensemble" and other.serving:
+                    steps = {s.model_name for s in other.config.ensemble_scheduling.step}
+                    if name in steps:
+                        await self.unload_model(other.name)
+
+    async def forget_model(self, name: str) -> None:
+        """Unload and drop from the index (its folder was removed from the repository)."""
+        if name in self.models:
+            await self.unload_model(name)
+            self.models.pop(name, None)
+
+    async def load_all(self) -> None:
+        for name in scan.list_model_names(self.repository_path):
+            try:
+                await self.load_model(name)
+            except ServerError as exc:
+                log.error("%s", exc)
+
+    async def poll(self) -> None:
+        """Bring the loaded set in line with the repository (poll mode)."""
+        on_disk = set(await asyncio.to_thread(scan.list_model_names, self.repository_path))
+        for name in sorted(set(self.models) - on_disk):
+            await self.forget_model(name)
+        for name in sorted(on_disk):
+            entry = self.models.get(name)
+            if entry is not None and not await self._changed(entry):
+                continue
+            try:
+                await self.load_model(name)
+            except ServerError as exc:
+                log.error("%s", exc)
+
+    async def _changed(self, entry: ModelEntry) -> bool:
+        source = await asyncio.to_thread(scan.read_model, self.repository_path, entry.name, entry.override)
+        if source.config_digest != entry.config_digest:
+            return True
+        config = entry.config or source.config
+        if config is None or config.platform == "ensemble":
+            return False
+        return self._wanted(source, config) != entry.attempted
+
+    @staticmethod
+    def _wanted(source: scan.ModelSource, config: pb.ModelConfig) -> dict[int, str]:
+        """Digest per version the policy selects: what a load would (re)build."""
+        targets = select_versions(config, source.versions)
+        return {v: source.config_digest + ":" + source.version_digests.get(v, "") for v in targets}

@@ -13,11 +13,8 @@ Example:
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,10 +23,12 @@ from typing import Any
 import numpy as np
 
 from ..config import ConfigError, config_to_text, pb, validate_config
+from ..config.platforms import BY_PLATFORM
+from ..repository import publish
+from ..repository.layout import CONFIG_FILE
 
-PLAN_FILE = "model.plan"
+PLAN_FILE = BY_PLATFORM["tensorrt_plan"].model_filename
 CALIBRATION_CACHE = "calibration.cache"
-CONFIG_FILE = "config.pbtxt"
 
 
 class ConvertError(ValueError):
@@ -463,41 +462,33 @@ def build_engine(options: ConvertOptions, sig: Signature, layout: Layout) -> tup
 
 
 def write_model(options: ConvertOptions, layout: Layout, plan: bytes, cache: bytes | None, config_text: str) -> None:
-    """Stage under dot-names and rename into place; the config is replaced last."""
-    repo = options.repository
+    """Stage under dot-names, fsync and rename into place (``repository.publish``); the config is replaced last."""
     if not layout.model_dir.exists():
-        staging = Path(tempfile.mkdtemp(prefix=f".{options.name}.staging-", dir=repo))
+        staging = publish.stage_dir(options.repository, options.name)
         try:
             _write_version(staging / str(options.version), plan, cache)
-            (staging / CONFIG_FILE).write_text(config_text, encoding="utf-8")
-            os.rename(staging, layout.model_dir)
+            publish.write_file(staging / CONFIG_FILE, config_text)
+            publish.publish_dir(staging, layout.model_dir)
         except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
+            publish.remove_tree(staging)
             raise
         return
-    staging = Path(tempfile.mkdtemp(prefix=f".{options.version}.staging-", dir=layout.model_dir))
+    staging = publish.stage_dir(layout.model_dir, str(options.version))
     try:
         _write_version(staging, plan, cache)
-        old = None
-        if layout.version_dir.exists():
-            old = layout.model_dir / f".{options.version}.old-{os.getpid()}"
-            os.rename(layout.version_dir, old)
-        os.rename(staging, layout.version_dir)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        publish.publish_dir(staging, layout.version_dir)
     except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        publish.remove_tree(staging)
         raise
-    tmp = layout.model_dir / f".{CONFIG_FILE}.tmp-{os.getpid()}"
-    tmp.write_text(config_text, encoding="utf-8")
-    os.replace(tmp, layout.config)
+    publish.replace_file(layout.config, config_text)
 
 
 def _write_version(folder: Path, plan: bytes, cache: bytes | None) -> None:
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / PLAN_FILE).write_bytes(plan)
+    publish.write_file(folder / PLAN_FILE, plan)
     if cache is not None:
-        (folder / CALIBRATION_CACHE).write_bytes(cache)
+        publish.write_file(folder / CALIBRATION_CACHE, cache)
+    publish.fsync_dir(folder)
 
 
 def sample_inputs(options: ConvertOptions, sig: Signature, seed: int = 0) -> dict[str, np.ndarray]:

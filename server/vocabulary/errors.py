@@ -71,3 +71,8 @@ class BackendError(ServerError):
     http_status = 500
     grpc_code = "INTERNAL"
     failure_reason = "BACKEND"
+
+
+def internal_error_message(exc: BaseException) -> str:
+    """What a client sees for an unexpected exception (a bug): HTTP 500 and gRPC INTERNAL alike."""
+    return f"internal error: {type(exc).__name__}: {exc}"

@@ -27,9 +27,9 @@ from tests.support.sleep_models import (
     post_infer,
     require_sleep_backend,
     stats,
-    wait_for,
     write_sleep_model,
 )
+from tests.support.waiting import wait_for
 
 
 @pytest.fixture(scope="module")
@@ -219,7 +219,7 @@ def test_queue_full_is_unavailable_over_grpc(server: ServerProcess) -> None:
     fill = threading.Thread(target=_flood, args=(server, "queue_limited", 3))
     fill.start()
     try:
-        wait_for(lambda: pending(server.metrics_url, "queue_limited") >= 2)
+        wait_for("2 queued requests", lambda: pending(server.metrics_url, "queue_limited") >= 2)
         client = grpcclient.InferenceServerClient(server.grpc_url)
         inp = grpcclient.InferInput("INPUT0", [1, 2], "FP32")
         inp.set_data_from_numpy(np.zeros((1, 2), np.float32))
@@ -267,7 +267,7 @@ def test_timeout_delay_moves_expired_requests_behind(server: ServerProcess) -> N
         a = pool.submit(send, "A")
         time.sleep(0.3)  # A is executing (1.5 s)
         b = pool.submit(send, "B", timeout=100_000)
-        wait_for(lambda: pending(server.metrics_url, "timeout_delay") >= 1)
+        wait_for("1 queued request", lambda: pending(server.metrics_url, "timeout_delay") >= 1)
         time.sleep(0.3)  # B's timeout has expired
         c = pool.submit(send, "C")
         for f in (a, b, c):
@@ -285,7 +285,7 @@ def test_priority_overtakes_the_backlog(server: ServerProcess) -> None:
 
     with ThreadPoolExecutor(8) as pool:
         low = [pool.submit(send, f"low{i}") for i in range(6)]
-        wait_for(lambda: pending(server.metrics_url, "prioritized") >= 4)
+        wait_for("4 queued requests", lambda: pending(server.metrics_url, "prioritized") >= 4)
         high = pool.submit(send, "high", priority=1)
         for f in [*low, high]:
             f.result()

@@ -66,20 +66,6 @@ def server(repo: Path) -> Iterator[ServerProcess]:
 
 
 @pytest.fixture(scope="module")
-def client(server: ServerProcess) -> Iterator[grpcclient.InferenceServerClient]:
-    c = grpcclient.InferenceServerClient(server.grpc_url)
-    yield c
-    c.close()
-
-
-@pytest.fixture(scope="module")
-def hclient(server: ServerProcess) -> Iterator[httpclient.InferenceServerClient]:
-    c = httpclient.InferenceServerClient(server.http_url)
-    yield c
-    c.close()
-
-
-@pytest.fixture(scope="module")
 def stub(server: ServerProcess) -> Iterator[service_pb2_grpc.GRPCInferenceServiceStub]:
     """tritonclient's own generated stub, for requests its high-level client cannot build (typed contents)."""
     channel = grpc.insecure_channel(server.grpc_url)
@@ -109,27 +95,27 @@ def http_error(server: ServerProcess, method: str, path: str, **kwargs) -> tuple
 
 
 # ---- health and metadata ----------------------------------------------------------------------
-def test_health(client: grpcclient.InferenceServerClient) -> None:
-    assert client.is_server_live()
-    assert client.is_server_ready()
-    assert client.is_model_ready("add_sub")
-    assert client.is_model_ready("add_sub", "1")
-    assert not client.is_model_ready("add_sub", "7")
-    assert not client.is_model_ready("missing")
+def test_health(grpc_client: grpcclient.InferenceServerClient) -> None:
+    assert grpc_client.is_server_live()
+    assert grpc_client.is_server_ready()
+    assert grpc_client.is_model_ready("add_sub")
+    assert grpc_client.is_model_ready("add_sub", "1")
+    assert not grpc_client.is_model_ready("add_sub", "7")
+    assert not grpc_client.is_model_ready("missing")
 
 
-def test_server_metadata_matches_http(client, hclient) -> None:
-    g = client.get_server_metadata(as_json=True)
-    h = hclient.get_server_metadata()
+def test_server_metadata_matches_http(grpc_client, http_client) -> None:
+    g = grpc_client.get_server_metadata(as_json=True)
+    h = http_client.get_server_metadata()
     assert g["name"] == h["name"] == "kubeinfer"
     assert g["version"] == h["version"]
     assert g["extensions"] == h["extensions"]
 
 
 @pytest.mark.parametrize("version", ["", "1"])
-def test_model_metadata_matches_http(client, hclient, version: str) -> None:
-    g = client.get_model_metadata("cifar10_resnet", version, as_json=True)
-    h = hclient.get_model_metadata("cifar10_resnet", version)
+def test_model_metadata_matches_http(grpc_client, http_client, version: str) -> None:
+    g = grpc_client.get_model_metadata("cifar10_resnet", version, as_json=True)
+    h = http_client.get_model_metadata("cifar10_resnet", version)
     assert g["name"] == h["name"] and g["versions"] == h["versions"] and g["platform"] == h["platform"]
     for kind in ("inputs", "outputs"):
         assert [(t["name"], t["datatype"], [int(d) for d in t["shape"]]) for t in g[kind]] == [
@@ -138,9 +124,9 @@ def test_model_metadata_matches_http(client, hclient, version: str) -> None:
     assert [int(d) for d in g["inputs"][0]["shape"]] == [-1, 3, 32, 32]
 
 
-def test_model_config_matches_http(client, hclient) -> None:
-    g = client.get_model_config("cifar10_resnet", as_json=True)["config"]
-    h = hclient.get_model_config("cifar10_resnet")
+def test_model_config_matches_http(grpc_client, http_client) -> None:
+    g = grpc_client.get_model_config("cifar10_resnet", as_json=True)["config"]
+    h = http_client.get_model_config("cifar10_resnet")
     assert g["name"] == h["name"] == "cifar10_resnet"
     assert g["max_batch_size"] == h["max_batch_size"] == 8
     assert [(t["name"], [int(d) for d in t["dims"]]) for t in g["input"]] == [
@@ -148,20 +134,20 @@ def test_model_config_matches_http(client, hclient) -> None:
     ]
     assert "dynamic_batching" in g and "dynamic_batching" in h
     # the message itself decodes into tritonclient's ModelConfig, field for field
-    cfg = client.get_model_config("add_sub", "2").config
+    cfg = grpc_client.get_model_config("add_sub", "2").config
     assert cfg.version_policy.HasField("all") and cfg.input[0].dims == [16]
 
 
 # ---- inference --------------------------------------------------------------------------------
-def test_infer_raw_matches_http_and_onnxruntime(client, hclient, repo: Path) -> None:
+def test_infer_raw_matches_http_and_onnxruntime(grpc_client, http_client, repo: Path) -> None:
     rng = np.random.default_rng(0)
     images = rng.standard_normal((4, 3, 32, 32)).astype(np.float32)
     gin = grpcclient.InferInput("input", list(images.shape), "FP32")
     gin.set_data_from_numpy(images)
     hin = httpclient.InferInput("input", list(images.shape), "FP32")
     hin.set_data_from_numpy(images, binary_data=True)
-    g = client.infer("cifar10_resnet", [gin], request_id="r-1")
-    h = hclient.infer("cifar10_resnet", [hin])
+    g = grpc_client.infer("cifar10_resnet", [gin], request_id="r-1")
+    h = http_client.infer("cifar10_resnet", [hin])
     model_file = repo / "cifar10_resnet" / "1" / "model.onnx"
     session = ort.InferenceSession(str(model_file), providers=["CPUExecutionProvider"])
     (expected,) = session.run(None, {"input": images})
@@ -171,21 +157,21 @@ def test_infer_raw_matches_http_and_onnxruntime(client, hclient, repo: Path) -> 
     np.testing.assert_allclose(g.as_numpy("output"), expected, rtol=1e-4, atol=1e-5)
 
     inputs, a, b = add_sub_inputs(grpcclient, batch=3)
-    r = client.infer("add_sub", inputs, model_version="1")
+    r = grpc_client.infer("add_sub", inputs, model_version="1")
     np.testing.assert_array_equal(r.as_numpy("OUTPUT0"), a + b)
     np.testing.assert_array_equal(r.as_numpy("OUTPUT1"), a - b)
 
 
-def test_requested_outputs_and_classification(client, hclient) -> None:
+def test_requested_outputs_and_classification(grpc_client, http_client) -> None:
     inputs, a, b = add_sub_inputs(grpcclient)
-    r = client.infer("add_sub", inputs, outputs=[grpcclient.InferRequestedOutput("OUTPUT1")])
+    r = grpc_client.infer("add_sub", inputs, outputs=[grpcclient.InferRequestedOutput("OUTPUT1")])
     assert [o.name for o in r.get_response().outputs] == ["OUTPUT1"]
     np.testing.assert_array_equal(r.as_numpy("OUTPUT1"), a - b)
     assert r.as_numpy("OUTPUT0") is None
 
-    g = client.infer("add_sub", inputs, outputs=[grpcclient.InferRequestedOutput("OUTPUT0", class_count=3)])
+    g = grpc_client.infer("add_sub", inputs, outputs=[grpcclient.InferRequestedOutput("OUTPUT0", class_count=3)])
     hin, _, _ = add_sub_inputs(httpclient)
-    h = hclient.infer("add_sub", hin, outputs=[httpclient.InferRequestedOutput("OUTPUT0", class_count=3)])
+    h = http_client.infer("add_sub", hin, outputs=[httpclient.InferRequestedOutput("OUTPUT0", class_count=3)])
     top = g.as_numpy("OUTPUT0")
     assert top.shape == (2, 3)
     np.testing.assert_array_equal(top, h.as_numpy("OUTPUT0"))
@@ -232,9 +218,9 @@ def test_typed_contents(stub) -> None:
     assert "2 elements" in info.value.details()
 
 
-def test_request_parameters(client, stub) -> None:
+def test_request_parameters(grpc_client, stub) -> None:
     inputs, a, b = add_sub_inputs(grpcclient)
-    r = client.infer("add_sub", inputs, timeout=30_000_000, parameters={"custom": "kept"})
+    r = grpc_client.infer("add_sub", inputs, timeout=30_000_000, parameters={"custom": "kept"})
     np.testing.assert_array_equal(r.as_numpy("OUTPUT0"), a + b)
     req = service_pb2.ModelInferRequest(model_name="identity_fp32")
     req.inputs.add(name="IN", datatype="FP32", shape=[1]).contents.fp32_contents.append(1.0)
@@ -245,20 +231,20 @@ def test_request_parameters(client, stub) -> None:
     assert "'priority' must be a non-negative integer" in info.value.details()
 
 
-def test_bytes_raw_roundtrip(client) -> None:
+def test_bytes_raw_roundtrip(grpc_client) -> None:
     data = np.array([b"a", b"", "unicode \u00e9".encode()], dtype=np.object_)  # ORT strings must be UTF-8
     inp = grpcclient.InferInput("IN", [3], "BYTES")
     inp.set_data_from_numpy(data)
-    out = client.infer("identity_bytes", [inp]).as_numpy("OUT")
+    out = grpc_client.infer("identity_bytes", [inp]).as_numpy("OUT")
     assert list(out) == list(data)
 
 
-def test_large_message_beyond_grpc_default(client) -> None:
+def test_large_message_beyond_grpc_default(grpc_client) -> None:
     """Default max message is 256 MiB: a 24 MiB tensor (gRPC's own default is 4 MiB) goes both ways."""
     data = np.arange(6 * 1024 * 1024, dtype=np.float32)
     inp = grpcclient.InferInput("IN", [data.size], "FP32")
     inp.set_data_from_numpy(data)
-    out = client.infer("identity_fp32", [inp]).as_numpy("OUT")
+    out = grpc_client.infer("identity_fp32", [inp]).as_numpy("OUT")
     np.testing.assert_array_equal(out, data)
 
 
@@ -287,20 +273,20 @@ def test_max_message_flag(tmp_path: Path, repo: Path) -> None:
         assert small.terminate() == 0
 
 
-def test_stream_infer(client) -> None:
+def test_stream_infer(grpc_client) -> None:
     results: queue.Queue = queue.Queue()
-    client.start_stream(callback=lambda result, error: results.put((result, error)))
+    grpc_client.start_stream(callback=lambda result, error: results.put((result, error)))
     try:
         expected = {}
         for i in range(8):
             inputs, a, b = add_sub_inputs(grpcclient, batch=1 + i % 4)
             expected[f"s{i}"] = a + b
-            client.async_stream_infer("add_sub", inputs, request_id=f"s{i}")
+            grpc_client.async_stream_infer("add_sub", inputs, request_id=f"s{i}")
         bad, _, _ = add_sub_inputs(grpcclient)
-        client.async_stream_infer("missing_model", bad, request_id="bad")
+        grpc_client.async_stream_infer("missing_model", bad, request_id="bad")
         inputs, a, b = add_sub_inputs(grpcclient, batch=2)
         expected["after"] = a + b
-        client.async_stream_infer("add_sub", inputs, request_id="after")
+        grpc_client.async_stream_infer("add_sub", inputs, request_id="after")
         got, errors = {}, []
         for _ in range(len(expected) + 1):
             result, error = results.get(timeout=60)
@@ -309,33 +295,33 @@ def test_stream_infer(client) -> None:
             else:
                 got[result.get_response().id] = result.as_numpy("OUTPUT0")
     finally:
-        client.stop_stream()
+        grpc_client.stop_stream()
     assert len(errors) == 1 and "unknown model: 'missing_model'" in errors[0]
     assert set(got) == set(expected)
     for key, value in expected.items():
         np.testing.assert_array_equal(got[key], value)
 
 
-def test_statistics_match_http(client, hclient) -> None:
-    before = client.get_inference_statistics("add_sub", "2", as_json=True)["model_stats"][0]
+def test_statistics_match_http(grpc_client, http_client) -> None:
+    before = grpc_client.get_inference_statistics("add_sub", "2", as_json=True)["model_stats"][0]
     inputs, _, _ = add_sub_inputs(grpcclient, batch=2)
     for _ in range(3):
-        client.infer("add_sub", inputs, model_version="2")
-    g = client.get_inference_statistics("add_sub", "2", as_json=True)["model_stats"][0]
-    h = hclient.get_inference_statistics("add_sub", "2")["model_stats"][0]
+        grpc_client.infer("add_sub", inputs, model_version="2")
+    g = grpc_client.get_inference_statistics("add_sub", "2", as_json=True)["model_stats"][0]
+    h = http_client.get_inference_statistics("add_sub", "2")["model_stats"][0]
     successes_before = int(before["inference_stats"]["success"].get("count", 0))
     assert int(g["inference_count"]) - int(before.get("inference_count", 0)) == 6
     assert int(g["inference_stats"]["success"]["count"]) - successes_before == 3
     assert int(g["inference_count"]) == h["inference_count"]
     assert int(g["inference_stats"]["success"]["count"]) == h["inference_stats"]["success"]["count"]
-    everything = client.get_inference_statistics(as_json=True)["model_stats"]
+    everything = grpc_client.get_inference_statistics(as_json=True)["model_stats"]
     served = {(s["name"], s["version"]) for s in everything}
     assert served >= {("add_sub", "1"), ("add_sub", "2"), ("cifar10_resnet", "1")}
 
 
-def test_repository_index(client, hclient) -> None:
-    g = client.get_model_repository_index(as_json=True)["models"]
-    h = hclient.get_model_repository_index()
+def test_repository_index(grpc_client, http_client) -> None:
+    g = grpc_client.get_model_repository_index(as_json=True)["models"]
+    h = http_client.get_model_repository_index()
     assert [(m["name"], m.get("version", ""), m.get("state", "")) for m in g] == [
         (m["name"], m.get("version", ""), m.get("state", "")) for m in h
     ]
@@ -343,9 +329,9 @@ def test_repository_index(client, hclient) -> None:
 
 
 # ---- errors: same status family and message as HTTP -------------------------------------------
-def test_errors_match_http(client, server: ServerProcess) -> None:
+def test_errors_match_http(grpc_client, server: ServerProcess) -> None:
     inputs, _, _ = add_sub_inputs(grpcclient)
-    err = grpc_error(client.infer, "missing", inputs)
+    err = grpc_error(grpc_client.infer, "missing", inputs)
     status, message = http_error(server, "POST", "/v2/models/missing/infer", json={"inputs": []})
     assert err.status() == "StatusCode.NOT_FOUND" and status == 404
     assert err.message() == message
@@ -354,7 +340,7 @@ def test_errors_match_http(client, server: ServerProcess) -> None:
     bad.set_data_from_numpy(np.zeros((1, 15), np.float32))
     ok = grpcclient.InferInput("INPUT1", [1, 15], "FP32")
     ok.set_data_from_numpy(np.zeros((1, 15), np.float32))
-    err = grpc_error(client.infer, "add_sub", [bad, ok])
+    err = grpc_error(grpc_client.infer, "add_sub", [bad, ok])
     body = {
         "inputs": [{"name": n, "datatype": "FP32", "shape": [1, 15], "data": [0.0] * 15} for n in ("INPUT0", "INPUT1")]
     }
@@ -362,20 +348,20 @@ def test_errors_match_http(client, server: ServerProcess) -> None:
     assert err.status() == "StatusCode.INVALID_ARGUMENT" and status == 400
     assert err.message() == message and "unexpected shape" in message
 
-    err = grpc_error(client.infer, "add_sub", inputs, model_version="9")
+    err = grpc_error(grpc_client.infer, "add_sub", inputs, model_version="9")
     assert err.status() == "StatusCode.NOT_FOUND"
 
     # the example server runs in model control mode "none": load/unload are refused, as over HTTP
-    err = grpc_error(client.load_model, "add_sub")
+    err = grpc_error(grpc_client.load_model, "add_sub")
     status, message = http_error(server, "POST", "/v2/repository/models/add_sub/load")
     assert err.status() == "StatusCode.UNIMPLEMENTED" and status == 501
     assert err.message() == message
-    err = grpc_error(client.unload_model, "add_sub")
+    err = grpc_error(grpc_client.unload_model, "add_sub")
     assert err.status() == "StatusCode.UNIMPLEMENTED"
 
-    err = grpc_error(client.get_model_metadata, "missing")
+    err = grpc_error(grpc_client.get_model_metadata, "missing")
     assert err.status() == "StatusCode.NOT_FOUND"
-    err = grpc_error(client.get_model_config, "missing")
+    err = grpc_error(grpc_client.get_model_config, "missing")
     assert err.status() == "StatusCode.NOT_FOUND"
 
 
@@ -388,8 +374,8 @@ def test_errors_match_http(client, server: ServerProcess) -> None:
         lambda c: c.get_log_settings(),
     ],
 )
-def test_unimplemented_extensions(client, call) -> None:
-    err = grpc_error(call, client)
+def test_unimplemented_extensions(grpc_client, call) -> None:
+    err = grpc_error(call, grpc_client)
     assert err.status() == "StatusCode.UNIMPLEMENTED"
     assert "not supported" in err.message()
-    assert client.is_server_live()
+    assert grpc_client.is_server_live()

@@ -21,13 +21,14 @@ def _session(path: Path) -> ort.InferenceSession:
 
 
 @pytest.fixture(scope="module")
-def client(example_server: ServerProcess) -> httpclient.InferenceServerClient:
-    return httpclient.InferenceServerClient(url=example_server.http_url)
+def server(example_server: ServerProcess) -> ServerProcess:
+    """The shared example server is this module's ``server`` (conftest's ``http_client`` talks to it)."""
+    return example_server
 
 
 @pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
 def test_cifar_client_code_matches_onnxruntime_for_every_batch_size(
-    client: httpclient.InferenceServerClient, example_repository: Path, binary: bool
+    http_client: httpclient.InferenceServerClient, example_repository: Path, binary: bool
 ) -> None:
     session = _session(example_repository / "cifar10_resnet" / "1" / "model.onnx")
     rng = np.random.default_rng(1)
@@ -36,7 +37,7 @@ def test_cifar_client_code_matches_onnxruntime_for_every_batch_size(
         inp = httpclient.InferInput("input", x.shape, "FP32")
         inp.set_data_from_numpy(x, binary_data=binary)
         out = httpclient.InferRequestedOutput("output", binary_data=binary)
-        result = client.infer(model_name="cifar10_resnet", inputs=[inp], outputs=[out])
+        result = http_client.infer(model_name="cifar10_resnet", inputs=[inp], outputs=[out])
         expected = session.run(None, {"input": x})[0]
         got = result.as_numpy("output")
         assert got.shape == (batch, 10) and got.dtype == np.float32
@@ -48,7 +49,7 @@ def test_cifar_client_code_matches_onnxruntime_for_every_batch_size(
 @pytest.mark.parametrize("version", ["1", "2", ""])
 @pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
 def test_add_sub_every_version_and_batch_size(
-    client: httpclient.InferenceServerClient, example_repository: Path, version: str, binary: bool
+    http_client: httpclient.InferenceServerClient, example_repository: Path, version: str, binary: bool
 ) -> None:
     session = _session(example_repository / "add_sub" / (version or "2") / "model.onnx")
     rng = np.random.default_rng(2)
@@ -59,7 +60,7 @@ def test_add_sub_every_version_and_batch_size(
         inputs[0].set_data_from_numpy(a, binary_data=binary)
         inputs[1].set_data_from_numpy(b, binary_data=binary)
         outputs = [httpclient.InferRequestedOutput(n, binary_data=binary) for n in ("OUTPUT0", "OUTPUT1")]
-        result = client.infer("add_sub", inputs, model_version=version, outputs=outputs, request_id=f"req-{batch}")
+        result = http_client.infer("add_sub", inputs, model_version=version, outputs=outputs, request_id=f"req-{batch}")
         sum_, diff = session.run(None, {"INPUT0": a, "INPUT1": b})
         np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), sum_)
         np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), diff)
@@ -68,12 +69,12 @@ def test_add_sub_every_version_and_batch_size(
         assert response["model_version"] == (version or "2")
 
 
-def test_requested_output_subset_only(client: httpclient.InferenceServerClient) -> None:
+def test_requested_output_subset_only(http_client: httpclient.InferenceServerClient) -> None:
     a = np.ones((1, 16), np.float32)
     inputs = [httpclient.InferInput("INPUT0", a.shape, "FP32"), httpclient.InferInput("INPUT1", a.shape, "FP32")]
     for i in inputs:
         i.set_data_from_numpy(a)
-    result = client.infer("add_sub", inputs, outputs=[httpclient.InferRequestedOutput("OUTPUT1")])
+    result = http_client.infer("add_sub", inputs, outputs=[httpclient.InferRequestedOutput("OUTPUT1")])
     assert [o["name"] for o in result.get_response()["outputs"]] == ["OUTPUT1"]
     np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), np.zeros((1, 16), np.float32))
 
@@ -108,12 +109,12 @@ def test_empty_outputs_list_returns_every_output(example_server: ServerProcess) 
     assert [o["name"] for o in r.json()["outputs"]] == ["OUTPUT0", "OUTPUT1"]
 
 
-def test_classification_extension(client: httpclient.InferenceServerClient) -> None:
+def test_classification_extension(http_client: httpclient.InferenceServerClient) -> None:
     x = np.random.default_rng(3).random((2, 3, 32, 32), dtype=np.float32)
     inp = httpclient.InferInput("input", x.shape, "FP32")
     inp.set_data_from_numpy(x)
-    raw = client.infer("cifar10_resnet", [inp]).as_numpy("output")
-    top = client.infer("cifar10_resnet", [inp], outputs=[httpclient.InferRequestedOutput("output", class_count=3)])
+    raw = http_client.infer("cifar10_resnet", [inp]).as_numpy("output")
+    top = http_client.infer("cifar10_resnet", [inp], outputs=[httpclient.InferRequestedOutput("output", class_count=3)])
     classes = top.as_numpy("output")
     assert classes.shape == (2, 3)
     for row in range(2):
@@ -121,20 +122,20 @@ def test_classification_extension(client: httpclient.InferenceServerClient) -> N
         assert indices == list(np.argsort(-raw[row], kind="stable")[:3])
 
 
-def test_server_and_model_metadata_are_triton_shaped(client: httpclient.InferenceServerClient) -> None:
-    assert client.is_server_live() and client.is_server_ready()
-    meta = client.get_server_metadata()
+def test_server_and_model_metadata_are_triton_shaped(http_client: httpclient.InferenceServerClient) -> None:
+    assert http_client.is_server_live() and http_client.is_server_ready()
+    meta = http_client.get_server_metadata()
     assert meta["name"] == "kubeinfer" and "binary_tensor_data" in meta["extensions"]
-    model = client.get_model_metadata("cifar10_resnet")
+    model = http_client.get_model_metadata("cifar10_resnet")
     assert model["platform"] == "onnxruntime_onnx"
     assert model["versions"] == ["1"]
     assert model["inputs"] == [{"name": "input", "datatype": "FP32", "shape": [-1, 3, 32, 32]}]
     assert model["outputs"] == [{"name": "output", "datatype": "FP32", "shape": [-1, 10]}]
-    assert client.get_model_metadata("add_sub")["versions"] == ["1", "2"]
-    assert client.get_model_metadata("add_sub", "1")["name"] == "add_sub"
-    assert client.is_model_ready("add_sub", "1") and client.is_model_ready("cifar10_resnet")
-    assert not client.is_model_ready("add_sub", "3")
-    config = client.get_model_config("cifar10_resnet")
+    assert http_client.get_model_metadata("add_sub")["versions"] == ["1", "2"]
+    assert http_client.get_model_metadata("add_sub", "1")["name"] == "add_sub"
+    assert http_client.is_model_ready("add_sub", "1") and http_client.is_model_ready("cifar10_resnet")
+    assert not http_client.is_model_ready("add_sub", "3")
+    config = http_client.get_model_config("cifar10_resnet")
     assert config["name"] == "cifar10_resnet" and config["max_batch_size"] == 8
     assert config["input"][0]["dims"] == [3, 32, 32] and config["input"][0]["data_type"] == "TYPE_FP32"
     assert config["instance_group"][0]["kind"] == "KIND_CPU"

@@ -35,6 +35,7 @@ from kubeinfer.server.examples import models
 from onnx import TensorProto, helper, numpy_helper
 
 from tests.support.server import ServerProcess, start_server
+from tests.support.waiting import wait_for
 
 MODEL = "drill"
 CONFIG = """
@@ -189,12 +190,8 @@ class Load:
 
 
 def wait_until(what: str, check: Callable[[], bool], timeout: float = 90, server: ServerProcess | None = None) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for: {what}" + (f"\n{server.log()[-4000:]}" if server else ""))
+    """The drill's wait: a longer bound under load, and the server's log when it fails."""
+    wait_for(what, check, timeout, describe=(lambda: server.log()[-4000:]) if server else None)
 
 
 def index(server: ServerProcess) -> dict[str, dict]:

@@ -35,20 +35,6 @@ def server(repo: Path) -> Iterator[ServerProcess]:
     assert s.terminate() == 0
 
 
-@pytest.fixture(scope="module")
-def grpc(server: ServerProcess) -> Iterator[grpcclient.InferenceServerClient]:
-    c = grpcclient.InferenceServerClient(server.grpc_url)
-    yield c
-    c.close()
-
-
-@pytest.fixture(scope="module")
-def http(server: ServerProcess) -> Iterator[httpclient.InferenceServerClient]:
-    c = httpclient.InferenceServerClient(server.http_url)
-    yield c
-    c.close()
-
-
 def post(server: ServerProcess, path: str, body: dict | None = None) -> httpx.Response:
     return httpx.post(server.base_url + path, json=body if body is not None else {}, timeout=120)
 
@@ -79,30 +65,30 @@ def add_sub_override(max_batch_size: int, versions: list[int] | None = None, dim
     return config
 
 
-def test_startup_loads_only_named_models(server: ServerProcess, grpc) -> None:
+def test_startup_loads_only_named_models(server: ServerProcess, grpc_client) -> None:
     rows = index(server)
     assert ("add_sub", "1", "READY") in rows and ("add_sub", "2", "READY") in rows
     assert ("cifar10_resnet", "", "") in rows  # in the repository, not loaded
     assert all(name == "add_sub" for name, _, _ in index(server, ready=True))
-    assert not grpc.is_model_ready("cifar10_resnet")
-    assert grpc.is_server_ready()
-    grpc_rows = grpc.get_model_repository_index().models
+    assert not grpc_client.is_model_ready("cifar10_resnet")
+    assert grpc_client.is_server_ready()
+    grpc_rows = grpc_client.get_model_repository_index().models
     assert {(m.name, m.version, m.state) for m in grpc_rows} == set(rows)
 
 
-def test_load_and_unload_over_both_protocols(server: ServerProcess, grpc, http) -> None:
-    grpc.load_model("cifar10_resnet")
-    assert http.is_model_ready("cifar10_resnet")
+def test_load_and_unload_over_both_protocols(server: ServerProcess, grpc_client, http_client) -> None:
+    grpc_client.load_model("cifar10_resnet")
+    assert http_client.is_model_ready("cifar10_resnet")
     image = np.zeros((1, 3, 32, 32), np.float32)
     inp = grpcclient.InferInput("input", [1, 3, 32, 32], "FP32")
     inp.set_data_from_numpy(image)
-    assert grpc.infer("cifar10_resnet", [inp]).as_numpy("output").shape == (1, 10)
+    assert grpc_client.infer("cifar10_resnet", [inp]).as_numpy("output").shape == (1, 10)
 
     assert post(server, "/v2/repository/models/cifar10_resnet/unload").status_code == 200
-    assert not grpc.is_model_ready("cifar10_resnet")
+    assert not grpc_client.is_model_ready("cifar10_resnet")
     assert ("cifar10_resnet", "1", "UNAVAILABLE") in index(server)
     with pytest.raises(InferenceServerException) as info:
-        grpc.infer("cifar10_resnet", [inp])
+        grpc_client.infer("cifar10_resnet", [inp])
     assert info.value.status() == "StatusCode.UNAVAILABLE"
     r = httpx.post(
         f"{server.base_url}/v2/models/cifar10_resnet/infer",
@@ -111,10 +97,10 @@ def test_load_and_unload_over_both_protocols(server: ServerProcess, grpc, http) 
     )
     assert r.status_code == 503 and "no available versions" in r.json()["error"]
 
-    http.load_model("cifar10_resnet")
-    assert grpc.is_model_ready("cifar10_resnet")
-    grpc.unload_model("cifar10_resnet", unload_dependents=True)
-    assert not http.is_model_ready("cifar10_resnet")
+    http_client.load_model("cifar10_resnet")
+    assert grpc_client.is_model_ready("cifar10_resnet")
+    grpc_client.unload_model("cifar10_resnet", unload_dependents=True)
+    assert not http_client.is_model_ready("cifar10_resnet")
     assert (
         post(
             server, "/v2/repository/models/cifar10_resnet/unload", {"parameters": {"unload_dependents": True}}
@@ -123,48 +109,48 @@ def test_load_and_unload_over_both_protocols(server: ServerProcess, grpc, http) 
     )
 
 
-def test_unload_unknown_model(server: ServerProcess, grpc) -> None:
+def test_unload_unknown_model(server: ServerProcess, grpc_client) -> None:
     r = post(server, "/v2/repository/models/never_loaded/unload")
     assert r.status_code == 404 and "never_loaded" in r.json()["error"]
     with pytest.raises(InferenceServerException) as info:
-        grpc.unload_model("never_loaded")
+        grpc_client.unload_model("never_loaded")
     assert info.value.status() == "StatusCode.NOT_FOUND"
     r = post(server, "/v2/repository/models/not_in_repo/load")
     assert r.status_code == 400 and "not_in_repo" in r.json()["error"]
     assert "not_in_repo" not in {name for name, _, _ in index(server)}
 
 
-def test_load_with_config_override(server: ServerProcess, grpc, http) -> None:
+def test_load_with_config_override(server: ServerProcess, grpc_client, http_client) -> None:
     try:
         # HTTP: parameters.config as a JSON string (Triton's form)
         body = {"parameters": {"config": json.dumps(add_sub_override(4, versions=[1]))}}
         assert post(server, "/v2/repository/models/add_sub/load", body).status_code == 200
-        assert http.get_model_config("add_sub")["max_batch_size"] == 4
-        assert grpc.is_model_ready("add_sub", "1") and not grpc.is_model_ready("add_sub", "2")
-        assert grpc.get_model_metadata("add_sub").versions == ["1"]
-        np.testing.assert_array_equal(add_sub_infer(grpc, batch=4), np.full((4, 16), 2.0, np.float32))
+        assert http_client.get_model_config("add_sub")["max_batch_size"] == 4
+        assert grpc_client.is_model_ready("add_sub", "1") and not grpc_client.is_model_ready("add_sub", "2")
+        assert grpc_client.get_model_metadata("add_sub").versions == ["1"]
+        np.testing.assert_array_equal(add_sub_infer(grpc_client, batch=4), np.full((4, 16), 2.0, np.float32))
         with pytest.raises(InferenceServerException) as info:
-            add_sub_infer(grpc, batch=5)
+            add_sub_infer(grpc_client, batch=5)
         assert info.value.status() == "StatusCode.INVALID_ARGUMENT" and "<= 4" in info.value.message()
 
         # gRPC: parameters["config"].string_param
-        grpc.load_model("add_sub", config=json.dumps(add_sub_override(2)))
-        assert grpc.get_model_config("add_sub").config.max_batch_size == 2
-        assert grpc.is_model_ready("add_sub", "2")  # default policy: latest 1
+        grpc_client.load_model("add_sub", config=json.dumps(add_sub_override(2)))
+        assert grpc_client.get_model_config("add_sub").config.max_batch_size == 2
+        assert grpc_client.is_model_ready("add_sub", "2")  # default policy: latest 1
 
         # a load that fails leaves what was serving in place, and says so
         bad = json.dumps(add_sub_override(8, dims=15))
         with pytest.raises(InferenceServerException) as info:
-            grpc.load_model("add_sub", config=bad)
+            grpc_client.load_model("add_sub", config=bad)
         assert info.value.status() == "StatusCode.INVALID_ARGUMENT"
         assert "still serving" in info.value.message()
-        assert grpc.get_model_config("add_sub").config.max_batch_size == 2
-        np.testing.assert_array_equal(add_sub_infer(grpc, batch=2), np.full((2, 16), 2.0, np.float32))
+        assert grpc_client.get_model_config("add_sub").config.max_batch_size == 2
+        np.testing.assert_array_equal(add_sub_infer(grpc_client, batch=2), np.full((2, 16), 2.0, np.float32))
     finally:
         # a load without override goes back to the repository's config.pbtxt
-        http.load_model("add_sub")
-    assert http.get_model_config("add_sub")["max_batch_size"] == 8
-    assert grpc.is_model_ready("add_sub", "1") and grpc.is_model_ready("add_sub", "2")
+        http_client.load_model("add_sub")
+    assert http_client.get_model_config("add_sub")["max_batch_size"] == 8
+    assert grpc_client.is_model_ready("add_sub", "1") and grpc_client.is_model_ready("add_sub", "2")
 
 
 @pytest.mark.parametrize(
@@ -176,13 +162,13 @@ def test_load_with_config_override(server: ServerProcess, grpc, http) -> None:
         (json.dumps({"max_batch_size": "many"}), "invalid config override"),
     ],
 )
-def test_bad_config_override(server: ServerProcess, grpc, config: str, message: str) -> None:
+def test_bad_config_override(server: ServerProcess, grpc_client, config: str, message: str) -> None:
     r = post(server, "/v2/repository/models/add_sub/load", {"parameters": {"config": config}})
     assert r.status_code == 400 and message in r.json()["error"], r.text
     with pytest.raises(InferenceServerException) as info:
-        grpc.load_model("add_sub", config=config)
+        grpc_client.load_model("add_sub", config=config)
     assert info.value.status() == "StatusCode.INVALID_ARGUMENT" and message in info.value.message()
-    assert grpc.is_model_ready("add_sub")
+    assert grpc_client.is_model_ready("add_sub")
 
 
 def raw_post(server: ServerProcess, path: str) -> tuple[int, str]:
@@ -206,26 +192,26 @@ def test_path_traversal_names_rejected_over_http(server: ServerProcess, name: st
 
 
 @pytest.mark.parametrize("name", ["..", "a/b", "%2e%2e", "../cifar10_resnet", "", ".", "a\\b"])
-def test_path_traversal_names_rejected_over_grpc(grpc, name: str) -> None:
-    for call in (grpc.load_model, grpc.unload_model):
+def test_path_traversal_names_rejected_over_grpc(grpc_client, name: str) -> None:
+    for call in (grpc_client.load_model, grpc_client.unload_model):
         with pytest.raises(InferenceServerException) as info:
             call(name)
         assert info.value.status() == "StatusCode.INVALID_ARGUMENT", info.value.message()
         assert "invalid model name" in info.value.message()
-    assert grpc.is_server_live()
+    assert grpc_client.is_server_live()
 
 
-def test_explicit_load_picks_up_a_new_version_without_unloading(server: ServerProcess, repo: Path, grpc) -> None:
+def test_explicit_load_picks_up_a_new_version_without_unloading(server: ServerProcess, repo: Path, grpc_client) -> None:
     """Triton needs unload + load for this (server#2853, #5757); here a load reloads in place."""
     staging = Path(tempfile.mkdtemp(prefix=".3.staging-", dir=repo / "add_sub"))
     (staging / "model.onnx").write_bytes(models.add_sub(16).SerializeToString())
     os.rename(staging, repo / "add_sub" / "3")
     try:
-        assert not grpc.is_model_ready("add_sub", "3")  # explicit mode: nothing happens on its own
-        grpc.load_model("add_sub")
-        assert grpc.is_model_ready("add_sub", "3") and grpc.is_model_ready("add_sub", "1")
-        assert grpc.get_model_metadata("add_sub").versions == ["1", "2", "3"]
-        np.testing.assert_array_equal(add_sub_infer(grpc, version="3"), np.full((1, 16), 2.0, np.float32))
+        assert not grpc_client.is_model_ready("add_sub", "3")  # explicit mode: nothing happens on its own
+        grpc_client.load_model("add_sub")
+        assert grpc_client.is_model_ready("add_sub", "3") and grpc_client.is_model_ready("add_sub", "1")
+        assert grpc_client.get_model_metadata("add_sub").versions == ["1", "2", "3"]
+        np.testing.assert_array_equal(add_sub_infer(grpc_client, version="3"), np.full((1, 16), 2.0, np.float32))
 
         # a corrupt version fails its load; the others keep serving and the index says why
         bad = Path(tempfile.mkdtemp(prefix=".4.staging-", dir=repo / "add_sub"))
@@ -236,7 +222,7 @@ def test_explicit_load_picks_up_a_new_version_without_unloading(server: ServerPr
         rows = {r["version"]: r for r in post(server, "/v2/repository/index").json() if r["name"] == "add_sub"}
         assert rows["4"]["state"] == "UNAVAILABLE" and rows["4"]["reason"]
         assert all(rows[v]["state"] == "READY" for v in ("1", "2", "3"))
-        np.testing.assert_array_equal(add_sub_infer(grpc), np.full((1, 16), 2.0, np.float32))
+        np.testing.assert_array_equal(add_sub_infer(grpc_client), np.full((1, 16), 2.0, np.float32))
     finally:
         for v in ("3", "4"):
             path = repo / "add_sub" / v
@@ -244,7 +230,7 @@ def test_explicit_load_picks_up_a_new_version_without_unloading(server: ServerPr
                 (path / "model.onnx").unlink()
                 path.rmdir()
         post(server, "/v2/repository/models/add_sub/load")
-    assert grpc.get_model_metadata("add_sub").versions == ["1", "2"]
+    assert grpc_client.get_model_metadata("add_sub").versions == ["1", "2"]
 
 
 def test_load_model_star_loads_everything(repo: Path, tmp_path: Path) -> None:

@@ -68,15 +68,6 @@ def stats(base_url: str, model: str) -> dict[str, Any]:
     return entry
 
 
-def wait_for(predicate: Any, timeout: float = 30, interval: float = 0.02) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(interval)
-    raise TimeoutError("condition not reached")
-
-
 def pending(metrics_url: str, model: str) -> float:
     """``nv_inference_pending_request_count`` of ``model`` (0 when absent)."""
     for line in httpx.get(metrics_url, timeout=10).text.splitlines():

@@ -63,7 +63,6 @@ def load_model_class(model_file: Path, label: str) -> type:
 
 class PythonBackend(Backend):
     name: ClassVar[str] = "python"
-    default_filename: ClassVar[str] = "model.py"
 
     def __init__(
         self, config: pb.ModelConfig, version_path: Path, version: int, context: RegistryView | None = None
@@ -75,7 +74,7 @@ class PythonBackend(Backend):
     @classmethod
     def auto_complete_config(cls, config: pb.ModelConfig, version_path: Path) -> None:
         """Let the model's optional ``auto_complete_config`` staticmethod fill inputs/outputs/batching."""
-        model_file = version_path / (config.default_model_filename or cls.default_filename)
+        model_file = cls.model_path(config, version_path)
         model_cls = load_model_class(model_file, f"model '{config.name}'")
         hook = getattr(model_cls, "auto_complete_config", None)
         if hook is None:

@@ -7,6 +7,8 @@ from typing import Any
 
 import pytest
 
+from tests.support.specs import server_spec
+
 MODEL_SPEC: dict[str, Any] = {
     "server": "gpu-pool",
     "platform": "onnxruntime_onnx",
@@ -26,25 +28,7 @@ SERVER_BODY: dict[str, Any] = {
     "apiVersion": "serving.kubeinfer.io/v1alpha1",
     "kind": "InferenceServer",
     "metadata": {"name": "gpu-pool", "namespace": "ml", "uid": "1234-uid", "generation": 1},
-    "spec": {
-        "replicas": 1,
-        "image": "registry.example.com/kubeinfer-server:0.1.0",
-        "resources": {"limits": {"nvidia.com/gpu": 1}},
-        "repository": {"claimName": "kubeinfer-models", "subPath": "gpu-pool"},
-        "autoscaling": {
-            "minReplicas": 1,
-            "maxReplicas": 8,
-            "metrics": [
-                {
-                    "type": "Pods",
-                    "pods": {
-                        "metric": {"name": "nv_inference_queue_duration_us_per_request"},
-                        "target": {"type": "AverageValue", "averageValue": "5000"},
-                    },
-                }
-            ],
-        },
-    },
+    "spec": server_spec(),
 }
 
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from kubeinfer.operator.render import config_to_spec, render_model, spec_to_config, target_versions
+from kubeinfer.operator.render import config_to_spec, render_model, spec_to_config
 from kubeinfer.server.config import ConfigError, parse_config_text, pb, validate_config
+from kubeinfer.server.config.version_policy import select_versions
 
 
 def test_issue_example_renders_and_round_trips(model_spec):
@@ -119,9 +120,13 @@ def test_backend_missing_from_server(model_spec):
         ({"latest": {"num_versions": 2}}, [2, 3]),
         ({"all": {}}, [1, 2, 3]),
         ({"specific": {"versions": [1, 9]}}, [1]),
+        ({"latest": {"num_versions": 5}}, [1, 2, 3]),
+        # Triton selects nothing for num_versions 0 (validation refuses such a config before this)
+        ({"latest": {"num_versions": 0}}, []),
     ],
 )
 def test_target_versions_follow_the_policy(policy, expected):
+    """The operator uses the server's own selection (config.version_policy), Triton's rules."""
     config = pb.ModelConfig()
     for key, value in policy.items():
         getattr(config.version_policy, key).SetInParent()
@@ -131,4 +136,4 @@ def test_target_versions_follow_the_policy(policy, expected):
                 field.extend(v)
             else:
                 setattr(getattr(config.version_policy, key), k, v)
-    assert target_versions([3, 1, 2], config) == expected
+    assert select_versions(config, [3, 1, 2]) == expected

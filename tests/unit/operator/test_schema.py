@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import yaml
-from kubeinfer.operator import schema
+from kubeinfer.operator import crds, model_crd
 
 REPO = Path(__file__).resolve().parents[3]
 CRDS = REPO / "crds"
@@ -22,15 +22,15 @@ def _walk(node, path="spec"):
 
 
 def test_checked_in_crds_are_generated():
-    for folder in schema.OUTPUT_DIRS:
-        for name, text in schema.render_crd_files().items():
+    for folder in crds.OUTPUT_DIRS:
+        for name, text in crds.render_crd_files().items():
             assert (REPO / folder / name).read_text() == text, (
-                f"{folder}/{name} is stale: run python -m kubeinfer.operator.schema"
+                f"{folder}/{name} is stale: run python -m kubeinfer.operator.crds"
             )
 
 
 def test_every_property_has_a_description():
-    for build in schema.CRD_FILES.values():
+    for build in crds.CRD_FILES.values():
         crd = build()
         root = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
         for part in ("spec", "status"):
@@ -41,7 +41,7 @@ def test_every_property_has_a_description():
 
 
 def test_config_fields_use_proto_json_names():
-    spec = schema.inference_model_spec_schema()["properties"]
+    spec = model_crd.inference_model_spec_schema()["properties"]
     batching = spec["dynamicBatching"]["properties"]
     assert "maxQueueDelayMicroseconds" in batching
     assert "priorityQueuePolicy" in batching and "defaultQueuePolicy" in batching

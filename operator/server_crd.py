@@ -1,0 +1,262 @@
+"""The InferenceServer CRD: a pool of kubeinfer-server pods over one repository folder."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kubeinfer.server.config.platforms import BUILTIN_BACKENDS
+
+from .api import CONDITIONS, crd
+
+
+def _s(description: str, **extra: Any) -> dict[str, Any]:
+    return {"type": "string", "description": description, **extra}
+
+
+def _i(description: str, **extra: Any) -> dict[str, Any]:
+    return {"type": "integer", "format": "int32", "description": description, **extra}
+
+
+_QUANTITY = {"x-kubernetes-int-or-string": True, "anyOf": [{"type": "integer"}, {"type": "string"}]}
+
+
+def _probe(what: str, period: int, failures: int) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "description": f"Timing of the {what} (the path is fixed by the server).",
+        "properties": {
+            "initialDelaySeconds": _i("Seconds before the first probe.", minimum=0),
+            "periodSeconds": _i(f"Seconds between probes (default {period}).", minimum=1),
+            "timeoutSeconds": _i("Seconds before a probe times out (default 1).", minimum=1),
+            "failureThreshold": _i(f"Failed probes in a row that count as failure (default {failures}).", minimum=1),
+        },
+    }
+
+
+INFERENCE_SERVER_SPEC = {
+    "type": "object",
+    "description": "A pool of kubeinfer-server pods serving one model repository folder.",
+    "required": ["image", "repository"],
+    "properties": {
+        "replicas": _i("Number of server pods (the scale subresource; an HPA writes it).", minimum=0, default=1),
+        "image": _s("Server container image.", minLength=1),
+        "imagePullPolicy": _s("Image pull policy.", enum=["Always", "IfNotPresent", "Never"]),
+        "imagePullSecrets": {
+            "type": "array",
+            "description": "Secrets for pulling the image.",
+            "items": {
+                "type": "object",
+                "properties": {"name": _s("Secret name.")},
+                "required": ["name"],
+            },
+        },
+        "resources": {
+            "type": "object",
+            "description": "Container resources, e.g. limits: {nvidia.com/gpu: 1, memory: 16Gi}.",
+            "properties": {
+                "limits": {
+                    "type": "object",
+                    "description": "Resource limits (GPUs are requested with nvidia.com/gpu).",
+                    "additionalProperties": _QUANTITY,
+                },
+                "requests": {
+                    "type": "object",
+                    "description": "Resource requests.",
+                    "additionalProperties": _QUANTITY,
+                },
+            },
+        },
+        "nodeSelector": {
+            "type": "object",
+            "description": "Node labels the pods must match.",
+            "additionalProperties": {"type": "string"},
+        },
+        "tolerations": {
+            "type": "array",
+            "description": "Pod tolerations (core/v1 Toleration), e.g. for GPU node taints.",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "key": _s("Taint key."),
+                    "operator": _s("Exists or Equal.", enum=["Exists", "Equal"]),
+                    "value": _s("Taint value."),
+                    "effect": _s("Taint effect.", enum=["NoSchedule", "PreferNoSchedule", "NoExecute"]),
+                    "tolerationSeconds": {
+                        "type": "integer",
+                        "format": "int64",
+                        "description": "How long a NoExecute taint is tolerated.",
+                    },
+                },
+            },
+        },
+        "affinity": {
+            "type": "object",
+            "description": "Pod affinity (core/v1 Affinity), passed through unchanged.",
+            "x-kubernetes-preserve-unknown-fields": True,
+        },
+        "podAnnotations": {
+            "type": "object",
+            "description": "Extra annotations on the server pods (e.g. for Prometheus scraping).",
+            "additionalProperties": {"type": "string"},
+        },
+        "repository": {
+            "type": "object",
+            "description": "The model repository volume.",
+            "required": ["claimName"],
+            "properties": {
+                "claimName": _s("PersistentVolumeClaim holding the repository (ReadWriteMany).", minLength=1),
+                "subPath": _s(
+                    "Folder of this server's repository inside this namespace's folder of the volume "
+                    "(<volume>/<namespace>/<subPath>); default <name>.",
+                    pattern="^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$",
+                    maxLength=1024,
+                ),
+            },
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!has(self.subPath) || !self.subPath.matches('(^|/)[.]')",
+                    "message": "repository.subPath must not contain '.', '..' or hidden (dot-named) components",
+                }
+            ],
+        },
+        "backends": {
+            "type": "array",
+            "description": "Backends the server image provides; models needing another are refused. "
+            f"Default: {', '.join(BUILTIN_BACKENDS)}.",
+            "items": {"type": "string", "enum": list(BUILTIN_BACKENDS)},
+            "x-kubernetes-list-type": "set",
+        },
+        "server": {
+            "type": "object",
+            "description": "kubeinfer-server flags.",
+            "properties": {
+                "httpPort": _i("HTTP/REST port (default 8000).", minimum=1, maximum=65535),
+                "grpcPort": _i("gRPC port (default 8001).", minimum=1, maximum=65535),
+                "metricsPort": _i("Prometheus metrics port (default 8002).", minimum=1, maximum=65535),
+                "pollIntervalSeconds": _i(
+                    "Repository poll interval in seconds (--repository-poll-secs, default 5).", minimum=1
+                ),
+                "logLevel": _s("Log level (default info).", enum=["debug", "info", "warning", "error"]),
+                "extraArgs": {
+                    "type": "array",
+                    "description": "Extra command-line flags appended to the server's arguments.",
+                    "items": {"type": "string"},
+                },
+            },
+            "x-kubernetes-validations": [
+                {
+                    "rule": "[has(self.httpPort) ? self.httpPort : 8000, has(self.grpcPort) ? self.grpcPort : 8001, "
+                    "has(self.metricsPort) ? self.metricsPort : 8002].all(p, "
+                    "[has(self.httpPort) ? self.httpPort : 8000, has(self.grpcPort) ? self.grpcPort : 8001, "
+                    "has(self.metricsPort) ? self.metricsPort : 8002].exists_one(q, q == p))",
+                    "message": "httpPort, grpcPort and metricsPort must differ",
+                }
+            ],
+        },
+        "autoscaling": {
+            "type": "object",
+            "description": "Creates an autoscaling/v2 HPA that scales this InferenceServer.",
+            "required": ["maxReplicas"],
+            "properties": {
+                "minReplicas": _i("Fewest replicas (default 1).", minimum=1),
+                "maxReplicas": _i("Most replicas.", minimum=1),
+                "target": {
+                    "type": "object",
+                    "description": "Shorthand for one metric, used when metrics is empty. Default: "
+                    "QueueDurationPerRequest at 5000 µs.",
+                    "properties": {
+                        "metric": _s(
+                            "QueueDurationPerRequest: Pods metric nv_inference_queue_duration_us_per_request "
+                            "(average queue µs per request, from a prometheus-adapter rule); PendingRequests: "
+                            "Pods metric nv_inference_pending_request_count; CPU: average CPU utilization.",
+                            enum=["QueueDurationPerRequest", "PendingRequests", "CPU"],
+                        ),
+                        "averageValue": {
+                            **_QUANTITY,
+                            "description": "Target per pod (µs, requests, or CPU utilization percent).",
+                        },
+                    },
+                },
+                "metrics": {
+                    "type": "array",
+                    "description": "autoscaling/v2 MetricSpec list, passed to the HPA unchanged.",
+                    "items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+                },
+                "behavior": {
+                    "type": "object",
+                    "description": "autoscaling/v2 HPA behavior, passed through unchanged.",
+                    "x-kubernetes-preserve-unknown-fields": True,
+                },
+            },
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!has(self.minReplicas) || self.minReplicas <= self.maxReplicas",
+                    "message": "autoscaling.minReplicas must not exceed maxReplicas",
+                }
+            ],
+        },
+        "sharedMemorySize": {
+            **_QUANTITY,
+            "description": "Size limit of the memory-backed /dev/shm (default 1Gi; python backend IPC).",
+        },
+        "drainSeconds": _i(
+            "Seconds the pod keeps serving after it is told to stop (preStop), before the server drains (default 10).",
+            minimum=0,
+        ),
+        "probes": {
+            "type": "object",
+            "description": "Probe timing: liveness /v2/health/live, readiness and startup /v2/health/ready.",
+            "properties": {
+                "liveness": _probe("liveness probe", 10, 3),
+                "readiness": _probe("readiness probe", 5, 3),
+                "startup": _probe("startup probe (sized for model loading)", 10, 60),
+            },
+        },
+    },
+}
+
+INFERENCE_SERVER_STATUS = {
+    "type": "object",
+    "description": "Observed state of the server pool.",
+    "properties": {
+        "observedGeneration": {
+            "type": "integer",
+            "format": "int64",
+            "description": "metadata.generation last reconciled.",
+        },
+        "conditions": CONDITIONS,
+        "replicas": _i("Pods of the Deployment."),
+        "readyReplicas": _i("Ready pods of the Deployment."),
+        "selector": _s("Label selector of the pods (scale subresource)."),
+        "models": {
+            "type": "array",
+            "description": "InferenceModels that name this server.",
+            "items": {"type": "string"},
+        },
+        "endpoint": _s("host:port of the HTTP endpoint (the Service)."),
+    },
+}
+
+
+def inference_server_crd() -> dict[str, Any]:
+    columns = [
+        {"name": "Desired", "type": "integer", "jsonPath": ".spec.replicas"},
+        {"name": "Ready", "type": "integer", "jsonPath": ".status.readyReplicas"},
+        {"name": "Available", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Available")].status'},
+        {"name": "Image", "type": "string", "priority": 1, "jsonPath": ".spec.image"},
+        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    ]
+    scale = {
+        "specReplicasPath": ".spec.replicas",
+        "statusReplicasPath": ".status.replicas",
+        "labelSelectorPath": ".status.selector",
+    }
+    return crd(
+        "InferenceServer",
+        "inferenceservers",
+        "isrv",
+        INFERENCE_SERVER_SPEC,
+        INFERENCE_SERVER_STATUS,
+        columns,
+        {"status": {}, "scale": scale},
+    )
