@@ -21,6 +21,7 @@ import uvicorn
 from .observability.metrics import TritonMetrics
 from .runtime.registry import ModelRegistry
 from .runtime.service import InferenceService, ServiceOptions
+from .vocabulary.limits import DEFAULT_LIMITS, Limits
 
 log = logging.getLogger("kubeinfer.server")
 
@@ -37,7 +38,7 @@ class ServerSettings:
     load_models: tuple[str, ...] = ()
     strict_readiness: bool = False
     shutdown_timeout: float = 30.0
-    grpc_max_message_bytes: int = 256 * 1024 * 1024
+    limits: Limits = DEFAULT_LIMITS
     log_level: str = "info"
 
 
@@ -49,11 +50,19 @@ class _Uvicorn(uvicorn.Server):
         yield
 
 
-def _uvicorn(app: Any, host: str, port: int, log_level: str) -> _Uvicorn:
+def _uvicorn(app: Any, host: str, port: int, log_level: str, limits: Limits) -> _Uvicorn:
+    try:
+        from .http.protocol import bounded_protocol
+
+        http: Any = bounded_protocol(limits.max_header_bytes)
+    except ImportError:  # no httptools: uvicorn's h11 protocol, bounded by h11_max_incomplete_event_size
+        http = "h11"
     config = uvicorn.Config(
         app,
         host=host,
         port=port,
+        http=http,
+        h11_max_incomplete_event_size=limits.max_header_bytes,
         loop="none",
         lifespan="off",
         access_log=False,
@@ -77,6 +86,7 @@ async def serve(settings: ServerSettings) -> None:
             poll_secs=settings.poll_secs,
             startup_models=settings.load_models,
             strict_readiness=settings.strict_readiness,
+            request_timeout=settings.limits.request_timeout,
         ),
     )
     stop = asyncio.Event()
@@ -91,21 +101,33 @@ async def serve(settings: ServerSettings) -> None:
     if settings.http_port is not None:
         from .http.app import build_http_app
 
-        servers.append(_uvicorn(build_http_app(service), settings.host, settings.http_port, settings.log_level))
+        servers.append(
+            _uvicorn(
+                build_http_app(service, settings.limits),
+                settings.host,
+                settings.http_port,
+                settings.log_level,
+                settings.limits,
+            )
+        )
     if settings.metrics_port is not None:
         from .observability.endpoint import build_metrics_app
 
         servers.append(
-            _uvicorn(build_metrics_app(metrics, registry), settings.host, settings.metrics_port, settings.log_level)
+            _uvicorn(
+                build_metrics_app(metrics, registry),
+                settings.host,
+                settings.metrics_port,
+                settings.log_level,
+                settings.limits,
+            )
         )
     for server in servers:
         tasks.append(asyncio.create_task(server.serve()))
     if settings.grpc_port is not None:
         from .grpc.server import start_grpc_server
 
-        grpc_server = await start_grpc_server(
-            service, settings.host, settings.grpc_port, settings.grpc_max_message_bytes
-        )
+        grpc_server = await start_grpc_server(service, settings.host, settings.grpc_port, settings.limits)
     await asyncio.sleep(0)
     for server, task in zip(servers, tasks, strict=True):
         while not server.started and not task.done():

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from .app import ServerSettings, run
+from .vocabulary.limits import DEFAULT_LIMITS, Limits
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -46,9 +47,85 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--shutdown-timeout", type=float, default=30.0, help="seconds to let in-flight requests finish after SIGTERM"
     )
-    p.add_argument("--grpc-max-message-bytes", type=int, default=256 * 1024 * 1024)
+    _limit_flags(p)
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return p
+
+
+def _limit_flags(p: argparse.ArgumentParser) -> None:
+    """Request limits (see ``vocabulary.limits``); each refusal names the flag that raises it."""
+    d = DEFAULT_LIMITS
+    g = p.add_argument_group("request limits")
+    g.add_argument(
+        "--http-max-input-size",
+        type=_positive,
+        default=d.http_max_input_size,
+        help="largest HTTP request body in bytes (413 beyond; Triton's flag and default, 64 MiB)",
+    )
+    g.add_argument(
+        "--grpc-max-message-bytes",
+        type=_positive,
+        default=d.grpc_max_message_bytes,
+        help="largest gRPC message in bytes, each direction (RESOURCE_EXHAUSTED beyond)",
+    )
+    g.add_argument(
+        "--max-header-bytes",
+        type=_positive,
+        default=d.max_header_bytes,
+        help="largest HTTP request line + headers (431 beyond) and gRPC metadata",
+    )
+    g.add_argument(
+        "--max-tensor-elements", type=_positive, default=d.max_tensor_elements, help="elements in one input tensor"
+    )
+    g.add_argument(
+        "--max-request-elements",
+        type=_positive,
+        default=d.max_request_elements,
+        help="elements in all inputs of one request",
+    )
+    g.add_argument(
+        "--max-bytes-element-size",
+        type=_positive,
+        default=d.max_bytes_element_size,
+        help="bytes in one BYTES (string) element",
+    )
+    g.add_argument("--max-inputs", type=_positive, default=d.max_inputs, help="inputs in one request")
+    g.add_argument(
+        "--grpc-max-stream-inflight",
+        type=_positive,
+        default=d.grpc_max_stream_inflight,
+        help="requests of one ModelStreamInfer stream running at once (the stream is not read beyond)",
+    )
+    g.add_argument(
+        "--request-timeout",
+        type=float,
+        default=d.request_timeout,
+        help="seconds an inference request may take end to end, then 504 / DEADLINE_EXCEEDED (0: no limit)",
+    )
+
+
+def _limits(args: argparse.Namespace) -> Limits:
+    return Limits(
+        http_max_input_size=args.http_max_input_size,
+        grpc_max_message_bytes=args.grpc_max_message_bytes,
+        max_header_bytes=args.max_header_bytes,
+        max_tensor_elements=args.max_tensor_elements,
+        max_request_elements=args.max_request_elements,
+        max_bytes_element_size=args.max_bytes_element_size,
+        max_inputs=args.max_inputs,
+        grpc_max_stream_inflight=args.grpc_max_stream_inflight,
+        request_timeout=max(0.0, args.request_timeout),
+    )
+
+
+def _positive(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got '{value}'") from None
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got '{value}'")
+    return n
 
 
 def _bool(value: str) -> bool:
@@ -81,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         load_models=tuple(args.load_model),
         strict_readiness=args.strict_readiness,
         shutdown_timeout=args.shutdown_timeout,
-        grpc_max_message_bytes=args.grpc_max_message_bytes,
+        limits=_limits(args),
         log_level=args.log_level,
     )
     return run(settings)

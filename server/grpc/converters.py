@@ -13,6 +13,7 @@ from google.protobuf import json_format
 from ..vocabulary import datatypes, tensors
 from ..vocabulary.classification import classify
 from ..vocabulary.errors import InvalidArgument
+from ..vocabulary.limits import DEFAULT_LIMITS, Limits, RequestBudget
 from ..vocabulary.types import InferenceRequest, InferenceResponse
 from . import grpc_service_pb2 as pb
 
@@ -34,8 +35,12 @@ def _set_param(target: Any, value: Any) -> None:
         target.string_param = str(value)
 
 
-def request_from_pb(msg: pb.ModelInferRequest) -> tuple[InferenceRequest, dict[str, int]]:
+def request_from_pb(
+    msg: pb.ModelInferRequest, limits: Limits = DEFAULT_LIMITS
+) -> tuple[InferenceRequest, dict[str, int]]:
     """Returns the request and the classification count per requested output (0 = the tensor)."""
+    budget = RequestBudget(limits)
+    budget.check_input_count(len(msg.inputs))
     raw = msg.raw_input_contents
     if raw and len(raw) != len(msg.inputs):
         raise InvalidArgument(
@@ -47,13 +52,14 @@ def request_from_pb(msg: pb.ModelInferRequest) -> tuple[InferenceRequest, dict[s
         if name in inputs:
             raise InvalidArgument(f"input '{name}' appears twice in the request")
         shape = tensors.check_shape(name, list(item.shape))
+        budget.add_input(name, shape)
         if raw:
             if item.HasField("contents"):
                 raise InvalidArgument(
                     f"contents field must not be specified when using raw_input_contents for '{name}' "
                     f"for model '{msg.model_name}'"
                 )
-            inputs[name] = tensors.from_raw(name, item.datatype, shape, raw[i])
+            inputs[name] = tensors.from_raw(name, item.datatype, shape, raw[i], budget)
         else:
             field = tensors.CONTENTS_FIELD.get(item.datatype)
             if field is None:
@@ -61,7 +67,7 @@ def request_from_pb(msg: pb.ModelInferRequest) -> tuple[InferenceRequest, dict[s
                 raise InvalidArgument(
                     f"input '{name}': datatype '{item.datatype}' needs raw_input_contents (no typed contents field)"
                 )
-            inputs[name] = tensors.from_typed(name, item.datatype, shape, getattr(item.contents, field))
+            inputs[name] = tensors.from_typed(name, item.datatype, shape, getattr(item.contents, field), budget)
     params = {k: param_value(v) for k, v in msg.parameters.items()}
     requested = None
     classification: dict[str, int] = {}

@@ -13,6 +13,7 @@ from typing import Any
 import grpc
 
 from ..runtime.service import InferenceService
+from ..vocabulary.limits import DEFAULT_LIMITS, Limits
 from . import grpc_service_pb2 as pb
 from .errors import unary
 from .servicer import UNIMPLEMENTED, InferenceServicer, unimplemented
@@ -44,15 +45,19 @@ def method_handlers(servicer: InferenceServicer) -> dict[str, grpc.RpcMethodHand
     return handlers
 
 
-async def start_grpc_server(service: InferenceService, host: str, port: int, max_message_bytes: int) -> grpc.aio.Server:
+async def start_grpc_server(
+    service: InferenceService, host: str, port: int, limits: Limits = DEFAULT_LIMITS
+) -> grpc.aio.Server:
     options = [
-        ("grpc.max_send_message_length", max_message_bytes),
-        ("grpc.max_receive_message_length", max_message_bytes),
+        # oversized messages and metadata are refused by gRPC itself (RESOURCE_EXHAUSTED) before decoding
+        ("grpc.max_send_message_length", limits.grpc_max_message_bytes),
+        ("grpc.max_receive_message_length", limits.grpc_max_message_bytes),
+        ("grpc.max_metadata_size", limits.max_header_bytes),  # soft limit: grpc refuses some requests above it
+        ("grpc.absolute_max_metadata_size", limits.max_header_bytes),  # hard limit: refuses all above it
     ]
     server = grpc.aio.server(options=options)
-    server.add_generic_rpc_handlers(
-        (grpc.method_handlers_generic_handler(SERVICE_NAME, method_handlers(InferenceServicer(service))),)
-    )
+    servicer = InferenceServicer(service, limits)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, method_handlers(servicer)),))
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
         bound = server.add_insecure_port(address)

@@ -15,6 +15,7 @@ import grpc
 
 from ..runtime.service import InferenceService, parse_config_override
 from ..vocabulary.errors import Unsupported
+from ..vocabulary.limits import DEFAULT_LIMITS, Limits
 from . import converters
 from . import grpc_service_pb2 as pb
 from .errors import status_of
@@ -33,8 +34,9 @@ UNIMPLEMENTED = {
 
 
 class InferenceServicer:
-    def __init__(self, service: InferenceService) -> None:
+    def __init__(self, service: InferenceService, limits: Limits = DEFAULT_LIMITS) -> None:
         self.service = service
+        self.limits = limits
 
     # ---- health and metadata ------------------------------------------------------------
     async def ServerLive(self, request: pb.ServerLiveRequest, context: Any) -> pb.ServerLiveResponse:
@@ -63,7 +65,7 @@ class InferenceServicer:
 
     # ---- inference ----------------------------------------------------------------------
     async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
-        infer_request, classification = converters.request_from_pb(request)
+        infer_request, classification = converters.request_from_pb(request, self.limits)
         response = await self.service.infer(infer_request)
         return converters.response_to_pb(response, classification)
 
@@ -77,16 +79,26 @@ class InferenceServicer:
     async def ModelStreamInfer(
         self, requests: AsyncIterator[pb.ModelInferRequest], context: Any
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
-        """Requests run concurrently (so they batch); each response is sent as soon as it is done."""
+        """Requests run concurrently (so they batch); each response is sent as soon as it is done.
+
+        At most ``--grpc-max-stream-inflight`` requests of one stream run at once: beyond that the
+        stream is not read until one finishes, so gRPC flow control holds the client back instead
+        of this server starting a task per message without bound.
+        """
         done: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
         running: set[asyncio.Task[None]] = set()
+        slots = asyncio.Semaphore(self.limits.grpc_max_stream_inflight)
 
         async def run(request: pb.ModelInferRequest) -> None:
-            await done.put(await self._stream_one(request))
+            try:
+                await done.put(await self._stream_one(request))
+            finally:
+                slots.release()
 
         async def read() -> None:
             try:
                 async for request in requests:
+                    await slots.acquire()
                     task = asyncio.create_task(run(request))
                     running.add(task)
                     task.add_done_callback(running.discard)

@@ -16,6 +16,7 @@ from starlette.responses import Response
 
 from ..runtime.service import InferenceService, parse_config_override
 from ..vocabulary.errors import InvalidArgument, ServerError, internal_error_message
+from ..vocabulary.limits import DEFAULT_LIMITS, Limits
 from .codec import error_body
 from .infer_route import InferRoute
 
@@ -45,9 +46,9 @@ async def _json_body(request: Request) -> dict[str, Any]:
     return data
 
 
-def build_http_app(service: InferenceService) -> InferRoute:
+def build_http_app(service: InferenceService, limits: Limits = DEFAULT_LIMITS) -> InferRoute:
     """The whole HTTP front end: the inference route, then FastAPI for everything else."""
-    return InferRoute(build_app(service), service)
+    return InferRoute(build_app(service), service, limits)
 
 
 def build_app(service: InferenceService) -> FastAPI:

@@ -14,6 +14,7 @@ import orjson
 from ..vocabulary import tensors
 from ..vocabulary.classification import classify
 from ..vocabulary.errors import InvalidArgument
+from ..vocabulary.limits import DEFAULT_LIMITS, Limits, RequestBudget
 from ..vocabulary.types import InferenceRequest, InferenceResponse
 
 HEADER_LENGTH = "inference-header-content-length"
@@ -25,7 +26,7 @@ def error_body(message: str) -> bytes:
 
 
 def decode_request(
-    body: bytes, header_length: str | None, model_name: str, model_version: str
+    body: bytes, header_length: str | None, model_name: str, model_version: str, limits: Limits = DEFAULT_LIMITS
 ) -> tuple[InferenceRequest, dict[str, Any]]:
     """Returns the request and per-output wire options (binary_data, classification)."""
     if header_length is not None:
@@ -51,6 +52,8 @@ def decode_request(
     params = header.get("parameters") or {}
     if not isinstance(params, dict):
         raise InvalidArgument("'parameters' must be an object")
+    budget = RequestBudget(limits)
+    budget.check_input_count(len(raw_inputs))
     binary = memoryview(body)
     offset = json_len
     inputs: dict[str, np.ndarray] = {}
@@ -64,6 +67,7 @@ def decode_request(
         if not isinstance(datatype, str):
             raise InvalidArgument(f"input '{name}' has no 'datatype'")
         shape = tensors.check_shape(name, item.get("shape"))
+        budget.add_input(name, shape)
         iparams = item.get("parameters") or {}
         if not isinstance(iparams, dict):
             raise InvalidArgument(f"input '{name}': 'parameters' must be an object")
@@ -76,10 +80,10 @@ def decode_request(
                     f"input '{name}' declares binary_data_size {size} but only {len(body) - offset} bytes "
                     "of binary data remain in the request body"
                 )
-            inputs[name] = tensors.from_raw(name, datatype, shape, binary[offset : offset + size])
+            inputs[name] = tensors.from_raw(name, datatype, shape, binary[offset : offset + size], budget)
             offset += size
         elif "data" in item:
-            inputs[name] = tensors.from_list(name, datatype, shape, item["data"])
+            inputs[name] = tensors.from_list(name, datatype, shape, item["data"], budget)
         else:
             raise InvalidArgument(f"input '{name}' has neither 'data' nor binary_data_size")
     if offset != len(body):

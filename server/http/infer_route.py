@@ -15,6 +15,7 @@ from typing import Any
 
 from ..runtime.service import InferenceService
 from ..vocabulary.errors import ServerError, internal_error_message
+from ..vocabulary.limits import DEFAULT_LIMITS, Limits, body_too_large
 from .codec import HEADER_LENGTH, decode_request, encode_response, error_body
 
 log = logging.getLogger(__name__)
@@ -26,35 +27,58 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 INFER_PATH = re.compile(r"^/v2/models/([^/]+)(?:/versions/([^/]+))?/infer$")
 _HEADER_LENGTH = HEADER_LENGTH.encode()
+#: methods whose body the FastAPI routes may read: buffered here first, under the body limit
+_BODY_METHODS = {"POST", "PUT", "PATCH", "DELETE"}
 
 
 class InferRoute:
-    """Serves inference itself and hands every other request to ``app``."""
+    """Serves inference itself and hands every other request to ``app``; enforces the body limit for both."""
 
-    def __init__(self, app: ASGIApp, service: InferenceService) -> None:
+    def __init__(self, app: ASGIApp, service: InferenceService, limits: Limits = DEFAULT_LIMITS) -> None:
         self.app = app
         self.service = service
+        self.max_body = limits.http_max_input_size
+        self.limits = limits
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST":
-            match = INFER_PATH.match(scope["path"])
-            if match is not None:
-                await self._infer(match.group(1), match.group(2) or "", scope, receive, send)
-                return
-        await self.app(scope, receive, send)
-
-    async def _infer(self, name: str, version: str, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
         header_length = None
         for key, value in scope["headers"]:
+            if key == b"content-length" and value.isdigit() and int(value) > self.max_body:
+                # refused before a byte of the body is read
+                await _respond(send, 413, error_body(body_too_large(int(value), self.max_body).message), None, True)
+                return
             if key == _HEADER_LENGTH:
                 header_length = value.decode("latin-1")
-                break
+        method = scope["method"]
+        if method == "POST":
+            match = INFER_PATH.match(scope["path"])
+            if match is not None:
+                await self._infer(match.group(1), match.group(2) or "", header_length, receive, send)
+                return
+        if method in _BODY_METHODS:
+            try:
+                body = await _read_body(receive, self.max_body)
+            except ConnectionAbortedError:
+                return
+            except ServerError as exc:
+                await _respond(send, exc.http_status, error_body(exc.message), None, True)
+                return
+            receive = _replay(body, receive)
+        await self.app(scope, receive, send)
+
+    async def _infer(self, name: str, version: str, header_length: str | None, receive: Receive, send: Send) -> None:
         try:
-            body = await _read_body(receive)
+            body = await _read_body(receive, self.max_body)
         except ConnectionAbortedError:
             return  # nobody to answer
+        except ServerError as exc:
+            await _respond(send, exc.http_status, error_body(exc.message), None, True)
+            return
         try:
-            request, options = decode_request(body, header_length, name, version)
+            request, options = decode_request(body, header_length, name, version, self.limits)
             response = await self.service.infer(request)
             payload, json_length = encode_response(response, options)
         except ServerError as exc:
@@ -67,20 +91,42 @@ class InferRoute:
         await _respond(send, 200, payload, json_length)
 
 
-async def _read_body(receive: Receive) -> bytes:
+async def _read_body(receive: Receive, limit: int) -> bytes:
+    """The whole body, refusing (PayloadTooLarge) as soon as more than ``limit`` bytes arrived."""
     chunks = []
+    size = 0
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
             raise ConnectionAbortedError("client disconnected")
-        chunks.append(message.get("body", b""))
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:  # a chunked body that never said how long it is
+            raise body_too_large(f"more than {limit}", limit)
+        chunks.append(chunk)
         if not message.get("more_body", False):
             break
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-async def _respond(send: Send, status: int, payload: bytes, json_length: int | None) -> None:
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """A ``receive`` that hands the already-read body over once, then waits for the disconnect."""
+    sent = False
+
+    async def replay() -> MutableMapping[str, Any]:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
+
+
+async def _respond(send: Send, status: int, payload: bytes, json_length: int | None, close: bool = False) -> None:
     headers = [(b"content-length", str(len(payload)).encode())]
+    if close:  # the rest of an oversized body is not read: the connection cannot be reused
+        headers.append((b"connection", b"close"))
     if json_length is None:
         headers.append((b"content-type", b"application/json"))
     else:

@@ -11,7 +11,7 @@ from typing import Any
 from .. import SERVER_NAME, __version__
 from ..config import ConfigError, config_from_dict, config_to_dict, pb
 from ..vocabulary import datatypes
-from ..vocabulary.errors import InvalidArgument, Unavailable, Unsupported
+from ..vocabulary.errors import DeadlineExceeded, InvalidArgument, Unavailable, Unsupported
 from ..vocabulary.types import InferenceRequest, InferenceResponse
 from .registry import ModelRegistry
 
@@ -51,6 +51,8 @@ class ServiceOptions:
     poll_secs: float = 15.0
     startup_models: tuple[str, ...] = ()
     strict_readiness: bool = False
+    #: seconds an inference request may take end to end (0: no limit)
+    request_timeout: float = 0.0
 
 
 class InferenceService:
@@ -141,7 +143,32 @@ class InferenceService:
     async def infer(self, request: InferenceRequest) -> InferenceResponse:
         if not self.started:
             raise Unavailable("server is not ready: models are still loading")
-        return await self.registry.infer(request)
+        timeout = self.options.request_timeout
+        task = asyncio.current_task()
+        if not timeout or task is None:
+            return await self.registry.infer(request)
+        expired = False
+
+        def expire() -> None:
+            nonlocal expired
+            expired = True
+            task.cancel()
+
+        # a timer, not asyncio.wait_for: no extra task per request on the hot path
+        handle = asyncio.get_running_loop().call_later(timeout, expire)
+        try:
+            return await self.registry.infer(request)
+        except asyncio.CancelledError:
+            if not expired:
+                raise
+            if hasattr(task, "uncancel"):  # Python 3.11+: this cancellation is handled here
+                task.uncancel()
+            raise DeadlineExceeded(
+                f"request for model '{request.model_name}' did not finish within the server's request timeout "
+                f"of {timeout:g}s (--request-timeout)"
+            ) from None
+        finally:
+            handle.cancel()
 
     # ---- statistics ---------------------------------------------------------------------
     def statistics(self, name: str = "", version: str = "") -> dict[str, Any]:

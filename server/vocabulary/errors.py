@@ -50,6 +50,20 @@ class Cancelled(ServerError):
     failure_reason = "CANCELED"
 
 
+class PayloadTooLarge(ServerError):
+    """A request bigger than a size limit (HTTP body); gRPC answers its own oversize messages alike."""
+
+    http_status = 413
+    grpc_code = "RESOURCE_EXHAUSTED"
+
+
+class DeadlineExceeded(ServerError):
+    """The request did not finish within the server's request timeout."""
+
+    http_status = 504
+    grpc_code = "DEADLINE_EXCEEDED"
+
+
 class Unsupported(ServerError):
     http_status = 501
     grpc_code = "UNIMPLEMENTED"

@@ -9,6 +9,7 @@ import numpy as np
 
 from . import datatypes
 from .errors import InvalidArgument
+from .limits import RequestBudget
 
 
 def element_count(shape: list[int]) -> int:
@@ -37,16 +38,22 @@ def check_shape(name: str, shape: Any) -> list[int]:
     return shape
 
 
-def deserialize_bytes_tensor(buf: bytes | memoryview, count: int, name: str) -> np.ndarray:
+def deserialize_bytes_tensor(
+    buf: bytes | memoryview, count: int, name: str, budget: RequestBudget | None = None
+) -> np.ndarray:
     """BYTES elements as Triton sends them: 4-byte little-endian length, then the bytes."""
-    out = np.empty(count, dtype=object)
     mv = memoryview(buf)
+    if count * 4 > len(mv):  # every element needs its 4-byte length: refuse before allocating
+        raise InvalidArgument(f"input '{name}': BYTES data holds fewer than {count} elements")
+    out = np.empty(count, dtype=object)
     offset = 0
     for i in range(count):
         if offset + 4 > len(mv):
             raise InvalidArgument(f"input '{name}': BYTES data holds fewer than {count} elements")
         (length,) = struct.unpack_from("<I", mv, offset)
         offset += 4
+        if budget is not None:
+            budget.check_bytes_element(name, i, length)
         if offset + length > len(mv):
             raise InvalidArgument(f"input '{name}': BYTES element {i} runs past the end of the data")
         out[i] = bytes(mv[offset : offset + length])
@@ -65,12 +72,14 @@ def serialize_bytes_tensor(array: np.ndarray) -> bytes:
     return b"".join(parts)
 
 
-def from_raw(name: str, datatype: str, shape: list[int], raw: bytes | memoryview) -> np.ndarray:
+def from_raw(
+    name: str, datatype: str, shape: list[int], raw: bytes | memoryview, budget: RequestBudget | None = None
+) -> np.ndarray:
     """A tensor from its raw little-endian bytes (zero copy for fixed-size types)."""
     dt = datatypes.from_v2(datatype)
     count = element_count(shape)
     if dt.v2 == "BYTES":
-        return deserialize_bytes_tensor(raw, count, name).reshape(shape)
+        return deserialize_bytes_tensor(raw, count, name, budget).reshape(shape)
     if dt.numpy is None:
         raise InvalidArgument(f"input '{name}': datatype {datatype} is not supported by this server")
     expected = count * dt.itemsize
@@ -106,7 +115,7 @@ def _flatten(data: Any) -> list[Any]:
     return data if isinstance(data, list) else [data]
 
 
-def from_list(name: str, datatype: str, shape: list[int], data: Any) -> np.ndarray:
+def from_list(name: str, datatype: str, shape: list[int], data: Any, budget: RequestBudget | None = None) -> np.ndarray:
     """A tensor from JSON/typed values (flat or nested; BYTES as strings)."""
     dt = datatypes.from_v2(datatype)
     flat = _flatten(data)
@@ -122,6 +131,8 @@ def from_list(name: str, datatype: str, shape: list[int], data: Any) -> np.ndarr
                 out[i] = bytes(v)
             else:
                 raise InvalidArgument(f"input '{name}': BYTES elements must be strings, got {type(v).__name__}")
+            if budget is not None:
+                budget.check_bytes_element(name, i, len(out[i]))
         return out.reshape(shape)
     if dt.numpy is None:
         raise InvalidArgument(f"input '{name}': datatype {datatype} is not supported by this server")
@@ -166,7 +177,9 @@ CONTENTS_FIELD = {
 }
 
 
-def from_typed(name: str, datatype: str, shape: list[int], values: Any) -> np.ndarray:
+def from_typed(
+    name: str, datatype: str, shape: list[int], values: Any, budget: RequestBudget | None = None
+) -> np.ndarray:
     """A tensor from the already-typed values of one wire field (gRPC ``contents``).
 
     Narrow integer types travel in 32-bit fields, so their range is checked here.
@@ -180,6 +193,8 @@ def from_typed(name: str, datatype: str, shape: list[int], values: Any) -> np.nd
     if dt.v2 == "BYTES":
         out = np.empty(count, dtype=object)
         for i, v in enumerate(values):
+            if budget is not None:
+                budget.check_bytes_element(name, i, len(v))
             out[i] = bytes(v)
         return out.reshape(shape)
     if dt.numpy is None:

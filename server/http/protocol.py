@@ -1,0 +1,85 @@
+"""A bound on the size of an HTTP request's head (request line and headers).
+
+uvicorn's httptools protocol accepts headers of any size (a 10 MB header was answered 200 here), and
+httptools has no setting for it, so this subclass answers 431 when a head passes ``--max-header-bytes``,
+before the request reaches the application. Two counts: the parsed URL and headers (exact, checked
+when the head is complete), and the raw bytes received while a head is still incomplete (so a head
+that never ends cannot grow without bound; this one may let one socket read past the limit).
+uvicorn's h11 protocol, used when httptools is missing, has ``h11_max_incomplete_event_size`` for
+the same purpose; ``app`` sets both.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from .codec import error_body
+
+
+class _HeadTooLarge(Exception):
+    pass
+
+
+class BoundedHttpToolsProtocol(HttpToolsProtocol):
+    max_header_bytes = 16 * 1024
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._in_head = True
+        self._raw_head = 0  # bytes received since the head began
+        self._head = 0  # URL and header bytes parsed
+        self._too_large = False
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._head = 0
+
+    def on_url(self, url: bytes) -> None:
+        self._head += len(url)
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._head += len(name) + len(value) + 4
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        if self._head > self.max_header_bytes:
+            self._too_large = True
+            raise _HeadTooLarge  # stops the parser; uvicorn then calls send_400_response
+        self._in_head = False
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._in_head = True  # what arrives next on this connection is the next request's head
+        self._raw_head = 0
+
+    def data_received(self, data: bytes) -> None:
+        if self._in_head:
+            self._raw_head += len(data)
+        super().data_received(data)
+        if self._in_head and self._raw_head > self.max_header_bytes and not self.transport.is_closing():
+            self._reject()
+
+    def send_400_response(self, msg: str) -> None:
+        if self._too_large:
+            self._reject()
+        else:
+            super().send_400_response(msg)
+
+    def _reject(self) -> None:
+        body = error_body(
+            f"the request line and headers exceed {self.max_header_bytes} bytes; "
+            "send smaller headers or raise --max-header-bytes"
+        )
+        self.transport.write(
+            b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
+            b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
+        )
+        self.transport.close()
+
+
+def bounded_protocol(max_header_bytes: int) -> type[BoundedHttpToolsProtocol]:
+    return type("BoundedHttpToolsProtocol", (BoundedHttpToolsProtocol,), {"max_header_bytes": max_header_bytes})

@@ -1,0 +1,358 @@
+"""Issue 15 part 2: every request limit answers with the status and the flag's name, before the work is done.
+
+One real server with small limits (so the tests send small requests). Each limit is hit over HTTP and,
+where the protocol has it, over gRPC; after each refusal the server still answers a good request.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from onnx import TensorProto
+from tritonclient.utils import InferenceServerException
+
+from tests.support.models import binary, string_identity, unary
+from tests.support.repos import write_model
+from tests.support.server import ServerProcess, start_server
+from tests.support.sleep_models import pending, require_sleep_backend, write_sleep_model
+
+MAX_BODY = 1 << 20
+LIMIT_FLAGS = [
+    "--http-max-input-size", str(MAX_BODY),
+    "--grpc-max-message-bytes", str(MAX_BODY),
+    "--max-header-bytes", "8192",
+    "--max-tensor-elements", "1000",
+    "--max-request-elements", "1500",
+    "--max-bytes-element-size", "100",
+    "--max-inputs", "3",
+    "--grpc-max-stream-inflight", "2",
+    "--request-timeout", "2",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    require_sleep_backend()
+    repo = tmp_path_factory.mktemp("limits") / "repo"
+    cfg = 'platform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
+    write_model(repo, "relu", cfg, {1: unary("relu", "Relu", TensorProto.FLOAT, ["batch", "n"])})
+    write_model(repo, "add", cfg, {1: binary("add", "Add", TensorProto.FLOAT, ["batch", "n"])})
+    write_model(repo, "strings", cfg, {1: string_identity()})
+    write_sleep_model(repo, "sleepy", 0, max_batch_size=0)  # one instance: the rest of the requests queue
+    write_sleep_model(repo, "hang", 0, body="instance_group [ { count: 2 kind: KIND_CPU } ]\n", max_batch_size=0)
+    s = start_server(repo, *LIMIT_FLAGS)
+    yield s
+    assert s.terminate() == 0
+
+
+@pytest.fixture(scope="module")
+def grpc_client(server: ServerProcess) -> Iterator[grpcclient.InferenceServerClient]:
+    c = grpcclient.InferenceServerClient(server.grpc_url)
+    yield c
+    c.close()
+
+
+def _relu_body(n: int, **extra: object) -> dict:
+    return {"inputs": [{"name": "IN", "datatype": "FP32", "shape": [1, n], "data": [1.0] * n}], **extra}
+
+
+def _good(server: ServerProcess) -> None:
+    r = httpx.post(f"{server.base_url}/v2/models/relu/infer", json=_relu_body(4), timeout=30)
+    assert r.status_code == 200 and r.json()["outputs"][0]["data"] == [1.0] * 4, r.text
+    assert httpx.get(f"{server.base_url}/v2/health/ready", timeout=10).status_code == 200
+
+
+def _raw_http(server: ServerProcess, head: bytes, body: bytes = b"", timeout: float = 30) -> tuple[int, bytes]:
+    """Send bytes as they are; returns the status and the whole answer (status 0: the server hung up)."""
+    with socket.create_connection(("127.0.0.1", server.http_port), timeout=timeout) as sock:
+        try:
+            sock.sendall(head + body)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the server answered and closed before it had all of it
+        answer = b""
+        while b"\r\n\r\n" not in answer or len(answer.split(b"\r\n\r\n", 1)[1]) < _length(answer):
+            try:
+                chunk = sock.recv(65536)
+            except ConnectionResetError:
+                break
+            if not chunk:
+                break
+            answer += chunk
+    return (int(answer.split(b" ", 2)[1]) if answer else 0), answer
+
+
+def _length(answer: bytes) -> int:
+    for line in answer.split(b"\r\n\r\n", 1)[0].split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            return int(value)
+    return 0
+
+
+# ------------------------------------------------------------------------------------------- body
+
+
+@pytest.mark.parametrize("path", ["/v2/models/relu/infer", "/v2/repository/index", "/v2/models/relu/versions/1/infer"])
+def test_a_declared_body_over_the_limit_is_refused_before_it_is_sent(server: ServerProcess, path: str) -> None:
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {MAX_BODY + 1}\r\n\r\n"
+    )
+    status, answer = _raw_http(server, head.encode())  # not one byte of the body: the answer must not wait for it
+    assert status == 413, answer
+    error = json.loads(answer.split(b"\r\n\r\n", 1)[1])["error"]
+    assert error == (
+        f"Request size of {MAX_BODY + 1} bytes exceeds the maximum allowed value of {MAX_BODY} bytes. "
+        "Use --http-max-input-size to increase the limit."
+    )
+    assert b"connection: close" in answer.lower()
+    _good(server)
+
+
+def test_a_chunked_body_over_the_limit_is_refused_once_it_passes_the_limit(server: ServerProcess) -> None:
+    def chunks() -> Iterator[bytes]:
+        for _ in range(40):
+            yield b" " * 65536  # 2.5 MiB of JSON whitespace, never a whole request
+
+    r = httpx.post(f"{server.base_url}/v2/models/relu/infer", content=chunks(), timeout=30)
+    assert r.status_code == 413 and "--http-max-input-size" in r.json()["error"], r.text
+    _good(server)
+
+
+def test_a_body_under_the_limit_is_served(server: ServerProcess) -> None:
+    body = _relu_body(4, id="x" * (MAX_BODY - 200))
+    r = httpx.post(f"{server.base_url}/v2/models/relu/infer", json=body, timeout=30)
+    assert r.status_code == 200 and len(r.json()["id"]) == MAX_BODY - 200
+
+
+# ---------------------------------------------------------------------------------------- headers
+
+
+def test_headers_over_the_limit_get_431_and_smaller_ones_work(server: ServerProcess) -> None:
+    big = b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 9000 + b"\r\n\r\n"
+    status, answer = _raw_http(server, big)
+    assert status == 431 and b"--max-header-bytes" in answer, answer
+    # 5 MB of header: refused once the limit passes (the client may see the 431 or, still sending, a reset)
+    huge = b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 5_000_000 + b"\r\n\r\n"
+    status, _ = _raw_http(server, huge)
+    assert status in (431, 0)
+    status, _ = _raw_http(server, b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\nX-Small: " + b"a" * 4000 + b"\r\n\r\n")
+    assert status == 200
+    _good(server)
+
+
+def test_keep_alive_connections_count_each_request_head_on_its_own(server: ServerProcess) -> None:
+    """Many requests on one connection, each under the limit, add up to far more than it: all served."""
+    with httpx.Client(base_url=server.base_url, timeout=30) as client:
+        for _ in range(20):
+            r = client.post("/v2/models/relu/infer", json=_relu_body(4), headers={"X-Pad": "p" * 4000})
+            assert r.status_code == 200
+
+
+def test_grpc_metadata_over_the_limit_is_refused(server: ServerProcess, grpc_client) -> None:
+    with pytest.raises(InferenceServerException) as info:
+        grpc_client.is_server_live(headers={"x-big": "a" * 9000})
+    assert info.value.status() == "StatusCode.RESOURCE_EXHAUSTED", info.value
+    assert "vs. 8192" in info.value.message()
+    assert grpc_client.is_server_live()
+
+
+# -------------------------------------------------------------------------------- elements, inputs
+
+
+def _grpc_infer(client, model: str, arrays: dict[str, np.ndarray], datatype: str = "FP32"):
+    inputs = []
+    for name, array in arrays.items():
+        inp = grpcclient.InferInput(name, list(array.shape), datatype)
+        inp.set_data_from_numpy(array)
+        inputs.append(inp)
+    return client.infer(model, inputs)
+
+
+def test_elements_per_tensor(server: ServerProcess, grpc_client) -> None:
+    # the shape alone is refused: no data is read or allocated for it
+    body = {"inputs": [{"name": "IN", "datatype": "FP32", "shape": [1, 10**12], "data": []}]}
+    r = httpx.post(f"{server.base_url}/v2/models/relu/infer", json=body, timeout=30)
+    assert r.status_code == 400 and "the limit per tensor (--max-tensor-elements)" in r.json()["error"], r.text
+    with pytest.raises(InferenceServerException) as info:
+        _grpc_infer(grpc_client, "relu", {"IN": np.ones((1, 1001), np.float32)})
+    assert info.value.status() == "StatusCode.INVALID_ARGUMENT" and "--max-tensor-elements" in info.value.message()
+    assert _grpc_infer(grpc_client, "relu", {"IN": np.ones((1, 1000), np.float32)}).as_numpy("OUT").shape == (1, 1000)
+    _good(server)
+
+
+def test_elements_per_request(server: ServerProcess, grpc_client) -> None:
+    a = np.ones((1, 800), np.float32)
+    with pytest.raises(InferenceServerException) as info:
+        _grpc_infer(grpc_client, "add", {"A": a, "B": a})
+    assert info.value.status() == "StatusCode.INVALID_ARGUMENT" and "--max-request-elements" in info.value.message()
+    body = {"inputs": [{"name": n, "datatype": "FP32", "shape": [1, 800], "data": [1.0] * 800} for n in "AB"]}
+    r = httpx.post(f"{server.base_url}/v2/models/add/infer", json=body, timeout=30)
+    assert r.status_code == 400 and "--max-request-elements" in r.json()["error"]
+    small = np.ones((1, 700), np.float32)
+    np.testing.assert_array_equal(_grpc_infer(grpc_client, "add", {"A": small, "B": small}).as_numpy("OUT"), 2 * small)
+
+
+def test_number_of_inputs(server: ServerProcess, grpc_client) -> None:
+    body = {"inputs": [{"name": f"X{i}", "datatype": "FP32", "shape": [1], "data": [1.0]} for i in range(4)]}
+    r = httpx.post(f"{server.base_url}/v2/models/relu/infer", json=body, timeout=30)
+    assert r.status_code == 400 and "4 inputs, over the limit of 3 (--max-inputs)" in r.json()["error"], r.text
+    with pytest.raises(InferenceServerException) as info:
+        _grpc_infer(grpc_client, "relu", {f"X{i}": np.ones((1, 1), np.float32) for i in range(4)})
+    assert info.value.status() == "StatusCode.INVALID_ARGUMENT" and "--max-inputs" in info.value.message()
+    _good(server)
+
+
+def test_bytes_element_length(server: ServerProcess, grpc_client) -> None:
+    long = np.array([[b"x" * 101, b"a", b"b", b"c"]], dtype=np.object_)
+    ok = np.array([[b"x" * 100, b"a", b"b", b"c"]], dtype=np.object_)
+    # gRPC raw contents
+    with pytest.raises(InferenceServerException) as info:
+        _grpc_infer(grpc_client, "strings", {"IN": long}, "BYTES")
+    assert "BYTES element 0 is 101 bytes, over the limit of 100 (--max-bytes-element-size)" in info.value.message()
+    assert _grpc_infer(grpc_client, "strings", {"IN": ok}, "BYTES").as_numpy("OUT")[0, 0] == b"x" * 100
+    # HTTP binary and JSON
+    client = httpclient.InferenceServerClient(server.http_url)
+    for binary_data in (True, False):
+        inp = httpclient.InferInput("IN", [1, 4], "BYTES")
+        inp.set_data_from_numpy(long, binary_data=binary_data)
+        with pytest.raises(InferenceServerException) as info:
+            client.infer("strings", [inp])
+        assert "--max-bytes-element-size" in info.value.message(), info.value
+    client.close()
+    _good(server)
+
+
+def test_a_huge_bytes_shape_with_no_data_is_refused_without_allocating(server: ServerProcess) -> None:
+    """Within the element limit, but the data cannot hold that many elements: refused from its size."""
+    header = json.dumps(
+        {"inputs": [{"name": "IN", "datatype": "BYTES", "shape": [1, 1000], "parameters": {"binary_data_size": 8}}]}
+    ).encode()
+    body = header + struct.pack("<I", 4) + b"abcd"
+    r = httpx.post(
+        f"{server.base_url}/v2/models/strings/infer",
+        content=body,
+        headers={"Inference-Header-Content-Length": str(len(header))},
+        timeout=30,
+    )
+    assert r.status_code == 400 and "BYTES data holds fewer than 1000 elements" in r.json()["error"], r.text
+
+
+# --------------------------------------------------------------------------------- gRPC messages
+
+
+def test_grpc_messages_over_the_limit_are_refused(server: ServerProcess, grpc_client) -> None:
+    big = np.ones((1, 1000), np.float32)
+    with pytest.raises(InferenceServerException) as info:
+        # 1000 elements pass the element limit, but 300 KB of padding in the id pushes the message past 1 MiB
+        inp = grpcclient.InferInput("IN", [1, 1000], "FP32")
+        inp.set_data_from_numpy(big)
+        grpc_client.infer("relu", [inp], request_id="x" * (MAX_BODY + 10))
+    assert info.value.status() == "StatusCode.RESOURCE_EXHAUSTED", info.value
+    _good(server)
+
+
+# ---------------------------------------------------------------------------------- the deadline
+
+
+def test_a_request_that_runs_past_the_deadline_gets_504_and_the_server_goes_on(
+    server: ServerProcess, grpc_client
+) -> None:
+    body = {
+        "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [2], "data": [1.0, 2.0]}],
+        "parameters": {"sleep_ms": 6000},
+    }
+    started = time.monotonic()
+    r = httpx.post(f"{server.base_url}/v2/models/hang/infer", json=body, timeout=30)
+    assert r.status_code == 504, r.text
+    assert r.json()["error"] == (
+        "request for model 'hang' did not finish within the server's request timeout of 2s (--request-timeout)"
+    )
+    assert time.monotonic() - started < 5.5  # answered at the deadline, not when the model finished
+    inp = grpcclient.InferInput("INPUT0", [2], "FP32")
+    inp.set_data_from_numpy(np.array([1.0, 2.0], np.float32))
+    with pytest.raises(InferenceServerException) as info:
+        grpc_client.infer("hang", [inp], parameters={"sleep_ms": 6000})
+    assert info.value.status() == "StatusCode.DEADLINE_EXCEEDED", info.value
+    assert "--request-timeout" in info.value.message()
+    _good(server)
+
+
+# ------------------------------------------------------------------------ gRPC stream concurrency
+
+
+def _peak_pending(server: ServerProcess, send: Callable[[], list]) -> tuple[float, list]:
+    """Highest ``nv_inference_pending_request_count`` of 'sleepy' seen while ``send`` runs, and its answers."""
+    peak = 0.0
+    stop = threading.Event()
+
+    def watch() -> None:
+        nonlocal peak
+        while not stop.is_set():
+            peak = max(peak, pending(server.metrics_url, "sleepy"))
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        answers = send()
+    finally:
+        stop.set()
+        watcher.join()
+    return peak, answers
+
+
+def test_a_stream_runs_at_most_the_inflight_limit_at_once(server: ServerProcess) -> None:
+    """'sleepy' has one instance: with two of the stream's requests let in, at most one waits in its queue."""
+    inp = grpcclient.InferInput("INPUT0", [2], "FP32")
+    inp.set_data_from_numpy(np.array([1.0, 2.0], np.float32))
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+
+    def unary_calls() -> list:  # control: eight separate calls all queue at once
+        results: queue.Queue = queue.Queue()
+        for i in range(8):
+            client.async_infer(
+                "sleepy",
+                [inp],
+                lambda result, error: results.put((result, error)),
+                request_id=str(i),
+                parameters={"sleep_ms": 150},
+            )
+        return [results.get(timeout=60) for _ in range(8)]
+
+    def stream_calls() -> list:
+        results: queue.Queue = queue.Queue()
+        client.start_stream(callback=lambda result, error: results.put((result, error)))
+        try:
+            for i in range(8):
+                client.async_stream_infer("sleepy", [inp], request_id=str(i), parameters={"sleep_ms": 150})
+            return [results.get(timeout=60) for _ in range(8)]
+        finally:
+            client.stop_stream()
+
+    try:
+        control, answers = _peak_pending(server, unary_calls)
+        assert [error for _, error in answers] == [None] * 8
+        peak, answers = _peak_pending(server, stream_calls)
+    finally:
+        client.close()
+    assert [error for _, error in answers] == [None] * 8
+    assert sorted(int(result.get_response().id) for result, _ in answers) == list(range(8))
+    assert control >= 3, control  # the gauge sees a queue when nothing holds the requests back
+    assert peak == 1, peak
+
+
+def test_limit_flags_are_documented() -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    for flag in LIMIT_FLAGS[::2]:
+        assert f"`{flag}`" in readme, flag

@@ -1,0 +1,65 @@
+"""RequestBudget and the size checks in tensor decoding: refused before anything is allocated."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+from kubeinfer.server.vocabulary import tensors
+from kubeinfer.server.vocabulary.errors import InvalidArgument
+from kubeinfer.server.vocabulary.limits import Limits, RequestBudget, body_too_large
+
+SMALL = Limits(max_tensor_elements=100, max_request_elements=150, max_bytes_element_size=8, max_inputs=2)
+
+
+def test_elements_are_counted_per_tensor_and_per_request() -> None:
+    budget = RequestBudget(SMALL)
+    assert budget.add_input("a", [10, 10]) == 100
+    with pytest.raises(InvalidArgument, match="more than 150 elements together.*--max-request-elements"):
+        budget.add_input("b", [51])
+
+
+@pytest.mark.parametrize("shape", [[101], [2**62, 2**62], [10**18, 10**18, 10**18]])
+def test_oversized_shapes_are_refused_without_computing_the_whole_product(shape: list[int]) -> None:
+    with pytest.raises(InvalidArgument, match="the limit per tensor \\(--max-tensor-elements\\)"):
+        RequestBudget(SMALL).add_input("x", shape)
+
+
+def test_an_empty_dimension_makes_an_empty_tensor_whatever_the_others() -> None:
+    assert RequestBudget(SMALL).add_input("x", [2**62, 0]) == 0
+
+
+def test_inputs_are_counted() -> None:
+    budget = RequestBudget(SMALL)
+    budget.add_input("a", [1])
+    budget.add_input("b", [1])
+    with pytest.raises(InvalidArgument, match="3 inputs, over the limit of 2 \\(--max-inputs\\)"):
+        budget.add_input("c", [1])
+
+
+def test_bytes_elements_are_refused_from_their_declared_length() -> None:
+    raw = struct.pack("<I", 9) + b"123456789"
+    with pytest.raises(InvalidArgument, match="BYTES element 0 is 9 bytes, over the limit of 8"):
+        tensors.from_raw("s", "BYTES", [1], raw, RequestBudget(SMALL))
+    with pytest.raises(InvalidArgument, match="--max-bytes-element-size"):
+        tensors.from_list("s", "BYTES", [1], ["123456789"], RequestBudget(SMALL))
+    with pytest.raises(InvalidArgument, match="--max-bytes-element-size"):
+        tensors.from_typed("s", "BYTES", [1], [b"123456789"], RequestBudget(SMALL))
+    assert (
+        tensors.from_raw("s", "BYTES", [1], struct.pack("<I", 8) + b"12345678", RequestBudget(SMALL))[0] == b"12345678"
+    )
+
+
+def test_a_bytes_count_the_data_cannot_hold_is_refused_before_allocating() -> None:
+    """10^12 object slots would be 8 TB: the 4-byte length prefixes alone rule it out."""
+    with pytest.raises(InvalidArgument, match="holds fewer than 1000000000000 elements"):
+        tensors.deserialize_bytes_tensor(b"\x00" * 16, 10**12, "s")
+
+
+def test_the_body_message_is_tritons() -> None:
+    err = body_too_large(100, 64)
+    assert err.http_status == 413 and err.grpc_code == "RESOURCE_EXHAUSTED"
+    assert err.message == (
+        "Request size of 100 bytes exceeds the maximum allowed value of 64 bytes. "
+        "Use --http-max-input-size to increase the limit."
+    )
