@@ -17,7 +17,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
+from tests.support import waiting
 from tests.support.server import ServerProcess, start_server
 
 pytestmark = pytest.mark.e2e
@@ -47,15 +47,9 @@ class TritonPythonModel:
 """
 
 
-def wait_for(what: str, predicate: Callable[[], Any], timeout: float = 60, interval: float = 0.5) -> Any:
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(interval)
-    pytest.fail(f"timed out after {timeout}s waiting for {what}; last observation: {last!r}")
+def wait_for(what: str, predicate: Callable[[], Any], timeout: float = 60, **kw: Any) -> Any:
+    """``tests.support.waiting.wait_for`` at the pace of a control plane (kubectl calls are not free)."""
+    return waiting.wait_for(what, predicate, timeout, **{"interval": 0.5, **kw})
 
 
 def digest(path: Path) -> str:
