@@ -12,12 +12,13 @@ import contextlib
 import logging
 import signal
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import uvicorn
 
+from .backends import settings as backend_settings
 from .observability.metrics import TritonMetrics
 from .runtime.registry import ModelRegistry
 from .runtime.service import InferenceService, ServiceOptions
@@ -30,6 +31,10 @@ log = logging.getLogger("kubeinfer.server")
 class ServerSettings:
     model_repository: Path
     host: str = "0.0.0.0"
+    #: per-listener bind addresses (Triton's --http-address/--grpc-address/--metrics-address); "" = host
+    http_host: str = ""
+    grpc_host: str = ""
+    metrics_host: str = ""
     http_port: int | None = 8000
     grpc_port: int | None = 8001
     metrics_port: int | None = 8002
@@ -37,6 +42,15 @@ class ServerSettings:
     poll_secs: float = 15.0
     load_models: tuple[str, ...] = ()
     strict_readiness: bool = False
+    #: exit with status 1 when a model fails to load at start (Triton's --exit-on-error)
+    exit_on_error: bool = False
+    #: fill inputs/outputs/max_batch_size from model files (off: --disable-auto-complete-config)
+    auto_complete: bool = True
+    load_threads: int = 4
+    #: --backend-config, {backend or "": {setting: value}}
+    backend_config: dict[str, dict[str, str]] = field(default_factory=dict)
+    #: server metadata name (Triton's --id); None = "kubeinfer"
+    server_name: str | None = None
     shutdown_timeout: float = 30.0
     limits: Limits = DEFAULT_LIMITS
     log_level: str = "info"
@@ -75,9 +89,15 @@ def _uvicorn(app: Any, host: str, port: int, log_level: str, limits: Limits) -> 
     return _Uvicorn(config)
 
 
-async def serve(settings: ServerSettings) -> None:
+async def serve(settings: ServerSettings) -> int:
+    backend_settings.configure(settings.backend_config)
     metrics = TritonMetrics()
-    registry = ModelRegistry(settings.model_repository, listeners=[metrics])
+    registry = ModelRegistry(
+        settings.model_repository,
+        listeners=[metrics],
+        auto_complete=settings.auto_complete,
+        load_threads=settings.load_threads,
+    )
     registry.on_load_failure.append(metrics.on_load_failure)
     service = InferenceService(
         registry,
@@ -87,6 +107,7 @@ async def serve(settings: ServerSettings) -> None:
             startup_models=settings.load_models,
             strict_readiness=settings.strict_readiness,
             request_timeout=settings.limits.request_timeout,
+            server_name=settings.server_name,
         ),
     )
     stop = asyncio.Event()
@@ -104,7 +125,7 @@ async def serve(settings: ServerSettings) -> None:
         servers.append(
             _uvicorn(
                 build_http_app(service, settings.limits),
-                settings.host,
+                settings.http_host or settings.host,
                 settings.http_port,
                 settings.log_level,
                 settings.limits,
@@ -116,7 +137,7 @@ async def serve(settings: ServerSettings) -> None:
         servers.append(
             _uvicorn(
                 build_metrics_app(metrics, registry),
-                settings.host,
+                settings.metrics_host or settings.host,
                 settings.metrics_port,
                 settings.log_level,
                 settings.limits,
@@ -127,7 +148,9 @@ async def serve(settings: ServerSettings) -> None:
     if settings.grpc_port is not None:
         from .grpc.server import start_grpc_server
 
-        grpc_server = await start_grpc_server(service, settings.host, settings.grpc_port, settings.limits)
+        grpc_server = await start_grpc_server(
+            service, settings.grpc_host or settings.host, settings.grpc_port, settings.limits
+        )
     await asyncio.sleep(0)
     for server, task in zip(servers, tasks, strict=True):
         while not server.started and not task.done():
@@ -138,16 +161,25 @@ async def serve(settings: ServerSettings) -> None:
     load = asyncio.create_task(service.start())
     stop_wait = asyncio.create_task(stop.wait())
     await asyncio.wait([load, stop_wait], return_when=asyncio.FIRST_COMPLETED)
+    exit_code = 0
     if load.done():
         load.result()
-        log.info(
-            "kubeinfer-server ready: http=%s grpc=%s metrics=%s repository=%s",
-            settings.http_port,
-            settings.grpc_port,
-            settings.metrics_port,
-            settings.model_repository,
-        )
-        await stop_wait
+        failed = service.startup_failures() if settings.exit_on_error else []
+        if failed:
+            # Triton's --exit-on-error: a model that failed to load at start stops the server
+            for reason in failed:
+                log.error("failed to load %s", reason)
+            log.error("exiting: %d model(s) failed to load and --exit-on-error is true", len(failed))
+            exit_code = 1
+        else:
+            log.info(
+                "kubeinfer-server ready: http=%s grpc=%s metrics=%s repository=%s",
+                settings.http_port,
+                settings.grpc_port,
+                settings.metrics_port,
+                settings.model_repository,
+            )
+            await stop_wait
     else:
         load.cancel()
     log.info("shutting down: draining in-flight requests (up to %.0fs)", settings.shutdown_timeout)
@@ -158,6 +190,7 @@ async def serve(settings: ServerSettings) -> None:
         await grpc_server.stop(grace=2.0)  # RPCs still writing their response get this long
     await asyncio.gather(*tasks, return_exceptions=True)
     log.info("kubeinfer-server stopped")
+    return exit_code
 
 
 def run(settings: ServerSettings) -> int:
@@ -167,5 +200,4 @@ def run(settings: ServerSettings) -> int:
         runner: Any = uvloop.run
     except ImportError:  # uvloop is optional (no Windows wheels)
         runner = asyncio.run
-    runner(serve(settings))
-    return 0
+    return int(runner(serve(settings)))

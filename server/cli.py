@@ -1,55 +1,88 @@
-"""``kubeinfer-server``: command-line flags (Triton's names where Triton has one)."""
+"""Command lines: ``kubeinfer-server`` and the drop-in ``tritonserver``.
+
+Both read Triton's flag names with Triton's meanings (``src/command_line_parser.cc`` in
+triton-inference-server/server): ``--model-repository``/``--model-store``, ``--http-port``,
+``--allow-grpc=true``, booleans as ``true/on/1/false/off/0``, ``--flag=value`` or ``--flag value``.
+The two differ only in defaults: ``tritonserver`` keeps Triton's (``--exit-on-error=true``,
+``--strict-readiness=true``) so a Triton deployment behaves the same; ``kubeinfer-server`` keeps
+serving what loaded when one model is broken and reports readiness per model.
+
+``kubeinfer-server tritonserver <flags>`` is the same as ``tritonserver <flags>``: the container image's
+entry point is ``kubeinfer-server``, and KServe's Triton ServingRuntime passes
+``args: [tritonserver, --model-store=/mnt/models, ...]`` to it, so changing only the image works.
+
+Triton flags that have no meaning here are accepted and named in one warning at start (``IGNORED``);
+flags whose silent omission would surprise (TLS, a Redis cache, SageMaker/Vertex listeners, model
+namespacing, custom config names) stop the server with a message instead (``REFUSED``).
+"""
 
 from __future__ import annotations
 
 import argparse
 import logging
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from .app import ServerSettings, run
 from .vocabulary.limits import DEFAULT_LIMITS, Limits
 
+log = logging.getLogger("kubeinfer.server")
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="kubeinfer-server",
-        description="Serve a Triton-style model repository over KServe v2 HTTP and gRPC.",
-    )
-    p.add_argument(
-        "--model-repository",
-        type=Path,
-        default=None,
-        help="model repository folder (default: the bundled example repository, generated on first use)",
-    )
-    p.add_argument("--host", default="0.0.0.0", help="address to bind HTTP, gRPC and metrics to")
-    p.add_argument("--http-port", type=int, default=8000)
-    p.add_argument("--grpc-port", type=int, default=8001)
-    p.add_argument("--metrics-port", type=int, default=8002)
-    p.add_argument("--allow-http", type=_bool, default=True)
-    p.add_argument("--allow-grpc", type=_bool, default=True)
-    p.add_argument("--allow-metrics", type=_bool, default=True)
-    p.add_argument("--model-control-mode", choices=["none", "poll", "explicit"], default="none")
-    p.add_argument("--repository-poll-secs", type=float, default=15.0)
-    p.add_argument(
-        "--load-model",
-        action="append",
-        default=[],
-        metavar="NAME",
-        help="explicit mode: model to load at start ('*' for all); repeatable",
-    )
-    p.add_argument(
-        "--strict-readiness",
-        type=_bool,
-        default=False,
-        help="/v2/health/ready only when every model in the repository is ready",
-    )
-    p.add_argument(
-        "--shutdown-timeout", type=float, default=30.0, help="seconds to let in-flight requests finish after SIGTERM"
-    )
-    _limit_flags(p)
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    return p
+#: Triton flags accepted for compatibility that change nothing here, with the reason
+IGNORED: dict[str, str] = {
+    "--http-thread-count": "HTTP is served by one asyncio event loop",
+    "--http-header-forward-pattern": "request headers are not forwarded to models",
+    "--http-restricted-api": "API restriction by header is not implemented",
+    "--reuse-http-port": "SO_REUSEPORT is not used",
+    "--reuse-grpc-port": "SO_REUSEPORT is not used",
+    "--grpc-header-forward-pattern": "request headers are not forwarded to models",
+    "--grpc-infer-allocation-pool-size": "gRPC responses are not pooled",
+    "--grpc-infer-thread-count": "gRPC is served by the asyncio event loop",
+    "--grpc-max-response-pool-size": "gRPC responses are not pooled",
+    "--grpc-response-compression-level": "gRPC response compression is not configured",
+    "--grpc-keepalive-time": "grpc defaults apply",
+    "--grpc-keepalive-timeout": "grpc defaults apply",
+    "--grpc-keepalive-permit-without-calls": "grpc defaults apply",
+    "--grpc-http2-max-pings-without-data": "grpc defaults apply",
+    "--grpc-http2-min-recv-ping-interval-without-data": "grpc defaults apply",
+    "--grpc-http2-max-ping-strikes": "grpc defaults apply",
+    "--grpc-max-connection-age": "grpc defaults apply",
+    "--grpc-max-connection-age-grace": "grpc defaults apply",
+    "--grpc-restricted-protocol": "protocol restriction by header is not implemented",
+    "--allow-gpu-metrics": "GPU gauges are exported whenever NVML finds a GPU",
+    "--allow-cpu-metrics": "CPU gauges are always exported",
+    "--metrics-interval-ms": "gauges are read at scrape time",
+    "--metrics-config": "counters are always on; summaries and histograms are not offered",
+    "--pinned-memory-pool-byte-size": "no pinned-memory pool (host tensors are numpy arrays)",
+    "--cuda-memory-pool-byte-size": "each backend manages its own device memory",
+    "--cuda-virtual-address-size": "each backend manages its own device memory",
+    "--min-supported-compute-capability": "the CUDA runtime decides which GPUs are usable",
+    "--backend-directory": "backends are Python packages (entry-point group kubeinfer.backends)",
+    "--repoagent-directory": "repository agents are not supported",
+    "--buffer-manager-thread-count": "no buffer manager threads",
+    "--model-load-retry-count": "a failed load is reported, not retried",
+    "--model-load-gpu-limit": "no device memory limit is enforced at load",
+    "--host-policy": "host policies (NUMA binding) are not applied",
+    "--cache-directory": "no on-disk cache",
+    "--log-format": "log lines use this server's format",
+}
+#: Triton flags whose effect this server cannot give; starting without it would mislead
+REFUSED: dict[str, str] = {
+    "--grpc-use-ssl": "gRPC TLS is not implemented: terminate TLS in front of the server (ingress or service mesh)",
+    "--grpc-use-ssl-mutual": "gRPC TLS is not implemented: terminate TLS in front of the server",
+    "--grpc-server-cert": "gRPC TLS is not implemented: terminate TLS in front of the server",
+    "--grpc-server-key": "gRPC TLS is not implemented: terminate TLS in front of the server",
+    "--grpc-root-cert": "gRPC TLS is not implemented: terminate TLS in front of the server",
+    "--allow-sagemaker": "the SageMaker listener is not implemented",
+    "--allow-vertex-ai": "the Vertex AI listener is not implemented",
+    "--model-namespacing": "model namespacing is not implemented: model names are unique per server",
+    "--model-config-name": "custom config names (configs/<name>.pbtxt) are not implemented",
+}
+#: flags that take no value (all others take exactly one)
+_NO_VALUE = {"--disable-auto-complete-config"}
+#: refused flags that may be given with their "off" value
+_FALSE_OK = {"--grpc-use-ssl", "--grpc-use-ssl-mutual", "--allow-sagemaker", "--allow-vertex-ai", "--model-namespacing"}
 
 
 def _limit_flags(p: argparse.ArgumentParser) -> None:
@@ -129,27 +162,209 @@ def _positive(value: str) -> int:
 
 
 def _bool(value: str) -> bool:
-    if value.lower() in ("1", "true", "yes", "on"):
+    """Triton's boolean values (``ParseOption<bool>``): true/on/1 and false/off/0, any case."""
+    lower = value.lower()
+    if lower in ("1", "true", "on", "yes"):
         return True
-    if value.lower() in ("0", "false", "no", "off"):
+    if lower in ("0", "false", "off", "no"):
         return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got '{value}'")
+    raise argparse.ArgumentTypeError(f"invalid value for bool option: {value}")
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    repo = args.model_repository
-    if repo is None:
+def _int_bool(value: str) -> int:
+    """``--log-verbose``: an integer level, or true/false (Triton's ``ParseIntBoolOption``)."""
+    lower = value.lower()
+    if lower == "true":
+        return 1
+    if lower == "false":
+        return 0
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"Invalid option value. Got {value}") from None
+
+
+def build_parser(triton: bool = False) -> argparse.ArgumentParser:
+    """The flags of both commands; ``triton`` selects Triton's defaults."""
+    prog = "tritonserver" if triton else "kubeinfer-server"
+    p = argparse.ArgumentParser(
+        prog=prog,
+        description="Serve a Triton-style model repository over KServe v2 HTTP and gRPC "
+        "(flags follow tritonserver's; see README, 'Command line').",
+        allow_abbrev=False,
+    )
+    repo = p.add_argument_group("model repository")
+    repo.add_argument(
+        "--model-repository",
+        "--model-store",
+        dest="model_repository",
+        type=Path,
+        action="append",
+        default=[],
+        help="model repository folder (Triton: may repeat; this server serves one). "
+        + ("" if triton else "Default: the bundled example repository, generated on first use."),
+    )
+    repo.add_argument("--model-control-mode", choices=["none", "poll", "explicit"], default="none")
+    repo.add_argument("--repository-poll-secs", type=float, default=15.0, help="poll interval in poll mode")
+    repo.add_argument(
+        "--load-model",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="explicit mode: model to load at start ('*' for all, alone); repeatable",
+    )
+    repo.add_argument(
+        "--exit-on-error",
+        type=_bool,
+        default=triton,
+        help="exit if a model fails to load at start (Triton's default true; kubeinfer-server's false)",
+    )
+    repo.add_argument(
+        "--strict-readiness",
+        type=_bool,
+        default=triton,
+        help="/v2/health/ready only when every model in the repository is ready",
+    )
+    repo.add_argument(
+        "--disable-auto-complete-config",
+        action="store_true",
+        help="do not fill inputs, outputs or max_batch_size from the model file",
+    )
+    repo.add_argument(
+        "--strict-model-config",
+        type=_bool,
+        default=None,
+        help="deprecated Triton spelling: true is --disable-auto-complete-config",
+    )
+    repo.add_argument(
+        "--model-load-thread-count", type=int, default=4, help="models loaded in parallel at start and on poll"
+    )
+    repo.add_argument(
+        "--backend-config",
+        action="append",
+        default=[],
+        metavar="[BACKEND,]SETTING=VALUE",
+        help="backend settings; 'default-max-batch-size=N' applies to auto-completed configs",
+    )
+    repo.add_argument(
+        "--rate-limit",
+        choices=["off", "execution_count"],
+        default="off",
+        help="'off' only: instances run whenever they are free",
+    )
+    repo.add_argument("--rate-limit-resource", action="append", default=[], help=argparse.SUPPRESS)
+
+    net = p.add_argument_group("listeners")
+    net.add_argument("--host", default="0.0.0.0", help="address for all listeners unless one is given below")
+    net.add_argument("--http-address", default=None)
+    net.add_argument("--grpc-address", default=None)
+    net.add_argument("--metrics-address", default=None)
+    net.add_argument("--http-port", type=int, default=8000)
+    net.add_argument("--grpc-port", type=int, default=8001)
+    net.add_argument("--metrics-port", type=int, default=8002)
+    net.add_argument("--allow-http", type=_bool, default=True)
+    net.add_argument("--allow-grpc", type=_bool, default=True)
+    net.add_argument("--allow-metrics", type=_bool, default=True)
+
+    srv = p.add_argument_group("server")
+    srv.add_argument("--id", default=None, help="server name in the server metadata")
+    srv.add_argument(
+        "--exit-timeout-secs",
+        "--shutdown-timeout",
+        dest="shutdown_timeout",
+        type=float,
+        default=30.0,
+        help="seconds in-flight requests may take to finish after SIGTERM",
+    )
+    srv.add_argument("--log-level", default=None, choices=["debug", "info", "warning", "error"])
+    srv.add_argument("--log-verbose", type=_int_bool, default=0, help="verbose logging level (>0: debug)")
+    srv.add_argument("--log-info", type=_bool, default=True)
+    srv.add_argument("--log-warning", type=_bool, default=True)
+    srv.add_argument("--log-error", type=_bool, default=True)
+    srv.add_argument("--log-file", default=None, help="write the log to this file instead of stderr")
+
+    _limit_flags(p)
+
+    compat = p.add_argument_group("accepted for compatibility (see README)")
+    for flag in sorted(IGNORED) + sorted(REFUSED):
+        if flag in _NO_VALUE:
+            compat.add_argument(flag, action="store_true", default=None, help=argparse.SUPPRESS)
+        else:
+            compat.add_argument(flag, default=None, help=argparse.SUPPRESS)
+    return p
+
+
+def compat_notices(args: argparse.Namespace) -> tuple[list[str], list[str]]:
+    """(warnings for ignored flags, errors for refused flags) from parsed ``args``."""
+    warnings: list[str] = []
+    errors: list[str] = []
+    for flag, reason in IGNORED.items():
+        if getattr(args, _dest(flag)) is not None:
+            warnings.append(f"{flag} is ignored: {reason}")
+    for flag, reason in REFUSED.items():
+        value = getattr(args, _dest(flag))
+        if value is None:
+            continue
+        if flag in _FALSE_OK:
+            try:
+                if not _bool(value):
+                    continue
+            except argparse.ArgumentTypeError:
+                pass
+        errors.append(f"{flag} is not supported: {reason}")
+    if args.rate_limit != "off":
+        warnings.append("--rate-limit=execution_count is ignored: instances run whenever they are free")
+    if args.rate_limit_resource:
+        warnings.append("--rate-limit-resource is ignored: the rate limiter is not implemented")
+    return warnings, errors
+
+
+def _dest(flag: str) -> str:
+    return flag.lstrip("-").replace("-", "_")
+
+
+def parse_backend_config(items: Sequence[str]) -> dict[str, dict[str, str]]:
+    """``--backend-config=[<backend>,]<setting>=<value>`` → {backend or "": {setting: value}}."""
+    out: dict[str, dict[str, str]] = {}
+    for item in items:
+        backend, _, rest = item.partition(",") if "," in item.split("=", 1)[0] else ("", "", item)
+        setting, sep, value = rest.partition("=")
+        if not sep or not setting:
+            raise ValueError(f"--backend-config '{item}': expected [<backend>,]<setting>=<value>")
+        out.setdefault(backend, {})[setting] = value
+    return out
+
+
+def settings_from_args(args: argparse.Namespace, triton: bool) -> ServerSettings:
+    """The server settings the parsed flags describe; raises ValueError on contradictions."""
+    repos: list[Path] = args.model_repository
+    if len(repos) > 1:
+        raise ValueError(
+            f"{len(repos)} model repositories given; this server serves one (--model-repository/--model-store)"
+        )
+    if repos:
+        repo = repos[0]
+    elif triton:
+        raise ValueError("--model-repository (or --model-store) must be specified")
+    else:
         from .examples.generate import default_repository
 
         repo = default_repository()
     if not repo.is_dir():
-        print(f"kubeinfer-server: model repository '{repo}' is not a folder", file=sys.stderr)
-        return 2
-    settings = ServerSettings(
+        raise ValueError(f"model repository '{repo}' is not a folder")
+    if "*" in args.load_model and len(args.load_model) > 1:
+        raise ValueError("--load-model=* must be the only --load-model argument")
+    if args.model_load_thread_count < 1:
+        raise ValueError("--model-load-thread-count must be at least 1")
+    auto_complete = not args.disable_auto_complete_config and not args.strict_model_config
+    backend_config = parse_backend_config(args.backend_config)
+    host = args.host
+    return ServerSettings(
         model_repository=repo.resolve(),
-        host=args.host,
+        host=host,
+        http_host=args.http_address or host,
+        grpc_host=args.grpc_address or host,
+        metrics_host=args.metrics_address or host,
         http_port=args.http_port if args.allow_http else None,
         grpc_port=args.grpc_port if args.allow_grpc else None,
         metrics_port=args.metrics_port if args.allow_metrics else None,
@@ -157,11 +372,69 @@ def main(argv: list[str] | None = None) -> int:
         poll_secs=args.repository_poll_secs,
         load_models=tuple(args.load_model),
         strict_readiness=args.strict_readiness,
+        exit_on_error=args.exit_on_error,
+        auto_complete=auto_complete,
+        load_threads=args.model_load_thread_count,
+        backend_config=backend_config,
+        server_name=args.id,
         shutdown_timeout=args.shutdown_timeout,
         limits=_limits(args),
-        log_level=args.log_level,
+        log_level=_log_level(args),
     )
+
+
+def _log_level(args: argparse.Namespace) -> str:
+    """``--log-level`` wins; else Triton's ``--log-verbose`` / ``--log-info`` / ``--log-warning`` / ``--log-error``."""
+    if args.log_level:
+        return str(args.log_level)
+    if args.log_verbose > 0:
+        return "debug"
+    if args.log_info:
+        return "info"
+    if args.log_warning:
+        return "warning"
+    return "error"
+
+
+def _configure_logging(level: str, log_file: str | None) -> None:
+    handler: logging.Handler = logging.FileHandler(log_file) if log_file else logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+
+
+def _start(argv: Sequence[str] | None, triton: bool) -> int:
+    parser = build_parser(triton)
+    args = parser.parse_args(argv)
+    prog = parser.prog
+    warnings, errors = compat_notices(args)
+    if errors:
+        for message in errors:
+            print(f"{prog}: error: {message}", file=sys.stderr)
+        return 2
+    try:
+        settings = settings_from_args(args, triton)
+    except ValueError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
+    _configure_logging(settings.log_level, args.log_file)
+    for message in warnings:
+        log.warning("%s", message)
     return run(settings)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``kubeinfer-server [flags]``, or ``kubeinfer-server tritonserver [Triton flags]`` (container args)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] == "tritonserver":
+        return _start(args[1:], triton=True)
+    return _start(args, triton=False)
+
+
+def tritonserver_main(argv: Sequence[str] | None = None) -> int:
+    """``tritonserver [Triton flags]``: Triton's defaults (exit on load errors, strict readiness)."""
+    return _start(argv, triton=True)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ..config import ConfigError, pb
+from ..config import ConfigError, pb, sequence
+from . import settings
 from .base import Backend, BackendInstance, InstanceSpec, TensorBackendInstance
 
 # ONNX TensorProto element type → config enum name
@@ -40,7 +41,6 @@ _ONNX_TO_CONFIG = {
     13: "TYPE_UINT64",
     16: "TYPE_BF16",
 }
-DEFAULT_MAX_BATCH_SIZE = 4  # Triton's --backend-config=default-max-batch-size
 
 
 def _graph_signature(model_file: Path) -> tuple[list[tuple[str, str, list[int]]], list[tuple[str, str, list[int]]]]:
@@ -75,13 +75,17 @@ class OnnxRuntimeBackend(Backend):
         inputs, outputs = _graph_signature(model_file)
         graph_batches = all(d and d[0] == -1 for _, _, d in inputs + outputs)
         if not config.HasField("max_batch_size"):
-            config.max_batch_size = DEFAULT_MAX_BATCH_SIZE if graph_batches else 0
+            config.max_batch_size = settings.default_max_batch_size(cls.name) if graph_batches else 0
             if config.max_batch_size > 1 and config.WhichOneof("scheduling_choice") is None:
                 config.dynamic_batching.SetInParent()
         skip = 1 if config.max_batch_size > 0 else 0
+        # the sequence batcher feeds control and state inputs and consumes state outputs itself
+        injected = sequence.injected_input_names(config) | sequence.state_output_names(config)
         for declared, found in ((config.input, inputs), (config.output, outputs)):
             known = {t.name: t for t in declared}
             for name, dtype, dims in found:
+                if name in injected and name not in known:
+                    continue
                 t = known.get(name)
                 if t is None:
                     if declared is config.input and known:
@@ -131,6 +135,15 @@ class OnnxRuntimeBackend(Backend):
                         f"{kind} '{t.name}' has dims {list(t.dims)} in the config but {model_dims}{batch_note} "
                         "in the ONNX model"
                     )
+
+        declared_inputs = {t.name for t in config.input} | sequence.injected_input_names(config)
+        undeclared = [n for n, _, _ in inputs if n not in declared_inputs]
+        if undeclared:
+            # Triton's onnxruntime backend: "configuration expects N inputs, model provides M"
+            raise ConfigError(
+                f"unable to load model '{config.name}', configuration expects {len(config.input)} inputs, "
+                f"model provides {len(inputs)}: the config lacks {', '.join(undeclared)}"
+            )
 
     def create_instance(self, spec: InstanceSpec) -> BackendInstance:
         return OnnxRuntimeInstance(self.config, self.model_file(), spec)

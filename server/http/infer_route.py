@@ -78,7 +78,12 @@ class InferRoute:
             await _respond(send, exc.http_status, error_body(exc.message), None, True)
             return
         try:
-            request, options = decode_request(body, header_length, name, version, self.limits)
+            if header_length is not None and header_length.strip() == "0" and body:
+                # raw binary request: the body is the one input's bytes, outputs come back binary
+                request = self.service.raw_request(name, version, body)
+                options: dict[str, Any] = {"__default_binary__": True}
+            else:
+                request, options = decode_request(body, header_length, name, version, self.limits)
             response = await self.service.infer(request)
             payload, json_length = encode_response(response, options)
         except ServerError as exc:

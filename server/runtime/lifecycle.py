@@ -73,6 +73,8 @@ class ModelLifecycle:
         router: RegistryView,
         listeners: list[StatsListener],
         drain_timeout: float,
+        auto_complete: bool = True,
+        load_threads: int = 4,
     ) -> None:
         #: the registry's routing table, shared: the lifecycle writes it, the registry reads it
         self.models = models
@@ -85,6 +87,10 @@ class ModelLifecycle:
         self.background: set[asyncio.Task[Any]] = set()
         #: called with (model, version, reason) when a load fails (metrics hook)
         self.on_load_failure: list[Callable[[str, str, str], None]] = []
+        #: False with ``--disable-auto-complete-config``: configs must be complete
+        self.auto_complete = auto_complete
+        #: models loaded at once by load_all (``--model-load-thread-count``)
+        self.load_threads = max(1, load_threads)
 
     async def load_model(self, name: str, override: pb.ModelConfig | None = None) -> None:
         """Load or reload ``name``; ``override`` replaces its config.pbtxt for this load (as Triton).
@@ -176,7 +182,7 @@ class ModelLifecycle:
         """Complete the config against this version's model file, then load it."""
         vconfig = pb.ModelConfig()
         vconfig.CopyFrom(config)
-        backend_cls = await asyncio.to_thread(prepare_config, vconfig, path)
+        backend_cls = await asyncio.to_thread(prepare_config, vconfig, path, self.auto_complete)
         validate_config(vconfig, config.name, available_backends())
         return await build_model_version(
             vconfig, backend_cls, version, path, digest, self.router, self.listeners, self.repository_path / config.name
@@ -235,11 +241,27 @@ class ModelLifecycle:
             self.models.pop(name, None)
 
     async def load_all(self) -> None:
-        for name in scan.list_model_names(self.repository_path):
-            try:
-                await self.load_model(name)
-            except ServerError as exc:
-                log.error("%s", exc)
+        """Load every model of the repository, ``load_threads`` at a time (Triton's model-load thread pool)."""
+        gate = asyncio.Semaphore(self.load_threads)
+
+        async def one(name: str) -> None:
+            async with gate:
+                try:
+                    await self.load_model(name)
+                except ServerError as exc:
+                    log.error("%s", exc)
+
+        await asyncio.gather(*(one(n) for n in scan.list_model_names(self.repository_path)))
+
+    def failed_models(self) -> list[str]:
+        """One line per model version that failed to load, with the reason (``--exit-on-error``)."""
+        failed = []
+        for entry in self.models.values():
+            for v, s in sorted(entry.states.items()):
+                reloading = s.state == ModelState.READY and s.reason.startswith("reload failed")
+                if (s.state == ModelState.UNAVAILABLE and s.reason != "unloaded") or reloading:
+                    failed.append(entry.name + (f" version {v}" if v else "") + f": {s.reason}")
+        return failed
 
     async def poll(self) -> None:
         """Bring the loaded set in line with the repository (poll mode)."""

@@ -53,13 +53,17 @@ def instance_specs(config: pb.ModelConfig, model_label: str) -> list[InstanceSpe
     return [InstanceSpec(name=n, kind=k, device_id=d, index=i, total=len(specs)) for i, (n, k, d) in enumerate(specs)]
 
 
-def prepare_config(config: pb.ModelConfig, version_path: Path | None) -> type[Backend] | None:
-    """Auto-complete and check ``config`` in place against the model file; returns the backend class."""
+def prepare_config(
+    config: pb.ModelConfig, version_path: Path | None, auto_complete: bool = True
+) -> type[Backend] | None:
+    """Auto-complete (unless ``--disable-auto-complete-config``) and check ``config`` in place against the
+    model file; returns the backend class."""
     if config.platform == "ensemble":
         return None
     backend_cls = load_backend_class(config)
     if version_path is not None:
-        backend_cls.auto_complete_config(config, version_path)
+        if auto_complete:
+            backend_cls.auto_complete_config(config, version_path)
         backend_cls.validate_model(config, version_path)
     return backend_cls
 

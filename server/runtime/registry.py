@@ -33,13 +33,21 @@ class ModelRegistry:
         repository_path: Path,
         listeners: list[StatsListener] | None = None,
         drain_timeout: float = 300.0,
+        auto_complete: bool = True,
+        load_threads: int = 4,
     ) -> None:
         self.repository_path = repository_path
         self._models: dict[str, ModelEntry] = {}
         #: the loop requests run on; instance threads call back into it (Python models' BLS)
         self.loop: asyncio.AbstractEventLoop | None = _running_loop()
         self.lifecycle = ModelLifecycle(
-            self._models, repository_path, self, listeners if listeners is not None else [], drain_timeout
+            self._models,
+            repository_path,
+            self,
+            listeners if listeners is not None else [],
+            drain_timeout,
+            auto_complete=auto_complete,
+            load_threads=load_threads,
         )
         self._shutdown = GracefulShutdown()
 
@@ -140,6 +148,9 @@ class ModelRegistry:
 
     async def load_all(self) -> None:
         await self.lifecycle.load_all()
+
+    def failed_models(self) -> list[str]:
+        return self.lifecycle.failed_models()
 
     async def poll(self) -> None:
         """Bring the loaded set in line with the repository (poll mode)."""

@@ -14,6 +14,7 @@ from ..vocabulary import datatypes
 from ..vocabulary.errors import DeadlineExceeded, InvalidArgument, Unavailable, Unsupported
 from ..vocabulary.types import InferenceRequest, InferenceResponse
 from .registry import ModelRegistry
+from .validation import raw_binary_inputs
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,8 @@ class ServiceOptions:
     strict_readiness: bool = False
     #: seconds an inference request may take end to end (0: no limit)
     request_timeout: float = 0.0
+    #: server metadata "name" (Triton's --id)
+    server_name: str | None = None
 
 
 class InferenceService:
@@ -61,6 +64,8 @@ class InferenceService:
         self.options = options
         self.started = False
         self._poller: asyncio.Task[None] | None = None
+        #: --load-model names that failed in explicit mode (the registry forgets unknown names)
+        self._startup_errors: list[str] = []
 
     # ---- lifecycle ----------------------------------------------------------------------
     async def start(self) -> None:
@@ -75,11 +80,18 @@ class InferenceService:
                         await self.registry.load_model(name)
                     except Exception as exc:  # reported in the index; the server still starts
                         log.error("%s", exc)
+                        self._startup_errors.append(f"{name}: {exc}")
         else:
             await self.registry.load_all()
         if mode == CONTROL_POLL:
             self._poller = asyncio.create_task(self._poll_forever())
         self.started = True
+
+    def startup_failures(self) -> list[str]:
+        """What failed to load at start, one line per model (for ``--exit-on-error``)."""
+        failed = self.registry.failed_models()
+        named = {line.split(":", 1)[0].split(" version ", 1)[0] for line in failed}
+        return failed + [e for e in self._startup_errors if e.split(":", 1)[0] not in named]
 
     async def _poll_forever(self) -> None:
         while True:
@@ -104,7 +116,7 @@ class InferenceService:
         return self.registry.all_ready() if self.options.strict_readiness else True
 
     def server_metadata(self) -> dict[str, Any]:
-        return {"name": SERVER_NAME, "version": __version__, "extensions": EXTENSIONS}
+        return {"name": self.options.server_name or SERVER_NAME, "version": __version__, "extensions": EXTENSIONS}
 
     def model_ready(self, name: str, version: str = "") -> bool:
         return not self.registry.shutting_down and self.registry.is_model_ready(name, version)
@@ -140,6 +152,12 @@ class InferenceService:
         return config_to_dict(self.model_config(name, version))
 
     # ---- inference ----------------------------------------------------------------------
+    def raw_request(self, name: str, version: str, body: bytes | memoryview) -> InferenceRequest:
+        """A request from a raw binary body (HTTP ``Inference-Header-Content-Length: 0``): the model's
+        one input with its shape deduced from the byte count; every output is returned."""
+        config = self.registry.resolve(name, version).config
+        return InferenceRequest(model_name=name, model_version=version, inputs=raw_binary_inputs(config, body))
+
     async def infer(self, request: InferenceRequest) -> InferenceResponse:
         if not self.started:
             raise Unavailable("server is not ready: models are still loading")

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import numpy as np
+
 from ..config import pb
-from ..vocabulary import datatypes
+from ..vocabulary import datatypes, tensors
 from ..vocabulary.errors import InvalidArgument
 from ..vocabulary.types import InferenceRequest
 
@@ -84,3 +88,45 @@ class RequestValidator:
                         f"{self._prefix(request)}unexpected inference output '{out}' for model "
                         f"'{self.name}'; outputs are: {', '.join(sorted(self.outputs))}"
                     )
+
+
+def raw_binary_inputs(config: pb.ModelConfig, body: bytes | memoryview) -> dict[str, Any]:
+    """The one input of a raw binary request (``Inference-Header-Content-Length: 0``), shape deduced.
+
+    Triton's binary data extension ("Raw Binary Request", docs/protocol/extension_binary_data.md;
+    ``InferenceRequest::Normalize`` in core/src/infer_request.cc): the model has exactly one input; at
+    most one of its dims is variable (-1), and that dim is what the byte count implies; a BYTES input
+    must have dims [1] and the whole body is its one element; a batching model gets batch size 1.
+    Error texts are Triton's.
+    """
+    if len(config.input) != 1:
+        raise InvalidArgument(
+            f"Raw request must only have 1 input (found 1) to be deduced but got {len(config.input)} "
+            f"inputs in '{config.name}' model configuration"
+        )
+    spec = config.input[0]
+    shape: list[int] = [1] if config.max_batch_size > 0 else []
+    dynamic = -1
+    fixed = 1
+    for d in spec.dims:
+        if d == -1:
+            if dynamic != -1:
+                raise InvalidArgument(
+                    f"The shape of the raw input '{spec.name}' can not be deduced because there are more "
+                    "than one variable-sized dimension"
+                )
+            dynamic = len(shape)
+        else:
+            fixed *= d
+        shape.append(d)
+    dtype = datatypes.from_config(pb.DataType.Name(spec.data_type))
+    if dtype.v2 == "BYTES":
+        if dynamic != -1 or fixed != 1:
+            raise InvalidArgument("For BYTE datatype raw input, the model must have input shape [1]")
+        array = np.empty(1, dtype=object)
+        array[0] = bytes(body)
+        return {spec.name: array.reshape(shape)}
+    if dynamic != -1:
+        unit = fixed * dtype.itemsize
+        shape[dynamic] = len(body) // unit if unit else 0
+    return {spec.name: tensors.from_raw(spec.name, dtype.v2, shape, body)}

@@ -75,6 +75,28 @@ class ServerProcess:
         raise TimeoutError(f"kubeinfer-server not ready after {timeout}s:\n{self.log()}")
 
 
+def start_command(
+    command: list[str],
+    http_port: int,
+    grpc_port: int,
+    metrics_port: int,
+    log_path: Path,
+    wait: bool = True,
+    env: dict[str, str] | None = None,
+) -> ServerProcess:
+    """Start ``command`` (any command line that serves on these ports) and wait for readiness."""
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+    server = ServerProcess(proc, http_port, grpc_port, metrics_port, log_path, command)
+    if wait:
+        try:
+            server.wait_ready()
+        except BaseException:
+            server.terminate(10)
+            raise
+    return server
+
+
 def start_server(
     repository: Path,
     *extra: str,
