@@ -91,7 +91,7 @@ def test_ensemble_has_no_model_file():
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"platform": "pytorch_libtorch"}, "spec.platform 'pytorch_libtorch' is not served"),
+        ({"platform": "tensorflow_savedmodel"}, "spec.platform 'tensorflow_savedmodel' is not served"),
         ({"dynamicBatching": {"preferredBatchSize": [128]}}, "larger than max_batch_size"),
         ({"inputs": [{"name": "input", "dataType": "FP32", "dims": [0]}]}, "every dim must be a positive size"),
         ({"inputs": [{"name": "input", "dataType": "FP99", "dims": [1]}]}, "unknown dataType 'FP99'"),
