@@ -16,8 +16,6 @@ and compared with the PyTorch module the same way.
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,10 +24,12 @@ from typing import Any
 import numpy as np
 
 from ..config import ConfigError, config_to_text, load_config_file, pb, validate_config
+from ..config.platforms import BY_PLATFORM
+from ..repository import publish
+from ..repository.layout import CONFIG_FILE
 from .convert import ConvertError, _median_ms, _say, error_stats
 
-ONNX_FILE = "model.onnx"
-CONFIG_FILE = "config.pbtxt"
+ONNX_FILE = BY_PLATFORM["onnxruntime_onnx"].model_filename
 TORCH_SUFFIXES = (".pt", ".pt2", ".pth", ".ts", ".torchscript")
 
 
@@ -207,29 +207,28 @@ def _next_version(model_dir: Path) -> int:
     return max(numbers, default=0) + 1
 
 
-def publish(model_dir: Path, version: int, files: dict[str, Path], config_text: str, force: bool) -> Path:
-    """Stage the version folder under a dot-name and rename it into place; the config is replaced last."""
+def write_version(model_dir: Path, version: int, files: dict[str, Path], config_text: str, force: bool) -> Path:
+    """Publish ``files`` as ``model_dir/version`` and then the config (``repository.publish``: staged, fsynced)."""
     version_dir = model_dir / str(version)
     if version_dir.exists() and not force:
         raise ConvertError(f"{version_dir} exists; pass --force to replace version {version}")
-    model_dir.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{version}.staging-", dir=model_dir))
+    new_model = not model_dir.exists()
+    parent, name = (model_dir.parent, model_dir.name) if new_model else (model_dir, str(version))
+    staging = publish.stage_dir(parent, name)
     try:
-        for name, source in files.items():
-            shutil.copyfile(source, staging / name)
-        old = None
-        if version_dir.exists():
-            old = model_dir / f".{version}.old-{os.getpid()}"
-            os.rename(version_dir, old)
-        os.rename(staging, version_dir)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        folder = staging / str(version) if new_model else staging
+        folder.mkdir(exist_ok=True)
+        for file_name, source in files.items():
+            publish.write_file(folder / file_name, source.read_bytes())
+        publish.fsync_dir(folder)
+        if new_model:
+            publish.write_file(staging / CONFIG_FILE, config_text)
+        publish.publish_dir(staging, model_dir if new_model else version_dir)
     except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        publish.remove_tree(staging)
         raise
-    tmp = model_dir / f".{CONFIG_FILE}.tmp-{os.getpid()}"
-    tmp.write_text(config_text, encoding="utf-8")
-    os.replace(tmp, model_dir / CONFIG_FILE)
+    if not new_model:
+        publish.replace_file(model_dir / CONFIG_FILE, config_text)
     return version_dir
 
 
@@ -359,7 +358,7 @@ def run(options: TorchConvertOptions) -> dict[str, Any]:
         rendered = onnx_config(config, options.name)
         _check_onnx(rendered, onnx_path)
         report["onnx"] = _compare_onnx(onnx_path, runner, inputs, reference, options.compare_runs)
-        version_dir = publish(
+        version_dir = write_version(
             model_dir, version, {ONNX_FILE: onnx_path}, config_to_text(rendered), bool(options.trt_args.get("force"))
         )
         report["onnx"].update(path=str(version_dir / ONNX_FILE), version=version, batch=compare_batch)

@@ -122,8 +122,6 @@ def _set_cudnn_disabled(disabled: bool) -> None:
 
 class PyTorchBackend(Backend):
     name: ClassVar[str] = "pytorch"
-    platforms: ClassVar[tuple[str, ...]] = ("pytorch_libtorch",)
-    default_filename: ClassVar[str] = "model.pt"
 
     def __init__(self, config: pb.ModelConfig, version_path: Path, version: int, context: Any = None) -> None:
         super().__init__(config, version_path, version, context)
@@ -144,7 +142,7 @@ class PyTorchBackend(Backend):
         check_declared("input", [t.name for t in config.input])
         check_declared("output", [t.name for t in config.output])
         _check_tensors(config)
-        artifact.detect_format(version_path / (config.default_model_filename or cls.default_filename))
+        artifact.detect_format(cls.model_path(config, version_path))
 
     def create_instance(self, spec: InstanceSpec) -> BackendInstance:
         torch = require_torch()

@@ -72,6 +72,24 @@ def test_every_feature_renders():
     assert config_to_spec(parsed) == {k: v for k, v in spec.items() if k != "versions"}
 
 
+def test_pytorch_renders_with_its_model_file(model_spec):
+    model_spec.update(
+        platform="pytorch_libtorch",
+        inputs=[{"name": "INPUT__0", "dataType": "FP32", "dims": [3, 32, 32]}],
+        outputs=[{"name": "OUTPUT__0", "dataType": "FP32", "dims": [10]}],
+        parameters={"INFERENCE_MODE": {"stringValue": "true"}},
+    )
+    rendered = render_model("resnet-classifier", model_spec)
+    assert rendered.filename == "model.pt"
+    parsed = parse_config_text(rendered.config_text)
+    assert parsed.platform == "pytorch_libtorch" and parsed.parameters["INFERENCE_MODE"].string_value == "true"
+    model_spec["defaultModelFilename"] = "model.pt2"
+    assert render_model("resnet-classifier", model_spec).filename == "model.pt2"
+    model_spec["defaultModelFilename"] = "../model.pt"
+    with pytest.raises(ConfigError, match="default_model_filename"):
+        render_model("resnet-classifier", model_spec)
+
+
 def test_ensemble_has_no_model_file():
     spec = {
         "platform": "ensemble",
