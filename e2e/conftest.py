@@ -27,6 +27,9 @@ from pathlib import Path
 import pytest
 
 CLUSTER_SCRIPT = Path(__file__).resolve().parent / "cluster" / "cluster.py"
+ADDONS_SCRIPT = CLUSTER_SCRIPT.with_name("addons.py")
+#: the add-ons the autoscaling tests need (see e2e/cluster/addons.py)
+ADDONS = "prometheus,keda"
 
 
 class CommandFailed(AssertionError):
@@ -112,14 +115,20 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     global _build_failure
     if session.config.option.collectonly:
         return
-    if not any("cluster" in getattr(item, "fixturenames", ()) for item in session.items):
+    needs = set().union(*(getattr(item, "fixturenames", ()) for item in session.items))
+    if not needs & {"cluster", "kubeconform"}:
         return
+    # the metrics add-ons (KEDA: a 10-minute build) only when a collected test uses them
+    addons = ["--addons", ADDONS] if "metrics_stack" in needs else []
     capman = session.config.pluginmanager.getplugin("capturemanager")
     ctx = capman.global_and_fixture_disabled() if capman else contextlib.nullcontext()
     lines: list[str] = []
     with ctx:
         proc = subprocess.Popen(
-            [sys.executable, str(CLUSTER_SCRIPT), "build"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            [sys.executable, str(CLUSTER_SCRIPT), "build", *addons],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
         )
         assert proc.stdout is not None
         for line in proc.stdout:
@@ -166,3 +175,96 @@ def kubectl(cluster):
 def helm(cluster):
     """``helm(*args, check=True, input=None, timeout=120) -> CompletedProcess``."""
     return cluster.helm
+
+
+@dataclass
+class MetricsStack:
+    """Prometheus and KEDA started by ``up --addons`` on the session's cluster (host processes)."""
+
+    prometheus_url: str
+    keda_version: str
+    prometheus_version: str
+    info: dict = field(repr=False)
+
+
+@pytest.fixture(scope="session")
+def metrics_stack(cluster) -> MetricsStack:
+    """Prometheus scraping annotated pods and KEDA (operator + external metrics adapter) on ``cluster``.
+
+    ``up --addons`` on the running cluster starts what is missing; the add-ons stop with the cluster.
+    """
+    if _build_failure:
+        pytest.fail(_build_failure, pytrace=False)
+    hold = [] if os.environ.get("KUBEINFER_CLUSTER_KEEP") == "1" else ["--hold", str(os.getpid())]
+    proc = run_cluster_script("up", "--json", "--addons", ADDONS, *hold)
+    if proc.returncode != 0:
+        pytest.fail(
+            f"e2e/cluster/up --addons {ADDONS} failed (exit {proc.returncode}):\n{proc.stderr[-20000:]}", pytrace=False
+        )
+    info = json.loads(proc.stdout)
+    addons = info["addons"]
+    return MetricsStack(
+        prometheus_url=addons["prometheus"]["url"],
+        keda_version=addons["keda-operator"]["version"],
+        prometheus_version=addons["prometheus"]["version"],
+        info=info,
+    )
+
+
+@dataclass
+class Kubeconform:
+    """kubeconform and the offline JSON schemas built by ``e2e/cluster/build`` (see addons.py)."""
+
+    binary: Path
+    schemas: Path
+    crd_schemas: Path
+    kubernetes_version: str
+
+    def validate(self, manifests: str, *extra_schema_dirs: Path) -> subprocess.CompletedProcess:
+        """``kubeconform -strict -summary`` of YAML text against the cluster's version and the CRD schemas."""
+        locations = [
+            str(self.schemas),
+            f"{self.crd_schemas}/{{{{.Group}}}}/{{{{.ResourceKind}}}}_{{{{.ResourceAPIVersion}}}}.json",
+        ]
+        for d in extra_schema_dirs:
+            locations.append(f"{d}/{{{{.Group}}}}/{{{{.ResourceKind}}}}_{{{{.ResourceAPIVersion}}}}.json")
+        args = [
+            str(self.binary),
+            "-strict",
+            "-summary",
+            "-output",
+            "json",
+            "-kubernetes-version",
+            self.kubernetes_version,
+        ]
+        for loc in locations:
+            args += ["-schema-location", loc]
+        return subprocess.run([*args, "-"], input=manifests, capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture(scope="session")
+def kubeconform() -> Kubeconform:
+    if _build_failure:
+        pytest.fail(_build_failure, pytrace=False)
+    proc = subprocess.run([sys.executable, str(ADDONS_SCRIPT), "kubeconform-dir"], capture_output=True, text=True)
+    if proc.returncode != 0:
+        pytest.fail(f"building kubeconform failed:\n{proc.stderr[-10000:]}", pytrace=False)
+    d = Path(proc.stdout.strip())
+    return Kubeconform(
+        binary=d / "kubeconform",
+        schemas=d / "schemas",
+        crd_schemas=d / "crd-schemas",
+        kubernetes_version=(d / "KUBERNETES_VERSION").read_text().strip(),
+    )
+
+
+@pytest.fixture(scope="session")
+def crd_schemas(tmp_path_factory) -> Path:
+    """kubeconform schemas of our own CRDs (crds/), generated now: they change with the code."""
+    out = tmp_path_factory.mktemp("crd-schemas")
+    crds = sorted(str(p) for p in (Path(__file__).resolve().parents[1] / "crds").glob("*.yaml"))
+    proc = subprocess.run(
+        [sys.executable, str(ADDONS_SCRIPT), "crd-schemas", str(out), *crds], capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    return out

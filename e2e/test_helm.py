@@ -1,89 +1,366 @@
-"""The Helm chart: lint, template, and a real install into the local control plane (RBAC checked by the apiserver)."""
+"""The Helm chart: values schema, kubeconform of every rendered manifest, least-privilege RBAC checked by the
+apiserver, and the real operator reconciling under exactly the chart's RBAC and the restricted pod security level."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 
 import pytest
 import yaml
 
+from tests.support.waiting import wait_for
+
 pytestmark = pytest.mark.e2e
 
-CHART = Path(__file__).resolve().parents[1] / "helm" / "kubeinfer"
+ROOT = Path(__file__).resolve().parents[1]
+CHART = ROOT / "helm" / "kubeinfer"
+API = "serving.kubeinfer.io/v1alpha1"
 
-#: (verb, resource) pairs the operator needs, cluster-wide
-OPERATOR_NEEDS = [
-    ("watch", "inferencemodels.serving.kubeinfer.io"),
-    ("patch", "inferencemodels.serving.kubeinfer.io/status"),
-    ("patch", "inferenceservers.serving.kubeinfer.io/status"),
-    ("patch", "inferencemodels.serving.kubeinfer.io"),  # finalizers
-    ("create", "deployments.apps"),
-    ("patch", "deployments.apps"),
-    ("watch", "deployments.apps"),
-    ("patch", "services"),
-    ("delete", "horizontalpodautoscalers.autoscaling"),
-    ("create", "events"),
-    ("list", "namespaces"),
-]
+#: every optional part of the chart switched on
+EVERYTHING = [
+    "--set", "replicaCount=2",
+    "--set", "repository.create=true",
+    "--set", "repository.storageClassName=nfs",
+    "--set", "keda.enabled=true",
+    "--set", "keda.prometheusAddress=http://prometheus-server.monitoring.svc:9090",
+    "--set", "monitoring.podMonitor.enabled=true",
+    "--set", "monitoring.podMonitor.labels.release=prometheus",
+    "--set", "monitoring.serviceMonitor.enabled=true",
+    "--set", "imagePullSecrets[0].name=regcred",
+    "--set", "serviceAccount.annotations.team=ml",
+    "--set", "podAnnotations.team=ml",
+    "--set", "nodeSelector.pool=system",
+    "--set", "tolerations[0].key=dedicated",
+    "--set", "tolerations[0].operator=Exists",
+    "--set", "tolerations[0].effect=NoSchedule",
+    "--set", "operator.extraArgs[0]=--log-level=debug",
+]  # fmt: skip
+NAMESPACED = ["--set", "operator.watchNamespaces={team-a,team-b}"]
 
 
 def _docs(text: str) -> list[dict]:
     return [d for d in yaml.safe_load_all(text) if d]
 
 
+def _kinds(docs: list[dict]) -> list[str]:
+    return sorted(d["kind"] for d in docs)
+
+
 def test_lint(helm) -> None:
-    proc = helm("lint", str(CHART), "--strict")
-    assert "1 chart(s) linted, 0 chart(s) failed" in proc.stdout
+    for values in ([], EVERYTHING, EVERYTHING + NAMESPACED):
+        proc = helm("lint", str(CHART), "--strict", *values)
+        assert "1 chart(s) linted, 0 chart(s) failed" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        (["--set", "replicaCount=0"], "replicaCount"),
+        (["--set", "image.pullPolicy=Sometimes"], "pullPolicy"),
+        (["--set", "operator.watchNamespaces={Team_A}"], "watchNamespaces"),
+        (["--set", "keda.prometheusAddress=prometheus:9090"], "prometheusAddress"),
+        (["--set", "monitoring.podMonitor.interval=fast"], "interval"),
+        (["--set", "resources.limits.memory=lots"], "memory"),
+        (["--set", "securityContext.runAsUser=-1"], "runAsUser"),
+        (["--set", "operator.logLevel=verbose"], "logLevel"),
+        (["--set", "replicaCoutn=2"], "replicaCoutn"),  # a typo is an error, not a silent default
+        (["--set", "keda.enable=true"], "enable"),
+    ],
+)
+def test_values_schema_refuses_bad_values(helm, values, message) -> None:
+    proc = helm("template", "ki", str(CHART), *values, check=False)
+    assert proc.returncode != 0, f"{values} was accepted"
+    assert "values don't meet the specifications of the schema" in proc.stderr and message in proc.stderr
 
 
 def test_template_renders_operator_with_leader_election(helm) -> None:
     docs = _docs(helm("template", "ki", str(CHART), "-n", "ops", "--set", "replicaCount=2").stdout)
-    kinds = sorted(d["kind"] for d in docs)
-    assert kinds == ["ClusterRole", "ClusterRoleBinding", "Deployment", "Role", "RoleBinding", "ServiceAccount"]
+    assert _kinds(docs) == ["ClusterRole", "ClusterRoleBinding", "Deployment", "Role", "RoleBinding", "ServiceAccount"]
     dep = next(d for d in docs if d["kind"] == "Deployment")
-    c = dep["spec"]["template"]["spec"]["containers"][0]
+    pod = dep["spec"]["template"]["spec"]
+    c = pod["containers"][0]
     assert dep["spec"]["replicas"] == 2
     assert "--leader-election" in c["args"]
     assert "--repository-root=/var/lib/kubeinfer/models" in c["args"]
     assert "--claim-name=kubeinfer-models" in c["args"]
     assert "--max-artifact-bytes=21474836480" in c["args"]
-    assert c["securityContext"]["readOnlyRootFilesystem"] is True
-    volumes = {v["name"]: v for v in dep["spec"]["template"]["spec"]["volumes"]}
+    assert not any(a.startswith("--prometheus-url") for a in c["args"])
+    # the "restricted" pod security standard
+    assert c["securityContext"] == {
+        "runAsNonRoot": True,
+        "readOnlyRootFilesystem": True,
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    volumes = {v["name"]: v for v in pod["volumes"]}
     assert volumes["models"]["persistentVolumeClaim"]["claimName"] == "kubeinfer-models"
-    with_pvc = _docs(helm("template", "ki", str(CHART), "--set", "repository.create=true").stdout)
-    assert any(d["kind"] == "PersistentVolumeClaim" for d in with_pvc)
     refused = helm(
         "template", "ki", str(CHART), "--set", "replicaCount=2", "--set", "leaderElection=false", check=False
     )
     assert refused.returncode != 0 and "needs leaderElection" in refused.stderr
 
 
+def test_every_option_renders(helm) -> None:
+    docs = _docs(helm("template", "ki", str(CHART), "-n", "ops", *EVERYTHING).stdout)
+    by_kind = {d["kind"]: d for d in docs}
+    assert set(by_kind) >= {"PersistentVolumeClaim", "PodMonitor", "ServiceMonitor", "ClusterRole"}
+    args = by_kind["Deployment"]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--prometheus-url=http://prometheus-server.monitoring.svc:9090" in args
+    keda_rules = [r for r in by_kind["ClusterRole"]["rules"] if r["apiGroups"] == ["keda.sh"]]
+    assert keda_rules == [
+        {"apiGroups": ["keda.sh"], "resources": ["scaledobjects"], "verbs": ["get", "create", "patch", "delete"]}
+    ]
+    pm = by_kind["PodMonitor"]
+    assert pm["metadata"]["labels"]["release"] == "prometheus"
+    assert pm["spec"]["podTargetLabels"] == ["serving.kubeinfer.io/server"]
+    assert pm["spec"]["namespaceSelector"] == {"any": True}
+    assert pm["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
+    namespaced = _docs(helm("template", "ki", str(CHART), "-n", "ops", *EVERYTHING, *NAMESPACED).stdout)
+    assert "ClusterRole" not in _kinds(namespaced) and "ClusterRoleBinding" not in _kinds(namespaced)
+    roles = {(d["metadata"]["namespace"], d["metadata"]["name"]) for d in namespaced if d["kind"] == "Role"}
+    assert roles == {("team-a", "ki-kubeinfer-operator"), ("team-b", "ki-kubeinfer-operator"),
+                     ("ops", "ki-kubeinfer-leader-election")}  # fmt: skip
+    pm = next(d for d in namespaced if d["kind"] == "PodMonitor")
+    assert pm["spec"]["namespaceSelector"] == {"matchNames": ["team-a", "team-b"]}
+
+
+@pytest.mark.parametrize("options", ["defaults", "everything", "everything-namespaced"])
+def test_rendered_manifests_validate_with_kubeconform(helm, kubeconform, crd_schemas, options) -> None:
+    """Every manifest the chart renders, CRDs included, against the cluster's Kubernetes version (schemas
+    generated offline from the pinned k8s.io/kubernetes module's OpenAPI) and the CRDs' schemas."""
+    values = {"defaults": [], "everything": EVERYTHING, "everything-namespaced": EVERYTHING + NAMESPACED}[options]
+    rendered = helm("template", "ki", str(CHART), "-n", "ops", "--include-crds", *values).stdout
+    proc = kubeconform.validate(rendered, crd_schemas)
+    report = json.loads(proc.stdout)
+    assert proc.returncode == 0, json.dumps(report["resources"], indent=1)
+    summary = report["summary"]
+    assert summary["invalid"] == summary["errors"] == summary["skipped"] == 0
+    assert summary["valid"] == len(_docs(rendered))
+
+
+def test_kubeconform_catches_what_it_should(kubeconform, crd_schemas) -> None:
+    """The validation can fail: a typo'd field, a wrong type, a bad InferenceServer are all reported."""
+    bad = [
+        {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "x"},
+         "spec": {"replicas": "two", "selector": {}, "template": {}}},
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "x"}, "automountToken": True},
+        {"apiVersion": API, "kind": "InferenceServer", "metadata": {"name": "x"},
+         "spec": {"image": "i", "repository": {"claimName": "c"}, "autoscaling": {"minReplicas": 1}}},
+        {"apiVersion": "monitoring.coreos.com/v1", "kind": "PodMonitor", "metadata": {"name": "x"},
+         "spec": {"podMetricsEndpoints": [{"port": 8002}]}},
+    ]  # fmt: skip
+    proc = kubeconform.validate("\n---\n".join(json.dumps(d) for d in bad), crd_schemas)
+    report = json.loads(proc.stdout)
+    assert proc.returncode != 0
+    assert report["summary"]["invalid"] == len(bad), json.dumps(report["resources"], indent=1)
+
+
+# ------------------------------------------------------------------------------------- in the cluster
+
+#: (verb, resource) the operator must be able to do in a watched namespace
+NEEDED = [
+    ("watch", "inferencemodels.serving.kubeinfer.io"),
+    ("patch", "inferencemodels.serving.kubeinfer.io"),  # finalizers
+    ("patch", "inferencemodels.serving.kubeinfer.io/status"),
+    ("patch", "inferenceservers.serving.kubeinfer.io/status"),
+    ("update", "inferenceservers.serving.kubeinfer.io/finalizers"),
+    ("create", "deployments.apps"),
+    ("patch", "deployments.apps"),
+    ("watch", "deployments.apps"),
+    ("patch", "services"),
+    ("delete", "horizontalpodautoscalers.autoscaling"),
+    ("get", "secrets"),
+    ("create", "events"),
+]
+#: what it must not be able to do anywhere
+FORBIDDEN = [
+    ("list", "secrets"),
+    ("watch", "secrets"),
+    ("delete", "deployments.apps"),
+    ("update", "deployments.apps"),
+    ("delete", "services"),
+    ("delete", "inferenceservers.serving.kubeinfer.io"),
+    ("create", "pods"),
+    ("create", "scaledobjects.keda.sh"),  # keda.enabled=false
+]
+
+
+def _can(kubectl, sa: str, verb: str, resource: str, *where: str) -> bool:
+    """``kubectl auth can-i``; ``resource/sub`` means a subresource (can-i would read it as a resource name)."""
+    resource, _, sub = resource.partition("/")
+    subresource = [f"--subresource={sub}"] if sub else []
+    proc = kubectl("auth", "can-i", verb, resource, *subresource, *where, "--as", sa, check=False)
+    return proc.stdout.strip() == "yes"
+
+
+def _namespace(kubectl, name: str, restricted: bool = False) -> None:
+    kubectl("create", "namespace", name)
+    if restricted:
+        kubectl("label", "namespace", name, "pod-security.kubernetes.io/enforce=restricted")
+
+
+def _pods(kubectl, ns: str, selector: str) -> list[dict]:
+    return json.loads(kubectl("-n", ns, "get", "pods", "-l", selector, "-o", "json").stdout)["items"]
+
+
+def _token_kubeconfig(cluster, kubectl, ns: str, sa: str, path: Path) -> Path:
+    """A kubeconfig that authenticates as the chart's service account (a TokenRequest token)."""
+    token = kubectl("-n", ns, "create", "token", sa, "--duration=1h").stdout.strip()
+    ca = Path(cluster.run_dir) / "pki" / "ca.crt"
+    path.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "c", "cluster": {"server": cluster.server, "certificate-authority": str(ca)}}],
+                "users": [{"name": "sa", "user": {"token": token}}],
+                "contexts": [{"name": "sa", "context": {"cluster": "c", "user": "sa"}}],
+                "current-context": "sa",
+            }
+        )
+    )
+    return path
+
+
+@pytest.mark.parametrize("scope", ["namespaced", "cluster-wide"])
+def test_operator_reconciles_under_the_charts_rbac(cluster, helm, kubectl, tmp_path, scope) -> None:
+    """Install the chart, then run the real operator with the chart's service account token: an InferenceServer
+    (with an HPA) becomes a Deployment, Service and HPA, status is written, and the apiserver refused nothing.
+    Both namespaces enforce the "restricted" pod security standard, so the operator's pod and the server pods
+    the operator renders are admitted only if they meet it."""
+    suffix = uuid.uuid4().hex[:6]
+    ops, team, other = f"e2e-ops-{suffix}", f"e2e-team-{suffix}", f"e2e-other-{suffix}"
+    release = f"ki{suffix}"
+    sa = f"{release}-kubeinfer-operator"
+    user = f"system:serviceaccount:{ops}:{sa}"
+    for ns in (ops, team, other):
+        _namespace(kubectl, ns, restricted=True)
+    values = ["--set", f"operator.watchNamespaces={{{team}}}"] if scope == "namespaced" else []
+    proc = None
+    try:
+        helm("install", release, str(CHART), "-n", ops, "--set", "repository.create=true", *values)
+        # RBAC as the apiserver sees it
+        for verb, resource in NEEDED:
+            assert _can(kubectl, user, verb, resource, "-n", team), f"operator cannot {verb} {resource}"
+        for verb, resource in FORBIDDEN:
+            assert not _can(kubectl, user, verb, resource, "-n", team), f"operator may {verb} {resource}"
+        assert _can(kubectl, user, "update", "leases.coordination.k8s.io", "-n", ops)
+        assert not _can(kubectl, user, "update", "leases.coordination.k8s.io", "-n", team)
+        if scope == "namespaced":
+            assert not _can(kubectl, user, "watch", "inferenceservers.serving.kubeinfer.io", "-n", other)
+            assert not _can(kubectl, user, "list", "namespaces")
+            roles = kubectl("get", "clusterrolebinding", "-o", "json").stdout
+            assert sa not in roles, "a namespaced install must not bind a ClusterRole"
+        else:
+            assert _can(kubectl, user, "watch", "inferenceservers.serving.kubeinfer.io", "--all-namespaces")
+        # the operator's pod was admitted in a "restricted" namespace (pod security rejects at pod creation)
+        wait_for("the operator's pod", lambda: _pods(kubectl, ops, f"app.kubernetes.io/instance={release}"), 90)
+
+        kc = _token_kubeconfig(cluster, kubectl, ops, sa, tmp_path / "sa.kubeconfig")
+        root = tmp_path / "volume"
+        root.mkdir()
+        log_path = tmp_path / "operator.log"
+        ns_args = ["--namespace", team] if scope == "namespaced" else []
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "kubeinfer.operator", "--kubeconfig", str(kc), "--repository-root", str(root),
+                 "--resync-seconds", "3", *ns_args],
+                stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ, "KUBECONFIG": str(kc)},
+            )  # fmt: skip
+        server = {
+            "apiVersion": API,
+            "kind": "InferenceServer",
+            "metadata": {"name": "pool", "namespace": team},
+            "spec": {
+                "image": "kubeinfer-server:test",
+                "repository": {"claimName": "kubeinfer-models"},
+                "resources": {"requests": {"cpu": "100m"}},
+                "autoscaling": {"autoscaler": "HPA", "maxReplicas": 3, "target": {"metric": "CPU", "value": 60}},
+            },
+        }
+        kubectl("apply", "-f", "-", input=json.dumps(server))
+
+        def status():
+            obj = json.loads(kubectl("-n", team, "get", "inferenceserver", "pool", "-o", "json").stdout)
+            st = obj.get("status") or {}
+            return st if st.get("autoscaling", {}).get("autoscaler") == "HPA" and st.get("replicas") == 1 else None
+
+        st = wait_for(
+            "InferenceServer status from the operator",
+            status,
+            90,
+            0.5,
+            describe=lambda: (
+                kubectl("-n", team, "get", "inferenceserver", "pool", "-o", "yaml").stdout
+                + log_path.read_text()[-5000:]
+            ),
+        )
+        assert st["endpoint"] == f"pool.{team}.svc:8000"
+        kubectl("-n", team, "get", "deployment/pool", "service/pool", "hpa/pool")
+        # the server pod passed the restricted pod security admission
+        assert len(_pods(kubectl, team, "app.kubernetes.io/instance=pool")) == 1
+        # switching autoscaling off deletes the HPA (the one delete the operator does here)
+        kubectl("-n", team, "patch", "inferenceserver", "pool", "--type=json",
+                "-p", '[{"op": "remove", "path": "/spec/autoscaling"}]')  # fmt: skip
+        wait_for("HPA deleted", lambda: kubectl("-n", team, "get", "hpa", "pool", check=False).returncode != 0, 60, 0.5)
+        text = log_path.read_text()
+        assert "Forbidden" not in text and "forbidden" not in text, text[-5000:]
+        problems = [line for line in text.splitlines() if " ERROR " in line or " WARNING " in line]
+        assert not problems, "\n".join(problems[-20:])
+        assert proc.poll() is None, text[-5000:]
+    finally:
+        if proc is not None:
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        helm("uninstall", release, "-n", ops, check=False)
+        for ns in (ops, team, other):
+            kubectl("delete", "namespace", ns, "--wait=false", check=False)
+
+
 def test_install_into_the_cluster(cluster, helm, kubectl) -> None:
     ns = f"e2e-helm-{uuid.uuid4().hex[:6]}"
+    watched = [f"{ns}-a", f"{ns}-b"]  # a namespaced install puts a Role in each: they must exist
     release = "ki"
     try:
-        helm("install", release, str(CHART), "-n", ns, "--create-namespace", "--set", "operator.watchNamespaces={a,b}")
+        for w in watched:
+            _namespace(kubectl, w)
+        helm(
+            "install",
+            release,
+            str(CHART),
+            "-n",
+            ns,
+            "--create-namespace",
+            "--set",
+            f"operator.watchNamespaces={{{','.join(watched)}}}",
+        )
         for crd in ("inferencemodels", "inferenceservers"):
             kubectl("wait", "--for=condition=Established", f"crd/{crd}.serving.kubeinfer.io", "--timeout=60s")
         dep = json.loads(kubectl("-n", ns, "get", "deployment", f"{release}-kubeinfer-operator", "-o", "json").stdout)
         args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
-        assert "--namespace=a" in args and "--namespace=b" in args
-        sa = f"system:serviceaccount:{ns}:{release}-kubeinfer-operator"
-        for verb, resource in OPERATOR_NEEDS:
-            proc = kubectl("auth", "can-i", verb, resource, "--all-namespaces", "--as", sa, check=False)
-            assert proc.stdout.strip() == "yes", f"operator cannot {verb} {resource}"
-        lease = kubectl("auth", "can-i", "update", "leases.coordination.k8s.io", "-n", ns, "--as", sa, check=False)
-        assert lease.stdout.strip() == "yes"
-        assert kubectl("auth", "can-i", "delete", "secrets", "-n", ns, "--as", sa, check=False).stdout.strip() == "no"
+        assert [a for a in args if a.startswith("--namespace=")] == [f"--namespace={w}" for w in watched]
         explained = kubectl("explain", "inferencemodel.spec.dynamicBatching").stdout
         assert "maxQueueDelayMicroseconds" in explained and "priorityQueuePolicy" in explained
+        explained = kubectl("explain", "inferenceserver.spec.autoscaling.target").stdout
+        assert "QueueDurationPerRequest" in explained
         status = json.loads(helm("status", release, "-n", ns, "-o", "json").stdout)
         assert status["info"]["status"] == "deployed"
+        assert "kubectl explain inferenceserver.spec" in status["info"]["notes"]
         helm("uninstall", release, "-n", ns)
         gone = kubectl("-n", ns, "get", "deployment", f"{release}-kubeinfer-operator", check=False)
         assert gone.returncode != 0
     finally:
         helm("uninstall", release, "-n", ns, check=False)
-        kubectl("delete", "namespace", ns, "--wait=false", check=False)
+        for n in (ns, *watched):
+            kubectl("delete", "namespace", n, "--wait=false", check=False)

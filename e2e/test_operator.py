@@ -476,7 +476,7 @@ def test_scale_and_delete_server_garbage_collects(env: Env) -> None:
         lambda: (env.get("inferenceserver", name).get("status") or {}).get("replicas") == 3,
     )
     assert env.get("hpa", name) is None
-    body["spec"]["autoscaling"] = {"maxReplicas": 4, "target": {"metric": "CPU", "averageValue": 60}}
+    body["spec"]["autoscaling"] = {"autoscaler": "HPA", "maxReplicas": 4, "target": {"metric": "CPU", "value": 60}}
     body["spec"]["replicas"] = 3
     env.apply(body)
     hpa = wait_for("HPA", lambda: env.get("hpa", name))

@@ -63,6 +63,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="longest wait for a server to unload a deleted model before its finalizer is released",
     )
     p.add_argument(
+        "--prometheus-url",
+        help="Prometheus that KEDA ScaledObjects query, e.g. http://prometheus-server.monitoring.svc:9090 "
+        "(an InferenceServer's spec.autoscaling.prometheus.serverAddress overrides it)",
+    )
+    p.add_argument(
         "--leader-election", action="store_true", help="run only while holding a Lease (for more than one replica)"
     )
     p.add_argument("--leader-election-namespace", default=os.environ.get("POD_NAMESPACE", "default"))
@@ -92,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         claim_name=args.claim_name,
         unload_timeout=args.unload_timeout,
         namespaces=list(args.namespace),
+        prometheus_url=args.prometheus_url,
     )
     registry = kopf.OperatorRegistry()
     register(Reconciler(config, Kube()), registry)
@@ -99,6 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     settings.posting.level = logging.WARNING  # kopf's own per-handler events are noise next to ours
     settings.persistence.finalizer = "serving.kubeinfer.io/finalizer"
     settings.execution.max_workers = 8
+    # with named namespaces kopf needs no cluster-wide reads: it serves those namespaces and the CRDs present
+    # at startup, so the chart's namespaced install grants no ClusterRole (no namespaces/CRD list or watch)
+    settings.scanning.disabled = bool(args.namespace)
     stop = threading.Event()
     lost = threading.Event()
     if args.leader_election:

@@ -26,6 +26,7 @@ from kubernetes.client.exceptions import ApiException
 from . import manifests, status
 from .api import GROUP, VERSION
 from .artifacts import DEFAULT_MAX_BYTES, ArtifactError
+from .autoscaling import Autoscaler
 from .kube import MODELS, SERVERS, Kube, is_temporary
 from .render import DEFAULT_BACKENDS, render_model
 from .repository_writer import RepositoryWriter
@@ -51,6 +52,8 @@ class OperatorConfig:
     unload_timeout: float = 120.0
     #: namespaces to watch (empty: all)
     namespaces: list[str] = field(default_factory=list)
+    #: Prometheus that KEDA ScaledObjects query when spec.autoscaling.prometheus.serverAddress is unset
+    prometheus_url: str | None = None
 
 
 @dataclass(frozen=True)
@@ -76,6 +79,7 @@ class Reconciler:
         self._locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
         self._failures: dict[str, _Failure] = {}
+        self.autoscaler = Autoscaler(kube, config.prometheus_url)
 
     def _lock(self, uid: str) -> threading.Lock:
         with self._locks_guard:
@@ -116,14 +120,12 @@ class Reconciler:
             except (ArtifactError, OSError) as exc:
                 msg = exc.message if isinstance(exc, ArtifactError) else str(exc)
                 conds.append(status.Condition("RepositoryReady", False, "RepositoryUnusable", msg))
+            scaling: status.Condition | None = None
+            scaling_status: dict[str, Any] | None = None
             try:
                 dep = self.kube.apply(manifests.deployment(body))
                 self.kube.apply(manifests.service(body))
-                hpa = manifests.hpa(body)
-                if hpa:
-                    self.kube.apply(hpa)
-                elif self.kube.hpa_owned_by(ns, name, meta["uid"]):
-                    self.kube.delete_hpa(ns, name)
+                scaling, scaling_status = self.autoscaler.reconcile(body)
             except ApiException as exc:
                 if is_temporary(exc):
                     raise kopf.TemporaryError(f"applying owned objects: {exc.reason}", delay=5) from None
@@ -158,6 +160,8 @@ class Reconciler:
                     "" if ok else "; ".join(c.message for c in conds if not c.status),
                 )
             )
+            if scaling is not None:  # reported beside Ready, not in it: the pool serves either way
+                conds.append(scaling)
             prev = body.get("status") or {}
             self.kube.patch_status(
                 SERVERS,
@@ -171,6 +175,7 @@ class Reconciler:
                     "selector": manifests.selector_string(name),
                     "models": models,
                     "endpoint": manifests.service_endpoint(ns, name, spec)["http"],
+                    "autoscaling": scaling_status,
                 },
             )
 

@@ -22,6 +22,8 @@ APPLY = "application/apply-patch+yaml"
 MERGE = "application/merge-patch+json"
 MODELS = "inferencemodels"
 SERVERS = "inferenceservers"
+#: kinds of other projects' custom resources the operator applies → their plural
+CUSTOM_KINDS = {"ScaledObject": "scaledobjects"}
 
 
 def load_config(kubeconfig: str | None) -> None:
@@ -52,6 +54,12 @@ class Kube:
     def apply(self, manifest: Mapping[str, Any]) -> Any:
         kind, body = manifest["kind"], dict(manifest)
         name, ns = manifest["metadata"]["name"], manifest["metadata"]["namespace"]
+        if kind in CUSTOM_KINDS:
+            group, version = manifest["apiVersion"].split("/")
+            return self.custom.patch_namespaced_custom_object(
+                group, version, ns, CUSTOM_KINDS[kind], name, body, field_manager=FIELD_MANAGER, force=True,
+                _content_type=APPLY,
+            )  # fmt: skip
         patch = {
             "Deployment": self.apps.patch_namespaced_deployment,
             "Service": self.core.patch_namespaced_service,
@@ -71,25 +79,51 @@ class Kube:
         return True
 
     def hpa_owned_by(self, namespace: str, name: str, uid: str) -> bool:
+        hpa = self.read_hpa(namespace, name)
+        return hpa is not None and any(ref.get("uid") == uid for ref in hpa["metadata"].get("ownerReferences") or ())
+
+    def read_hpa(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The HPA as plain JSON (camelCase, like every other object the operator reads), or None."""
         try:
             hpa = self.autoscaling.read_namespaced_horizontal_pod_autoscaler(name, namespace)
         except ApiException as exc:
             if exc.status == 404:
+                return None
+            raise
+        return cast(dict[str, Any], self.client.sanitize_for_serialization(hpa))
+
+    def resource_served(self, group: str, version: str, plural: str) -> bool:
+        """Whether the API serves ``group/version`` ``plural`` (discovery: no RBAC needed)."""
+        try:
+            listing = self.custom.get_api_resources(group, version)
+        except ApiException as exc:
+            if exc.status == 404:
                 return False
             raise
-        meta = hpa.metadata
-        return meta is not None and any(ref.uid == uid for ref in meta.owner_references or ())
+        return any(r.name == plural for r in listing.resources or ())
 
-    # ----------------------------------------------------------------------------- custom objects
-    def get(self, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
+    def get_custom(self, group: str, version: str, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
         try:
             return cast(
-                dict[str, Any], self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, plural, name)
+                dict[str, Any], self.custom.get_namespaced_custom_object(group, version, namespace, plural, name)
             )
         except ApiException as exc:
             if exc.status == 404:
                 return None
             raise
+
+    def delete_custom(self, group: str, version: str, plural: str, namespace: str, name: str) -> bool:
+        try:
+            self.custom.delete_namespaced_custom_object(group, version, namespace, plural, name)
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
+    # ----------------------------------------------------------------------------- custom objects
+    def get(self, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.get_custom(GROUP, VERSION, plural, namespace, name)
 
     def list_in(self, plural: str, namespace: str) -> list[dict[str, Any]]:
         listing = cast(dict[str, Any], self.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, plural))

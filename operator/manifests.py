@@ -19,18 +19,15 @@ DEFAULT_PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
 DEFAULT_POLL_SECONDS = 5
 DEFAULT_SHM = "1Gi"
 DEFAULT_DRAIN_SECONDS = 10
-#: time after preStop for the server to finish in-flight requests and unload
+#: the server's --shutdown-timeout: after preStop, in-flight and queued requests get this long to finish
 SHUTDOWN_SECONDS = 30
-DEFAULT_QUEUE_TARGET = "5000"
+#: on top of drain + shutdown timeout before the kubelet kills: closing listeners, unloading, exiting
+EXIT_MARGIN_SECONDS = 5
 PROBE_DEFAULTS = {
     "liveness": {"periodSeconds": 10, "timeoutSeconds": 1, "failureThreshold": 3},
     "readiness": {"periodSeconds": 5, "timeoutSeconds": 1, "failureThreshold": 3},
     # 60 × 10 s = 10 minutes for the first models to load before liveness takes over
     "startup": {"periodSeconds": 10, "timeoutSeconds": 1, "failureThreshold": 60},
-}
-PODS_METRICS = {
-    "QueueDurationPerRequest": "nv_inference_queue_duration_us_per_request",
-    "PendingRequests": "nv_inference_pending_request_count",
 }
 
 
@@ -77,7 +74,7 @@ def owner_reference(body: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _metadata(body: Mapping[str, Any]) -> dict[str, Any]:
+def metadata(body: Mapping[str, Any]) -> dict[str, Any]:
     meta = body["metadata"]
     return {
         "name": meta["name"],
@@ -97,10 +94,32 @@ def server_args(spec: Mapping[str, Any]) -> list[str]:
         f"--metrics-port={p['metrics']}",
         "--model-control-mode=poll",
         f"--repository-poll-secs={int(flags.get('pollIntervalSeconds') or DEFAULT_POLL_SECONDS)}",
+        f"--shutdown-timeout={shutdown_seconds(spec)}",
     ]
     if flags.get("logLevel"):
         args.append(f"--log-level={flags['logLevel']}")
     return args + list(flags.get("extraArgs") or [])
+
+
+def shutdown_seconds(spec: Mapping[str, Any]) -> int:
+    return int((spec.get("server") or {}).get("shutdownTimeoutSeconds", SHUTDOWN_SECONDS))
+
+
+def termination_grace_seconds(spec: Mapping[str, Any]) -> int:
+    """preStop drain + the server's --shutdown-timeout + a margin: the kubelet never kills a pod that is
+    still finishing requests (a scale-down or rollout loses none)."""
+    return int(spec.get("drainSeconds", DEFAULT_DRAIN_SECONDS)) + shutdown_seconds(spec) + EXIT_MARGIN_SECONDS
+
+
+def pod_annotations(spec: Mapping[str, Any]) -> dict[str, str]:
+    """The conventional ``prometheus.io/*`` scrape annotations (Prometheus's own example ``kubernetes-pods``
+    job and the community chart select pods by them), then the user's ``podAnnotations`` (which win)."""
+    return {
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": str(ports(spec)["metrics"]),
+        "prometheus.io/path": "/metrics",
+        **{k: str(v) for k, v in (spec.get("podAnnotations") or {}).items()},
+    }
 
 
 def _probe(kind: str, path: str, spec: Mapping[str, Any]) -> dict[str, Any]:
@@ -154,7 +173,7 @@ def deployment(body: Mapping[str, Any]) -> dict[str, Any]:
         container["imagePullPolicy"] = spec["imagePullPolicy"]
     pod_spec: dict[str, Any] = {
         "containers": [container],
-        "terminationGracePeriodSeconds": drain + SHUTDOWN_SECONDS,
+        "terminationGracePeriodSeconds": termination_grace_seconds(spec),
         "securityContext": {
             "runAsNonRoot": True,
             "runAsUser": 1000,
@@ -178,13 +197,11 @@ def deployment(body: Mapping[str, Any]) -> dict[str, Any]:
     for key in ("nodeSelector", "tolerations", "affinity", "imagePullSecrets"):
         if spec.get(key):
             pod_spec[key] = spec[key]
-    template_meta: dict[str, Any] = {"labels": labels(name)}
-    if spec.get("podAnnotations"):
-        template_meta["annotations"] = dict(spec["podAnnotations"])
+    template_meta: dict[str, Any] = {"labels": labels(name), "annotations": pod_annotations(spec)}
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": _metadata(body),
+        "metadata": metadata(body),
         "spec": {
             "replicas": int(spec.get("replicas", 1)),
             "selector": {"matchLabels": selector_labels(name)},
@@ -201,7 +218,7 @@ def service(body: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": _metadata(body),
+        "metadata": metadata(body),
         "spec": {
             "type": "ClusterIP",
             "selector": selector_labels(name),
@@ -211,52 +228,4 @@ def service(body: Mapping[str, Any]) -> dict[str, Any]:
                 {"name": "metrics", "port": p["metrics"], "targetPort": "metrics", "protocol": "TCP"},
             ],
         },
-    }
-
-
-def hpa_metrics(autoscaling: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The user's metrics verbatim, else the shorthand target (default: queue time per request)."""
-    if autoscaling.get("metrics"):
-        return [dict(m) for m in autoscaling["metrics"]]
-    target = autoscaling.get("target") or {}
-    metric = target.get("metric", "QueueDurationPerRequest")
-    if metric == "CPU":
-        value = int(str(target.get("averageValue", 80)).rstrip("%"))
-        return [
-            {
-                "type": "Resource",
-                "resource": {"name": "cpu", "target": {"type": "Utilization", "averageUtilization": value}},
-            }
-        ]
-    default = DEFAULT_QUEUE_TARGET if metric == "QueueDurationPerRequest" else "10"
-    return [
-        {
-            "type": "Pods",
-            "pods": {
-                "metric": {"name": PODS_METRICS[metric]},
-                "target": {"type": "AverageValue", "averageValue": str(target.get("averageValue", default))},
-            },
-        }
-    ]
-
-
-def hpa(body: Mapping[str, Any]) -> dict[str, Any] | None:
-    """An HPA that scales the InferenceServer itself (its scale subresource), or None without autoscaling."""
-    autoscaling = body["spec"].get("autoscaling")
-    if not autoscaling:
-        return None
-    meta = body["metadata"]
-    hpa_spec: dict[str, Any] = {
-        "scaleTargetRef": {"apiVersion": API_VERSION, "kind": "InferenceServer", "name": meta["name"]},
-        "minReplicas": int(autoscaling.get("minReplicas", 1)),
-        "maxReplicas": int(autoscaling["maxReplicas"]),
-        "metrics": hpa_metrics(autoscaling),
-    }
-    if autoscaling.get("behavior"):
-        hpa_spec["behavior"] = autoscaling["behavior"]
-    return {
-        "apiVersion": "autoscaling/v2",
-        "kind": "HorizontalPodAutoscaler",
-        "metadata": _metadata(body),
-        "spec": hpa_spec,
     }

@@ -33,6 +33,91 @@ def _probe(what: str, period: int, failures: int) -> dict[str, Any]:
     }
 
 
+_PROMQL_DURATION = "^([0-9]+(ms|s|m|h|d|w|y))+$"
+
+AUTOSCALING = {
+    "type": "object",
+    "description": "Scale the pool on an inference signal: a KEDA ScaledObject (Prometheus query) when the "
+    "cluster serves KEDA, or an autoscaling/v2 HPA when autoscaler is HPA (your cluster serves the metric "
+    "through its own adapter). Leave spec.replicas out of re-applied manifests: the autoscaler owns it.",
+    "required": ["maxReplicas"],
+    "properties": {
+        "minReplicas": _i("Fewest replicas (default 1).", minimum=1),
+        "maxReplicas": _i("Most replicas.", minimum=1),
+        "autoscaler": _s(
+            "Auto (default): KEDA when keda.sh/v1alpha1 ScaledObjects are served, else nothing and the "
+            "AutoscalingReady condition says why; KEDA: a ScaledObject; HPA: a plain autoscaling/v2 HPA whose "
+            "metric an adapter in your cluster serves (prometheus-adapter or similar).",
+            enum=["Auto", "KEDA", "HPA"],
+        ),
+        "target": {
+            "type": "object",
+            "description": "The signal and its target (default: QueueDurationPerRequest at 5000 µs).",
+            "properties": {
+                "metric": _s(
+                    "QueueDurationPerRequest: average µs a request waited in the scheduler queue, over the pool "
+                    "(default target 5000); PendingRequests: requests waiting in the queues, per pod (default "
+                    "10); CPU: CPU use in percent of the pod's CPU request (default 80); GPU: GPU busy percent "
+                    "from NVML (default 80).",
+                    enum=["QueueDurationPerRequest", "PendingRequests", "CPU", "GPU"],
+                ),
+                "value": {
+                    **_QUANTITY,
+                    "description": "Target: µs, requests per pod, or percent, by metric (a number or quantity).",
+                },
+            },
+        },
+        "prometheus": {
+            "type": "object",
+            "description": "Where and how KEDA queries the signal (autoscaler KEDA).",
+            "properties": {
+                "serverAddress": _s(
+                    "Prometheus URL, e.g. http://prometheus-server.monitoring.svc:9090 (default: the operator's "
+                    "--prometheus-url). It must scrape the server pods and keep their serving.kubeinfer.io/server "
+                    "label (labelmap or podTargetLabels) and namespace.",
+                    pattern="^https?://",
+                ),
+                "window": _s("Range of the rate() in the queries (default 1m).", pattern=_PROMQL_DURATION),
+                "query": _s(
+                    "A PromQL query of your own instead of the signal's (its value is compared to target.value)."
+                ),
+                "metricType": _s(
+                    "How the HPA uses a custom query's value: AverageValue (a total divided by the target per "
+                    "pod; default) or Value (a pool average scaled by ratio).",
+                    enum=["AverageValue", "Value"],
+                ),
+            },
+        },
+        "pollingIntervalSeconds": _i("How often KEDA checks its trigger (default 15).", minimum=1),
+        "metrics": {
+            "type": "array",
+            "description": "autoscaler HPA: autoscaling/v2 MetricSpec list, used instead of target.",
+            "items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+        },
+        "behavior": {
+            "type": "object",
+            "description": "autoscaling/v2 HPA behavior (scale-up/down policies and stabilization windows); "
+            "KEDA passes it to its HPA.",
+            "x-kubernetes-preserve-unknown-fields": True,
+        },
+    },
+    "x-kubernetes-validations": [
+        {
+            "rule": "!has(self.minReplicas) || self.minReplicas <= self.maxReplicas",
+            "message": "autoscaling.minReplicas must not exceed maxReplicas",
+        },
+        {
+            "rule": "!has(self.metrics) || (has(self.autoscaler) && self.autoscaler == 'HPA')",
+            "message": "autoscaling.metrics is only used with autoscaler: HPA "
+            "(KEDA scales on target or prometheus.query)",
+        },
+        {
+            "rule": "!has(self.prometheus) || !has(self.prometheus.query) || has(self.target)",
+            "message": "autoscaling.prometheus.query needs target.value (the threshold of the query's value)",
+        },
+    ],
+}
+
 INFERENCE_SERVER_SPEC = {
     "type": "object",
     "description": "A pool of kubeinfer-server pods serving one model repository folder.",
@@ -137,6 +222,11 @@ INFERENCE_SERVER_SPEC = {
                     "Repository poll interval in seconds (--repository-poll-secs, default 5).", minimum=1
                 ),
                 "logLevel": _s("Log level (default info).", enum=["debug", "info", "warning", "error"]),
+                "shutdownTimeoutSeconds": _i(
+                    "Seconds in-flight and queued requests get after SIGTERM (--shutdown-timeout, default 30); "
+                    "terminationGracePeriodSeconds is drainSeconds + this + 5.",
+                    minimum=1,
+                ),
                 "extraArgs": {
                     "type": "array",
                     "description": "Extra command-line flags appended to the server's arguments.",
@@ -153,48 +243,7 @@ INFERENCE_SERVER_SPEC = {
                 }
             ],
         },
-        "autoscaling": {
-            "type": "object",
-            "description": "Creates an autoscaling/v2 HPA that scales this InferenceServer.",
-            "required": ["maxReplicas"],
-            "properties": {
-                "minReplicas": _i("Fewest replicas (default 1).", minimum=1),
-                "maxReplicas": _i("Most replicas.", minimum=1),
-                "target": {
-                    "type": "object",
-                    "description": "Shorthand for one metric, used when metrics is empty. Default: "
-                    "QueueDurationPerRequest at 5000 µs.",
-                    "properties": {
-                        "metric": _s(
-                            "QueueDurationPerRequest: Pods metric nv_inference_queue_duration_us_per_request "
-                            "(average queue µs per request, from a prometheus-adapter rule); PendingRequests: "
-                            "Pods metric nv_inference_pending_request_count; CPU: average CPU utilization.",
-                            enum=["QueueDurationPerRequest", "PendingRequests", "CPU"],
-                        ),
-                        "averageValue": {
-                            **_QUANTITY,
-                            "description": "Target per pod (µs, requests, or CPU utilization percent).",
-                        },
-                    },
-                },
-                "metrics": {
-                    "type": "array",
-                    "description": "autoscaling/v2 MetricSpec list, passed to the HPA unchanged.",
-                    "items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
-                },
-                "behavior": {
-                    "type": "object",
-                    "description": "autoscaling/v2 HPA behavior, passed through unchanged.",
-                    "x-kubernetes-preserve-unknown-fields": True,
-                },
-            },
-            "x-kubernetes-validations": [
-                {
-                    "rule": "!has(self.minReplicas) || self.minReplicas <= self.maxReplicas",
-                    "message": "autoscaling.minReplicas must not exceed maxReplicas",
-                }
-            ],
-        },
+        "autoscaling": AUTOSCALING,
         "sharedMemorySize": {
             **_QUANTITY,
             "description": "Size limit of the memory-backed /dev/shm (default 1Gi; python backend IPC).",
@@ -234,6 +283,29 @@ INFERENCE_SERVER_STATUS = {
             "items": {"type": "string"},
         },
         "endpoint": _s("host:port of the HTTP endpoint (the Service)."),
+        "autoscaling": {
+            "type": "object",
+            "description": "The autoscaler the operator owns for this pool and what its HPA last saw.",
+            "properties": {
+                "autoscaler": _s(
+                    "KEDA, HPA, or None (see the AutoscalingReady condition).", enum=["KEDA", "HPA", "None"]
+                ),
+                "kind": _s("Kind of the owned object: ScaledObject or HorizontalPodAutoscaler."),
+                "name": _s("Name of the owned object (the InferenceServer's name)."),
+                "hpa": _s("The HPA that scales the pool (keda-hpa-<name> under KEDA)."),
+                "query": _s("The PromQL query KEDA evaluates."),
+                "threshold": _s("The target the query's value is compared with."),
+                "currentReplicas": _i("Replicas the HPA last observed."),
+                "desiredReplicas": _i("Replicas the HPA last asked for."),
+                "lastScaleTime": _s("When the HPA last changed the replica count.", format="date-time"),
+                "currentMetricValues": {
+                    "type": "array",
+                    "description": "Metric values the HPA last read, as quantities.",
+                    "items": {"type": "string"},
+                },
+                "scalingActive": _s("Why the HPA cannot compute a scale, when it cannot."),
+            },
+        },
     },
 }
 
@@ -243,6 +315,7 @@ def inference_server_crd() -> dict[str, Any]:
         {"name": "Desired", "type": "integer", "jsonPath": ".spec.replicas"},
         {"name": "Ready", "type": "integer", "jsonPath": ".status.readyReplicas"},
         {"name": "Available", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Available")].status'},
+        {"name": "Autoscaler", "type": "string", "priority": 1, "jsonPath": ".status.autoscaling.autoscaler"},
         {"name": "Image", "type": "string", "priority": 1, "jsonPath": ".spec.image"},
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     ]

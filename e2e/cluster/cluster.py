@@ -316,8 +316,16 @@ def save_state(rd: Path, state: dict) -> None:
     tmp.rename(rd / "state.json")
 
 
+def addons():
+    """The add-ons module (addons.py); it imports this module back under the name ``cluster``."""
+    sys.modules.setdefault("cluster", sys.modules[__name__])
+    import addons as mod  # noqa: PLC0415
+
+    return mod
+
+
 def stop_components(rd: Path, state: dict) -> list[str]:
-    stopped = []
+    stopped = addons().stop(rd, state) if state.get("addons") else []
     comps = state.get("components", {})
     for name in reversed(list(comps)):
         comp = comps[name]
@@ -714,6 +722,7 @@ def describe(state: dict, started: bool, build_s: float = 0.0, start_s: float = 
         "start_seconds": round(start_s, 1),
         "ports": state["ports"],
         "pids": {n: c["pid"] for n, c in state["components"].items()},
+        "addons": addons().describe(state),
     }
 
 
@@ -766,6 +775,10 @@ def cmd_up(args) -> int:
             start_s = time.monotonic() - t0
             log(f"cluster started in {start_s:.1f}s at {state['server']} (logs and PIDs in {rd})")
             out = describe(state, started=True, build_s=build_s, start_s=start_s)
+        names = addons().selected(args.addons)
+        if names:
+            secs = addons().start(rd, state, names, float(os.environ.get("KUBEINFER_CLUSTER_TIMEOUT", "180")))
+            out = {**describe(state, out["started"], build_s, out["start_seconds"]), "addons_seconds": round(secs, 1)}
         if args.hold is not None:
             add_holder(rd, args.hold)
     if args.json:
@@ -832,6 +845,9 @@ def cmd_env(args) -> int:
 def cmd_build(args) -> int:
     bins, secs, built = ensure_built()
     log(f"binaries in {bins} ({'built' if built else 'cached'}, {secs:.1f}s)")
+    t0 = time.monotonic()
+    extra = addons().ensure_built(addons().selected(args.addons))
+    log(f"add-ons {', '.join(extra)} ready ({time.monotonic() - t0:.1f}s)")
     print(bins)
     return 0
 
@@ -849,6 +865,13 @@ def main(argv: list[str] | None = None) -> int:
         p = sub.add_parser(name)
         if name in ("up", "env"):
             p.add_argument("--json", action="store_true", help="print a JSON document instead of export lines")
+        if name in ("up", "build"):
+            p.add_argument(
+                "--addons",
+                metavar="NAMES",
+                help="comma-separated add-ons to build and start: prometheus, keda "
+                "(default: $KUBEINFER_CLUSTER_ADDONS); see addons.py",
+            )
         if name == "up":
             p.add_argument(
                 "--hold",

@@ -13,6 +13,7 @@ _SERVER_SPEC: dict[str, Any] = {
     "autoscaling": {
         "minReplicas": 1,
         "maxReplicas": 8,
+        "autoscaler": "HPA",
         "metrics": [
             {
                 "type": "Pods",

@@ -1,4 +1,4 @@
-"""InferenceServer spec → Deployment, Service, HPA."""
+"""InferenceServer spec → Deployment and Service (autoscaling objects: test_autoscaling.py)."""
 
 from __future__ import annotations
 
@@ -44,12 +44,29 @@ def test_deployment_from_issue_example(server_body):
     assert c["securityContext"]["readOnlyRootFilesystem"] is True
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert c["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", "10"]
-    assert pod["terminationGracePeriodSeconds"] > 10
+    # the kubelet waits for the preStop drain, then the server's whole --shutdown-timeout, then a margin
+    assert "--shutdown-timeout=30" in c["args"]
+    assert pod["terminationGracePeriodSeconds"] == 10 + 30 + 5
+    # Prometheus finds the pods by the conventional annotations
+    assert dep["spec"]["template"]["metadata"]["annotations"] == {
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": "8002",
+        "prometheus.io/path": "/metrics",
+    }
 
 
 def test_server_flags_ports_and_scheduling(server_body):
     spec = server_body["spec"]
-    spec["server"] = {"httpPort": 9000, "pollIntervalSeconds": 2, "logLevel": "debug", "extraArgs": ["--x=1"]}
+    spec["server"] = {
+        "httpPort": 9000,
+        "metricsPort": 9100,
+        "pollIntervalSeconds": 2,
+        "logLevel": "debug",
+        "shutdownTimeoutSeconds": 120,
+        "extraArgs": ["--x=1"],
+    }
+    spec["drainSeconds"] = 3
+    spec["podAnnotations"] = {"prometheus.io/scrape": "false", "team": "vision"}
     spec["nodeSelector"] = {"gpu": "a100"}
     spec["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
     spec["sharedMemorySize"] = "2Gi"
@@ -59,12 +76,18 @@ def test_server_flags_ports_and_scheduling(server_body):
     assert c["args"][1:] == [
         "--http-port=9000",
         "--grpc-port=8001",
-        "--metrics-port=8002",
+        "--metrics-port=9100",
         "--model-control-mode=poll",
         "--repository-poll-secs=2",
+        "--shutdown-timeout=120",
         "--log-level=debug",
         "--x=1",
     ]
+    assert dep["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 3 + 120 + 5
+    annotations = dep["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/port"] == "9100"
+    assert annotations["prometheus.io/scrape"] == "false"  # the user's annotations win
+    assert annotations["team"] == "vision"
     assert c["ports"][0] == {"name": "http", "containerPort": 9000, "protocol": "TCP"}
     assert c["startupProbe"]["failureThreshold"] == 120
     pod = dep["spec"]["template"]["spec"]
@@ -91,36 +114,3 @@ def test_service_ports_are_named(server_body):
         ("metrics", 8002, "metrics"),
     ]
     assert svc["spec"]["selector"] == manifests.selector_labels("gpu-pool")
-
-
-def test_hpa_passes_metrics_through_and_targets_the_server(server_body):
-    hpa = manifests.hpa(server_body)
-    assert hpa["apiVersion"] == "autoscaling/v2"
-    assert hpa["spec"]["scaleTargetRef"] == {
-        "apiVersion": "serving.kubeinfer.io/v1alpha1",
-        "kind": "InferenceServer",
-        "name": "gpu-pool",
-    }
-    assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (1, 8)
-    assert hpa["spec"]["metrics"] == server_body["spec"]["autoscaling"]["metrics"]
-
-
-def test_hpa_shorthand_targets(server_body):
-    auto = server_body["spec"]["autoscaling"]
-    del auto["metrics"]
-    default = manifests.hpa(server_body)["spec"]["metrics"][0]
-    assert default["pods"]["metric"]["name"] == "nv_inference_queue_duration_us_per_request"
-    auto["target"] = {"metric": "PendingRequests", "averageValue": 4}
-    pending = manifests.hpa(server_body)["spec"]["metrics"][0]
-    assert pending["pods"] == {
-        "metric": {"name": "nv_inference_pending_request_count"},
-        "target": {"type": "AverageValue", "averageValue": "4"},
-    }
-    auto["target"] = {"metric": "CPU", "averageValue": 70}
-    cpu = manifests.hpa(server_body)["spec"]["metrics"][0]
-    assert cpu["resource"]["target"] == {"type": "Utilization", "averageUtilization": 70}
-
-
-def test_no_hpa_without_autoscaling(server_body):
-    del server_body["spec"]["autoscaling"]
-    assert manifests.hpa(server_body) is None
