@@ -18,7 +18,7 @@ import signal
 import subprocess
 import sys
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,8 +27,8 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from tests.support import waiting
 from tests.support.server import ServerProcess, start_server
+from tests.support.waiting import wait_for_cluster
 
 pytestmark = pytest.mark.e2e
 
@@ -45,11 +45,6 @@ class TritonPythonModel:
         outputs = [pb_utils.get_input_tensor_by_name(r, "IN").as_numpy() * %s for r in requests]
         return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", out)]) for out in outputs]
 """
-
-
-def wait_for(what: str, predicate: Callable[[], Any], timeout: float = 60, **kw: Any) -> Any:
-    """``tests.support.waiting.wait_for`` at the pace of a control plane (kubectl calls are not free)."""
-    return waiting.wait_for(what, predicate, timeout, **{"interval": 0.5, **kw})
 
 
 def digest(path: Path) -> str:
@@ -87,7 +82,7 @@ class Tenants:
             return c if c.get("status") == status and (reason is None or c.get("reason") == reason) else None
 
         try:
-            return wait_for(f"{ns}/{name} Ready={status} {reason or ''}", check, 90)
+            return wait_for_cluster(f"{ns}/{name} Ready={status} {reason or ''}", check, 90)
         except BaseException:
             print(self.operator_log.read_text(errors="replace")[-8000:])
             raise
@@ -240,14 +235,14 @@ def test_a_subpath_naming_another_namespace_stays_inside_its_own(tenants: Tenant
     obj = python_model("victim", "uploads/model.py")
     obj["spec"]["server"] = "intruder"
     t.apply(t.a, obj)
-    wait_for(
+    wait_for_cluster(
         "the model rendered into A's own folder",
         lambda: (
             (t.get(t.a, "inferencemodel", "victim").get("status") or {}).get("repositoryPath")
             == f"{t.a}/{t.b}/{POOL}/victim"
         ),
     )
-    dep = wait_for("Deployment", lambda: t.get(t.a, "deployment", "intruder"))
+    dep = wait_for_cluster("Deployment", lambda: t.get(t.a, "deployment", "intruder"))
     mounts = dep["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]
     mount = next(m for m in mounts if m["name"] == "model-repository")
     assert mount["subPath"] == f"{t.a}/{t.b}/{POOL}"
@@ -282,7 +277,7 @@ def test_a_planted_model_folder_symlink_is_neither_written_through_nor_served(te
         cond = t.wait_condition(t.a, "victim", "False", "PathRejected")
         assert "is a symlink" in cond["message"], cond
         # A's server does not serve B's model through the link either
-        rows = wait_for(
+        rows = wait_for_cluster(
             "A's server reports the linked folder",
             lambda: [
                 r
@@ -312,7 +307,7 @@ def test_a_forged_status_repository_path_never_deletes_another_namespaces_model(
             "-p", json.dumps({"status": {"repositoryPath": forged}}),
         )  # fmt: skip
         # the next reconcile reads the forged value as "where the model was" and writes its own back
-        wait_for(
+        wait_for_cluster(
             "the operator to reconcile past the forged path",
             lambda: t.get(t.a, "inferencemodel", "victim")["status"]["repositoryPath"] == own,
         )

@@ -7,10 +7,10 @@ description on every field it derives from ``model_config.proto``; a missing key
 CONFIG_FIELDS: dict[str, str] = {
     # ModelConfig (top level)
     "ModelConfig.platform": (
-        "Triton platform of the model: onnxruntime_onnx, tensorrt_plan or ensemble. Give platform or "
+        "Triton platform of the model: onnxruntime_onnx, tensorrt_plan, pytorch_libtorch or ensemble. Give platform or "
         "backend; the InferenceServer must provide the matching backend (spec.backends)."
     ),
-    "ModelConfig.backend": "Backend that runs the model (onnxruntime, tensorrt, python); implied by platform.",
+    "ModelConfig.backend": "Backend that runs the model (onnxruntime, tensorrt, pytorch, python); implied by platform.",
     "ModelConfig.version_policy": (
         "Which of the versions in spec.versions the server serves: latest (default, the newest 1), all, or specific."
     ),

@@ -17,6 +17,7 @@ log = logging.getLogger(__name__)
 _BUILTIN = {
     "onnxruntime": "kubeinfer.server.backends.onnxruntime:OnnxRuntimeBackend",
     "python": "kubeinfer.server.backends.python.backend:PythonBackend",
+    "pytorch": "kubeinfer.server.backends.pytorch:PyTorchBackend",
     "tensorrt": "kubeinfer.server.backends.tensorrt:TensorRTBackend",
 }
 

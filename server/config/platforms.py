@@ -26,6 +26,8 @@ class Platform:
 TABLE = (
     Platform(backend="onnxruntime", platform="onnxruntime_onnx", model_filename="model.onnx"),
     Platform(backend="tensorrt", platform="tensorrt_plan", model_filename="model.plan"),
+    # TorchScript (Triton's format) or, beyond Triton, a torch.export program: the archive tells which
+    Platform(backend="pytorch", platform="pytorch_libtorch", model_filename="model.pt"),
     Platform(backend="python", platform="", model_filename="model.py"),
     Platform(backend="", platform="ensemble", model_filename=""),
 )

@@ -1,24 +1,25 @@
-"""``kubeinfer``: tools for model repositories. ``kubeinfer convert`` turns ONNX into a TensorRT plan."""
+"""``kubeinfer``: tools for model repositories. ``kubeinfer convert`` turns ONNX into a TensorRT plan, and a
+PyTorch model (TorchScript ``model.pt`` or a ``torch.export`` ``model.pt2``) into ONNX and optionally TensorRT."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from . import convert
+from . import convert, convert_torch
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kubeinfer", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    convert.add_arguments(
-        sub.add_parser(
-            "convert",
-            help=convert.__doc__.splitlines()[0],
-            description=convert.__doc__,
-            formatter_class=argparse.RawDescriptionHelpFormatter,
-        )
+    convert_parser = sub.add_parser(
+        "convert",
+        help="ONNX → TensorRT plan; PyTorch (model.pt/.pt2) → ONNX (→ TensorRT)",
+        description=f"{convert.__doc__}\n{convert_torch.__doc__}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    convert.add_arguments(convert_parser)
+    convert_torch.add_arguments(convert_parser)
     return parser
 
 
@@ -27,6 +28,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "convert":
         try:
+            if convert_torch.is_torch_source(args.onnx):
+                convert_torch.run(convert_torch.options_from_args(args))
+                return 0
             options = convert.options_from_args(args)
             return convert.run(options)
         except convert.ConvertError as exc:

@@ -126,7 +126,7 @@ def options_from_args(args: argparse.Namespace) -> ConvertOptions:
         onnx=args.onnx,
         repository=args.repository,
         name=args.name,
-        version=args.version,
+        version=1 if args.version is None else args.version,  # PyTorch sources default to the next free one
         fp16=args.fp16,
         int8=args.int8,
         calibration_data=args.calibration_data,

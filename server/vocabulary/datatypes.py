@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import ml_dtypes
 import numpy as np
 
 from .errors import InvalidArgument
@@ -13,7 +14,7 @@ from .errors import InvalidArgument
 class DataType:
     v2: str  # KServe v2 / Triton wire name, e.g. "FP32"
     config: str  # config.pbtxt enum name, e.g. "TYPE_FP32"
-    numpy: np.dtype | None  # None: no numpy equivalent (BF16)
+    numpy: np.dtype | None  # None: no numpy equivalent
     itemsize: int  # bytes per element; 0 for variable-size BYTES
 
 
@@ -31,7 +32,8 @@ _TABLE = [
     DataType("FP32", "TYPE_FP32", np.dtype(np.float32), 4),
     DataType("FP64", "TYPE_FP64", np.dtype(np.float64), 8),
     DataType("BYTES", "TYPE_STRING", np.dtype(np.object_), 0),
-    DataType("BF16", "TYPE_BF16", None, 2),
+    # numpy has no bfloat16: ml_dtypes' is the one tritonclient sends and reads (and onnx depends on)
+    DataType("BF16", "TYPE_BF16", np.dtype(ml_dtypes.bfloat16), 2),
 ]
 
 BY_V2 = {t.v2: t for t in _TABLE}

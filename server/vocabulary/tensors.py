@@ -97,6 +97,8 @@ def to_raw(array: np.ndarray) -> bytes | memoryview:
     a = np.ascontiguousarray(array)
     if a.dtype.byteorder == ">":
         a = a.astype(a.dtype.newbyteorder("<"))
+    if a.dtype.kind == "V":  # ml_dtypes' bfloat16: no buffer-protocol format, same bytes as uint16
+        a = a.view(f"u{a.dtype.itemsize}")
     return a.data.cast("B")
 
 
@@ -197,7 +199,7 @@ def from_typed(
                 budget.check_bytes_element(name, i, len(v))
             out[i] = bytes(v)
         return out.reshape(shape)
-    if dt.numpy is None:
+    if dt.numpy is None or dt.v2 == "BF16":
         raise InvalidArgument(f"input '{name}': {datatype} data must be sent in raw_input_contents")
     if dt.numpy.kind in "iu" and dt.itemsize < 4:
         wide = np.asarray(values, dtype=np.int64)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every GPU test (TensorRT FP16/INT8 builds, plan serving with batching, ORT CUDA and TensorRT EPs,
-# instance groups pinned to gpus: [0]) and prints a summary. Needs an NVIDIA GPU plus
-# `pip install -e .[gpu,dev]`. Missing GPU packages fail the run (KUBEINFER_GPU_STRICT=1) instead of skipping.
+# instance groups pinned to gpus: [0], PyTorch on KIND_GPU, TorchScript → TensorRT) and prints a summary.
+# Needs an NVIDIA GPU plus
+# `pip install -e .[gpu,dev,pytorch]`. Missing GPU packages fail the run (KUBEINFER_GPU_STRICT=1) instead of skipping.
 #   tests/gpu/run.sh [extra pytest args]
 set -u
 cd "$(dirname "$0")/../.."
@@ -11,7 +12,7 @@ echo "== GPU environment"
 nvidia-smi -L 2>/dev/null || echo "nvidia-smi not found"
 "$PY" - <<'PYEOF'
 import importlib.util
-for name in ("tensorrt", "onnxruntime", "cuda"):
+for name in ("tensorrt", "onnxruntime", "cuda", "torch"):
     spec = importlib.util.find_spec(name)
     if spec is None:
         print(f"{name}: not installed")

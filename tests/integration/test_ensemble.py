@@ -4,7 +4,6 @@ the members, a diamond graph whose branches run concurrently and whose join batc
 from __future__ import annotations
 
 import textwrap
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -18,6 +17,7 @@ from tritonclient.utils import InferenceServerException
 
 from tests.support.repos import copy_example_repository
 from tests.support.server import ServerProcess, start_server
+from tests.support.waiting import wait_for
 
 CIFAR_CLASSES = {b"airplane", b"automobile", b"bird", b"cat", b"deer", b"dog", b"frog", b"horse", b"ship", b"truck"}
 IMAGE_SHAPES = [(32, 32), (57, 41), (1, 1), (240, 320)]
@@ -99,35 +99,47 @@ def test_pipeline_readiness_follows_its_members(example_repository: Path, tmp_pa
         assert label[0, 0] in CIFAR_CLASSES
 
         client.unload_model("cifar10_resnet")
-        deadline = time.monotonic() + 30
-        while client.is_model_ready("cifar10_pipeline") and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not client.is_model_ready("cifar10_pipeline")
+        wait_for("the pipeline not ready", lambda: not client.is_model_ready("cifar10_pipeline"))
     finally:
         server.terminate()
 
 
-# ---- the diamond: IN → (sleepy_a, sleepy_b in parallel) → join -------------------------------------------
+# ---- the diamond: IN → (branch_a, branch_b, which meet at a rendezvous) → join -----------------------------
 
-SLEEPY = """
+BRANCH = """
 import json
 import time
+from pathlib import Path
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
 
 class TritonPythonModel:
+    \"\"\"Y = X * scale, once the other branch has reached the same request: a branch waits at a rendezvous
+    (marker files counted per model), so the diamond can only answer if both branches run at the same time.\"\"\"
+
     def initialize(self, args):
-        params = json.loads(args["model_config"])["parameters"]
-        self.sleep_s = float(params["sleep_s"]["string_value"])
+        config = json.loads(args["model_config"])
+        params = config["parameters"]
+        self.name = config["name"]
+        self.rendezvous = Path(params["rendezvous"]["string_value"])
+        self.peer = params["peer"]["string_value"]
         self.scale = float(params["scale"]["string_value"])
+        self.seen = 0
 
     def execute(self, requests):
         xs = [pb_utils.get_input_tensor_by_name(r, "X").as_numpy() for r in requests]
         if any(np.isnan(x).any() for x in xs):
             raise ValueError("X contains NaN")
-        time.sleep(self.sleep_s)
+        for _ in requests:
+            self.seen += 1
+            (self.rendezvous / f"{self.name}-{self.seen}").touch()
+        deadline = time.monotonic() + 60
+        while not (self.rendezvous / f"{self.peer}-{self.seen}").exists():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{self.peer} never ran while {self.name} waited: the branches ran one by one")
+            time.sleep(0.005)
         return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", (x * self.scale).astype(np.float32))]) for x in xs]
 """
 
@@ -150,8 +162,6 @@ class TritonPythonModel:
         return responses
 '''
 
-SLEEP_S = 2.0
-
 
 def _python_model(repo: Path, name: str, config: str, source: str) -> None:
     (repo / name / "1").mkdir(parents=True)
@@ -159,7 +169,7 @@ def _python_model(repo: Path, name: str, config: str, source: str) -> None:
     (repo / name / "1" / "model.py").write_text(source)
 
 
-def _sleepy_config(name: str, scale: float) -> str:
+def _branch_config(name: str, peer: str, scale: float, rendezvous: Path) -> str:
     return f"""
         name: "{name}"
         backend: "python"
@@ -167,7 +177,8 @@ def _sleepy_config(name: str, scale: float) -> str:
         input [ {{ name: "X" data_type: TYPE_FP32 dims: [ 4 ] }} ]
         output [ {{ name: "Y" data_type: TYPE_FP32 dims: [ 4 ] }} ]
         dynamic_batching {{ max_queue_delay_microseconds: 100000 }}
-        parameters {{ key: "sleep_s" value: {{ string_value: "{SLEEP_S}" }} }}
+        parameters {{ key: "rendezvous" value: {{ string_value: "{rendezvous}" }} }}
+        parameters {{ key: "peer" value: {{ string_value: "{peer}" }} }}
         parameters {{ key: "scale" value: {{ string_value: "{scale}" }} }}
     """
 
@@ -198,9 +209,9 @@ def _diamond_config(name: str, join: str) -> str:
         ]
         ensemble_scheduling {{
           step [
-            {{ model_name: "sleepy_a" model_version: -1 input_map {{ key: "X" value: "IN" }}
+            {{ model_name: "branch_a" model_version: -1 input_map {{ key: "X" value: "IN" }}
                output_map {{ key: "Y" value: "a" }} }},
-            {{ model_name: "sleepy_b" model_version: 1 input_map {{ key: "X" value: "IN" }}
+            {{ model_name: "branch_b" model_version: 1 input_map {{ key: "X" value: "IN" }}
                output_map {{ key: "Y" value: "b" }} }},
             {{ model_name: "{join}" input_map [ {{ key: "A" value: "a" }}, {{ key: "B" value: "b" }} ]
                output_map [ {{ key: "SUM" value: "SUM" }}, {{ key: "REQUESTS" value: "REQUESTS" }} ] }}
@@ -212,11 +223,13 @@ def _diamond_config(name: str, join: str) -> str:
 @pytest.fixture(scope="module")
 def diamond_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     repo = tmp_path_factory.mktemp("diamond") / "repo"
-    _python_model(repo, "sleepy_a", _sleepy_config("sleepy_a", 2.0), SLEEPY)
-    _python_model(repo, "sleepy_b", _sleepy_config("sleepy_b", 3.0), SLEEPY)
+    rendezvous = repo.parent / "rendezvous"
+    rendezvous.mkdir()
+    _python_model(repo, "branch_a", _branch_config("branch_a", "branch_b", 2.0, rendezvous), BRANCH)
+    _python_model(repo, "branch_b", _branch_config("branch_b", "branch_a", 3.0, rendezvous), BRANCH)
     _python_model(repo, "join", _join_config("join", ""), JOIN)
-    # a full batch of 2 dispatches at once; a lone request waits 10 s for company
-    batched = "dynamic_batching { preferred_batch_size: [ 2 ] max_queue_delay_microseconds: 10000000 }"
+    # a full batch of 2 dispatches at once; a lone request waits (an hour) for company
+    batched = "dynamic_batching { preferred_batch_size: [ 2 ] max_queue_delay_microseconds: 3600000000 }"
     _python_model(repo, "join_batched", _join_config("join_batched", batched), JOIN)
     for name, join in (("diamond", "join"), ("diamond_batched", "join_batched")):
         (repo / name / "1").mkdir(parents=True)
@@ -238,12 +251,9 @@ def test_diamond_branches_run_concurrently(diamond_server: ServerProcess, protoc
     url = diamond_server.http_url if protocol == "http" else diamond_server.grpc_url
     client = module.InferenceServerClient(url)
     x = np.arange(8, dtype=np.float32).reshape(2, 4)
-    started = time.monotonic()
+    # each branch waits for the other to reach the request: run one after the other, they would fail
     result = client.infer("diamond", _ensemble_input(x, module))
-    elapsed = time.monotonic() - started
     np.testing.assert_allclose(result.as_numpy("SUM"), 5 * x)
-    # each branch sleeps SLEEP_S: one after the other would take 2 * SLEEP_S
-    assert elapsed < 1.75 * SLEEP_S, f"branches did not overlap: {elapsed:.2f}s"
 
 
 def test_ensemble_returns_only_the_requested_outputs(diamond_server: ServerProcess) -> None:
@@ -263,14 +273,14 @@ def test_ensemble_step_error_names_the_step(diamond_server: ServerProcess) -> No
     message = info.value.message()
     assert info.value.status() == "500"
     assert "ensemble 'diamond' step" in message and "X contains NaN" in message
-    assert "sleepy_a" in message or "sleepy_b" in message
+    assert "branch_a" in message or "branch_b" in message
     # the server keeps serving
     ok = client.infer("diamond", _ensemble_input(np.ones((1, 4), dtype=np.float32)))
     np.testing.assert_allclose(ok.as_numpy("SUM"), 5.0)
 
 
 def test_ensemble_step_batches_with_outside_traffic(diamond_server: ServerProcess) -> None:
-    """A direct request to join_batched waits (up to 10 s) and executes in one batch with the ensemble's step."""
+    """A direct request to join_batched waits for company and executes in one batch with the ensemble's step."""
     url = diamond_server.http_url
 
     def direct() -> np.ndarray:

@@ -1,10 +1,14 @@
-"""Instance groups: count/kind/gpus, instances executing in parallel, several models at once."""
+"""Instance groups: count/kind/gpus, instances executing in parallel, several models at once.
+
+Parallelism is seen, not timed: requests are held at a gate (the ``sleep`` test backend) and the test
+counts how many executions reached it before opening it.
+"""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -15,21 +19,27 @@ from kubeinfer.server.runtime import devices
 
 from tests.support.repos import write_model
 from tests.support.server import ServerProcess, start_server
-from tests.support.sleep_models import infer_body, output, post_infer, require_sleep_backend, write_sleep_model
-
-SLEEP_MS = 1000
+from tests.support.sleep_models import (
+    Gate,
+    infer_body,
+    output,
+    post_infer,
+    require_sleep_backend,
+    wait_pending,
+    write_sleep_model,
+)
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     require_sleep_backend()
     repo = tmp_path_factory.mktemp("instances") / "repo"
-    write_sleep_model(repo, "single", SLEEP_MS, "instance_group [ { count: 1 kind: KIND_CPU } ]\n")
-    write_sleep_model(repo, "double", SLEEP_MS, "instance_group [ { count: 2 kind: KIND_CPU } ]\n")
+    write_sleep_model(repo, "single", 0, "instance_group [ { count: 1 kind: KIND_CPU } ]\n")
+    write_sleep_model(repo, "double", 0, "instance_group [ { count: 2 kind: KIND_CPU } ]\n")
     write_sleep_model(
         repo,
         "two_groups",
-        SLEEP_MS,
+        0,
         """
         instance_group [ { count: 2 kind: KIND_CPU }, { name: "extra" count: 1 kind: KIND_AUTO } ]
     """,
@@ -37,14 +47,14 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     write_sleep_model(
         repo,
         "batched_double",
-        SLEEP_MS,
+        0,
         """
         dynamic_batching { }
         instance_group [ { count: 2 kind: KIND_CPU } ]
     """,
         max_batch_size=1,
     )
-    write_sleep_model(repo, "other", SLEEP_MS, "")
+    write_sleep_model(repo, "other", 0, "")
     write_sleep_model(repo, "on_gpu", 0, "instance_group [ { count: 1 kind: KIND_GPU gpus: [ 7 ] } ]\n")
     write_model(
         repo,
@@ -62,44 +72,52 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     srv.terminate()
 
 
-def _concurrently(server: ServerProcess, model_names: list[str]) -> tuple[float, list[dict]]:
-    start = time.monotonic()
+def _held(server: ServerProcess, gate: Gate, model_names: list[str], executing: int) -> list[dict]:
+    """Send one request per name, all held at ``gate``; wait until ``executing`` of them run at once, then
+    open the gate and return the answers."""
     with ThreadPoolExecutor(len(model_names)) as pool:
-        results = list(pool.map(lambda m: post_infer(server.base_url, m, infer_body()), model_names))
-    elapsed = time.monotonic() - start
+        futures = [pool.submit(post_infer, server.base_url, m, infer_body(**gate.params)) for m in model_names]
+        gate.wait_entered(executing)
+        gate.open()
+        results = [f.result() for f in futures]
     for status, answer, _ in results:
         assert status == 200, answer
-    return elapsed, [answer for _, answer, _ in results]
+    return [answer for _, answer, _ in results]
 
 
-def test_one_instance_runs_requests_one_after_another(server: ServerProcess) -> None:
-    elapsed, answers = _concurrently(server, ["single", "single"])
-    assert elapsed >= 2 * SLEEP_MS / 1000 * 0.95
+def test_one_instance_runs_requests_one_after_another(server: ServerProcess, tmp_path: Path) -> None:
+    with Gate(tmp_path) as gate, ThreadPoolExecutor(2) as pool:
+        futures = [pool.submit(post_infer, server.base_url, "single", infer_body(**gate.params)) for _ in range(2)]
+        gate.wait_entered(1)
+        wait_pending(server.metrics_url, "single", 1)  # the second waits for the only instance
+        assert gate.entered() == 1
+        gate.open()
+        answers = [f.result()[1] for f in futures]
+    assert gate.entered() == 2
     assert {int(output(a, "INSTANCE")[0, 0]) for a in answers} == {0}
 
 
-def test_two_instances_run_in_parallel(server: ServerProcess) -> None:
-    single, _ = _concurrently(server, ["double"])
-    elapsed, answers = _concurrently(server, ["double", "double"])
-    assert elapsed < 1.6 * max(single, SLEEP_MS / 1000), (elapsed, single)
+def test_two_instances_run_in_parallel(server: ServerProcess, tmp_path: Path) -> None:
+    with Gate(tmp_path) as gate:
+        answers = _held(server, gate, ["double", "double"], executing=2)
     assert {int(output(a, "INSTANCE")[0, 0]) for a in answers} == {0, 1}
 
 
-def test_every_group_contributes_instances(server: ServerProcess) -> None:
-    elapsed, answers = _concurrently(server, ["two_groups"] * 3)
+def test_every_group_contributes_instances(server: ServerProcess, tmp_path: Path) -> None:
+    with Gate(tmp_path) as gate:
+        answers = _held(server, gate, ["two_groups"] * 3, executing=3)
     assert {int(output(a, "INSTANCE")[0, 0]) for a in answers} == {0, 1, 2}
-    assert elapsed < 1.6 * 1.5 * SLEEP_MS / 1000  # far from the 3 s of serial execution
 
 
-def test_batcher_feeds_every_free_instance(server: ServerProcess) -> None:
-    elapsed, answers = _concurrently(server, ["batched_double"] * 2)
+def test_batcher_feeds_every_free_instance(server: ServerProcess, tmp_path: Path) -> None:
+    with Gate(tmp_path) as gate:
+        answers = _held(server, gate, ["batched_double"] * 2, executing=2)
     assert {int(output(a, "INSTANCE")[0, 0]) for a in answers} == {0, 1}
-    assert elapsed < 1.6 * SLEEP_MS / 1000
 
 
-def test_several_models_execute_concurrently(server: ServerProcess) -> None:
-    elapsed, _ = _concurrently(server, ["single", "other"])
-    assert elapsed < 1.6 * SLEEP_MS / 1000
+def test_several_models_execute_concurrently(server: ServerProcess, tmp_path: Path) -> None:
+    with Gate(tmp_path) as gate:
+        _held(server, gate, ["single", "other"], executing=2)
 
 
 def test_gpu_group_without_that_gpu_fails_to_load_with_a_reason(server: ServerProcess) -> None:

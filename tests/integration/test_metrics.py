@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -13,7 +14,16 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 from tests.support.server import ServerProcess, start_server
-from tests.support.sleep_models import infer_body, post_infer, require_sleep_backend, stats, write_sleep_model
+from tests.support.sleep_models import (
+    Gate,
+    infer_body,
+    post_infer,
+    require_sleep_backend,
+    stats,
+    wait_pending,
+    write_sleep_model,
+)
+from tests.support.waiting import wait_for
 
 SAMPLE = re.compile(r"^(?P<name>[a-z_]+)(?:\{(?P<labels>[^}]*)\})? (?P<value>\S+)$")
 
@@ -26,7 +36,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     write_sleep_model(
         repo,
         "tiny_queue",
-        1500,
+        0,
         """
         dynamic_batching { default_queue_policy { max_queue_size: 1 } }
     """,
@@ -54,13 +64,24 @@ def value(samples: dict, name: str, **labels: str) -> float:
     return samples[(name, frozenset(labels.items()))]
 
 
-def test_counts_agree_with_requests_sent(server: ServerProcess) -> None:
+def pending(server: ServerProcess, model: str) -> float:
+    _, samples = scrape(server)
+    return value(samples, "nv_inference_pending_request_count", model=model, version="1")
+
+
+def test_counts_agree_with_requests_sent(server: ServerProcess, tmp_path: Path) -> None:
     ok_rows = [1, 2, 1, 3, 1, 1, 2, 1] * 4
-    bodies = [infer_body(rows=r) for r in ok_rows]
     bad_input = [{"inputs": [{"name": "WRONG", "datatype": "FP32", "shape": [1, 2], "data": [1, 2]}]}] * 3
     backend_fail = [infer_body(fail=True)] * 2
-    with ThreadPoolExecutor(16) as pool:
-        results = list(pool.map(lambda b: post_infer(server.base_url, "counted", b), bodies + bad_input + backend_fail))
+    with Gate(tmp_path) as gate, ThreadPoolExecutor(16) as pool:
+        # the first request holds the instance until two more queue behind it: they batch (executions < requests)
+        bodies = [infer_body(rows=ok_rows[0], **gate.params)] + [infer_body(rows=r) for r in ok_rows[1:]]
+        first = pool.submit(post_infer, server.base_url, "counted", bodies[0])
+        gate.wait_entered()
+        rest = [pool.submit(post_infer, server.base_url, "counted", b) for b in bodies[1:] + bad_input + backend_fail]
+        wait_for("two queued requests", lambda: pending(server, "counted") >= 2)
+        gate.open()
+        results = [first.result()] + [f.result() for f in rest]
     statuses = [r[0] for r in results]
     assert statuses == [200] * len(bodies) + [400] * 3 + [500] * 2, statuses
     # tritonclient over gRPC counts the same way
@@ -108,12 +129,20 @@ def test_counts_agree_with_requests_sent(server: ServerProcess) -> None:
     assert value(m, "kubeinfer_inference_queue_duration_us_count", **labels) == n_ok
 
 
-def test_rejections_are_counted_as_rejected(server: ServerProcess) -> None:
-    with ThreadPoolExecutor(6) as pool:
-        results = list(pool.map(lambda _: post_infer(server.base_url, "tiny_queue", infer_body()), range(6)))
-    rejected = sum(1 for status, _, _ in results if status == 503)
-    ok = sum(1 for status, _, _ in results if status == 200)
-    assert ok + rejected == 6 and rejected >= 1
+def test_rejections_are_counted_as_rejected(server: ServerProcess, tmp_path: Path) -> None:
+    """One request executes (held), one queues (max_queue_size 1), four are rejected."""
+    url = server.base_url
+    with Gate(tmp_path) as gate, ThreadPoolExecutor(6) as pool:
+        held = pool.submit(post_infer, url, "tiny_queue", infer_body(**gate.params))
+        gate.wait_entered()
+        queued = pool.submit(post_infer, url, "tiny_queue", infer_body())
+        wait_pending(server.metrics_url, "tiny_queue", 1)
+        refused = [pool.submit(post_infer, url, "tiny_queue", infer_body()) for _ in range(4)]
+        statuses = [f.result()[0] for f in refused]  # while the gate is closed
+        gate.open()
+        statuses += [held.result()[0], queued.result()[0]]
+    assert statuses == [503] * 4 + [200] * 2, statuses
+    rejected, ok = 4, 2
     s = stats(server.base_url, "tiny_queue")
     assert s["inference_stats"]["success"]["count"] == ok
     assert s["inference_stats"]["fail"]["count"] == rejected

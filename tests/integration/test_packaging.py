@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from tests.support.server import free_port
+from tests.support.server import ServerProcess, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -96,17 +96,8 @@ def test_wheel_serves_the_example_repository(wheel_dir: Path, tmp_path: Path) ->
         cwd=tmp_path,
     )
     try:
+        ServerProcess(proc, http_port, 0, 0, tmp_path / "server.log").wait_ready()
         client = httpclient.InferenceServerClient(url=f"127.0.0.1:{http_port}")
-        import time
-
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            assert proc.poll() is None, (tmp_path / "server.log").read_text()
-            try:
-                if client.is_server_ready():
-                    break
-            except Exception:  # not listening yet
-                time.sleep(0.2)
         x = np.zeros((1, 3, 32, 32), np.float32)
         inp = httpclient.InferInput("input", x.shape, "FP32")
         inp.set_data_from_numpy(x)

@@ -259,7 +259,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     _python_model(repo, "bls_missing", BLS_CONFIG.format(name="bls_missing", target="no_such_model"), BLS_SYNC)
     _python_model(repo, "bls_async", BLS_CONFIG.format(name="bls_async", target="add_sub"), BLS_ASYNC)
     _python_model(repo, "raiser", SQRT_CONFIG.format(name="raiser", extra=""), RAISER)
-    batched = "dynamic_batching { preferred_batch_size: [ 3 ] max_queue_delay_microseconds: 10000000 }"
+    # a lone request waits (an hour) for company: the three requests below leave together, however slow the machine
+    batched = "dynamic_batching { preferred_batch_size: [ 3 ] max_queue_delay_microseconds: 3600000000 }"
     _python_model(repo, "checker", SQRT_CONFIG.format(name="checker", extra=batched), CHECKER)
     _python_model(repo, "broken", 'backend: "python"\n', BROKEN_INIT)
     server = start_server(repo, log_dir=repo.parent)

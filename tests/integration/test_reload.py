@@ -106,8 +106,15 @@ def remove_model(repo: Path, name: str) -> None:
 
 
 # ---- load generator ---------------------------------------------------------------------------------
+#: client threads, each numbered by its random seed
+HTTP_CLIENTS, GRPC_CLIENTS = range(4), range(10, 14)
+CLIENTS = {*HTTP_CLIENTS, *GRPC_CLIENTS}
+
+
 @dataclass
 class Outcome:
+    #: the client thread's number: one thread's requests are sequential
+    client: int
     started: float
     at: float
     protocol: str
@@ -148,18 +155,19 @@ class Load:
                 try:
                     result = client.infer(MODEL, inputs)
                 except Exception as exc:  # noqa: BLE001 - every failure is counted
-                    self.record(Outcome(started, time.monotonic(), protocol, error=str(exc)))
-                    time.sleep(0.02)
+                    self.record(Outcome(seed, started, time.monotonic(), protocol, error=str(exc)))
+                    time.sleep(0.02)  # pacing after a refusal, not synchronisation
                     continue
                 response = result.get_response()
                 version = response["model_version"] if protocol == "http" else response.model_version
                 expected = a + b + OFFSET.get(version, np.nan)
                 if version not in OFFSET or not np.allclose(result.as_numpy("OUTPUT0"), expected, atol=1e-4):
-                    self.record(Outcome(started, time.monotonic(), protocol, version, f"wrong result from v{version}"))
+                    error = f"wrong result from v{version}"
                 elif not np.allclose(result.as_numpy("OUTPUT1"), a - b, atol=1e-5):
-                    self.record(Outcome(started, time.monotonic(), protocol, version, "wrong OUTPUT1"))
+                    error = "wrong OUTPUT1"
                 else:
-                    self.record(Outcome(started, time.monotonic(), protocol, version))
+                    error = ""
+                self.record(Outcome(seed, started, time.monotonic(), protocol, version, error))
         finally:
             client.close()
 
@@ -176,8 +184,8 @@ class Load:
 
     def start(self) -> None:
         targets: list[tuple[Callable[..., None], tuple]] = [(self.readiness_loop, ())]
-        targets += [(self.client_loop, ("http", i)) for i in range(4)]
-        targets += [(self.client_loop, ("grpc", 10 + i)) for i in range(4)]
+        targets += [(self.client_loop, ("http", i)) for i in HTTP_CLIENTS]
+        targets += [(self.client_loop, ("grpc", i)) for i in GRPC_CLIENTS]
         for fn, args in targets:
             t = threading.Thread(target=fn, args=args, daemon=True)
             t.start()
@@ -200,16 +208,32 @@ def index(server: ServerProcess) -> dict[str, dict]:
 
 
 def served_after(load: Load, since: float, protocol: str, version: str) -> bool:
+    """A request of ``protocol`` sent after ``since`` was answered by ``version``."""
     return any(
-        o.at > since and o.protocol == protocol and o.version == version and not o.error for o in load.snapshot()
+        o.started > since and o.protocol == protocol and o.version == version and not o.error for o in load.snapshot()
     )
+
+
+def every_client_sent_since(load: Load, since: float) -> bool:
+    """Every client thread has an answer to a request sent after ``since``: as one thread's requests are
+    sequential, everything the clients sent before ``since`` has been answered and recorded."""
+    return {o.client for o in load.snapshot() if o.started > since} == CLIENTS
+
+
+def load_failures(server: ServerProcess, version: str) -> list[float]:
+    return [
+        float(line.rsplit(" ", 1)[1])
+        for line in httpx.get(server.metrics_url, timeout=10).text.splitlines()
+        if line.startswith("kubeinfer_model_load_failures") and f'model="{MODEL}"' in line and f'"{version}"' in line
+    ]
 
 
 def test_reload_drill_under_load(tmp_path: Path) -> None:
     repo = tmp_path / "repo"
     repo.mkdir()
     model_dir = repo / MODEL
-    stage_model(repo, MODEL, CONFIG.format(max_batch_size=8, extra=""), {1: add_sub_plus(0).SerializeToString()})
+    v1 = add_sub_plus(0).SerializeToString()
+    stage_model(repo, MODEL, CONFIG.format(max_batch_size=8, extra=""), {1: v1})
     server = start_server(repo, "--model-control-mode", "poll", "--repository-poll-secs", "0.5", log_dir=tmp_path)
     load = Load(server)
     try:
@@ -229,13 +253,13 @@ def test_reload_drill_under_load(tmp_path: Path) -> None:
             )
         switched = min(o.at for o in load.snapshot() if o.version == "2")
         wait_until("version 1 unloaded", lambda: index(server).get("1", {}).get("state") in (None, "UNAVAILABLE"))
-        time.sleep(1)
+        unloaded = time.monotonic()
+        wait_until("every client answered after the unload", lambda: every_client_sent_since(load, unloaded))
         # a request sent after a version 2 answer came back was routed after the switch: never version 1
         late_v1 = [o for o in load.snapshot() if o.version == "1" and o.started > switched]
         assert not late_v1, f"version 1 still answered {len(late_v1)} requests after the switch"
 
         # 2. a config change (config last, atomic replace): reloaded with the new settings
-        t2 = time.monotonic()
         replace_config(
             model_dir, CONFIG.format(max_batch_size=16, extra="dynamic_batching { max_queue_delay_microseconds: 1000 }")
         )
@@ -248,12 +272,12 @@ def test_reload_drill_under_load(tmp_path: Path) -> None:
         assert "dynamic_batching" in httpx.get(config_url, timeout=10).json()
         grpc = grpcclient.InferenceServerClient(server.grpc_url)
         assert grpc.get_model_config(MODEL).config.max_batch_size == 16
+        reloaded = time.monotonic()
         for protocol in ("http", "grpc"):
             wait_until(
                 f"{protocol} clients served after the config reload",
-                lambda p=protocol: served_after(load, time.monotonic() - 0.5, p, "2"),
+                lambda p=protocol: served_after(load, reloaded, p, "2"),
             )
-        assert time.monotonic() - t2 < 90
 
         # 3. a corrupt version 3: version 2 keeps serving; the index says why version 3 is unavailable
         stage_version(model_dir, 3, b"this is not an ONNX model")
@@ -269,22 +293,28 @@ def test_reload_drill_under_load(tmp_path: Path) -> None:
         grpc_rows = {m.version: m for m in grpc.get_model_repository_index().models if m.name == MODEL}
         assert grpc_rows["3"].state == "UNAVAILABLE" and grpc_rows["3"].reason == rows["3"]["reason"]
         assert httpx.get(f"{server.base_url}/v2/models/{MODEL}/versions/2/ready", timeout=10).status_code == 200
-        metrics = httpx.get(server.metrics_url, timeout=10).text
-        assert any(
-            line.startswith("kubeinfer_model_load_failures") and MODEL in line and '"3"' in line
-            for line in metrics.splitlines()
-        ), "load failure metric missing"
-        t3 = time.monotonic()
-        time.sleep(2)  # a few more polls: the failure must not be retried into an outage
+        assert load_failures(server, "3") == [1], "load failure metric missing"
+        # two more polls (each one loads a new witness model): the failure is not retried into an outage
+        failed_at = time.monotonic()
+        for witness in ("witness1", "witness2"):
+            stage_model(repo, witness, CONFIG.format(max_batch_size=8, extra="").replace(MODEL, witness), {1: v1})
+            wait_until(
+                f"{witness} loaded by a later poll",
+                lambda w=witness: httpx.get(f"{server.base_url}/v2/models/{w}/ready", timeout=10).status_code == 200,
+                server=server,
+            )
+        assert load_failures(server, "3") == [1], "an unchanged failed version was loaded again"
         for protocol in ("http", "grpc"):
-            assert served_after(load, t3, protocol, "2")
+            wait_until(
+                f"{protocol} clients served by version 2", lambda p=protocol: served_after(load, failed_at, p, "2")
+            )
 
         # 4. the folder goes away: unloaded, then 404 / NOT_FOUND
         removed_at = time.monotonic()
         remove_model(repo, MODEL)
 
         def not_found_everywhere() -> bool:
-            recent = [o for o in load.snapshot() if o.at > time.monotonic() - 1.0]
+            recent = [o for o in load.snapshot() if o.started > removed_at]
             http_404 = any(o.protocol == "http" and o.error.startswith("[404]") for o in recent)
             grpc_nf = any(o.protocol == "grpc" and o.error.startswith("[StatusCode.NOT_FOUND]") for o in recent)
             return http_404 and grpc_nf
@@ -334,10 +364,8 @@ def test_unload_releases_instances(tmp_path: Path) -> None:
         stage_version(repo / MODEL, 2, add_sub_plus(OFFSET["2"]).SerializeToString())
         await registry.poll()
         assert registry.resolve(MODEL).version == 2
-        for _ in range(100):  # the old version retires in the background once drained
-            if old.closed and not old.pool.instances:
-                break
-            await asyncio.sleep(0.05)
+        # the old version retires in the background once drained
+        await asyncio.gather(*registry.lifecycle.background)
         assert old.closed and old.pool.instances == []
         del old
         gc.collect()

@@ -7,11 +7,12 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+
+from tests.support.waiting import wait_for
 
 
 def free_port() -> int:
@@ -61,18 +62,17 @@ class ServerProcess:
             self.proc.kill()
             return self.proc.wait(10)
 
+    def ready(self) -> bool:
+        """``/v2/health/ready`` answers 200; raises if the process has exited."""
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"kubeinfer-server exited with {self.proc.returncode}:\n{self.log()}")
+        try:
+            return httpx.get(f"{self.base_url}/v2/health/ready", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
     def wait_ready(self, timeout: float = 120) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"kubeinfer-server exited with {self.proc.returncode}:\n{self.log()}")
-            try:
-                if httpx.get(f"{self.base_url}/v2/health/ready", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        raise TimeoutError(f"kubeinfer-server not ready after {timeout}s:\n{self.log()}")
+        wait_for("kubeinfer-server ready", self.ready, timeout, describe=lambda: self.log()[-8000:])
 
 
 def start_command(

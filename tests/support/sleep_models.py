@@ -6,14 +6,18 @@ installed: ``pip install -e tests/plugins/kubeinfer-test-backends``.
 
 from __future__ import annotations
 
+import tempfile
 import textwrap
 import time
 from importlib.metadata import entry_points
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 import httpx
 import numpy as np
+
+from tests.support.waiting import wait_for
 
 INSTALL_HINT = "pip install -e tests/plugins/kubeinfer-test-backends"
 
@@ -74,3 +78,49 @@ def pending(metrics_url: str, model: str) -> float:
         if line.startswith("nv_inference_pending_request_count{") and f'model="{model}"' in line:
             return float(line.rsplit(" ", 1)[1])
     return 0.0
+
+
+def wait_pending(metrics_url: str, model: str, n: int) -> None:
+    """Until exactly ``n`` requests of ``model`` wait in its scheduler's queue (the pending-request gauge)."""
+    wait_for(
+        f"{n} pending request(s) of {model}",
+        lambda: pending(metrics_url, model) == n,
+        describe=lambda: pending(metrics_url, model),
+    )
+
+
+def executions(answer: dict[str, Any]) -> int:
+    """The model-wide number of the execution that computed ``answer`` (1 = the first to start)."""
+    return int(output(answer, "EXECUTION").flat[0])
+
+
+class Gate:
+    """A gate the ``sleep`` backend holds executions at: send a request with ``**gate.params`` and it
+    executes only once the test calls ``open()``; ``entered()`` counts executions held (or passed).
+
+    Use it as a context manager: leaving the block opens the gate, so a failing test never leaves the
+    server's instances held (the backend gives up on a gate after 120 s).
+    """
+
+    def __init__(self, directory: Path) -> None:
+        self.path = Path(tempfile.mkdtemp(prefix="gate-", dir=directory))
+
+    @property
+    def params(self) -> dict[str, str]:
+        return {"gate": str(self.path)}
+
+    def entered(self) -> int:
+        return sum(1 for _ in self.path.glob("entered-*"))
+
+    def wait_entered(self, n: int = 1) -> None:
+        """Until ``n`` executions reached the gate (they are executing now, held)."""
+        wait_for(f"{n} execution(s) at the gate", lambda: self.entered() >= n, describe=self.entered)
+
+    def open(self) -> None:
+        (self.path / "open").touch()
+
+    def __enter__(self) -> Gate:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.open()

@@ -29,3 +29,14 @@ def wait_for(
         time.sleep(interval)
         last = predicate()
     return last
+
+
+def wait_for_cluster(
+    what: str,
+    predicate: Callable[[], T],
+    timeout: float = 60,
+    interval: float = 0.5,
+    describe: Callable[[], object] | None = None,
+) -> T:
+    """``wait_for`` at the pace of a control plane (every check is a kubectl call or an API request)."""
+    return wait_for(what, predicate, timeout, interval, describe)

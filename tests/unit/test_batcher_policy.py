@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -45,9 +46,15 @@ def req(rid: str, rows: int = 1, width: int = 2, **kw: int) -> InferenceRequest:
     return InferenceRequest("m", inputs={"IN": np.full((rows, width), 1.0, np.float32)}, id=rid, **kw)
 
 
-async def settle() -> None:
-    for _ in range(5):
-        await asyncio.sleep(0.01)
+async def until(predicate: Callable[[], object]) -> None:
+    """Let the event loop run until the batcher's state satisfies ``predicate`` (run() bounds the wait)."""
+    while not predicate():
+        await asyncio.sleep(0.001)
+
+
+def executing(b: DynamicBatcher) -> Callable[[], bool]:
+    """The only instance took a batch (it is held at the gate)."""
+    return lambda: not b.pool.has_free()
 
 
 def run(coro) -> None:  # type: ignore[no-untyped-def]
@@ -59,10 +66,9 @@ def test_backlog_goes_out_as_the_largest_preferred_batch() -> None:
         b, inst = make("dynamic_batching { preferred_batch_size: [ 2, 4 ] }")
         await b.start()
         first = asyncio.create_task(b.submit(req("busy")))
-        await settle()  # no delay: "busy" goes alone and occupies the only instance
+        await until(executing(b))  # no delay: "busy" goes alone and occupies the only instance
         rest = [asyncio.create_task(b.submit(req(f"r{i}"))) for i in range(7)]
-        await settle()
-        assert b.pending == 7
+        await until(lambda: b.pending == 7)
         for _ in range(4):
             inst.gate.release()
         await asyncio.gather(first, *rest)
@@ -77,7 +83,7 @@ def test_preferred_size_is_waited_for_until_the_delay() -> None:
         b, inst = make("dynamic_batching { preferred_batch_size: [ 3 ] max_queue_delay_microseconds: 10000000 }")
         await b.start()
         tasks = [asyncio.create_task(b.submit(req(f"r{i}"))) for i in range(2)]
-        await settle()
+        await until(lambda: b._timer is not None)  # the batcher looked and set its wake-up for the delay
         assert b.pending == 2  # 2 rows reach no preferred size: they wait
         tasks.append(asyncio.create_task(b.submit(req("r2"))))
         inst.gate.release()
@@ -93,7 +99,7 @@ def test_rows_shapes_and_max_batch_size_cut_batches() -> None:
         b, inst = make("dynamic_batching { }", max_batch_size=4)
         await b.start()
         tasks = [asyncio.create_task(b.submit(req("busy")))]
-        await settle()
+        await until(executing(b))
         tasks += [
             asyncio.create_task(b.submit(r))
             for r in (
@@ -104,7 +110,7 @@ def test_rows_shapes_and_max_batch_size_cut_batches() -> None:
                 req("e", width=3),
             )
         ]
-        await settle()
+        await until(lambda: b.pending == 5)
         for _ in range(4):
             inst.gate.release()
         results = await asyncio.gather(*tasks)
@@ -127,12 +133,12 @@ def test_priority_levels_and_delay_policy() -> None:
         )
         await b.start()
         busy = asyncio.create_task(b.submit(req("busy")))
-        await settle()
+        await until(executing(b))
         old = asyncio.create_task(b.submit(req("old")))  # default level 2: expires after 300 ms → delayed
-        await asyncio.sleep(0.5)
+        await until(lambda: len(b.queue.levels[1].delayed) == 1)
         fresh = asyncio.create_task(b.submit(req("fresh")))
         high = asyncio.create_task(b.submit(req("high", priority=1)))
-        await settle()
+        await until(lambda: b.pending == 3)
         with pytest.raises(QueueRejected, match="maximum queue size"):
             await b.submit(req("high2", priority=1))
         with pytest.raises(InvalidArgument, match="priority 3"):
@@ -157,11 +163,11 @@ def test_reject_timeout_and_preserve_ordering() -> None:
         )
         await b.start()
         busy = asyncio.create_task(b.submit(req("busy")))
-        await settle()
+        await until(executing(b))
         late = asyncio.create_task(b.submit(req("late", timeout_us=10_000_000)))  # cannot raise the timeout
-        await asyncio.sleep(0.2)
-        assert b.pending == 0  # rejected after 50 ms ...
-        assert not late.done()  # ... but answered only after "busy", which arrived first
+        await until(lambda: b._done)  # rejected after 50 ms, the answer held back ...
+        assert b.pending == 0
+        assert not late.done()  # ... until "busy", which arrived first, is answered
         inst.gate.release()
         await busy
         with pytest.raises(QueueRejected, match="timeout"):

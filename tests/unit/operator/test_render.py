@@ -72,6 +72,24 @@ def test_every_feature_renders():
     assert config_to_spec(parsed) == {k: v for k, v in spec.items() if k != "versions"}
 
 
+def test_pytorch_renders_with_its_model_file(model_spec):
+    model_spec.update(
+        platform="pytorch_libtorch",
+        inputs=[{"name": "INPUT__0", "dataType": "FP32", "dims": [3, 32, 32]}],
+        outputs=[{"name": "OUTPUT__0", "dataType": "FP32", "dims": [10]}],
+        parameters={"INFERENCE_MODE": {"stringValue": "true"}},
+    )
+    rendered = render_model("resnet-classifier", model_spec)
+    assert rendered.filename == "model.pt"
+    parsed = parse_config_text(rendered.config_text)
+    assert parsed.platform == "pytorch_libtorch" and parsed.parameters["INFERENCE_MODE"].string_value == "true"
+    model_spec["defaultModelFilename"] = "model.pt2"
+    assert render_model("resnet-classifier", model_spec).filename == "model.pt2"
+    model_spec["defaultModelFilename"] = "../model.pt"
+    with pytest.raises(ConfigError, match="default_model_filename"):
+        render_model("resnet-classifier", model_spec)
+
+
 def test_ensemble_has_no_model_file():
     spec = {
         "platform": "ensemble",
@@ -91,7 +109,7 @@ def test_ensemble_has_no_model_file():
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"platform": "pytorch_libtorch"}, "spec.platform 'pytorch_libtorch' is not served"),
+        ({"platform": "tensorflow_savedmodel"}, "spec.platform 'tensorflow_savedmodel' is not served"),
         ({"dynamicBatching": {"preferredBatchSize": [128]}}, "larger than max_batch_size"),
         ({"inputs": [{"name": "input", "dataType": "FP32", "dims": [0]}]}, "every dim must be a positive size"),
         ({"inputs": [{"name": "input", "dataType": "FP99", "dims": [1]}]}, "unknown dataType 'FP99'"),
