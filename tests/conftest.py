@@ -22,3 +22,13 @@ def example_server(example_repository: Path, tmp_path_factory: pytest.TempPathFa
     server = start_server(example_repository, log_dir=tmp_path_factory.mktemp("logs"))
     yield server
     server.terminate()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The fuzzing runs' and fault drills' one-line summaries (tests/support/drills.py)."""
+    from tests.support import drills
+
+    if drills.LINES:
+        terminalreporter.section("drills")
+        for line in drills.LINES:
+            terminalreporter.write_line(line)

@@ -15,7 +15,7 @@ import grpc
 from ..runtime.service import InferenceService
 from ..vocabulary.limits import DEFAULT_LIMITS, Limits
 from . import grpc_service_pb2 as pb
-from .errors import unary
+from .errors import deserializer, unary
 from .servicer import UNIMPLEMENTED, InferenceServicer, unimplemented
 
 log = logging.getLogger(__name__)
@@ -31,12 +31,12 @@ def method_handlers(servicer: InferenceServicer) -> dict[str, grpc.RpcMethodHand
         fn = getattr(servicer, method.name)
         if method.client_streaming and method.server_streaming:
             handlers[method.name] = grpc.stream_stream_rpc_method_handler(
-                fn, request_deserializer=request_cls.FromString, response_serializer=response_cls.SerializeToString
+                fn, request_deserializer=deserializer(request_cls), response_serializer=response_cls.SerializeToString
             )
         else:
             handlers[method.name] = grpc.unary_unary_rpc_method_handler(
                 unary(fn),
-                request_deserializer=request_cls.FromString,
+                request_deserializer=deserializer(request_cls),
                 response_serializer=response_cls.SerializeToString,
             )
     for name in UNIMPLEMENTED:

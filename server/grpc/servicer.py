@@ -13,12 +13,12 @@ from typing import Any
 
 import grpc
 
-from ..runtime.service import InferenceService, parse_config_override
+from ..runtime.service import InferenceService, load_parameters, parse_config_override
 from ..vocabulary.errors import Unsupported
 from ..vocabulary.limits import DEFAULT_LIMITS, Limits
 from . import converters
 from . import grpc_service_pb2 as pb
-from .errors import status_of
+from .errors import check_parsed, status_of
 
 #: Triton RPCs this server does not offer; they answer UNIMPLEMENTED with this reason
 UNIMPLEMENTED = {
@@ -71,6 +71,7 @@ class InferenceServicer:
 
     async def _stream_one(self, request: pb.ModelInferRequest) -> pb.ModelStreamInferResponse:
         try:
+            check_parsed(request)
             return pb.ModelStreamInferResponse(infer_response=await self.ModelInfer(request, None))
         except Exception as exc:  # noqa: BLE001 - reported in the stream, which goes on
             _, message = status_of(exc)
@@ -124,6 +125,7 @@ class InferenceServicer:
     async def RepositoryModelLoad(
         self, request: pb.RepositoryModelLoadRequest, context: Any
     ) -> pb.RepositoryModelLoadResponse:
+        load_parameters(dict(request.parameters))
         override = None
         if "config" in request.parameters:
             override = parse_config_override(converters.param_value(request.parameters["config"]))

@@ -5,16 +5,19 @@ Handlers translate HTTP to the core's InferenceService and back; they never touc
 
 from __future__ import annotations
 
+import functools
 import logging
+from importlib import resources
 from typing import Any
 
 import orjson
+import yaml
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
-from ..runtime.service import InferenceService, parse_config_override
+from ..runtime.service import InferenceService, load_parameters, parse_config_override
 from ..vocabulary.errors import InvalidArgument, ServerError, internal_error_message
 from ..vocabulary.limits import DEFAULT_LIMITS, Limits
 from .codec import error_body
@@ -29,8 +32,28 @@ def _json(data: Any, status: int = 200) -> Response:
     return Response(orjson.dumps(data), status_code=status, media_type=JSON)
 
 
-def _error(message: str, status: int) -> Response:
-    return Response(error_body(message), status_code=status, media_type=JSON)
+def _error(message: str, status: int, headers: dict[str, str] | None = None) -> Response:
+    return Response(error_body(message), status_code=status, media_type=JSON, headers=headers)
+
+
+@functools.cache
+def openapi_document() -> dict[str, Any]:
+    """The hand-written OpenAPI description of this API (``openapi.yaml``; a test keeps it in step with the routes)."""
+    return dict(yaml.safe_load(resources.files(__package__).joinpath("openapi.yaml").read_text(encoding="utf-8")))
+
+
+def _flag(data: dict[str, Any], key: str) -> bool:
+    value = data.get(key, False)
+    if not isinstance(value, bool):
+        raise InvalidArgument(f"'{key}' must be true or false, got {value!r}")
+    return value
+
+
+def _parameters(body: dict[str, Any]) -> dict[str, Any]:
+    params = body.get("parameters") or {}
+    if not isinstance(params, dict):
+        raise InvalidArgument("'parameters' must be a JSON object")
+    return params
 
 
 async def _json_body(request: Request) -> dict[str, Any]:
@@ -61,7 +84,7 @@ def build_app(service: InferenceService) -> FastAPI:
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException) -> Response:
         # unknown routes and methods answer in the v2 error shape too
-        return _error(str(exc.detail), exc.status_code)
+        return _error(str(exc.detail), exc.status_code, exc.headers)  # e.g. 405 keeps its Allow header
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError) -> Response:
@@ -71,6 +94,10 @@ def build_app(service: InferenceService) -> FastAPI:
     async def unexpected(_: Request, exc: Exception) -> Response:
         log.exception("unexpected error")
         return _error(internal_error_message(exc), 500)
+
+    @app.get("/openapi.json")
+    async def openapi() -> Response:
+        return _json(openapi_document())
 
     # ---- health and server metadata ---------------------------------------------------------
     @app.get("/v2")
@@ -129,22 +156,20 @@ def build_app(service: InferenceService) -> FastAPI:
     @app.post("/v2/repository/index")
     async def repository_index(request: Request) -> Response:
         body = await _json_body(request)
-        return _json(service.repository_index(bool(body.get("ready", False))))
+        return _json(service.repository_index(_flag(body, "ready")))
 
     # {name:path}: a name with "/" reaches the handler and gets a 400 from the name check, not a bare 404
     @app.post("/v2/repository/models/{name:path}/load")
     async def load(name: str, request: Request) -> Response:
-        body = await _json_body(request)
-        params = body.get("parameters") or {}
+        params = load_parameters(_parameters(await _json_body(request)))
         override = parse_config_override(params["config"]) if "config" in params else None
         await service.load_model(name, override)
         return Response(status_code=200)
 
     @app.post("/v2/repository/models/{name:path}/unload")
     async def unload(name: str, request: Request) -> Response:
-        body = await _json_body(request)
-        params = body.get("parameters") or {}
-        await service.unload_model(name, bool(params.get("unload_dependents", False)))
+        params = _parameters(await _json_body(request))
+        await service.unload_model(name, _flag(params, "unload_dependents"))
         return Response(status_code=200)
 
     return app

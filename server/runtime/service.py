@@ -32,6 +32,21 @@ EXTENSIONS = [
 CONTROL_NONE, CONTROL_POLL, CONTROL_EXPLICIT = "none", "poll", "explicit"
 
 
+def load_parameters(params: dict[str, Any]) -> dict[str, Any]:
+    """A load request's parameters, refusing Triton's ``file:<path>`` model-file uploads (not offered here).
+
+    Triton writes such parameters as files into a temporary model folder; this server loads only what
+    is in its repository, so a request that carries files is refused rather than half-honoured.
+    """
+    files = sorted(k for k in params if k.startswith("file:"))
+    if files:
+        raise Unsupported(
+            f"load parameters {', '.join(files)}: model files in a load request are not supported by this "
+            "server; put the files in the model repository"
+        )
+    return params
+
+
 def parse_config_override(raw: Any) -> pb.ModelConfig:
     """A load request's ``config`` parameter (JSON text, or an already parsed object) as a ModelConfig."""
     try:

@@ -147,8 +147,10 @@ def from_list(name: str, datatype: str, shape: list[int], data: Any, budget: Req
     elif not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in flat):
         raise InvalidArgument(f"input '{name}': {datatype} data must be numbers")
     try:
-        return np.asarray(flat, dtype=dt.numpy).reshape(shape)
-    except (OverflowError, ValueError) as exc:
+        # a finite JSON number that only fits as infinity (70000 as FP16, 1e39 as FP32) is out of range too
+        with np.errstate(over="raise"):
+            return np.asarray(flat, dtype=dt.numpy).reshape(shape)
+    except (OverflowError, ValueError, FloatingPointError) as exc:
         raise InvalidArgument(f"input '{name}': data does not fit {datatype}: {exc}") from None
 
 

@@ -247,3 +247,14 @@ def test_classification_output_only_carries_the_models_own_labels(server: Server
     """The label file is the only thing the server echoes from disk: it is the model folder's own."""
     data = np.array(_classify(server, "good").json()["outputs"][0]["data"])
     assert all(str(x).rsplit(":", 1)[1] in "abcd" for x in data)
+
+
+def test_load_requests_carrying_model_files_are_refused(server: ServerProcess, grpc) -> None:
+    """Triton's ``file:<path>`` load parameters would write files into a model folder: not offered here."""
+    body = {"parameters": {"config": "{}", "file:1/model.onnx": "AAAA"}}
+    r = httpx.post(f"{server.base_url}/v2/repository/models/good/load", json=body, timeout=60)
+    assert r.status_code == 501 and "file:1/model.onnx" in r.json()["error"], r.text
+    with pytest.raises(InferenceServerException) as info:
+        grpc.load_model("good", config="{}", files={"file:1/model.onnx": b"AAAA"})
+    assert info.value.status() == "StatusCode.UNIMPLEMENTED"
+    _still_serving(server)

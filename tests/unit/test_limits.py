@@ -63,3 +63,9 @@ def test_the_body_message_is_tritons() -> None:
         "Request size of 100 bytes exceeds the maximum allowed value of 64 bytes. "
         "Use --http-max-input-size to increase the limit."
     )
+
+
+@pytest.mark.parametrize(("datatype", "value"), [("FP16", 70000.0), ("FP32", 1e39), ("INT8", 300), ("UINT8", -1)])
+def test_numbers_out_of_range_for_the_datatype_are_refused(datatype: str, value: float) -> None:
+    with pytest.raises(InvalidArgument, match=f"data does not fit {datatype}"):
+        tensors.from_list("x", datatype, [1], [value])

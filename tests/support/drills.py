@@ -1,0 +1,40 @@
+"""One summary line per fuzzing run or fault drill, printed at the end of the pytest output.
+
+Tests call ``report(name, ...)``; ``tests/conftest.py`` prints the lines in a "drills" section of the
+terminal summary (so they show whatever the capture settings) and writes them to
+``$KUBEINFER_DRILL_REPORT`` when that is set.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+LINES: list[str] = []
+
+
+def report(
+    name: str, *, inputs: int, crashes: int = 0, server_errors: int = 0, failed_good: int = 0, rss: str = "n/a"
+) -> str:
+    line = (
+        f"{name}: inputs tried {inputs}, crashes {crashes}, 5xx-on-bad-input {server_errors}, "
+        f"failed good requests {failed_good}, RSS growth {rss}"
+    )
+    LINES.append(line)
+    target = os.environ.get("KUBEINFER_DRILL_REPORT")
+    if target:
+        with Path(target).open("a", encoding="utf-8") as f:
+            f.write(line + "\n")
+    return line
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident set size of a process, from /proc (Linux)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+def mib(n: float) -> str:
+    return f"{n / (1 << 20):+.1f} MiB"
