@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Mapping
 from importlib import resources
 from typing import Any
 
@@ -32,7 +33,7 @@ def _json(data: Any, status: int = 200) -> Response:
     return Response(orjson.dumps(data), status_code=status, media_type=JSON)
 
 
-def _error(message: str, status: int, headers: dict[str, str] | None = None) -> Response:
+def _error(message: str, status: int, headers: Mapping[str, str] | None = None) -> Response:
     return Response(error_body(message), status_code=status, media_type=JSON, headers=headers)
 
 
