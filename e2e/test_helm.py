@@ -364,3 +364,43 @@ def test_install_into_the_cluster(cluster, helm, kubectl) -> None:
         helm("uninstall", release, "-n", ns, check=False)
         for n in (ns, *watched):
             kubectl("delete", "namespace", n, "--wait=false", check=False)
+
+
+def test_operator_rendered_objects_validate_with_kubeconform(kubeconform) -> None:
+    """What the operator applies (Deployment, Service, HPA, KEDA ScaledObject) for a spec with every option,
+    against the cluster version's schemas and KEDA's CRD: a field typo in the operator fails here, not in a
+    user's cluster."""
+    from kubeinfer.operator import autoscaling, manifests
+
+    from tests.support.specs import server_spec
+
+    spec = server_spec(
+        server={"httpPort": 9000, "logLevel": "debug", "shutdownTimeoutSeconds": 60, "extraArgs": ["--x=1"]},
+        nodeSelector={"gpu": "a100"},
+        tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        affinity={"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["gpu"]}]}]}}},
+        imagePullSecrets=[{"name": "regcred"}],
+        imagePullPolicy="IfNotPresent",
+        podAnnotations={"team": "vision"},
+        sharedMemorySize="2Gi",
+        probes={"startup": {"failureThreshold": 120}},
+        resources={"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"nvidia.com/gpu": 1}},
+    )  # fmt: skip
+    body = {"apiVersion": API, "kind": "InferenceServer", "spec": spec,
+            "metadata": {"name": "gpu-pool", "namespace": "ml", "uid": "0e6a3b1c-uid", "generation": 1}}  # fmt: skip
+    objects = [manifests.deployment(body), manifests.service(body), autoscaling.hpa(body)]
+    for target in ({"metric": "QueueDurationPerRequest"}, {"metric": "CPU", "value": 70}, {"metric": "GPU"}):
+        spec["autoscaling"] = {
+            "maxReplicas": 4,
+            "target": target,
+            "behavior": {"scaleDown": {"stabilizationWindowSeconds": 30}},
+        }
+        objects.append(autoscaling.scaled_object(body, "http://prometheus.monitoring.svc:9090"))
+        objects.append(
+            autoscaling.hpa({**body, "spec": {**spec, "autoscaling": {**spec["autoscaling"], "autoscaler": "HPA"}}})
+        )
+    proc = kubeconform.validate("\n---\n".join(json.dumps(o) for o in objects))
+    report = json.loads(proc.stdout)
+    assert proc.returncode == 0, json.dumps(report["resources"], indent=1)
+    assert report["summary"]["valid"] == len(objects)
