@@ -186,6 +186,13 @@ class RepositoryWriter:
                 self._fetch(source, folder / model.filename, namespace_dir)
             except ArtifactError as exc:
                 raise ArtifactError(exc.reason, f"version {version}: {exc.message}", version) from None
+            except OSError as exc:  # the volume is full, read-only, gone: a condition, not a crashed handler
+                raise ArtifactError(
+                    "WriteFailed",
+                    f"version {version}: writing {model.filename} to the repository volume failed: "
+                    f"{exc.strerror or exc}; free space on the volume or fix its permissions",
+                    version,
+                ) from None
         publish.write_file(folder / SOURCE_MARKER, json.dumps(source.as_dict(), sort_keys=True))
         publish.fsync_dir(folder)
 

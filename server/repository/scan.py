@@ -57,12 +57,17 @@ def _digest_dir(path: Path) -> str:
     return h.hexdigest()
 
 
+def model_names(repo: Path) -> list[str]:
+    """The model folders in ``repo``; OSError when the repository itself cannot be listed."""
+    entries = sorted(os.scandir(repo), key=lambda e: e.name)
+    return [e.name for e in entries if not e.name.startswith(".") and e.is_dir() and MODEL_NAME.match(e.name)]
+
+
 def list_model_names(repo: Path) -> list[str]:
     try:
-        entries = sorted(os.scandir(repo), key=lambda e: e.name)
+        return model_names(repo)
     except OSError:
         return []
-    return [e.name for e in entries if not e.name.startswith(".") and e.is_dir() and MODEL_NAME.match(e.name)]
 
 
 def read_model(repo: Path, name: str, override: pb.ModelConfig | None = None) -> ModelSource:

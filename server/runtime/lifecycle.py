@@ -265,7 +265,18 @@ class ModelLifecycle:
 
     async def poll(self) -> None:
         """Bring the loaded set in line with the repository (poll mode)."""
-        on_disk = set(await asyncio.to_thread(scan.list_model_names, self.repository_path))
+        try:
+            on_disk = set(await asyncio.to_thread(scan.model_names, self.repository_path))
+        except OSError as exc:
+            # a repository that vanished (an unmounted volume, a renamed folder) is not "every model deleted":
+            # what is loaded keeps serving until the folder is back
+            log.warning(
+                "model repository %s cannot be read (%s); keeping the %d loaded models until it is back",
+                self.repository_path,
+                exc.strerror or exc,
+                len(self.models),
+            )
+            return
         for name in sorted(set(self.models) - on_disk):
             await self.forget_model(name)
         for name in sorted(on_disk):

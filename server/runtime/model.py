@@ -20,7 +20,7 @@ from ..vocabulary.errors import BackendError, InvalidArgument, ServerError, Unav
 from ..vocabulary.registry_view import RegistryView
 from ..vocabulary.types import InferenceRequest, InferenceResponse
 from . import devices
-from .validation import RequestValidator
+from .validation import RequestValidator, check_outputs
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +105,7 @@ class ModelVersion:
             try:
                 self.validator.validate(request)
                 outputs = await self.scheduler.submit(request)
+                check_outputs(self.validator, outputs)
             except ServerError as exc:
                 self.stats.record_request(request, False, exc.failure_reason)
                 raise

@@ -8,7 +8,7 @@ import numpy as np
 
 from ..config import pb
 from ..vocabulary import datatypes, tensors
-from ..vocabulary.errors import InvalidArgument
+from ..vocabulary.errors import BackendError, InvalidArgument
 from ..vocabulary.types import InferenceRequest
 
 
@@ -23,6 +23,12 @@ class RequestValidator:
             for t in config.input
         }
         self.outputs = {t.name for t in config.output}
+        #: what each output must look like (outputs with a reshape are left to the backend)
+        self.output_specs = {
+            t.name: (datatypes.from_config(pb.DataType.Name(t.data_type)).v2, list(t.dims))
+            for t in config.output
+            if t.dims and not t.HasField("reshape") and t.data_type != pb.TYPE_INVALID
+        }
         self.required = [n for n, (_, _, optional) in self.inputs.items() if not optional]
 
     def _prefix(self, request: InferenceRequest) -> str:
@@ -88,6 +94,28 @@ class RequestValidator:
                         f"{self._prefix(request)}unexpected inference output '{out}' for model "
                         f"'{self.name}'; outputs are: {', '.join(sorted(self.outputs))}"
                     )
+
+
+def check_outputs(validator: RequestValidator, outputs: dict[str, Any]) -> None:
+    """A model's answer must match its configuration: a wrong shape or type is the model's error (500)."""
+    for name, array in outputs.items():
+        spec = validator.output_specs.get(name)
+        if spec is None or not isinstance(array, np.ndarray):
+            continue
+        dtype, dims = spec
+        shape = list(array.shape)
+        item = shape[1:] if validator.max_batch_size > 0 else shape
+        got = datatypes.from_numpy(array.dtype).v2 if array.dtype != np.object_ else "BYTES"
+        if len(item) != len(dims) or any(d != -1 and d != s for d, s in zip(dims, item, strict=False)):
+            expected = ([-1] if validator.max_batch_size > 0 else []) + dims
+            raise BackendError(
+                f"model '{validator.name}' returned output '{name}' with shape {shape}, but its configuration "
+                f"says {expected}"
+            )
+        if got != dtype:
+            raise BackendError(
+                f"model '{validator.name}' returned output '{name}' as {got}, but its configuration says {dtype}"
+            )
 
 
 def raw_binary_inputs(config: pb.ModelConfig, body: bytes | memoryview) -> dict[str, Any]:

@@ -83,7 +83,9 @@ def start_command(
     log_path: Path,
     wait: bool = True,
     env: dict[str, str] | None = None,
+    wrapper: list[str] | None = None,
 ) -> ServerProcess:
+    """``wrapper`` is a command the server runs under (e.g. ``setpriv`` dropping capabilities)."""
     """Start ``command`` (any command line that serves on these ports) and wait for readiness."""
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
@@ -103,11 +105,14 @@ def start_server(
     log_dir: Path | None = None,
     wait: bool = True,
     env: dict[str, str] | None = None,
+    wrapper: list[str] | None = None,
 ) -> ServerProcess:
+    """``wrapper`` is a command the server runs under (e.g. ``setpriv`` dropping capabilities)."""
     http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
     log_dir = log_dir or repository.parent
     log_path = log_dir / f"server-{http_port}.log"
     args = [
+        *(wrapper or []),
         sys.executable,
         "-m",
         "kubeinfer.server",
