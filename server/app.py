@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import ssl
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +21,7 @@ import uvicorn
 
 from .backends import settings as backend_settings
 from .observability.metrics import TritonMetrics
+from .runtime.auth import BearerToken, TlsFiles
 from .runtime.registry import ModelRegistry
 from .runtime.service import InferenceService, ServiceOptions
 from .vocabulary.limits import DEFAULT_LIMITS, Limits
@@ -53,6 +55,11 @@ class ServerSettings:
     server_name: str | None = None
     shutdown_timeout: float = 30.0
     limits: Limits = DEFAULT_LIMITS
+    #: bearer token file checked on HTTP and gRPC (None: no authentication)
+    auth_token_file: Path | None = None
+    #: TLS (mTLS with a client CA) on the HTTP and gRPC listeners (None: plain)
+    http_tls: TlsFiles | None = None
+    grpc_tls: TlsFiles | None = None
     log_level: str = "info"
 
 
@@ -64,7 +71,7 @@ class _Uvicorn(uvicorn.Server):
         yield
 
 
-def _uvicorn(app: Any, host: str, port: int, log_level: str, limits: Limits) -> _Uvicorn:
+def _uvicorn(app: Any, host: str, port: int, log_level: str, limits: Limits, tls: TlsFiles | None = None) -> _Uvicorn:
     try:
         from .http.protocol import bounded_protocol
 
@@ -85,6 +92,10 @@ def _uvicorn(app: Any, host: str, port: int, log_level: str, limits: Limits) -> 
         # after the core drained (bounded by --shutdown-timeout), responses still being written get
         # this long; then uvicorn cancels what is left instead of waiting forever
         timeout_graceful_shutdown=5,
+        ssl_certfile=str(tls.cert) if tls else None,
+        ssl_keyfile=str(tls.key) if tls else None,
+        ssl_ca_certs=str(tls.client_ca) if tls and tls.client_ca else None,
+        ssl_cert_reqs=ssl.CERT_REQUIRED if tls and tls.client_ca else ssl.CERT_NONE,
     )
     return _Uvicorn(config)
 
@@ -115,6 +126,7 @@ async def serve(settings: ServerSettings) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
 
+    token = BearerToken(settings.auth_token_file) if settings.auth_token_file else None
     servers: list[_Uvicorn] = []
     tasks: list[asyncio.Task[Any]] = []
     grpc_server = None
@@ -124,11 +136,12 @@ async def serve(settings: ServerSettings) -> int:
 
         servers.append(
             _uvicorn(
-                build_http_app(service, settings.limits),
+                build_http_app(service, settings.limits, token),
                 settings.http_host or settings.host,
                 settings.http_port,
                 settings.log_level,
                 settings.limits,
+                settings.http_tls,
             )
         )
     if settings.metrics_port is not None:
@@ -149,7 +162,7 @@ async def serve(settings: ServerSettings) -> int:
         from .grpc.server import start_grpc_server
 
         grpc_server = await start_grpc_server(
-            service, settings.grpc_host or settings.host, settings.grpc_port, settings.limits
+            service, settings.grpc_host or settings.host, settings.grpc_port, settings.limits, token, settings.grpc_tls
         )
     await asyncio.sleep(0)
     for server, task in zip(servers, tasks, strict=True):

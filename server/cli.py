@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .app import ServerSettings, run
+from .runtime.auth import TlsFiles
 from .vocabulary.limits import DEFAULT_LIMITS, Limits
 
 log = logging.getLogger("kubeinfer.server")
@@ -69,11 +70,6 @@ IGNORED: dict[str, str] = {
 }
 #: Triton flags whose effect this server cannot give; starting without it would mislead
 REFUSED: dict[str, str] = {
-    "--grpc-use-ssl": "gRPC TLS is not implemented: terminate TLS in front of the server (ingress or service mesh)",
-    "--grpc-use-ssl-mutual": "gRPC TLS is not implemented: terminate TLS in front of the server",
-    "--grpc-server-cert": "gRPC TLS is not implemented: terminate TLS in front of the server",
-    "--grpc-server-key": "gRPC TLS is not implemented: terminate TLS in front of the server",
-    "--grpc-root-cert": "gRPC TLS is not implemented: terminate TLS in front of the server",
     "--allow-sagemaker": "the SageMaker listener is not implemented",
     "--allow-vertex-ai": "the Vertex AI listener is not implemented",
     "--model-namespacing": "model namespacing is not implemented: model names are unique per server",
@@ -82,7 +78,7 @@ REFUSED: dict[str, str] = {
 #: flags that take no value (all others take exactly one)
 _NO_VALUE = {"--disable-auto-complete-config"}
 #: refused flags that may be given with their "off" value
-_FALSE_OK = {"--grpc-use-ssl", "--grpc-use-ssl-mutual", "--allow-sagemaker", "--allow-vertex-ai", "--model-namespacing"}
+_FALSE_OK = {"--allow-sagemaker", "--allow-vertex-ai", "--model-namespacing"}
 
 
 def _limit_flags(p: argparse.ArgumentParser) -> None:
@@ -135,6 +131,52 @@ def _limit_flags(p: argparse.ArgumentParser) -> None:
         default=d.request_timeout,
         help="seconds an inference request may take end to end, then 504 / DEADLINE_EXCEEDED (0: no limit)",
     )
+
+
+def _security_flags(p: argparse.ArgumentParser) -> None:
+    """Optional authentication and TLS (off by default); gRPC's flags are Triton's."""
+    g = p.add_argument_group("authentication and TLS (off by default; the metrics listener stays plain)")
+    g.add_argument(
+        "--auth-token-file",
+        type=Path,
+        default=None,
+        help="require 'Authorization: Bearer <token>' on HTTP and gRPC (not on the health probes); the file "
+        "holds the token (e.g. a mounted Secret) and is re-read when it changes",
+    )
+    g.add_argument("--http-tls-cert", type=Path, default=None, help="serve HTTPS with this certificate (PEM)")
+    g.add_argument("--http-tls-key", type=Path, default=None, help="private key of --http-tls-cert (PEM)")
+    g.add_argument(
+        "--http-tls-client-ca", type=Path, default=None, help="require client certificates signed by this CA (mTLS)"
+    )
+    g.add_argument("--grpc-use-ssl", type=_bool, default=False, help="serve gRPC over TLS (Triton's flag)")
+    g.add_argument("--grpc-use-ssl-mutual", type=_bool, default=False, help="also require client certificates (mTLS)")
+    g.add_argument("--grpc-server-cert", type=Path, default=None, help="gRPC server certificate (PEM)")
+    g.add_argument("--grpc-server-key", type=Path, default=None, help="gRPC server private key (PEM)")
+    g.add_argument("--grpc-root-cert", type=Path, default=None, help="CA that signs client certificates (mTLS)")
+
+
+def _tls_settings(args: argparse.Namespace) -> tuple[TlsFiles | None, TlsFiles | None]:
+    """(HTTP, gRPC) TLS files; ValueError for a half-given or unreadable set."""
+    http = None
+    if args.http_tls_cert or args.http_tls_key or args.http_tls_client_ca:
+        if not (args.http_tls_cert and args.http_tls_key):
+            raise ValueError("HTTPS needs both --http-tls-cert and --http-tls-key")
+        http = TlsFiles(args.http_tls_cert, args.http_tls_key, args.http_tls_client_ca)
+    grpc = None
+    if args.grpc_use_ssl or args.grpc_use_ssl_mutual:
+        if not (args.grpc_server_cert and args.grpc_server_key):
+            raise ValueError("--grpc-use-ssl needs --grpc-server-cert and --grpc-server-key")
+        if args.grpc_use_ssl_mutual and not args.grpc_root_cert:
+            raise ValueError("--grpc-use-ssl-mutual needs --grpc-root-cert (the CA of the client certificates)")
+        client_ca = args.grpc_root_cert if args.grpc_use_ssl_mutual else None
+        grpc = TlsFiles(args.grpc_server_cert, args.grpc_server_key, client_ca)
+    for tls in (http, grpc):
+        for path in (tls.cert, tls.key, tls.client_ca) if tls else ():
+            if path is not None and not path.is_file():
+                raise ValueError(f"TLS file '{path}' does not exist")
+    if args.auth_token_file is not None and not args.auth_token_file.is_file():
+        raise ValueError(f"--auth-token-file '{args.auth_token_file}' does not exist")
+    return http, grpc
 
 
 def _limits(args: argparse.Namespace) -> Limits:
@@ -284,6 +326,7 @@ def build_parser(triton: bool = False) -> argparse.ArgumentParser:
     srv.add_argument("--log-file", default=None, help="write the log to this file instead of stderr")
 
     _limit_flags(p)
+    _security_flags(p)
 
     compat = p.add_argument_group("accepted for compatibility (see README)")
     for flag in sorted(IGNORED) + sorted(REFUSED):
@@ -359,6 +402,7 @@ def settings_from_args(args: argparse.Namespace, triton: bool) -> ServerSettings
     auto_complete = not args.disable_auto_complete_config and not args.strict_model_config
     backend_config = parse_backend_config(args.backend_config)
     host = args.host
+    http_tls, grpc_tls = _tls_settings(args)
     return ServerSettings(
         model_repository=repo.resolve(),
         host=host,
@@ -379,6 +423,9 @@ def settings_from_args(args: argparse.Namespace, triton: bool) -> ServerSettings
         server_name=args.id,
         shutdown_timeout=args.shutdown_timeout,
         limits=_limits(args),
+        auth_token_file=args.auth_token_file,
+        http_tls=http_tls,
+        grpc_tls=grpc_tls,
         log_level=_log_level(args),
     )
 

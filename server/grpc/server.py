@@ -12,6 +12,7 @@ from typing import Any
 
 import grpc
 
+from ..runtime.auth import PROBE_RPCS, BearerToken, TlsFiles
 from ..runtime.service import InferenceService
 from ..vocabulary.limits import DEFAULT_LIMITS, Limits
 from . import grpc_service_pb2 as pb
@@ -45,8 +46,47 @@ def method_handlers(servicer: InferenceServicer) -> dict[str, grpc.RpcMethodHand
     return handlers
 
 
+class BearerInterceptor(grpc.aio.ServerInterceptor):
+    """Every RPC but the probes' must carry ``authorization: Bearer <token>`` metadata (UNAUTHENTICATED otherwise)."""
+
+    MESSAGE = "this server requires 'authorization: Bearer <token>' metadata (see --auth-token-file)"
+
+    def __init__(self, token: BearerToken) -> None:
+        self.token = token
+
+        async def deny_unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, self.MESSAGE)
+
+        async def deny_stream(requests: Any, context: grpc.aio.ServicerContext) -> Any:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, self.MESSAGE)
+            yield  # pragma: no cover - an async generator, as the streaming RPC needs
+
+        self._deny_unary = grpc.unary_unary_rpc_method_handler(deny_unary)
+        self._deny_stream = grpc.stream_stream_rpc_method_handler(deny_stream)
+
+    async def intercept_service(self, continuation: Any, details: grpc.HandlerCallDetails) -> Any:
+        rpc = details.method.rsplit("/", 1)[-1]
+        metadata = dict(details.invocation_metadata or ())
+        if rpc in PROBE_RPCS or self.token.accepts(metadata.get("authorization")):
+            return await continuation(details)
+        return self._deny_stream if rpc == "ModelStreamInfer" else self._deny_unary
+
+
+def server_credentials(tls: TlsFiles) -> grpc.ServerCredentials:
+    return grpc.ssl_server_credentials(
+        [(tls.key.read_bytes(), tls.cert.read_bytes())],
+        root_certificates=tls.client_ca.read_bytes() if tls.client_ca else None,
+        require_client_auth=tls.client_ca is not None,
+    )
+
+
 async def start_grpc_server(
-    service: InferenceService, host: str, port: int, limits: Limits = DEFAULT_LIMITS
+    service: InferenceService,
+    host: str,
+    port: int,
+    limits: Limits = DEFAULT_LIMITS,
+    token: BearerToken | None = None,
+    tls: TlsFiles | None = None,
 ) -> grpc.aio.Server:
     options = [
         # oversized messages and metadata are refused by gRPC itself (RESOURCE_EXHAUSTED) before decoding
@@ -55,12 +95,16 @@ async def start_grpc_server(
         ("grpc.max_metadata_size", limits.max_header_bytes),  # soft limit: grpc refuses some requests above it
         ("grpc.absolute_max_metadata_size", limits.max_header_bytes),  # hard limit: refuses all above it
     ]
-    server = grpc.aio.server(options=options)
+    interceptors = [BearerInterceptor(token)] if token is not None else []
+    server = grpc.aio.server(options=options, interceptors=interceptors)
     servicer = InferenceServicer(service, limits)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, method_handlers(servicer)),))
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
-        bound = server.add_insecure_port(address)
+        if tls is not None:
+            bound = server.add_secure_port(address, server_credentials(tls))
+        else:
+            bound = server.add_insecure_port(address)
     except RuntimeError as exc:  # newer grpcio raises instead of returning 0
         raise SystemExit(f"gRPC listener on {address} failed to start: {exc}") from None
     if bound == 0:

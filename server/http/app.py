@@ -18,6 +18,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
+from ..runtime.auth import BearerToken
 from ..runtime.service import InferenceService, load_parameters, parse_config_override
 from ..vocabulary.errors import InvalidArgument, ServerError, internal_error_message
 from ..vocabulary.limits import DEFAULT_LIMITS, Limits
@@ -70,9 +71,11 @@ async def _json_body(request: Request) -> dict[str, Any]:
     return data
 
 
-def build_http_app(service: InferenceService, limits: Limits = DEFAULT_LIMITS) -> InferRoute:
-    """The whole HTTP front end: the inference route, then FastAPI for everything else."""
-    return InferRoute(build_app(service), service, limits)
+def build_http_app(
+    service: InferenceService, limits: Limits = DEFAULT_LIMITS, token: BearerToken | None = None
+) -> InferRoute:
+    """The whole HTTP front end: the token check and the inference route, then FastAPI for everything else."""
+    return InferRoute(build_app(service), service, limits, token)
 
 
 def build_app(service: InferenceService) -> FastAPI:

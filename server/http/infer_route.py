@@ -13,6 +13,7 @@ import re
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
+from ..runtime.auth import PROBE_PATHS, BearerToken
 from ..runtime.service import InferenceService
 from ..vocabulary.errors import ServerError, internal_error_message
 from ..vocabulary.limits import DEFAULT_LIMITS, Limits, body_too_large
@@ -34,16 +35,34 @@ _BODY_METHODS = {"POST", "PUT", "PATCH", "DELETE"}
 class InferRoute:
     """Serves inference itself and hands every other request to ``app``; enforces the body limit for both."""
 
-    def __init__(self, app: ASGIApp, service: InferenceService, limits: Limits = DEFAULT_LIMITS) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        service: InferenceService,
+        limits: Limits = DEFAULT_LIMITS,
+        token: BearerToken | None = None,
+    ) -> None:
         self.app = app
         self.service = service
         self.max_body = limits.http_max_input_size
         self.limits = limits
+        self.token = token
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        if self.token is not None and scope["path"] not in PROBE_PATHS:
+            authorization = next((v for k, v in scope["headers"] if k == b"authorization"), None)
+            if not self.token.accepts(authorization):
+                await _respond(
+                    send,
+                    401,
+                    error_body("this server requires 'Authorization: Bearer <token>' (see --auth-token-file)"),
+                    None,
+                    extra=[(b"www-authenticate", b"Bearer")],
+                )
+                return
         header_length = None
         for key, value in scope["headers"]:
             if key == b"content-length" and value.isdigit() and int(value) > self.max_body:
@@ -128,8 +147,15 @@ def _replay(body: bytes, receive: Receive) -> Receive:
     return replay
 
 
-async def _respond(send: Send, status: int, payload: bytes, json_length: int | None, close: bool = False) -> None:
-    headers = [(b"content-length", str(len(payload)).encode())]
+async def _respond(
+    send: Send,
+    status: int,
+    payload: bytes,
+    json_length: int | None,
+    close: bool = False,
+    extra: list[tuple[bytes, bytes]] | None = None,
+) -> None:
+    headers = [(b"content-length", str(len(payload)).encode()), *(extra or [])]
     if close:  # the rest of an oversized body is not read: the connection cannot be reused
         headers.append((b"connection", b"close"))
     if json_length is None:

@@ -186,13 +186,13 @@ def test_strict_readiness_is_triton_default_for_tritonserver(add_repo: Path, tmp
 
 def test_refused_flags_stop_with_a_reason(add_repo: Path) -> None:
     proc = subprocess.run(
-        [str(BIN / "tritonserver"), f"--model-repository={add_repo}", "--grpc-use-ssl=true"],
+        [str(BIN / "tritonserver"), f"--model-repository={add_repo}", "--allow-sagemaker=true"],
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert proc.returncode == 2
-    assert "--grpc-use-ssl is not supported: gRPC TLS is not implemented" in proc.stderr
+    assert "--allow-sagemaker is not supported: the SageMaker listener is not implemented" in proc.stderr
 
 
 def test_two_repositories_are_refused(add_repo: Path, tmp_path: Path) -> None:

@@ -1,0 +1,263 @@
+"""Issue 15 part 7: optional bearer-token authentication and TLS / mTLS on HTTP and gRPC, with real clients.
+
+Certificates are made for the test with ``cryptography`` (a CA, a server certificate for 127.0.0.1, a
+client certificate, and one from another CA). The health probes and the metrics port never need a token.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import ssl
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from onnx import TensorProto
+from tritonclient.utils import InferenceServerException
+
+from tests.support.models import unary
+from tests.support.repos import write_model
+from tests.support.server import ServerProcess, start_server
+
+GOOD = {"inputs": [{"name": "IN", "datatype": "FP32", "shape": [1, 4], "data": [1.0, -1.0, 2.0, -2.0]}]}
+
+
+def _cert(
+    name: str, issuer: tuple[x509.Certificate, ec.EllipticCurvePrivateKey] | None, *, server: bool = False
+) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(issuer[0].subject if issuer else subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=issuer is None, path_length=None), critical=True)
+    )
+    if issuer is not None:
+        usage = ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH
+        builder = builder.add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+    if server:
+        names = [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]
+        builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
+    cert = builder.sign(issuer[1] if issuer else key, hashes.SHA256())
+    return cert, key
+
+
+def _write(folder: Path, name: str, pair: tuple[x509.Certificate, ec.EllipticCurvePrivateKey]) -> tuple[Path, Path]:
+    cert, key = pair
+    (folder / f"{name}.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (folder / f"{name}.key").write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    return folder / f"{name}.crt", folder / f"{name}.key"
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("pki")
+    ca = _cert("kubeinfer test CA", None)
+    other_ca = _cert("someone else's CA", None)
+    files: dict[str, Path] = {}
+    files["ca"], _ = _write(folder, "ca", ca)
+    files["server.crt"], files["server.key"] = _write(folder, "server", _cert("127.0.0.1", ca, server=True))
+    files["client.crt"], files["client.key"] = _write(folder, "client", _cert("client", ca))
+    files["rogue.crt"], files["rogue.key"] = _write(folder, "rogue", _cert("rogue", other_ca))
+    return files
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    repo = tmp_path_factory.mktemp("auth") / "repo"
+    write_model(repo, "relu", 'platform: "onnxruntime_onnx"\nmax_batch_size: 8\n', {1: unary("relu", "Relu", TensorProto.FLOAT, ["b", 4])})  # fmt: skip
+    return repo
+
+
+@pytest.fixture(scope="module")
+def token_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("secret") / "token"
+    path.write_text("s3cret-token\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def token_server(repo: Path, token_file: Path) -> Iterator[ServerProcess]:
+    s = start_server(repo, "--auth-token-file", str(token_file))
+    yield s
+    assert s.terminate() == 0
+
+
+def _grpc_infer(client: grpcclient.InferenceServerClient, **kw: object) -> np.ndarray:
+    inp = grpcclient.InferInput("IN", [1, 4], "FP32")
+    inp.set_data_from_numpy(np.array([[1.0, -1.0, 2.0, -2.0]], np.float32))
+    return client.infer("relu", [inp], **kw).as_numpy("OUT")  # type: ignore[arg-type]
+
+
+def test_http_requests_need_the_token_but_probes_and_metrics_do_not(
+    token_server: ServerProcess, token_file: Path
+) -> None:
+    url = f"{token_server.base_url}/v2/models/relu/infer"
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic s3cret-token"}):
+        r = httpx.post(url, json=GOOD, headers=headers, timeout=30)
+        assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer", r.text
+        assert "--auth-token-file" in r.json()["error"]
+    for path in ("/v2", "/v2/models/relu", "/openapi.json"):
+        assert httpx.get(token_server.base_url + path, timeout=30).status_code == 401
+    assert httpx.post(f"{token_server.base_url}/v2/repository/index", json={}, timeout=30).status_code == 401
+    r = httpx.post(url, json=GOOD, headers={"Authorization": "Bearer s3cret-token"}, timeout=30)
+    assert r.status_code == 200 and r.json()["outputs"][0]["data"] == [1.0, 0.0, 2.0, 0.0]
+    for path in ("/v2/health/live", "/v2/health/ready"):
+        assert httpx.get(token_server.base_url + path, timeout=30).status_code == 200
+    assert "nv_inference_request_success" in httpx.get(token_server.metrics_url, timeout=30).text
+
+
+def test_grpc_requests_need_the_token_but_probes_do_not(token_server: ServerProcess) -> None:
+    client = grpcclient.InferenceServerClient(token_server.grpc_url)
+    try:
+        assert client.is_server_live() and client.is_server_ready()
+        for headers in (None, {"authorization": "Bearer wrong"}):
+            with pytest.raises(InferenceServerException) as info:
+                _grpc_infer(client, headers=headers)
+            assert info.value.status() == "StatusCode.UNAUTHENTICATED" and "--auth-token-file" in info.value.message()
+        with pytest.raises(InferenceServerException) as info:
+            client.get_model_repository_index()
+        assert info.value.status() == "StatusCode.UNAUTHENTICATED"
+        out = _grpc_infer(client, headers={"authorization": "Bearer s3cret-token"})
+        np.testing.assert_array_equal(out, [[1.0, 0.0, 2.0, 0.0]])
+        # the streaming RPC too
+        import queue
+
+        results: queue.Queue = queue.Queue()
+        client.start_stream(callback=lambda result, error: results.put((result, error)))
+        inp = grpcclient.InferInput("IN", [1, 4], "FP32")
+        inp.set_data_from_numpy(np.ones((1, 4), np.float32))
+        client.async_stream_infer("relu", [inp])
+        _, error = results.get(timeout=30)
+        client.stop_stream()
+        assert error is not None and "UNAUTHENTICATED" in str(error.status())
+    finally:
+        client.close()
+
+
+def test_a_rotated_token_takes_effect_without_a_restart(token_server: ServerProcess, token_file: Path) -> None:
+    url = f"{token_server.base_url}/v2/models/relu/infer"
+    token_file.write_text("rotated-token\n")
+    try:
+        assert (
+            httpx.post(url, json=GOOD, headers={"Authorization": "Bearer s3cret-token"}, timeout=30).status_code == 401
+        )
+        assert (
+            httpx.post(url, json=GOOD, headers={"Authorization": "Bearer rotated-token"}, timeout=30).status_code == 200
+        )
+    finally:
+        token_file.write_text("s3cret-token\n")
+
+
+@pytest.fixture(scope="module")
+def tls_server(
+    repo: Path, pki: dict[str, Path], token_file: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess]:
+    s = start_server(
+        repo,
+        "--http-tls-cert", str(pki["server.crt"]), "--http-tls-key", str(pki["server.key"]),
+        "--http-tls-client-ca", str(pki["ca"]),
+        "--grpc-use-ssl", "true", "--grpc-use-ssl-mutual", "true",
+        "--grpc-server-cert", str(pki["server.crt"]), "--grpc-server-key", str(pki["server.key"]),
+        "--grpc-root-cert", str(pki["ca"]),
+        "--auth-token-file", str(token_file),
+        wait=False, log_dir=tmp_path_factory.mktemp("tls-logs"),
+    )  # fmt: skip
+    client = httpx.Client(verify=ssl.create_default_context(cafile=str(pki["ca"])), cert=(str(pki["client.crt"]), str(pki["client.key"])))  # fmt: skip
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            if client.get(f"https://127.0.0.1:{s.http_port}/v2/health/ready", timeout=5).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline or not s.alive():
+            s.terminate(10)
+            pytest.fail(f"TLS server not ready:\n{s.log()}")
+        time.sleep(0.2)
+    client.close()
+    yield s
+    assert s.terminate() == 0
+
+
+def _https(pki: dict[str, Path], client_cert: str | None) -> httpx.Client:
+    cert = (str(pki[f"{client_cert}.crt"]), str(pki[f"{client_cert}.key"])) if client_cert else None
+    return httpx.Client(verify=ssl.create_default_context(cafile=str(pki["ca"])), cert=cert, timeout=30)
+
+
+def test_https_with_client_certificates(tls_server: ServerProcess, pki: dict[str, Path]) -> None:
+    url = f"https://127.0.0.1:{tls_server.http_port}/v2/models/relu/infer"
+    with _https(pki, "client") as client:
+        r = client.post(url, json=GOOD, headers={"Authorization": "Bearer s3cret-token"})
+        assert r.status_code == 200 and r.json()["outputs"][0]["data"] == [1.0, 0.0, 2.0, 0.0]
+        assert client.post(url, json=GOOD).status_code == 401  # TLS does not replace the token
+    for who in (None, "rogue"):  # no client certificate, or one another CA signed: the handshake fails
+        with _https(pki, who) as client, pytest.raises(httpx.HTTPError):
+            client.post(url, json=GOOD, headers={"Authorization": "Bearer s3cret-token"})
+    with pytest.raises(httpx.HTTPError):  # plain HTTP on the TLS port
+        httpx.post(f"http://127.0.0.1:{tls_server.http_port}/v2/models/relu/infer", json=GOOD, timeout=10)
+    assert httpx.get(tls_server.metrics_url, timeout=30).status_code == 200  # metrics stay plain and open
+
+
+def test_grpc_over_mutual_tls(tls_server: ServerProcess, pki: dict[str, Path]) -> None:
+    def client(who: str | None) -> grpcclient.InferenceServerClient:
+        return grpcclient.InferenceServerClient(
+            tls_server.grpc_url,
+            ssl=True,
+            root_certificates=str(pki["ca"]),
+            private_key=str(pki[f"{who}.key"]) if who else None,
+            certificate_chain=str(pki[f"{who}.crt"]) if who else None,
+        )
+
+    good = client("client")
+    np.testing.assert_array_equal(
+        _grpc_infer(good, headers={"authorization": "Bearer s3cret-token"}), [[1.0, 0.0, 2.0, 0.0]]
+    )
+    good.close()
+    for who in (None, "rogue"):
+        bad = client(who)
+        with pytest.raises(InferenceServerException) as info:
+            bad.is_server_live(client_timeout=10)
+        assert info.value.status() in ("StatusCode.UNAVAILABLE", "StatusCode.DEADLINE_EXCEEDED"), info.value
+        bad.close()
+    plain = grpcclient.InferenceServerClient(tls_server.grpc_url)
+    with pytest.raises(InferenceServerException):
+        plain.is_server_live(client_timeout=10)
+    plain.close()
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--grpc-use-ssl", "true"], "--grpc-use-ssl needs --grpc-server-cert and --grpc-server-key"),
+        (["--http-tls-cert", "/nonexistent.crt"], "HTTPS needs both --http-tls-cert and --http-tls-key"),
+        (["--auth-token-file", "/nonexistent"], "--auth-token-file '/nonexistent' does not exist"),
+    ],
+)
+def test_incomplete_security_flags_stop_the_server_with_a_reason(repo: Path, flags: list[str], message: str) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "kubeinfer.server", "--model-repository", str(repo), *flags],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode != 0 and message in proc.stderr, proc.stderr
