@@ -146,7 +146,10 @@ def test_grpc_requests_need_the_token_but_probes_do_not(token_server: ServerProc
         client.start_stream(callback=lambda result, error: results.put((result, error)))
         inp = grpcclient.InferInput("IN", [1, 4], "FP32")
         inp.set_data_from_numpy(np.ones((1, 4), np.float32))
-        client.async_stream_infer("relu", [inp])
+        try:
+            client.async_stream_infer("relu", [inp])
+        except InferenceServerException:
+            pass  # the server may have refused the stream before this request was written; the callback says why
         _, error = results.get(timeout=30)
         client.stop_stream()
         assert error is not None and "UNAUTHENTICATED" in str(error.status())
