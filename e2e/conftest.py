@@ -30,6 +30,7 @@ CLUSTER_SCRIPT = Path(__file__).resolve().parent / "cluster" / "cluster.py"
 ADDONS_SCRIPT = CLUSTER_SCRIPT.with_name("addons.py")
 #: the add-ons the autoscaling tests need (see e2e/cluster/addons.py)
 ADDONS = "prometheus,keda"
+IMAGES_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "images.py"
 
 
 class CommandFailed(AssertionError):
@@ -45,6 +46,12 @@ class Cluster:
     started: bool
     env: dict = field(repr=False)
     info: dict = field(repr=False, default_factory=dict)
+
+    @property
+    def node(self) -> dict | None:
+        """The real worker node (``node_ip``, ``host_ip`` -- the host as pods reach it --, ``pod_cidr``,
+        ``service_cidr``, ``containerd_socket``, ``volumes``, ...), or None for a kwok-only cluster."""
+        return self.info.get("node")
 
     def run(
         self, tool: str, *args: str, check: bool = True, input: str | None = None, timeout: float = 120
@@ -102,6 +109,23 @@ def cluster_from_info(info: dict) -> Cluster:
 
 
 _build_failure: str | None = None
+_images_failure: str | None = None
+
+
+def _stream(cmd: list[str], session: pytest.Session) -> tuple[int, str]:
+    """Run a long build outside any test (pytest-timeout counts fixture setup), output shown live."""
+    capman = session.config.pluginmanager.getplugin("capturemanager")
+    ctx = capman.global_and_fixture_disabled() if capman else contextlib.nullcontext()
+    lines: list[str] = []
+    with ctx:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            sys.stderr.write(line)
+            sys.stderr.flush()
+        rc = proc.wait()
+    return rc, "".join(lines)[-20000:]
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -112,32 +136,21 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     A failure is recorded and reported by the ``cluster`` fixture (tests error, nothing
     is skipped).
     """
-    global _build_failure
+    global _build_failure, _images_failure
     if session.config.option.collectonly:
         return
     needs = set().union(*(getattr(item, "fixturenames", ()) for item in session.items))
-    if not needs & {"cluster", "kubeconform"}:
-        return
-    # the metrics add-ons (KEDA: a 10-minute build) only when a collected test uses them
-    addons = ["--addons", ADDONS] if "metrics_stack" in needs else []
-    capman = session.config.pluginmanager.getplugin("capturemanager")
-    ctx = capman.global_and_fixture_disabled() if capman else contextlib.nullcontext()
-    lines: list[str] = []
-    with ctx:
-        proc = subprocess.Popen(
-            [sys.executable, str(CLUSTER_SCRIPT), "build", *addons],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            lines.append(line)
-            sys.stderr.write(line)
-            sys.stderr.flush()
-        rc = proc.wait()
-    if rc != 0:
-        _build_failure = f"e2e/cluster/build failed (exit {rc}):\n" + "".join(lines)[-20000:]
+    if needs & {"cluster", "kubeconform"}:
+        # the metrics add-ons (KEDA: a 10-minute build) only when a collected test uses them
+        addons = ["--addons", ADDONS] if "metrics_stack" in needs else []
+        rc, out = _stream([sys.executable, str(CLUSTER_SCRIPT), "build", *addons], session)
+        if rc != 0:
+            _build_failure = f"e2e/cluster/build failed (exit {rc}):\n{out}"
+    if "images" in needs:
+        # the image builds (cold: Debian base + both images, a few minutes) also run before any test
+        rc, out = _stream([sys.executable, str(IMAGES_SCRIPT), "--no-load"], session)
+        if rc != 0:
+            _images_failure = f"scripts/images failed (exit {rc}):\n{out}"
 
 
 @pytest.fixture(scope="session")
@@ -163,6 +176,36 @@ def cluster():
         sys.stderr.write(rel.stderr)
         if rel.returncode != 0:
             sys.stderr.write(f"e2e/cluster/cluster.py release failed (exit {rel.returncode})\n")
+
+
+@pytest.fixture(scope="session")
+def node(cluster) -> dict:
+    """The cluster's real worker node (see ``Cluster.node``); errors when the cluster has none."""
+    if not cluster.node:
+        pytest.fail(
+            "the local cluster has no real worker node (KUBEINFER_CLUSTER_NODE=0, or not root); "
+            "tests of real pods need one",
+            pytrace=False,
+        )
+    return cluster.node
+
+
+@pytest.fixture(scope="session")
+def images(cluster, node) -> dict:
+    """The server and operator images (``scripts/images``), built before the session and imported into the
+    node's containerd: ``{"server": "kubeinfer-server:<version>", "operator": ..., "info": <--json output>}``."""
+    if _images_failure:
+        pytest.fail(_images_failure, pytrace=False)
+    env = dict(os.environ, KUBEINFER_CLUSTER_RUN=cluster.run_dir)
+    proc = subprocess.run([sys.executable, str(IMAGES_SCRIPT), "--json"], capture_output=True, text=True, env=env)
+    sys.stderr.write(proc.stderr)
+    if proc.returncode != 0:
+        pytest.fail(f"scripts/images failed (exit {proc.returncode}):\n{proc.stderr[-20000:]}", pytrace=False)
+    info = json.loads(proc.stdout)
+    if info.get("node") != node["name"]:
+        pytest.fail(f"scripts/images did not load the images into {node['name']}:\n{proc.stderr}", pytrace=False)
+    refs = {i["role"]: i["ref"] for i in info["images"]}
+    return {**refs, "info": info}
 
 
 @pytest.fixture(scope="session")

@@ -289,6 +289,25 @@ def test_up_is_idempotent(cluster):
     assert f"export PATH={cluster.bin_dir}:" in e.stdout
 
 
+def _node_leftovers(node: dict, run_dir: Path) -> list[str]:
+    """What a stopped real node left on the host: its namespace, veth, routes, cgroups, mounts, sockets."""
+    left = []
+    if Path(f"/run/netns/{node['netns']}").exists():
+        left.append(f"netns {node['netns']}")
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    left += [f"link {line.split(':')[1].strip()}" for line in links.splitlines() if f"kih{node['rid']}" in line]
+    routes = subprocess.run(["ip", "-4", "route"], capture_output=True, text=True).stdout
+    left += [f"route {r}" for r in routes.splitlines() if r.startswith((node["pod_cidr"], node["service_cidr"]))]
+    for ctl in Path("/sys/fs/cgroup").iterdir():
+        if (ctl / node["cgroup_root"].lstrip("/")).exists():
+            left.append(f"cgroup {ctl.name}{node['cgroup_root']}")
+    mounts = Path("/proc/self/mountinfo").read_text().splitlines()
+    left += [f"mount {m.split()[4]}" for m in mounts if str(run_dir) in m.split()[4]]
+    if Path(node["containerd_socket"]).parent.exists():
+        left.append(f"socket dir {Path(node['containerd_socket']).parent}")
+    return left
+
+
 def _gone(pid: int) -> bool:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -312,7 +331,15 @@ def test_second_cluster_on_free_ports_release_and_down(cluster, tmp_path):
             assert info["server"] != cluster.server
             assert not set(info["ports"].values()) & set(cluster.info["ports"].values())
             second = cluster.from_info(info)
-            assert second.kubectl("get", "nodes", "-o", "name").stdout.split() == ["node/kwok-gpu-node-0"]
+            nodes = second.kubectl("get", "nodes", "-o", "name").stdout.split()
+            if info["node"]:  # its own real node, in its own network namespace, on other addresses
+                assert sorted(nodes) == ["node/kubeinfer-node-0", "node/kwok-gpu-node-0"]
+                if cluster.node:
+                    assert info["node"]["netns"] != cluster.node["netns"]
+                    assert info["node"]["pod_cidr"] != cluster.node["pod_cidr"]
+                    assert info["service_cidr"] != cluster.info["service_cidr"]
+            else:
+                assert nodes == ["node/kwok-gpu-node-0"]
             assert all(not _gone(pid) for pid in info["pids"].values())
 
             # two holders: releasing one keeps it running; the last release stops it.
@@ -326,6 +353,8 @@ def test_second_cluster_on_free_ports_release_and_down(cluster, tmp_path):
             for name, pid in info["pids"].items():
                 assert _gone(pid), f"{name} (pid {pid}) still running after the last release"
             assert cluster.script("env", env=env).returncode == 1
+            if info["node"]:
+                assert _node_leftovers(info["node"], tmp_path / "run") == []
 
             # a plain `up` (a person) then `down`.
             r3 = cluster.script("up", "--json", env=env, timeout=600)
@@ -340,6 +369,8 @@ def test_second_cluster_on_free_ports_release_and_down(cluster, tmp_path):
         for name, pid in info["pids"].items():
             assert _gone(pid), f"{name} (pid {pid}) still running after down"
         assert cluster.script("env", env=env).returncode == 1
+        if info["node"]:
+            assert _node_leftovers(info["node"], tmp_path / "run") == []
     finally:
         other.kill()
     # ... and the session's cluster is untouched.

@@ -80,7 +80,15 @@ def test_values_schema_refuses_bad_values(helm, values, message) -> None:
 
 def test_template_renders_operator_with_leader_election(helm) -> None:
     docs = _docs(helm("template", "ki", str(CHART), "-n", "ops", "--set", "replicaCount=2").stdout)
-    assert _kinds(docs) == ["ClusterRole", "ClusterRoleBinding", "Deployment", "Role", "RoleBinding", "ServiceAccount"]
+    assert _kinds(docs) == [
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Deployment",
+        "PersistentVolumeClaim",
+        "Role",
+        "RoleBinding",
+        "ServiceAccount",
+    ]
     dep = next(d for d in docs if d["kind"] == "Deployment")
     pod = dep["spec"]["template"]["spec"]
     c = pod["containers"][0]
@@ -102,6 +110,12 @@ def test_template_renders_operator_with_leader_election(helm) -> None:
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert volumes["models"]["persistentVolumeClaim"]["claimName"] == "kubeinfer-models"
+    pvc = next(d for d in docs if d["kind"] == "PersistentVolumeClaim")
+    assert pvc["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"  # models outlive the release
+    assert "storageClassName" not in pvc["spec"]  # the cluster's default class
+    assert c["image"] == "kubeinfer-operator:" + yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+    existing = _docs(helm("template", "ki", str(CHART), "--set", "repository.create=false").stdout)
+    assert not any(d["kind"] == "PersistentVolumeClaim" for d in existing)
     refused = helm(
         "template", "ki", str(CHART), "--set", "replicaCount=2", "--set", "leaderElection=false", check=False
     )

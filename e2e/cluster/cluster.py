@@ -50,14 +50,17 @@ import urllib.request
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-MODULES = ("k8s", "etcd", "kwok", "helm")
+sys.path.insert(0, str(HERE))
+import node  # noqa: E402  (e2e/cluster/node.py: the real worker node)
+
+MODULES = ("k8s", "etcd", "kwok", "helm", "coredns")
 
 # Bump when the build recipe below changes (tags, ldflags, outputs): it is part of the
 # bin-<hash> name so a changed recipe never reuses stale binaries.
-BUILD_RECIPE = "v1 tags=selinux,notest,grpcnotrace trimpath cgo=0 ldflags=-s,-w,version-stamps"
+BUILD_RECIPE = "v2 tags=selinux,notest,grpcnotrace trimpath cgo=0 ldflags=-s,-w,version-stamps pause=gcc-static"
 K8S_TAGS = "selinux,notest,grpcnotrace"
-K8S_CMDS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
-BINARIES = K8S_CMDS + ("etcd", "kwok", "helm")
+K8S_CMDS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kubelet", "kube-proxy")
+BINARIES = K8S_CMDS + ("etcd", "kwok", "helm", "coredns", "pause")
 KWOK_STAGES = (
     "kustomize/stage/node/fast/node-initialize.yaml",
     "kustomize/stage/node/heartbeat-with-lease/node-heartbeat-with-lease.yaml",
@@ -67,6 +70,9 @@ KWOK_STAGES = (
 )
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
 NODE_NAME = "kwok-gpu-node-0"
+#: GPU nodes carry this taint (as on GKE/AKS); the ExtendedResourceToleration admission plugin gives
+#: every pod that asks for nvidia.com/gpu the toleration, so CPU-only pods land on the real node.
+GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
 SERVICE_CIDR = "10.0.0.0/24"
 SERVICE_IP = "10.0.0.1"
 POD_CIDR = "10.244.0.0/16"
@@ -100,6 +106,19 @@ def pins_hash() -> str:
             h.update(f"\0{mod}/{name}\0".encode())
             h.update(p.read_bytes())
     return h.hexdigest()[:16]
+
+
+def recipe_hash(with_node: bool) -> str:
+    """What a running cluster was started by: these scripts' text and the node switch. ``up`` restarts a
+    cluster whose recipe differs instead of reusing one started with other flags or components."""
+    h = hashlib.sha256(f"node={with_node}".encode())
+    for f in ("cluster.py", "node.py"):
+        h.update((HERE / f).read_bytes())
+    return h.hexdigest()[:16]
+
+
+def expected_components(state: dict) -> tuple[str, ...]:
+    return COMPONENTS + (node.NODE_COMPONENTS if state.get("node") else ())
 
 
 def bin_dir() -> Path:
@@ -228,15 +247,47 @@ def build(out: Path) -> None:
     ]
     go([*common, "-ldflags", " ".join(["-s -w", *hx]), "-o", str(out / "helm"), "helm.sh/helm/v3/cmd/helm"], "helm")
 
+    # CoreDNS for the worker node (wrapper module: upstream's plugins, only those the Corefile uses).
+    coredns = module_info("coredns", "github.com/coredns/coredns")
+    cx = f"-X github.com/coredns/coredns/coremain.GitCommit={coredns['commit'][:7]}" if coredns["commit"] else ""
+    go([*common, "-ldflags", f"-s -w {cx}".strip(), "-o", str(out / "coredns"), "."], "coredns")
+
+    # The pod sandbox ("pause") binary: Kubernetes' own build/pause/linux/pause.c at the pinned version,
+    # compiled as upstream's Makefile does (static, -Os); node.py wraps it into the sandbox image.
+    pause_tag = pause_version(Path(k8s["dir"]))
+    cc = ["gcc", "-Os", "-Wall", "-Werror", "-static", f"-DVERSION=v{pause_tag}-{v}"]
+    src = Path(k8s["dir"]) / "build" / "pause" / "linux" / "pause.c"
+    p = subprocess.run([*cc, "-o", str(out / "pause"), str(src)], capture_output=True, text=True)
+    if p.returncode != 0:
+        raise ClusterError(f"compiling {src} failed (gcc and libc6-dev are needed):\n{p.stderr}")
+    subprocess.run(["strip", str(out / "pause")], check=False)
+    (out / "pause.version").write_text(pause_tag + "\n")
+
     for b in BINARIES:
         if not (out / b).is_file():
             raise ClusterError(f"build finished but {out / b} is missing")
     (out / "VERSIONS").write_text(
         json.dumps(
-            {"kubernetes": v, "etcd": etcd["version"], "kwok": kwok["version"], "helm": helm["version"]}, indent=2
+            {
+                "kubernetes": v,
+                "etcd": etcd["version"],
+                "kwok": kwok["version"],
+                "helm": helm["version"],
+                "coredns": coredns["version"],
+                "pause": pause_tag,
+            },
+            indent=2,
         )
         + "\n"
     )
+
+
+def pause_version(k8s_dir: Path) -> str:
+    """The pause image tag Kubernetes' own Makefile builds at this version (``TAG ?= 3.10.1``)."""
+    for line in (k8s_dir / "build" / "pause" / "Makefile").read_text().splitlines():
+        if line.replace(" ", "").startswith("TAG?="):
+            return line.split("=", 1)[1].strip()
+    raise ClusterError("no TAG in build/pause/Makefile")
 
 
 def ensure_built() -> tuple[Path, float, bool]:
@@ -327,8 +378,14 @@ def addons():
 def stop_components(rd: Path, state: dict) -> list[str]:
     stopped = addons().stop(rd, state) if state.get("addons") else []
     comps = state.get("components", {})
+    node_info = state.get("node")
     for name in reversed(list(comps)):
         comp = comps[name]
+        if name == "containerd" and node_info:
+            # the kubelet is gone by now; stop the pods while containerd can still do it
+            n = node.kill_pods(node.paths(rd, node.net_of(node_info)))
+            if n:
+                stopped.append(f"{n} pod container(s)")
         if not alive(comp):
             continue
         os.kill(comp["pid"], signal.SIGTERM)
@@ -341,6 +398,8 @@ def stop_components(rd: Path, state: dict) -> list[str]:
             while alive(comp):
                 time.sleep(0.1)
         stopped.append(f"{name}({comp['pid']})")
+    if node_info:
+        node.cleanup(rd, node_info)
     for name in comps:
         with contextlib.suppress(OSError):
             (rd / "pids" / f"{name}.pid").unlink()
@@ -358,7 +417,9 @@ def openssl(*args: str, cwd: Path) -> None:
         raise ClusterError(f"openssl {' '.join(args)} failed:\n{p.stdout}{p.stderr}")
 
 
-def make_pki(pki: Path) -> None:
+def make_pki(
+    pki: Path, api_ips: tuple[str, ...] = ("127.0.0.1",), service_ip: str = SERVICE_IP, kubelet_ip: str = ""
+) -> None:
     pki.mkdir(parents=True, exist_ok=True)
     o = lambda *a: openssl(*a, cwd=pki)  # noqa: E731
     for ca, cn in (("ca", "kubeinfer-local-ca"), ("front-proxy-ca", "kubeinfer-front-proxy-ca")):
@@ -385,14 +446,21 @@ def make_pki(pki: Path) -> None:
         "apiserver": (
             "ca",
             "/CN=kube-apiserver",
-            f"subjectAltName=DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,"
-            f"DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local,"
-            f"IP:127.0.0.1,IP:{SERVICE_IP}\nextendedKeyUsage=serverAuth\n",
+            "subjectAltName=DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,"
+            + "DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local,"
+            + "".join(f"IP:{ip}," for ip in api_ips)
+            + f"IP:{service_ip}\nextendedKeyUsage=serverAuth\n",
         ),
         "admin": ("ca", "/O=system:masters/CN=kubeinfer-admin", "extendedKeyUsage=clientAuth\n"),
         # client cert the apiserver uses towards aggregated API servers (request-header auth)
         "front-proxy-client": ("front-proxy-ca", "/CN=front-proxy-client", "extendedKeyUsage=clientAuth\n"),
     }
+    if kubelet_ip:  # the real node's kubelet serving certificate (the apiserver verifies it for logs/exec)
+        certs["kubelet"] = (
+            "ca",
+            f"/O=system:nodes/CN=system:node:{node.NODE_NAME}",
+            f"subjectAltName=DNS:{node.NODE_NAME},IP:{kubelet_ip}\nextendedKeyUsage=serverAuth\n",
+        )
     for name, (ca, subj, ext) in certs.items():
         (pki / f"{name}.ext").write_text(
             "basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\n" + ext
@@ -484,7 +552,7 @@ def healthy(state: dict, patience: float = 30) -> bool:
     slow, so with every process alive keep asking for up to ``patience`` seconds before
     declaring the cluster broken (``up`` would then restart it under its users' feet)."""
     comps = state.get("components", {})
-    if set(comps) != set(COMPONENTS):
+    if set(comps) != set(expected_components(state)):
         return False
     api = Api(state["server"], Path(state["pki"]))
     deadline = time.monotonic() + patience
@@ -502,15 +570,22 @@ def healthy(state: dict, patience: float = 30) -> bool:
 # --------------------------------------------------------------------------- up
 
 
-def start(rd: Path, bins: Path, timeout: float) -> dict:
+def start(rd: Path, bins: Path, timeout: float, with_node: bool) -> dict:
     for sub in ("data", "pki", "pids"):
         shutil.rmtree(rd / sub, ignore_errors=True)
     (rd / "logs").mkdir(parents=True, exist_ok=True)
     (rd / "pids").mkdir(parents=True, exist_ok=True)
     pki = rd / "pki"
-    make_pki(pki)
+    net = None
+    api_ip, service_cidr, service_ip = "127.0.0.1", SERVICE_CIDR, SERVICE_IP
+    if with_node:
+        # the node's network namespace comes first: the apiserver listens on the host end of its veth
+        net = node.choose_net(rd)
+        node.setup_network(net)
+        api_ip, service_cidr, service_ip = net.host_ip, net.service_cidr, net.service_ip
+    make_pki(pki, api_ips=(api_ip,), service_ip=service_ip, kubelet_ip=net.node_ip if net else "")
     (etcd_port, peer_port, api_port, kcm_port, sched_port) = free_ports(5)
-    server = f"https://127.0.0.1:{api_port}"
+    server = f"https://{api_ip}:{api_port}"
     kubeconfig = rd / "kubeconfig"
     write_kubeconfig(kubeconfig, pki, server)
     state = {
@@ -519,6 +594,8 @@ def start(rd: Path, bins: Path, timeout: float) -> dict:
         "kubeconfig": str(kubeconfig),
         "server": server,
         "pki": str(pki),
+        "recipe": recipe_hash(with_node),
+        "service_cidr": service_cidr,
         "ports": {
             "etcd": etcd_port,
             "etcd-peer": peer_port,
@@ -544,8 +621,8 @@ def start(rd: Path, bins: Path, timeout: float) -> dict:
         ],
         "kube-apiserver": [
             f"--etcd-servers={etcd_url}",
-            "--bind-address=127.0.0.1",
-            "--advertise-address=127.0.0.1",
+            f"--bind-address={api_ip}",
+            f"--advertise-address={api_ip}",
             f"--secure-port={api_port}",
             f"--cert-dir={pki}",
             f"--tls-cert-file={pki / 'apiserver.crt'}",
@@ -554,8 +631,14 @@ def start(rd: Path, bins: Path, timeout: float) -> dict:
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
             f"--service-account-key-file={pki / 'sa.pub'}",
             f"--service-account-signing-key-file={pki / 'sa.key'}",
-            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            f"--service-cluster-ip-range={service_cidr}",
             "--authorization-mode=RBAC",
+            "--enable-admission-plugins=ExtendedResourceToleration",
+            # logs/exec/port-forward: dial the kubelet by IP, authenticate as admin, verify its serving cert
+            "--kubelet-preferred-address-types=InternalIP,Hostname",
+            f"--kubelet-client-certificate={pki / 'admin.crt'}",
+            f"--kubelet-client-key={pki / 'admin.key'}",
+            *([f"--kubelet-certificate-authority={pki / 'ca.crt'}"] if net else []),
             "--allow-privileged=true",
             f"--requestheader-client-ca-file={pki / 'front-proxy-ca.crt'}",
             "--requestheader-allowed-names=front-proxy-client",
@@ -577,7 +660,7 @@ def start(rd: Path, bins: Path, timeout: float) -> dict:
             f"--root-ca-file={pki / 'ca.crt'}",
             f"--cluster-signing-cert-file={pki / 'ca.crt'}",
             f"--cluster-signing-key-file={pki / 'ca.key'}",
-            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            f"--service-cluster-ip-range={service_cidr}",
         ],
         "kube-scheduler": [
             f"--kubeconfig={kc}",
@@ -597,6 +680,13 @@ def start(rd: Path, bins: Path, timeout: float) -> dict:
             "--node-ip=127.0.0.1",
         ],
     }
+    argv = {name: [str(bins / name), *flags] for name, flags in cmds.items()}
+    node_paths: dict = {}
+    if net:
+        node_paths = node.write_configs(rd, net, pki, bins, kubeconfig)
+        argv.update(node.commands(net, node_paths, bins))
+        state["node"] = node.describe(net, node_paths)  # from here on, a failed start cleans the node up too
+        save_state(rd, state)
     api = Api(server, pki)
     deadline = time.monotonic() + timeout
 
@@ -605,7 +695,7 @@ def start(rd: Path, bins: Path, timeout: float) -> dict:
         logf.write(f"\n===== {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} starting {name}\n".encode())
         logf.flush()
         p = subprocess.Popen(
-            [str(bins / name), *cmds[name]],
+            argv[name],
             stdin=subprocess.DEVNULL,
             stdout=logf,
             stderr=subprocess.STDOUT,
@@ -621,7 +711,7 @@ def start(rd: Path, bins: Path, timeout: float) -> dict:
             "pid": p.pid,
             "starttime": st,
             "log": str(rd / "logs" / f"{name}.log"),
-            "cmd": [str(bins / name), *cmds[name]],
+            "cmd": argv[name],
         }
         (rd / "pids" / f"{name}.pid").write_text(f"{p.pid}\n")
         save_state(rd, state)
@@ -658,7 +748,7 @@ def start(rd: Path, bins: Path, timeout: float) -> dict:
         all_names = tuple(COMPONENTS)
         wait("kube-controller-manager /healthz", lambda: http_ok(f"https://127.0.0.1:{kcm_port}/healthz"), all_names)
         wait("kube-scheduler /healthz", lambda: http_ok(f"https://127.0.0.1:{sched_port}/healthz"), all_names)
-        node = {
+        kwok_node = {
             "apiVersion": "v1",
             "kind": "Node",
             "metadata": {
@@ -672,30 +762,25 @@ def start(rd: Path, bins: Path, timeout: float) -> dict:
                     "kubernetes.io/arch": "amd64",
                 },
             },
+            "spec": {"taints": [GPU_TAINT]} if net else {},
             "status": {
                 "capacity": {"cpu": "32", "memory": "256Gi", "pods": "110", "nvidia.com/gpu": "8"},
                 "allocatable": {"cpu": "32", "memory": "256Gi", "pods": "110", "nvidia.com/gpu": "8"},
             },
         }
-        code, text = api.call("POST", "/api/v1/nodes", node)
+        code, text = api.call("POST", "/api/v1/nodes", kwok_node)
         if code not in (201, 409):
             raise ClusterError(f"creating node {NODE_NAME} failed: HTTP {code}: {text}")
 
-        def node_ready() -> bool:
-            n = api.get_json(f"/api/v1/nodes/{NODE_NAME}")
-            if not n:
-                return False
-            ready = any(c["type"] == "Ready" and c["status"] == "True" for c in n["status"].get("conditions", []))
-            tainted = any(t["key"].startswith("node.kubernetes.io/") for t in n["spec"].get("taints", []))
-            return ready and not tainted
-
-        wait(f"node {NODE_NAME} Ready without not-ready taint", node_ready, all_names)
+        wait(f"node {NODE_NAME} Ready without not-ready taint", lambda: node_ready(api, NODE_NAME), all_names)
         # Pods need the namespace's default ServiceAccount (ServiceAccount admission).
         wait(
             "ServiceAccount default/default",
             lambda: api.get_json("/api/v1/namespaces/default/serviceaccounts/default") is not None,
             all_names,
         )
+        if net:
+            start_node(net, node_paths, bins, api, launch, wait, state, rd)
     except BaseException:
         log("start failed; stopping the processes started so far")
         stop_components(rd, state)
@@ -703,6 +788,40 @@ def start(rd: Path, bins: Path, timeout: float) -> dict:
     state["started_at"] = time.time()
     save_state(rd, state)
     return state
+
+
+def node_ready(api: Api, name: str) -> bool:
+    n = api.get_json(f"/api/v1/nodes/{name}")
+    if not n:
+        return False
+    ready = any(c["type"] == "Ready" and c["status"] == "True" for c in n["status"].get("conditions", []))
+    tainted = any(t["key"].startswith("node.kubernetes.io/") for t in n["spec"].get("taints", []))
+    return ready and not tainted
+
+
+def start_node(net, paths: dict, bins: Path, api: Api, launch, wait, state: dict, rd: Path) -> None:
+    """containerd (+ the pause image), kubelet, kube-proxy, CoreDNS; then the default StorageClass."""
+    node.make_cgroup_root(net)
+    everything = tuple(COMPONENTS)
+    launch("containerd")
+    everything += ("containerd",)
+    wait("containerd", lambda: node.containerd_ready(paths), everything)
+    pause = node.ensure_pause_image(paths, bins)
+    log(f"containerd up; sandbox image {pause}")
+    launch("kubelet")
+    everything += ("kubelet",)
+    wait(f"node {node.NODE_NAME} Ready", lambda: node_ready(api, node.NODE_NAME), everything)
+    launch("kube-proxy")
+    everything += ("kube-proxy",)
+    wait("kube-proxy /healthz", lambda: http_ok(f"http://{net.node_ip}:10256/healthz"), everything)
+    launch("coredns")
+    everything += ("coredns",)
+    wait("CoreDNS /ready", lambda: http_ok(f"http://{net.node_ip}:8181/ready"), everything)
+    made = node.ensure_storage(api, paths)
+    log(
+        f"node {node.NODE_NAME} Ready ({net.node_ip}, pods {net.pod_cidr}, Services {net.service_cidr}); "
+        f"{made} new PersistentVolume(s) in the pool"
+    )
 
 
 def exports(state: dict) -> str:
@@ -723,6 +842,8 @@ def describe(state: dict, started: bool, build_s: float = 0.0, start_s: float = 
         "ports": state["ports"],
         "pids": {n: c["pid"] for n, c in state["components"].items()},
         "addons": addons().describe(state),
+        "service_cidr": state.get("service_cidr", SERVICE_CIDR),
+        "node": state.get("node"),
     }
 
 
@@ -755,8 +876,19 @@ def cmd_up(args) -> int:
         log(f"binaries: {bins} (cached, {build_s:.1f}s)")
     rd = run_dir()
     rd.mkdir(parents=True, exist_ok=True)
+    with_node = node.enabled()
+    if with_node:
+        node.ensure_packages()
     with flock(rd / ".lock"):
         state = load_state(rd)
+        recipe = recipe_hash(with_node)
+        if state and state.get("recipe") != recipe:
+            stopped = stop_components(rd, state)
+            log(
+                f"the cluster running in {rd} was started by another recipe (cluster.py/node.py or "
+                f"KUBEINFER_CLUSTER_NODE differ); stopped {stopped or 'nothing'} to restart it"
+            )
+            state = None
         if state and state.get("bin_dir") == str(bins) and healthy(state):
             log(f"reusing running cluster at {state['server']} (run folder {rd})")
             if args.hold is None and state.get("managed"):
@@ -769,7 +901,7 @@ def cmd_up(args) -> int:
                 log(f"previous cluster in {rd} was not healthy or used other binaries; stopped {stopped or 'nothing'}")
             t0 = time.monotonic()
             timeout = float(os.environ.get("KUBEINFER_CLUSTER_TIMEOUT", "180"))
-            state = start(rd, bins, timeout)
+            state = start(rd, bins, timeout, with_node)
             state["managed"] = args.hold is not None
             save_state(rd, state)
             start_s = time.monotonic() - t0

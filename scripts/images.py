@@ -1,0 +1,382 @@
+#!/usr/bin/env python3
+"""Build the kubeinfer container images here and load them into the local cluster's containerd.
+
+``scripts/images`` (``make images``):
+
+1. a Debian bookworm base with python3 and venv, built from Debian packages with mmdebstrap (no
+   container registry is reachable here, so no ``python:3.11-slim``), imported as
+   ``localhost/kubeinfer-base:bookworm-<hash>``;
+2. ``Dockerfile.server`` and ``Dockerfile.operator`` built with buildah on that base (``--build-arg
+   BASE=...``; elsewhere ``docker build`` uses their default base), tagged ``kubeinfer-server:<version>``
+   and ``kubeinfer-operator:<version>`` (the chart's appVersion) plus ``<version>-<hash>``;
+3. each image imported into the containerd of the running local cluster's worker node
+   (``e2e/cluster/up``; ``KUBEINFER_CLUSTER_RUN`` picks the run folder), older builds untagged there.
+
+Every step is keyed by a hash of its inputs (the base recipe; the Dockerfile, the base and every file of
+the build context), so an unchanged image is neither rebuilt nor re-imported: a warm run takes seconds.
+The last two lines printed are the two image references. Options: ``--no-load`` (build only),
+``--json`` (print a JSON document instead, for tests). Needs root (buildah, mmdebstrap, containerd).
+
+Images live in buildah's storage (/var/lib/containers); older builds of an image are removed after a
+new one (the disk is shared). Environment: ``KUBEINFER_IMAGE_CACHE`` (lock file and scratch space,
+default ``~/.cache/kubeinfer-images``), ``KUBEINFER_DEBIAN_MIRROR`` (default ``http://deb.debian.org``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SYSTEM_PACKAGES = ROOT / "e2e" / "cluster" / "system-packages"
+
+#: Files and folders the Dockerfiles COPY (the build context after .dockerignore); hashed for the tag.
+CONTEXT = ("pyproject.toml", "setup.py", "README.md", "server", "operator", "scripts/image_requirements.py")
+IGNORED_PARTS = ("__pycache__",)
+IGNORED_SUFFIXES = (".pyc",)
+
+SUITE = "bookworm"
+#: libstdc++6: onnx/onnxruntime/grpcio wheels link it dynamically; netbase: /etc/services, /etc/protocols.
+BASE_PACKAGES = ("python3", "python3-venv", "passwd", "ca-certificates", "libstdc++6", "netbase")
+#: mmdebstrap arguments of the base; part of its hash, so changing them builds a new base.
+BASE_RECIPE = {
+    "variant": "essential",  # Essential:yes packages + BASE_PACKAGES: no apt, no perl
+    "suite": SUITE,
+    "packages": BASE_PACKAGES,
+    "dpkg": (
+        "path-exclude=/usr/share/doc/*",
+        "path-include=/usr/share/doc/*/copyright",
+        "path-exclude=/usr/share/man/*",
+        "path-exclude=/usr/share/locale/*",
+        "path-exclude=/usr/share/info/*",
+    ),
+    "hook": "merged-usr",
+    "version": 1,
+}
+BUILD_FLAGS = ("--network=host", "--ulimit=nofile=20000:20000")
+
+IMAGES = {"server": "Dockerfile.server", "operator": "Dockerfile.operator"}
+#: Imported in each freshly built image (as its user): a missing system library fails the build, not a pod.
+SMOKE = {
+    "server": "import kubeinfer.server.cli, onnxruntime, onnx, grpc, fastapi, uvicorn, orjson, numpy",
+    "operator": "import kubeinfer.operator.cli, kopf, kubernetes, onnx, httpx, yaml",
+}
+
+
+def log(msg: str) -> None:
+    print(f"[kubeinfer-images] {msg}", file=sys.stderr, flush=True)
+
+
+class ImageError(RuntimeError):
+    pass
+
+
+def cache_dir() -> Path:
+    default = Path.home() / ".cache" / "kubeinfer-images"
+    return Path(os.environ.get("KUBEINFER_IMAGE_CACHE") or default).expanduser()
+
+
+@contextlib.contextmanager
+def flock(path: Path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def run(*cmd: str, capture: bool = True, **kw) -> str:
+    p = subprocess.run(cmd, stdout=subprocess.PIPE if capture else sys.stderr, stderr=subprocess.PIPE, text=True, **kw)
+    if p.returncode != 0:
+        raise ImageError(f"{' '.join(cmd)} exited {p.returncode}:\n{(p.stdout or '')[-3000:]}{p.stderr[-6000:]}")
+    return p.stdout if capture else ""
+
+
+def project_version() -> str:
+    m = re.search(r'^version\s*=\s*"([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.M)
+    if not m:
+        raise ImageError("no version in pyproject.toml")
+    return m.group(1)
+
+
+# ----------------------------------------------------------------------------- hashing
+
+
+def context_files(root: Path = ROOT) -> list[Path]:
+    files: list[Path] = []
+    for entry in CONTEXT:
+        p = root / entry
+        candidates = [p] if p.is_file() else sorted(q for q in p.rglob("*") if q.is_file())
+        for q in candidates:
+            rel = q.relative_to(root)
+            if any(part in IGNORED_PARTS for part in rel.parts) or q.suffix in IGNORED_SUFFIXES:
+                continue
+            files.append(rel)
+    return files
+
+
+def inputs_hash(dockerfile: str, base_ref: str, build_args: dict[str, str], root: Path = ROOT) -> str:
+    h = hashlib.sha256()
+    for key, value in (("dockerfile", (root / dockerfile).read_bytes()), ("base", base_ref.encode())):
+        h.update(f"\0{key}\0".encode() + value)
+    h.update(json.dumps(build_args, sort_keys=True).encode())
+    h.update((root / ".dockerignore").read_bytes())
+    for rel in context_files(root):
+        h.update(f"\0{rel}\0{os.stat(root / rel).st_mode & 0o111 != 0}\0".encode())
+        h.update((root / rel).read_bytes())
+    return h.hexdigest()[:12]
+
+
+def base_hash() -> str:
+    return hashlib.sha256(json.dumps(BASE_RECIPE, sort_keys=True).encode()).hexdigest()[:12]
+
+
+# ----------------------------------------------------------------------------- buildah
+
+
+def image_exists(ref: str) -> bool:
+    return subprocess.run(["buildah", "inspect", "--type", "image", ref], capture_output=True).returncode == 0
+
+
+def image_size(ref: str) -> int:
+    """Uncompressed size of the image's layers in bytes (what it occupies unpacked on a node)."""
+    manifest = json.loads(json.loads(run("buildah", "inspect", "--type", "image", ref))["Manifest"])
+    return sum(int(layer["size"]) for layer in manifest["layers"])  # local layers are stored uncompressed
+
+
+def build_base() -> str:
+    ref = f"localhost/kubeinfer-base:{SUITE}-{base_hash()}"
+    if image_exists(ref):
+        return ref
+    mirror = os.environ.get("KUBEINFER_DEBIAN_MIRROR", "http://deb.debian.org").rstrip("/")
+    sources = [
+        f"deb {mirror}/debian {SUITE} main",
+        f"deb {mirror}/debian {SUITE}-updates main",
+        f"deb {mirror}/debian-security {SUITE}-security main",
+    ]
+    log(f"building the Debian base {ref} with mmdebstrap (about a minute)")
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="kubeinfer-base-") as tmp:
+        tar = Path(tmp) / "rootfs.tar"
+        cmd = [
+            "mmdebstrap",
+            f"--variant={BASE_RECIPE['variant']}",
+            "--mode=root",
+            "--format=tar",
+            f"--hook-dir=/usr/share/mmdebstrap/hooks/{BASE_RECIPE['hook']}",
+            "--include=" + ",".join(BASE_PACKAGES),
+            "--aptopt=Acquire::Retries 3",
+            *(f"--dpkgopt={o}" for o in BASE_RECIPE["dpkg"]),
+            SUITE,
+            str(tar),
+            *sources,
+        ]
+        run(*cmd)
+        ctr = run("buildah", "from", "scratch").strip()
+        try:
+            mnt = run("buildah", "mount", ctr).strip()
+            run("tar", "-xf", str(tar), "-C", mnt, "--numeric-owner")
+            run("buildah", "umount", ctr)
+            run(
+                "buildah",
+                "config",
+                "--env",
+                "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                "--env",
+                "LANG=C.UTF-8",
+                "--cmd",
+                "/bin/bash",
+                "--label",
+                f"io.kubeinfer.base-recipe={base_hash()}",
+                "--label",
+                f"org.opencontainers.image.description=Debian {SUITE} + {' '.join(BASE_PACKAGES)} (mmdebstrap)",
+                ctr,
+            )
+            run("buildah", "commit", "-q", "--rm", ctr, ref)
+        except BaseException:
+            subprocess.run(["buildah", "rm", ctr], capture_output=True)
+            raise
+    log(f"base {ref}: {image_size(ref) / 1e6:.0f} MB, built in {time.monotonic() - t0:.0f}s")
+    for line in run("buildah", "images", "--format", "{{.Name}}:{{.Tag}}").split():
+        if line.startswith("localhost/kubeinfer-base:") and line != ref:
+            subprocess.run(["buildah", "rmi", line], capture_output=True)  # fails (kept) while still in use
+    return ref
+
+
+def host_ca_volume() -> list[str]:
+    """Lend the build's RUN steps this machine's CA bundle (not committed to the image): where egress to
+    PyPI goes through a TLS-inspecting proxy, pip in the Debian base trusts the system bundle, not certifi."""
+    bundle = Path(os.environ.get("SSL_CERT_FILE") or "/etc/ssl/certs/ca-certificates.crt")
+    return [f"--volume={bundle}:/etc/ssl/certs/ca-certificates.crt:ro"] if bundle.is_file() else []
+
+
+def build_image(role: str, base: str, extra_args: dict[str, str]) -> dict:
+    version = project_version()
+    dockerfile = IMAGES[role]
+    args = {"BASE": base, **extra_args}
+    digest = inputs_hash(dockerfile, base, args)
+    name = f"kubeinfer-{role}"
+    local = f"localhost/{name}:{version}-{digest}"
+    built = False
+    t0 = time.monotonic()
+    if not image_exists(local):
+        log(f"building {name} ({dockerfile}, inputs {digest})")
+        cmd = ["buildah", "bud", "-q", *BUILD_FLAGS, "-f", dockerfile, "-t", local, "-t", f"localhost/{name}:{version}"]
+        for k, v in args.items():
+            cmd += ["--build-arg", f"{k}={v}"]
+        cmd += host_ca_volume()
+        run(*cmd, ".", cwd=ROOT)
+        smoke(local, SMOKE[role])
+        built = True
+        prune(name, keep=local)
+    else:
+        run("buildah", "tag", local, f"localhost/{name}:{version}")
+    info = {
+        "role": role,
+        "ref": f"{name}:{version}",
+        "hash_ref": f"{name}:{version}-{digest}",
+        "local_ref": local,
+        "hash": digest,
+        "built": built,
+        "seconds": round(time.monotonic() - t0, 1),
+        "size_bytes": image_size(local),
+    }
+    log(
+        f"{info['ref']} ({'built' if built else 'cached'} in {info['seconds']}s): "
+        f"{info['size_bytes'] / 1e6:.0f} MB unpacked"
+    )
+    return info
+
+
+def smoke(ref: str, code: str) -> None:
+    ctr = run("buildah", "from", "--pull=never", ref).strip()
+    try:
+        run("buildah", "run", "--network=none", ctr, "--", "python3", "-c", code)
+    except ImageError as e:
+        subprocess.run(["buildah", "rmi", ref], capture_output=True)
+        raise ImageError(f"{ref} cannot import what it needs: {e}") from e
+    finally:
+        subprocess.run(["buildah", "rm", ctr], capture_output=True)
+
+
+def prune(name: str, keep: str) -> None:
+    """Drop this image's older builds and the dangling build stages (disk is shared and tight)."""
+    for line in run("buildah", "images", "--format", "{{.Name}}:{{.Tag}}").split():
+        if line != keep and re.fullmatch(rf"localhost/{name}:[^:]+-[0-9a-f]{{12}}", line):
+            subprocess.run(["buildah", "rmi", line], capture_output=True)
+    subprocess.run(["buildah", "rmi", "--prune"], capture_output=True)
+
+
+# ----------------------------------------------------------------------------- containerd
+
+
+def cluster_node() -> dict | None:
+    """The worker node of the running local cluster (from its run folder's state.json), if any."""
+    sys.path.insert(0, str(ROOT / "e2e" / "cluster"))
+    import cluster  # noqa: PLC0415 (e2e/cluster/cluster.py, stdlib only)
+
+    state = cluster.load_state(cluster.run_dir())
+    if not state or not state.get("node") or not cluster.healthy(state, patience=5):
+        return None
+    return state["node"]
+
+
+def ctr(node: dict, *args: str) -> str:
+    return run("ctr", "--address", node["containerd_socket"], "--namespace", "k8s.io", *args)
+
+
+def normalized(ref: str) -> str:
+    """The name containerd (and the kubelet) use for a short docker reference."""
+    return ref if "/" in ref.split(":")[0] else f"docker.io/library/{ref}"
+
+
+def load(node: dict, info: dict) -> bool:
+    """Import the image unless containerd already has this exact build; returns True when imported."""
+    present = set(ctr(node, "images", "ls", "-q").split())
+    want, by_hash = normalized(info["ref"]), normalized(info["hash_ref"])
+    if by_hash in present:
+        if want not in present or image_target(node, want) != image_target(node, by_hash):
+            ctr(node, "images", "tag", "--force", by_hash, want)
+        return False
+    with tempfile.TemporaryDirectory(prefix="kubeinfer-image-", dir=cache_dir()) as tmp:
+        archive = Path(tmp) / "image.tar"
+        run("buildah", "push", "-q", info["local_ref"], f"docker-archive:{archive}:{info['ref']}")
+        ctr(node, "images", "import", str(archive))
+    ctr(node, "images", "tag", "--force", want, by_hash)
+    # older builds of this image: untag them so containerd's GC frees their layers
+    stale = re.compile(re.escape(want) + r"-[0-9a-f]{12}")
+    for ref in present:
+        if ref != by_hash and stale.fullmatch(ref):
+            ctr(node, "images", "rm", ref)
+    return True
+
+
+def image_target(node: dict, ref: str) -> str:
+    for line in ctr(node, "images", "ls").splitlines()[1:]:
+        cols = line.split()
+        if cols and cols[0] == ref:
+            return cols[2]
+    return ""
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--no-load", action="store_true", help="build only; do not import into the cluster's containerd")
+    ap.add_argument("--json", action="store_true", help="print a JSON document instead of the two references")
+    ap.add_argument("--server-extras", default="", help="EXTRAS build argument of the server image (e.g. gpu)")
+    args = ap.parse_args(argv)
+    if os.geteuid() != 0:
+        log("needs root (buildah, mmdebstrap and containerd here run as root)")
+        return 1
+    t0 = time.monotonic()
+    try:
+        subprocess.run([str(SYSTEM_PACKAGES)], check=True)
+        cache_dir().mkdir(parents=True, exist_ok=True)
+        with flock(cache_dir() / ".build.lock"):
+            base = build_base()
+            images = [
+                build_image("server", base, {"EXTRAS": args.server_extras}),
+                build_image("operator", base, {}),
+            ]
+        loaded_into = None
+        if not args.no_load:
+            node = cluster_node()
+            if node is None:
+                log("no running local cluster with a worker node: images built, not loaded (run e2e/cluster/up first)")
+            else:
+                for info in images:
+                    t1 = time.monotonic()
+                    info["imported"] = load(node, info)
+                    if info["imported"]:
+                        log(f"imported {info['ref']} into {node['name']} in {time.monotonic() - t1:.1f}s")
+                loaded_into = node["name"]
+    except (ImageError, subprocess.CalledProcessError) as e:
+        log(f"ERROR: {e}")
+        return 1
+    total = time.monotonic() - t0
+    log(f"done in {total:.1f}s")
+    if args.json:
+        print(json.dumps({"base": base, "images": images, "node": loaded_into, "seconds": round(total, 1)}, indent=2))
+    else:
+        for info in images:
+            print(info["ref"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,122 @@
+"""The container images' inputs: per-role requirements, the build context, the tag the chart expects.
+
+The images themselves are built and run by the e2e suite (scripts/images, e2e/test_node.py,
+e2e/test_user_path.py); these checks keep the files they are built from consistent.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+tomllib = pytest.importorskip("tomllib", reason="reading pyproject.toml needs Python 3.11's tomllib")
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _load(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+images = _load("kubeinfer_images_script", ROOT / "scripts" / "images.py")
+image_requirements = _load("kubeinfer_image_requirements", ROOT / "scripts" / "image_requirements.py")
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+
+
+def _names(reqs: list[str]) -> set[str]:
+    return {re.split(r"[<>=!~\[; ]", r, maxsplit=1)[0].lower().replace("_", "-") for r in reqs}
+
+
+def test_plain_dependencies_are_the_union_of_the_image_roles() -> None:
+    extras = PYPROJECT["optional-dependencies"]
+    assert set(PYPROJECT["dependencies"]) == set(extras["server"]) | set(extras["operator"])
+
+
+def test_operator_image_carries_no_serving_stack() -> None:
+    operator = _names(PYPROJECT["optional-dependencies"]["operator"])
+    assert not operator & {"onnxruntime", "grpcio", "fastapi", "uvicorn", "orjson", "prometheus-client"}
+    assert not _names(PYPROJECT["optional-dependencies"]["server"]) & {"kopf", "kubernetes"}
+
+
+def test_image_requirements_reads_the_installed_metadata() -> None:
+    got = image_requirements.requirements(["operator"])
+    assert _names(got) == _names(PYPROJECT["optional-dependencies"]["operator"])
+    assert any(r.startswith("protobuf") and "<7" in r for r in got)  # the pins survive
+    with pytest.raises(SystemExit, match="unknown extra"):
+        image_requirements.requirements(["no-such-extra"])
+
+
+@pytest.mark.parametrize(
+    ("blocked", "module"),
+    [
+        # what the operator image lacks must not be needed to run the operator ...
+        (["onnxruntime", "grpc", "fastapi", "uvicorn", "orjson", "prometheus_client"], "kubeinfer.operator.cli"),
+        # ... and the server image has no Kubernetes client
+        (["kopf", "kubernetes"], "kubeinfer.server.cli"),
+    ],
+)
+def test_each_role_imports_without_the_other_roles_packages(blocked: list[str], module: str) -> None:
+    code = (
+        "import sys\n"
+        f"for name in {blocked!r}: sys.modules[name] = None  # import of it raises ImportError\n"
+        f"import {module}\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def test_chart_default_image_is_what_the_build_tags() -> None:
+    chart = yaml.safe_load((ROOT / "helm" / "kubeinfer" / "Chart.yaml").read_text())
+    values = yaml.safe_load((ROOT / "helm" / "kubeinfer" / "values.yaml").read_text())
+    assert chart["appVersion"] == PYPROJECT["version"] == images.project_version()
+    assert values["image"]["repository"] == "kubeinfer-operator" and not values["image"]["tag"]
+
+
+def test_dockerfiles_take_the_base_as_an_argument_and_copy_only_the_hashed_context() -> None:
+    allowed = [line[1:] for line in (ROOT / ".dockerignore").read_text().splitlines() if line.startswith("!")]
+    assert sorted(allowed) == sorted(images.CONTEXT)
+    for dockerfile in images.IMAGES.values():
+        text = (ROOT / dockerfile).read_text()
+        assert re.search(r"^ARG BASE=python:3\.11-slim$", text, re.M), dockerfile
+        assert text.count("FROM ${BASE}") == 2, dockerfile
+        for src in re.findall(r"^COPY (?!--from)(.+?) \S+$", text, re.M):
+            for item in src.split():
+                assert item.rstrip("/") in images.CONTEXT, f"{dockerfile} copies {item}, not in the hashed context"
+        assert re.search(r"^USER 1000:1000$", text, re.M), dockerfile
+
+
+def test_inputs_hash_follows_the_context(tmp_path: Path) -> None:
+    for entry in images.CONTEXT:
+        src = ROOT / entry
+        dst = tmp_path / entry
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if src.is_file():
+            dst.write_bytes(src.read_bytes())
+        else:
+            (dst / "pkg").mkdir(parents=True)
+            (dst / "pkg" / "mod.py").write_text("x = 1\n")
+    (tmp_path / ".dockerignore").write_text("*\n")
+    (tmp_path / "Dockerfile.server").write_text("FROM scratch\n")
+    first = images.inputs_hash("Dockerfile.server", "base:1", {"EXTRAS": ""}, root=tmp_path)
+    (tmp_path / "server" / "pkg" / "__pycache__").mkdir()
+    (tmp_path / "server" / "pkg" / "__pycache__" / "mod.cpython-311.pyc").write_bytes(b"\0")
+    assert images.inputs_hash("Dockerfile.server", "base:1", {"EXTRAS": ""}, root=tmp_path) == first
+    assert images.inputs_hash("Dockerfile.server", "base:2", {"EXTRAS": ""}, root=tmp_path) != first
+    assert images.inputs_hash("Dockerfile.server", "base:1", {"EXTRAS": "gpu"}, root=tmp_path) != first
+    (tmp_path / "server" / "pkg" / "mod.py").write_text("x = 2\n")
+    assert images.inputs_hash("Dockerfile.server", "base:1", {"EXTRAS": ""}, root=tmp_path) != first
+
+
+def test_containerd_names_short_references_as_the_kubelet_does() -> None:
+    assert images.normalized("kubeinfer-server:0.1.0") == "docker.io/library/kubeinfer-server:0.1.0"
+    assert images.normalized("registry.example.com/ml/x:1") == "registry.example.com/ml/x:1"
