@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
@@ -23,12 +24,15 @@ if TYPE_CHECKING:
 class InstanceSpec:
     """Where one instance runs: ``kind`` is "CPU" or "GPU" (KIND_AUTO already resolved)."""
 
+    #: the instance group's name
     name: str
     kind: str
     device_id: int = 0
     index: int = 0
     #: total instances of this model version (backends size thread pools with it)
     total: int = 1
+    #: Triton's instance name, ``<group name>_<index in the group>`` (``model_instance_name``, error texts)
+    instance_name: str = ""
 
 
 @dataclass
@@ -44,8 +48,11 @@ class Batch:
         return sum(r.batch_size(self.max_batch_size) for r in self.requests)
 
 
-#: result for one request: its outputs, or the error that request alone failed with
-RequestResult = dict[str, np.ndarray] | Exception
+#: result for one request: its outputs, or the error that request alone failed with; ``None`` when
+#: the request's responses went to ``request.stream`` (decoupled models); or a ``Future`` of one of
+#: those when the backend answers after ``execute`` returned (Python models' response senders): the
+#: instance is free for the next batch while the request waits for its answer
+RequestResult = dict[str, np.ndarray] | Exception | None | Future
 
 
 class BackendInstance(ABC):

@@ -6,19 +6,17 @@ handler reports a failed request in its response's ``error_message`` and goes on
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
 
 from ..runtime.service import InferenceService, load_parameters, parse_config_override
-from ..vocabulary.errors import Unsupported
+from ..vocabulary.errors import DecoupledModelCall, Unsupported
 from ..vocabulary.limits import DEFAULT_LIMITS, Limits
 from . import converters
 from . import grpc_service_pb2 as pb
-from .errors import check_parsed, status_of
+from .streaming import StreamSession
 
 #: Triton RPCs this server does not offer; they answer UNIMPLEMENTED with this reason
 UNIMPLEMENTED = {
@@ -66,57 +64,18 @@ class InferenceServicer:
     # ---- inference ----------------------------------------------------------------------
     async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
         infer_request, classification = converters.request_from_pb(request, self.limits)
-        response = await self.service.infer(infer_request)
-        return converters.response_to_pb(response, classification)
-
-    async def _stream_one(self, request: pb.ModelInferRequest) -> pb.ModelStreamInferResponse:
         try:
-            check_parsed(request)
-            return pb.ModelStreamInferResponse(infer_response=await self.ModelInfer(request, None))
-        except Exception as exc:  # noqa: BLE001 - reported in the stream, which goes on
-            _, message = status_of(exc)
-            return pb.ModelStreamInferResponse(error_message=message)
+            response = await self.service.infer(infer_request)
+        except DecoupledModelCall:
+            raise DecoupledModelCall(DecoupledModelCall.GRPC_MESSAGE) from None
+        return converters.response_to_pb(response, classification)
 
     async def ModelStreamInfer(
         self, requests: AsyncIterator[pb.ModelInferRequest], context: Any
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
-        """Requests run concurrently (so they batch); each response is sent as soon as it is done.
-
-        At most ``--grpc-max-stream-inflight`` requests of one stream run at once: beyond that the
-        stream is not read until one finishes, so gRPC flow control holds the client back instead
-        of this server starting a task per message without bound.
-        """
-        done: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
-        running: set[asyncio.Task[None]] = set()
-        slots = asyncio.Semaphore(self.limits.grpc_max_stream_inflight)
-
-        async def run(request: pb.ModelInferRequest) -> None:
-            try:
-                await done.put(await self._stream_one(request))
-            finally:
-                slots.release()
-
-        async def read() -> None:
-            try:
-                async for request in requests:
-                    await slots.acquire()
-                    task = asyncio.create_task(run(request))
-                    running.add(task)
-                    task.add_done_callback(running.discard)
-                if running:
-                    await asyncio.gather(*running)
-            finally:
-                await done.put(None)
-
-        reader = asyncio.create_task(read())
-        try:
-            while (item := await done.get()) is not None:
-                yield item
-        finally:
-            for task in (reader, *running):
-                task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await reader
+        """Triton's streaming: decoupled models answer as they go; see streaming.py."""
+        async for reply in StreamSession(self.service, self.limits, context).run(requests, context):
+            yield reply
 
     # ---- repository ---------------------------------------------------------------------
     async def RepositoryIndex(self, request: pb.RepositoryIndexRequest, context: Any) -> pb.RepositoryIndexResponse:

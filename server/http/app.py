@@ -23,11 +23,13 @@ from ..runtime.service import InferenceService, load_parameters, parse_config_ov
 from ..vocabulary.errors import InvalidArgument, ServerError, internal_error_message
 from ..vocabulary.limits import DEFAULT_LIMITS, Limits
 from .codec import error_body
+from .generate import generate
 from .infer_route import InferRoute
 
 log = logging.getLogger(__name__)
 
 JSON = "application/json"
+NOT_READY = "Model version not ready"
 
 
 def _json(data: Any, status: int = 200) -> Response:
@@ -69,6 +71,12 @@ async def _json_body(request: Request) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise InvalidArgument("the request body must be a JSON object")
     return data
+
+
+def _numeric(version: str) -> None:
+    """Triton's routes take numeric versions only; anything else is an unknown route (404 "Not Found")."""
+    if not version.isdigit():
+        raise StarletteHTTPException(404, "Not Found")
 
 
 def build_http_app(
@@ -127,6 +135,7 @@ def build_app(service: InferenceService) -> FastAPI:
 
     @app.get("/v2/models/{name}/versions/{version}/stats")
     async def version_stats(name: str, version: str) -> Response:
+        _numeric(version)
         return _json(service.statistics(name, version))
 
     # ---- model metadata, readiness, config ----------------------------------------------------
@@ -136,15 +145,18 @@ def build_app(service: InferenceService) -> FastAPI:
 
     @app.get("/v2/models/{name}/versions/{version}")
     async def version_metadata(name: str, version: str) -> Response:
+        _numeric(version)
         return _json(service.model_metadata(name, version))
 
+    # Triton (2.51) answers a model that is not ready, known or not, 400 {"error":"Model version not ready"}
     @app.get("/v2/models/{name}/ready")
     async def model_ready(name: str) -> Response:
-        return Response(status_code=200 if service.model_ready(name) else 503)
+        return Response(status_code=200) if service.model_ready(name) else _error(NOT_READY, 400)
 
     @app.get("/v2/models/{name}/versions/{version}/ready")
     async def version_ready(name: str, version: str) -> Response:
-        return Response(status_code=200 if service.model_ready(name, version) else 503)
+        _numeric(version)
+        return Response(status_code=200) if service.model_ready(name, version) else _error(NOT_READY, 400)
 
     @app.get("/v2/models/{name}/config")
     async def model_config(name: str) -> Response:
@@ -152,9 +164,29 @@ def build_app(service: InferenceService) -> FastAPI:
 
     @app.get("/v2/models/{name}/versions/{version}/config")
     async def version_config(name: str, version: str) -> Response:
+        _numeric(version)
         return _json(service.model_config_dict(name, version))
 
     # inference (POST .../infer) is served by InferRoute in front of this app: see infer_route.py
+
+    # ---- generate extension (decoupled models, LLM clients): see generate.py ------------------
+    @app.post("/v2/models/{name}/generate")
+    async def generate_one(name: str, request: Request) -> Response:
+        return await generate(service, name, "", request, streaming=False)
+
+    @app.post("/v2/models/{name}/versions/{version}/generate")
+    async def version_generate_one(name: str, version: str, request: Request) -> Response:
+        _numeric(version)
+        return await generate(service, name, version, request, streaming=False)
+
+    @app.post("/v2/models/{name}/generate_stream")
+    async def generate_stream(name: str, request: Request) -> Response:
+        return await generate(service, name, "", request, streaming=True)
+
+    @app.post("/v2/models/{name}/versions/{version}/generate_stream")
+    async def version_generate_stream(name: str, version: str, request: Request) -> Response:
+        _numeric(version)
+        return await generate(service, name, version, request, streaming=True)
 
     # ---- repository extension ----------------------------------------------------------------
     @app.post("/v2/repository/index")

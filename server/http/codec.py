@@ -52,6 +52,10 @@ def decode_request(
     params = header.get("parameters") or {}
     if not isinstance(params, dict):
         raise InvalidArgument("'parameters' must be an object")
+    if any(k.startswith("triton_") for k in params):  # Triton's http_server.cc ParseJsonTritonParams
+        raise InvalidArgument(
+            "parameter keys starting with 'triton_' are reserved for Triton usage and should not be specified."
+        )
     budget = RequestBudget(limits)
     budget.check_input_count(len(raw_inputs))
     binary = memoryview(body)

@@ -132,6 +132,7 @@ class TritonMetrics(Collector):
         self._series: dict[tuple[str, str], _Series] = {}
         self._pending: dict[tuple[str, str], int] = {}
         self._lock = threading.Lock()  # scrapes may run while instance threads record
+        self._custom: Any = None  # the registry's CustomMetrics (models' pb_utils.MetricFamily)
         self._cpu = CpuUtilization()
         self._gpus = GpuReader()
         self.registry.register(self)
@@ -191,6 +192,7 @@ class TritonMetrics(Collector):
                 self._get(name, mv.version_str)
                 pending[(name, mv.version_str)] = mv.scheduler.pending
         self._pending = pending
+        self._custom = getattr(model_registry, "custom_metrics", None)
 
     # ---- Collector ---------------------------------------------------------------------------
     def collect(self) -> Iterator[Metric]:
@@ -233,6 +235,17 @@ class TritonMetrics(Collector):
             ((k, s.load_failures) for k, s in items if s.load_failures),
         )
         yield from self._system()
+        yield from self._models_own()
+
+    def _models_own(self) -> Iterator[Metric]:
+        """Families Python models created (``pb_utils.MetricFamily``), under the names they chose."""
+        if self._custom is None:
+            return
+        for name, description, kind, samples in self._custom.snapshot():
+            m = Metric(name, description, kind)
+            for sample_name, labels, value in samples:
+                m.add_sample(sample_name, labels, value)
+            yield m
 
     def _system(self) -> Iterator[Metric]:
         util = self._cpu.read()

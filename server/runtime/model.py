@@ -16,8 +16,16 @@ from ..scheduling.base import Scheduler
 from ..scheduling.factory import make_scheduler
 from ..scheduling.instance_pool import InstancePool
 from ..vocabulary.classification import load_labels
-from ..vocabulary.errors import BackendError, InvalidArgument, ServerError, Unavailable
+from ..vocabulary.errors import (
+    BackendError,
+    Cancelled,
+    DecoupledModelCall,
+    InvalidArgument,
+    ServerError,
+    Unavailable,
+)
 from ..vocabulary.registry_view import RegistryView
+from ..vocabulary.streaming import ResponseStream
 from ..vocabulary.types import InferenceRequest, InferenceResponse
 from . import devices
 from .validation import RequestValidator, check_outputs
@@ -26,8 +34,15 @@ log = logging.getLogger(__name__)
 
 
 def instance_specs(config: pb.ModelConfig, model_label: str) -> list[InstanceSpec]:
-    """Expand ``instance_group`` (default: one instance, KIND_AUTO) into concrete slots."""
-    groups = list(config.instance_group) or [pb.ModelInstanceGroup(kind=pb.ModelInstanceGroup.KIND_AUTO)]
+    """Expand ``instance_group`` (default: one instance, KIND_AUTO) into concrete slots.
+
+    Names as Triton gives them (seen with Triton 2.51): a group without a name is ``<model>_<group
+    index>``, the implicit group of a config without ``instance_group`` is ``<model>``, and an instance
+    is ``<group>_<index in its group>`` (``add_sub_0``, ``add_sub_0_1``).
+    """
+    groups = list(config.instance_group) or [
+        pb.ModelInstanceGroup(name=model_label, kind=pb.ModelInstanceGroup.KIND_AUTO)
+    ]
     n_gpus = devices.gpu_count()
     specs: list[tuple[str, str, int]] = []
     for gi, group in enumerate(groups):
@@ -50,7 +65,14 @@ def instance_specs(config: pb.ModelConfig, model_label: str) -> list[InstanceSpe
                 specs += [(name, "GPU", gpu)] * count
         else:
             specs += [(name, "CPU", 0)] * count
-    return [InstanceSpec(name=n, kind=k, device_id=d, index=i, total=len(specs)) for i, (n, k, d) in enumerate(specs)]
+    in_group: dict[str, int] = {}
+    result = []
+    for i, (n, k, d) in enumerate(specs):
+        k_in_group = in_group[n] = in_group.get(n, -1) + 1
+        result.append(
+            InstanceSpec(name=n, kind=k, device_id=d, index=i, total=len(specs), instance_name=f"{n}_{k_in_group}")
+        )
+    return result
 
 
 def prepare_config(
@@ -69,7 +91,13 @@ def prepare_config(
 
 
 class ModelVersion:
-    """One ready model version: its scheduler, instances, statistics and in-flight count."""
+    """One ready model version: its scheduler, instances, statistics and in-flight count.
+
+    Two ways in: ``infer`` (one request, one response: HTTP ``/infer``, gRPC ``ModelInfer``, BLS
+    ``exec()``) and ``infer_stream`` (responses on a ``ResponseStream``: gRPC ``ModelStreamInfer``, HTTP
+    ``generate``, BLS ``exec(decoupled=True)``). A decoupled model is reachable only through the second,
+    as in Triton. A request in flight either way keeps the version from unloading until it is answered.
+    """
 
     def __init__(
         self,
@@ -91,6 +119,7 @@ class ModelVersion:
         self.digest = digest
         self.labels = labels or {}
         self.validator = RequestValidator(config)
+        self.decoupled = config.model_transaction_policy.decoupled
         self.inflight = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -99,15 +128,23 @@ class ModelVersion:
     async def infer(self, request: InferenceRequest) -> InferenceResponse:
         if self.closed:
             raise Unavailable(f"model '{self.name}' version {self.version} is unloading")
+        if self.decoupled:
+            raise DecoupledModelCall(f"model '{self.name}' is decoupled: it answers through a response stream")
         self.inflight += 1
         self._idle.clear()
         try:
             try:
                 self.validator.validate(request)
                 outputs = await self.scheduler.submit(request)
+                if outputs is None:
+                    raise BackendError(f"model '{self.name}' sent its response to a stream nobody reads")
                 check_outputs(self.validator, outputs)
             except ServerError as exc:
                 self.stats.record_request(request, False, exc.failure_reason)
+                raise
+            except asyncio.CancelledError:  # the client went away (gRPC cancel, closed connection)
+                request.cancelled = True
+                self.stats.record_request(request, False, "CANCELED")
                 raise
             except Exception as exc:  # a backend bug must not take the server down
                 log.exception("model %s version %s failed", self.name, self.version)
@@ -116,9 +153,62 @@ class ModelVersion:
             self.stats.record_request(request, True)
             return InferenceResponse(self.name, self.version_str, outputs, request.id, labels=self.labels)
         finally:
-            self.inflight -= 1
-            if self.inflight == 0:
-                self._idle.set()
+            self._done()
+
+    def infer_stream(self, request: InferenceRequest) -> ResponseStream:
+        """Start ``request``; its responses arrive on the returned stream, the last one marked final.
+
+        A non-decoupled model's one answer (or error) becomes the stream's single final item. Cancelling
+        the stream while the request still waits for an instance drops it unexecuted.
+        """
+        if self.closed:
+            raise Unavailable(f"model '{self.name}' version {self.version} is unloading")
+        self.validator.validate(request)
+        stream = ResponseStream(request, self.name, self.version_str)
+        if self.decoupled:
+            request.stream = stream
+        self.inflight += 1
+        self._idle.clear()
+        task = asyncio.get_running_loop().create_task(self._run_stream(request, stream))
+
+        def cancel_if_queued() -> None:
+            if not request.compute_start_ns and not task.done():
+                task.cancel()
+
+        stream.on_cancel(cancel_if_queued)
+        return stream
+
+    async def _run_stream(self, request: InferenceRequest, stream: ResponseStream) -> None:
+        try:
+            try:
+                outputs = await self.scheduler.submit(request)
+                if outputs is not None:
+                    check_outputs(self.validator, outputs)
+            except ServerError as exc:
+                self.stats.record_request(request, False, exc.failure_reason)
+                stream.fail(exc)
+                return
+            except asyncio.CancelledError:  # cancelled while queued: it never executes
+                self.stats.record_request(request, False, "CANCELED")
+                stream.fail(Cancelled("Request was cancelled"))
+                return
+            except Exception as exc:  # a backend bug must not take the server down
+                log.exception("model %s version %s failed", self.name, self.version)
+                self.stats.record_request(request, False, "BACKEND")
+                stream.fail(BackendError(f"model '{self.name}' failed: {type(exc).__name__}: {exc}"))
+                return
+            if outputs is not None:
+                stream.send(outputs, final=True)
+            elif not stream.finished:  # the backend is done with the request: the stream ends
+                stream.send(None, final=True)
+            self.stats.record_request(request, True)
+        finally:
+            self._done()
+
+    def _done(self) -> None:
+        self.inflight -= 1
+        if self.inflight == 0:
+            self._idle.set()
 
     async def drain(self, timeout: float | None = None) -> bool:
         """Wait until no request is in flight; True when drained within ``timeout``."""

@@ -13,7 +13,9 @@ from pathlib import Path
 from ..config import pb
 from ..observability.stats import StatsListener
 from ..repository import scan
+from ..vocabulary.custom_metrics import CustomMetrics
 from ..vocabulary.errors import InvalidArgument, NotFound, ServerError, Unavailable
+from ..vocabulary.streaming import ResponseStream
 from ..vocabulary.types import InferenceRequest, InferenceResponse
 from .lifecycle import ModelEntry, ModelLifecycle, ModelState
 from .model import ModelVersion
@@ -35,8 +37,11 @@ class ModelRegistry:
         drain_timeout: float = 300.0,
         auto_complete: bool = True,
         load_threads: int = 4,
+        custom_metrics: CustomMetrics | None = None,
     ) -> None:
         self.repository_path = repository_path
+        #: metric families Python models create; the metrics endpoint exports them
+        self.custom_metrics = custom_metrics if custom_metrics is not None else CustomMetrics()
         self._models: dict[str, ModelEntry] = {}
         #: the loop requests run on; instance threads call back into it (Python models' BLS)
         self.loop: asyncio.AbstractEventLoop | None = _running_loop()
@@ -96,6 +101,14 @@ class ModelRegistry:
             raise Unavailable("server is shutting down")
         mv = self.resolve(request.model_name, request.model_version)
         return await self._shutdown.track(mv.infer(request))
+
+    def infer_stream(self, request: InferenceRequest) -> ResponseStream:
+        if self._shutdown.started:
+            raise Unavailable("server is shutting down")
+        return self.resolve(request.model_name, request.model_version).infer_stream(request)
+
+    def is_decoupled(self, name: str, version: str = "") -> bool:
+        return self.resolve(name, version).decoupled
 
     def is_model_ready(self, name: str, version: str = "") -> bool:
         try:

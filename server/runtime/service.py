@@ -12,6 +12,7 @@ from .. import SERVER_NAME, __version__
 from ..config import ConfigError, config_from_dict, config_to_dict, pb
 from ..vocabulary import datatypes
 from ..vocabulary.errors import DeadlineExceeded, InvalidArgument, Unavailable, Unsupported
+from ..vocabulary.streaming import ResponseStream
 from ..vocabulary.types import InferenceRequest, InferenceResponse
 from .registry import ModelRegistry
 from .validation import raw_binary_inputs
@@ -203,16 +204,26 @@ class InferenceService:
         finally:
             handle.cancel()
 
+    def infer_stream(self, request: InferenceRequest) -> ResponseStream:
+        """Start ``request`` on any model; its responses (one for a non-decoupled model) come on the stream."""
+        if not self.started:
+            raise Unavailable("server is not ready: models are still loading")
+        return self.registry.infer_stream(request)
+
+    def is_decoupled(self, name: str, version: str = "") -> bool:
+        return self.registry.is_decoupled(name, version)
+
     # ---- statistics ---------------------------------------------------------------------
     def statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
         if not name:
             stats = [mv.stats.as_dict() for n in self.registry.model_names() for mv in self.registry.ready_versions(n)]
             return {"model_stats": stats}
-        if version:
-            return {"model_stats": [self.registry.resolve(name, version).stats.as_dict()]}
         versions = self.registry.ready_versions(name)
         if not versions:
-            self.registry.resolve(name)  # raises the right NotFound / Unavailable
+            # Triton (2.51, HTTP 400 / INVALID_ARGUMENT): "requested model 'nope' is not available"
+            raise InvalidArgument(f"requested model '{name}' is not available")
+        if version:
+            return {"model_stats": [self.registry.resolve(name, version).stats.as_dict()]}
         return {"model_stats": [mv.stats.as_dict() for mv in versions]}
 
     # ---- repository ---------------------------------------------------------------------

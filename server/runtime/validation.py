@@ -84,8 +84,10 @@ class RequestValidator:
         missing = [n for n in self.required if n not in request.inputs]
         if missing:
             raise InvalidArgument(
+                # Triton core's text (infer_request.cc), checked against Triton 2.51
                 f"{self._prefix(request)}expected {len(self.required)} inputs but got {len(request.inputs)} "
-                f"inputs for model '{self.name}'; missing: {', '.join(missing)}"
+                f"inputs for model '{self.name}'. Got input(s) {_names(request.inputs)}, but missing required "
+                f"input(s) {_names(missing)}. Please provide all required input(s)."
             )
         if request.requested_outputs is not None and self.outputs:
             for out in request.requested_outputs:
@@ -158,3 +160,7 @@ def raw_binary_inputs(config: pb.ModelConfig, body: bytes | memoryview) -> dict[
         unit = fixed * dtype.itemsize
         shape[dynamic] = len(body) // unit if unit else 0
     return {spec.name: tensors.from_raw(spec.name, dtype.v2, shape, body)}
+
+
+def _names(names: Any) -> str:
+    return "[" + ", ".join(f"'{n}'" for n in names) + "]"

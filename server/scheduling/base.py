@@ -16,8 +16,12 @@ class Scheduler(ABC):
         """Start background tasks; called on the event loop after the instances loaded."""
 
     @abstractmethod
-    async def submit(self, request: InferenceRequest) -> dict[str, np.ndarray]:
-        """Execute ``request`` (after queuing/batching) and return its outputs or raise ServerError."""
+    async def submit(self, request: InferenceRequest) -> dict[str, np.ndarray] | None:
+        """Execute ``request`` (after queuing/batching) and return its outputs or raise ServerError.
+
+        None: the model answered through ``request.stream`` (decoupled), and returning means its final
+        response was sent. Cancelling the awaiting task while the request is queued drops it unexecuted.
+        """
 
     def ready(self) -> bool:
         """Whether the model can serve now beyond being loaded (an ensemble needs its members)."""

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import time
+from concurrent.futures import Future
 
 import numpy as np
 
 from ..backends.base import Batch
+from ..vocabulary.errors import Cancelled
 from ..vocabulary.types import InferenceRequest
 from .base import Scheduler
 from .instance_pool import InstancePool
-from .results import unwrap
+from .results import settle, unwrap
 
 
 class DefaultScheduler(Scheduler):
@@ -23,7 +25,7 @@ class DefaultScheduler(Scheduler):
     def pending(self) -> int:
         return self._waiting
 
-    async def submit(self, request: InferenceRequest) -> dict[str, np.ndarray]:
+    async def submit(self, request: InferenceRequest) -> dict[str, np.ndarray] | None:
         request.queued_ns = time.monotonic_ns()
         self._waiting += 1
         try:
@@ -31,8 +33,12 @@ class DefaultScheduler(Scheduler):
         finally:
             self._waiting -= 1
         try:
+            if request.cancelled:  # the client went away while it waited: never execute it
+                raise Cancelled("Request was cancelled")
             batch = Batch([request], self.max_batch_size)
             (result,) = await self.pool.execute(slot, batch)
         finally:
             self.pool.release(slot)
+        if isinstance(result, Future):  # answered later (a Python model's response sender)
+            return await settle(result)
         return unwrap(result)

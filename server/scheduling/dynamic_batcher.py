@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
@@ -71,7 +72,7 @@ class DynamicBatcher(Scheduler):
         self._idle.set()
         self._task = asyncio.get_running_loop().create_task(self._loop(), name=f"batcher-{id(self):x}")
 
-    async def submit(self, request: InferenceRequest) -> dict[str, np.ndarray]:
+    async def submit(self, request: InferenceRequest) -> dict[str, np.ndarray] | None:
         if self._closing or self._wake is None:
             raise Unavailable(f"model '{request.model_name}' is unloading")
         level = self.queue.level_of(request)
@@ -196,10 +197,23 @@ class DynamicBatcher(Scheduler):
             self._wake.set()  # type: ignore[union-attr]
             multi = len(entries) > 1
             for entry, result in zip(entries, results, strict=True):
-                if multi and entry.request.requested_outputs is not None and not isinstance(result, Exception):
+                if isinstance(result, Future):  # answered later (a Python model's response sender)
+                    self._finish_later(entry, result)
+                    continue
+                if multi and isinstance(result, dict) and entry.request.requested_outputs is not None:
                     wanted = entry.request.requested_outputs
                     result = {n: a for n, a in result.items() if n in wanted}
-                self._finish(entry, result)
+                self._finish(entry, _Streamed.of(result))
+
+    def _finish_later(self, entry: Entry, pending: Future[Any]) -> None:
+        def done(f: asyncio.Future[Any]) -> None:
+            if f.cancelled():
+                self._finish(entry, Unavailable("model is unloading"))
+            else:
+                exc = f.exception()
+                self._finish(entry, exc if isinstance(exc, Exception) else _Streamed.of(f.result()))
+
+        asyncio.wrap_future(pending).add_done_callback(done)
 
     def _finish(self, entry: Entry, result: RequestResult | ServerError | None) -> None:
         """Resolve ``entry`` now, or (preserve_ordering) once every earlier arrival is resolved."""
@@ -213,8 +227,22 @@ class DynamicBatcher(Scheduler):
             _resolve(e, r)
 
 
-def _resolve(entry: Entry, result: RequestResult | ServerError | None) -> None:
+class _Streamed:
+    """A result of None means "answered through the request's stream"; ``_finish`` uses None for "drop"."""
+
+    @staticmethod
+    def of(result: Any) -> Any:
+        return _STREAMED if result is None else result
+
+
+_STREAMED = _Streamed()
+
+
+def _resolve(entry: Entry, result: RequestResult | ServerError | _Streamed | None) -> None:
     if entry.future.done() or result is None:
+        return
+    if result is _STREAMED:
+        entry.future.set_result(None)
         return
     if isinstance(result, Exception):
         try:
@@ -222,4 +250,5 @@ def _resolve(entry: Entry, result: RequestResult | ServerError | None) -> None:
         except ServerError as err:
             entry.future.set_exception(err)
         return
+    assert isinstance(result, dict)
     entry.future.set_result(result)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Protocol
 
 from ..backends.base import BackendInstance, Batch, RequestResult
@@ -29,6 +29,8 @@ class InstancePool:
             ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{label}-{i}") for i in range(len(instances))
         ]
         self._free: asyncio.Queue[int] | None = None
+        #: slots whose batch still runs although its caller was cancelled: freed when the batch ends
+        self._held: dict[int, Future[list[RequestResult]]] = {}
 
     def _queue(self) -> asyncio.Queue[int]:
         if self._free is None:  # created lazily: bound to the running loop
@@ -48,6 +50,12 @@ class InstancePool:
         return await self._queue().get()
 
     def release(self, slot: int) -> None:
+        running = self._held.pop(slot, None)
+        if running is not None and not running.done():
+            # the instance is still busy with the abandoned batch: free the slot when it finishes
+            loop = asyncio.get_running_loop()
+            running.add_done_callback(lambda _: loop.call_soon_threadsafe(self._queue().put_nowait, slot))
+            return
         self._queue().put_nowait(slot)
 
     async def execute(self, slot: int, batch: Batch) -> list[RequestResult]:
@@ -55,14 +63,19 @@ class InstancePool:
         start = time.monotonic_ns()
         for r in batch.requests:
             r.compute_start_ns = start
-        loop = asyncio.get_running_loop()
+        running = self._executors[slot].submit(self.instances[slot].execute, batch)
         try:
-            results = await loop.run_in_executor(self._executors[slot], self.instances[slot].execute, batch)
+            results = await asyncio.wrap_future(running)
+        except asyncio.CancelledError:
+            if not running.done():  # the caller went away; the instance cannot be stopped mid-batch
+                self._held[slot] = running
+            raise
         except Exception as exc:  # the whole batch failed (backend crash): every request gets the error
             results = [exc] * len(batch.requests)
         for r in batch.requests:
             r.timings = batch.timings
         # Triton counts successful inferences only: rows of requests that failed are left out
+        # (a request answered later, through a response sender, counts as executed)
         rows = sum(
             r.batch_size(batch.max_batch_size)
             for r, res in zip(batch.requests, results, strict=True)

@@ -22,7 +22,7 @@ class Entry:
     """One queued request and the future its submitter awaits."""
 
     request: InferenceRequest
-    future: asyncio.Future[dict]
+    future: asyncio.Future[dict | None]
     rows: int
     #: non-batch shapes and dtypes of every input: requests batch together only with equal keys
     key: tuple

@@ -1,7 +1,11 @@
 """Typed errors, mapped once to HTTP status codes and gRPC status codes.
 
 Front ends never invent status codes: they read ``http_status`` / ``grpc_code`` from the error.
-The table follows Triton (NOT_FOUND 404, UNAVAILABLE 503, UNSUPPORTED 501, INTERNAL 500, the rest 400).
+The table is Triton's, one class per ``TRITONSERVER_Error_Code``: server/src/http_server.cc
+``HttpCodeFromError`` (INTERNAL 500, NOT_FOUND 404, UNAVAILABLE 503, UNSUPPORTED 501; UNKNOWN,
+INVALID_ARG, ALREADY_EXISTS and CANCELLED 400) and src/grpc/grpc_utils.cc ``CodeToStatus`` (UNKNOWN,
+INTERNAL, NOT_FOUND, INVALID_ARGUMENT, UNAVAILABLE, UNIMPLEMENTED for UNSUPPORTED, ALREADY_EXISTS,
+CANCELLED). Checked against Triton 2.51 with a model returning each code (tests/integration/test_errors.py).
 """
 
 from __future__ import annotations
@@ -15,12 +19,18 @@ class ServerError(Exception):
     #: label used by ``nv_inference_request_failure{reason=...}``
     failure_reason = "OTHER"
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, failure_reason: str | None = None) -> None:
         super().__init__(message)
         self.message = message
+        if failure_reason is not None:
+            self.failure_reason = failure_reason
 
     def __str__(self) -> str:
         return self.message
+
+
+class Unknown(ServerError):
+    """TRITONSERVER_ERROR_UNKNOWN: 400 / UNKNOWN."""
 
 
 class InvalidArgument(ServerError):
@@ -90,3 +100,52 @@ class BackendError(ServerError):
 def internal_error_message(exc: BaseException) -> str:
     """What a client sees for an unexpected exception (a bug): HTTP 500 and gRPC INTERNAL alike."""
     return f"internal error: {type(exc).__name__}: {exc}"
+
+
+class DecoupledModelCall(Unsupported):
+    """A one-response call (HTTP ``/infer``, gRPC ``ModelInfer``, BLS ``exec()``) to a decoupled model.
+
+    Each caller answers with Triton's own text for its protocol (``HTTP_MESSAGE``/``GRPC_MESSAGE``,
+    from server/src/http_server.cc ``CheckTransactionPolicy`` and src/grpc/infer_handler.cc).
+    """
+
+    HTTP_MESSAGE = "HTTP end point doesn't support models with decoupled transaction policy"
+    GRPC_MESSAGE = "ModelInfer RPC doesn't support models with decoupled transaction policy"
+
+
+#: Triton's error code names (``TRITONSERVER_Error_Code`` / ``pb_utils.TritonError``) → error class
+BY_CODE: dict[str, type[ServerError]] = {
+    "UNKNOWN": Unknown,
+    "INTERNAL": InternalError,
+    "NOT_FOUND": NotFound,
+    "INVALID_ARG": InvalidArgument,
+    "UNAVAILABLE": Unavailable,
+    "UNSUPPORTED": Unsupported,
+    "ALREADY_EXISTS": AlreadyExists,
+    "CANCELLED": Cancelled,
+}
+
+
+def error_for_code(code: str, message: str, failure_reason: str | None = None) -> ServerError:
+    """The typed error for a Triton error code name; unknown names are INTERNAL (as Triton's default)."""
+    return BY_CODE.get(code, InternalError)(message, failure_reason)
+
+
+def code_of(error: ServerError) -> str:
+    """The Triton error code name of ``error`` (the inverse of ``error_for_code``)."""
+    for name, cls in BY_CODE.items():
+        if type(error) is cls:
+            return name
+    return _CODE_BY_GRPC.get(error.grpc_code, "INTERNAL")
+
+
+_CODE_BY_GRPC = {
+    "UNKNOWN": "UNKNOWN",
+    "INTERNAL": "INTERNAL",
+    "NOT_FOUND": "NOT_FOUND",
+    "INVALID_ARGUMENT": "INVALID_ARG",
+    "UNAVAILABLE": "UNAVAILABLE",
+    "UNIMPLEMENTED": "UNSUPPORTED",
+    "ALREADY_EXISTS": "ALREADY_EXISTS",
+    "CANCELLED": "CANCELLED",
+}

@@ -9,17 +9,34 @@ from __future__ import annotations
 import asyncio
 from typing import Protocol
 
+from .custom_metrics import CustomMetrics
+from .streaming import ResponseStream
 from .types import InferenceRequest, InferenceResponse
 
 
 class RegistryView(Protocol):
     #: the event loop requests run on; instance threads (Python models' BLS) submit back to it
     loop: asyncio.AbstractEventLoop | None
+    #: metric families models create (Python backend ``pb_utils.MetricFamily``)
+    custom_metrics: CustomMetrics
 
     async def infer(self, request: InferenceRequest) -> InferenceResponse:
         """Route ``request`` to its model version's scheduler, as a front end's request would be."""
         ...
 
+    def infer_stream(self, request: InferenceRequest) -> ResponseStream:
+        """Start ``request`` and return the stream its responses arrive on (any model, decoupled or not).
+
+        Errors found before the request is queued (unknown model, bad input) are raised here.
+        """
+        ...
+
     def resolve(self, name: str, version: str = "") -> object:
         """The ready model version ``name``/``version`` ("" = latest); raises ServerError when there is none."""
+        ...
+
+    def is_model_ready(self, name: str, version: str = "") -> bool: ...
+
+    def is_decoupled(self, name: str, version: str = "") -> bool:
+        """Whether the model answers through a response stream; raises ServerError for an unknown model."""
         ...

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from .streaming import ResponseStream
 
 
 @dataclass(slots=True)
@@ -37,6 +40,11 @@ class InferenceRequest:
     compute_start_ns: int = 0
     #: the timings of the batch this request executed in (shared by the batch's requests)
     timings: ExecutionTimings | None = None
+    #: set when the client went away (gRPC cancel, closed connection, stream cancel); models read it
+    #: through ``is_cancelled()``, schedulers drop a cancelled request that has not started
+    cancelled: bool = False
+    #: where a decoupled model's responses go (set by the runtime for decoupled models only)
+    stream: ResponseStream | None = None
 
     def batch_size(self, max_batch_size: int) -> int:
         """Rows in this request: the first dim of any input when the model batches, else 1."""

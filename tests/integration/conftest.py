@@ -1,4 +1,5 @@
-"""tritonclient clients for the module's ``server`` fixture (each test module starts the server it needs)."""
+"""tritonclient clients for the module's ``server`` fixture (each test module starts the server it needs),
+and one shared server for the Python backend's models (tests/support/python_models)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from tests.support.server import ServerProcess
+from tests.support.repos import copy_python_models
+from tests.support.server import ServerProcess, start_server
 
 
 @pytest.fixture(scope="module")
@@ -23,3 +25,12 @@ def grpc_client(server: ServerProcess) -> Iterator[grpcclient.InferenceServerCli
     client = grpcclient.InferenceServerClient(server.grpc_url)
     yield client
     client.close()
+
+
+@pytest.fixture(scope="session")
+def python_models_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """One server on every model of tests/support/python_models, shared by the modules that use them."""
+    root = tmp_path_factory.mktemp("python_models")
+    server = start_server(copy_python_models(root / "repo"), log_dir=root)
+    yield server
+    server.terminate()

@@ -366,7 +366,9 @@ def test_an_exception_fails_only_the_request_that_raised(server: ServerProcess) 
     for v, (status, payload) in zip(values, results, strict=True):
         if v < 0:
             assert status == "500"
-            assert "model 'raiser' execute failed: ValueError: negative input" in str(payload)
+            assert str(payload).startswith(
+                "Failed to process the request(s) for model 'raiser_0', message: ValueError: negative input"
+            )
         else:
             assert status == "ok", payload
             np.testing.assert_allclose(payload, np.sqrt(v))

@@ -31,6 +31,20 @@ def write_model(repo: Path, name: str, config: str, versions: dict[int, bytes | 
     return model_dir
 
 
+#: Triton-style Python models written for these tests (config.pbtxt + 1/model.py each); they run
+#: unchanged on Triton 2.51, which is how their expected behaviour was checked
+PYTHON_MODELS = Path(__file__).parent / "python_models"
+
+
+def copy_python_models(repo: Path, *names: str) -> Path:
+    """Copy the named models (all when none are named) from ``tests/support/python_models`` into ``repo``."""
+    repo.mkdir(parents=True, exist_ok=True)
+    for source in sorted(PYTHON_MODELS.iterdir()):
+        if source.is_dir() and (not names or source.name in names) and (source / "config.pbtxt").is_file():
+            shutil.copytree(source, repo / source.name, ignore=shutil.ignore_patterns("__pycache__"))
+    return repo
+
+
 def copy_example_repository(target: Path) -> Path:
     from kubeinfer.server.examples.generate import write_repository
 

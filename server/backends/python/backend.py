@@ -2,206 +2,333 @@
 
 Why in-process: tensors are handed over by reference (no copy through shared memory as with Triton's
 stub processes; see benchmarks/python_backend_isolation.py), and BLS calls go straight to the registry
-on the server loop. The trade-off is isolation: a model shares the server's interpreter, GIL and
-crash fate. Each instance imports ``model.py`` under its own module name, so module-level state is
-per instance as it is with Triton's one-process-per-instance design.
+on the server loop. The trade-off is isolation: a model shares the server's interpreter, GIL and crash
+fate. Each instance imports ``model.py`` and its sibling modules privately (``loader``), so module-level
+state is per instance as with Triton's one-process-per-instance design.
+
+``execute`` follows Triton's stub (python_backend src/pb_stub.cc ``ProcessRequests`` and
+``ProcessRequestsDecoupled``, messages checked against Triton 2.51):
+
+* non-decoupled: a list with one ``InferenceResponse`` per request, where ``None`` (or returning ``None``
+  altogether) means the request answers through its response sender, possibly after ``execute`` returns;
+  a coroutine ``execute`` runs to completion on the instance's own event loop;
+* decoupled: ``execute`` returns ``None`` and every response goes through the senders, from ``execute``
+  or from any thread later; an ``async def execute`` runs on the instance's background event loop, so
+  the instance takes the next requests while earlier coroutines still answer;
+* an exception (or a wrong return value) fails every request not yet complete with
+  ``Failed to process the request(s) for model '<instance>', message: <Type>: <message>`` plus the
+  traceback in pybind11's ``At:`` form, and the same text goes to the server log.
 """
 
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import inspect
-import itertools
 import json
+import logging
 import sys
+import threading
 import time
+import traceback
+from collections.abc import Iterator
+from concurrent.futures import Future
+from contextlib import contextmanager
 from pathlib import Path
-from types import ModuleType
 from typing import Any, ClassVar
 
-import numpy as np
-
 from ...config import ConfigError, config_from_dict, config_to_dict, pb
-from ...vocabulary import errors
+from ...vocabulary.errors import BackendError
 from ...vocabulary.registry_view import RegistryView
 from ..base import Backend, BackendInstance, Batch, InstanceSpec, RequestResult
+from . import context
 from . import triton_python_backend_utils as pb_utils
+from .loader import ModelModule, enter_module
+from .pb_request import InferenceRequest, RequestState
+from .pb_types import InferenceResponse, TritonModelException
+
+log = logging.getLogger("kubeinfer.python_model")
 
 # existing Triton models do `import triton_python_backend_utils as pb_utils`
 sys.modules.setdefault("triton_python_backend_utils", pb_utils)
 
-_module_ids = itertools.count()
-
-_ERROR_TYPES: dict[int, type[errors.ServerError]] = {
-    pb_utils.TritonError.INVALID_ARG: errors.InvalidArgument,
-    pb_utils.TritonError.NOT_FOUND: errors.NotFound,
-    pb_utils.TritonError.UNAVAILABLE: errors.Unavailable,
-    pb_utils.TritonError.UNSUPPORTED: errors.Unsupported,
-    pb_utils.TritonError.ALREADY_EXISTS: errors.AlreadyExists,
-    pb_utils.TritonError.CANCELLED: errors.Cancelled,
-}
-
-
-def load_model_class(model_file: Path, label: str) -> type:
-    """Import ``model_file`` as a fresh module and return its ``TritonPythonModel`` class."""
-    if not model_file.is_file():
-        raise ConfigError(f"python model file {model_file} not found")
-    module_name = f"_kubeinfer_python_model_{next(_module_ids)}"
-    spec = importlib.util.spec_from_file_location(module_name, model_file)
-    assert spec is not None and spec.loader is not None
-    module: ModuleType = importlib.util.module_from_spec(spec)
-    try:
-        spec.loader.exec_module(module)
-    except Exception as exc:  # SyntaxError, ImportError, anything model.py raises at import
-        raise ConfigError(f"{label}: importing {model_file.name} failed: {type(exc).__name__}: {exc}") from None
-    cls = getattr(module, "TritonPythonModel", None)
-    if not isinstance(cls, type):
-        raise ConfigError(f"{label}: {model_file.name} defines no class TritonPythonModel")
-    return cls
+_OWN_FILES = (str(Path(__file__).parent), str(Path(asyncio.__file__).parent))
 
 
 class PythonBackend(Backend):
     name: ClassVar[str] = "python"
 
     def __init__(
-        self, config: pb.ModelConfig, version_path: Path, version: int, context: RegistryView | None = None
+        self, config: pb.ModelConfig, version_path: Path, version: int, context_view: RegistryView | None = None
     ) -> None:
-        super().__init__(config, version_path, version, context)
-        if context is not None:
-            pb_utils._bind(context, context.loop)
+        super().__init__(config, version_path, version, context_view)
+        if context_view is not None:
+            context.bind(context_view)
+        #: custom metric families this load creates belong to it (gone when it unloads)
+        self.metrics_owner = f"{config.name}/{version}/{id(self):x}"
+        self._live = 0
+        self._lock = threading.Lock()
 
     @classmethod
     def auto_complete_config(cls, config: pb.ModelConfig, version_path: Path) -> None:
         """Let the model's optional ``auto_complete_config`` staticmethod fill inputs/outputs/batching."""
-        model_file = cls.model_path(config, version_path)
-        model_cls = load_model_class(model_file, f"model '{config.name}'")
-        hook = getattr(model_cls, "auto_complete_config", None)
-        if hook is None:
-            return
-        helper = pb_utils.ModelConfig(config_to_dict(config))
+        module = ModelModule(cls.model_path(config, version_path), f"model '{config.name}'")
         try:
-            hook(helper)
-        except Exception as exc:
-            raise ConfigError(
-                f"model '{config.name}': auto_complete_config failed: {type(exc).__name__}: {exc}"
-            ) from None
-        completed = config_from_dict(helper.as_dict())
-        config.CopyFrom(completed)
+            hook = getattr(module.model_class, "auto_complete_config", None)
+            if hook is None:
+                return
+            helper = pb_utils.ModelConfig(config_to_dict(config))
+            with module.active():
+                try:
+                    returned = hook(helper)
+                except Exception as exc:
+                    raise ConfigError(
+                        f"model '{config.name}': auto_complete_config failed: {type(exc).__name__}: {exc}"
+                    ) from None
+            if not isinstance(returned, pb_utils.ModelConfig):
+                raise ConfigError(
+                    f"auto_complete_config function in model '{config.name}' must return a valid pb.ModelConfig object."
+                )
+            config.CopyFrom(config_from_dict(returned.as_dict()))
+        finally:
+            module.unload()
 
     def create_instance(self, spec: InstanceSpec) -> BackendInstance:
-        return PythonInstance(self, spec)
+        instance = PythonInstance(self, spec)
+        with self._lock:
+            self._live += 1
+        return instance
+
+    def instance_closed(self) -> None:
+        with self._lock:
+            self._live -= 1
+            last = self._live == 0
+        if last:
+            context.server.custom_metrics.remove_owner(self.metrics_owner)
 
 
 class PythonInstance(BackendInstance):
     def __init__(self, backend: PythonBackend, spec: InstanceSpec) -> None:
         config = backend.config
+        self.backend = backend
         self.model_name = config.name
         self.version = backend.version
-        model_cls = load_model_class(backend.model_file(), f"model '{config.name}'")
-        self.model = model_cls()
+        self.decoupled = config.model_transaction_policy.decoupled
         self.output_names = [t.name for t in config.output]
-        self._loop: asyncio.AbstractEventLoop | None = None  # the instance's own loop for async execute
+        self.info = context.InstanceInfo(
+            model_name=config.name,
+            model_version=backend.version,
+            instance_name=spec.instance_name or f"{spec.name}_{spec.index}",
+            version_dir=backend.version_path,
+            metrics_owner=backend.metrics_owner,
+        )
+        self._loop: asyncio.AbstractEventLoop | None = None  # coroutine initialize/execute/finalize
+        self._background: tuple[asyncio.AbstractEventLoop, threading.Thread] | None = None  # decoupled async
+        self.module = ModelModule(backend.model_file(), f"model '{config.name}'")
         args = {
-            "model_config": json.dumps(config_to_dict(config)),
+            "model_config": triton_config_json(config, spec),
             "model_instance_kind": spec.kind,
-            "model_instance_name": f"{spec.name}_{spec.index}",
+            "model_instance_name": self.info.instance_name,
             "model_instance_device_id": str(spec.device_id),
             "model_repository": str(backend.version_path.parent),
             "model_version": str(backend.version),
             "model_name": config.name,
         }
-        init = getattr(self.model, "initialize", None)
-        if init is not None:
-            try:
-                self._call(init, args)
-            except Exception as exc:
-                raise ConfigError(f"model '{config.name}': initialize failed: {type(exc).__name__}: {exc}") from None
+        try:
+            with self._running():
+                self.model = self.module.model_class()
+                init = getattr(self.model, "initialize", None)
+                if init is not None:
+                    self._call(init, args)
+        except Exception as exc:
+            self.module.unload()
+            raise ConfigError(f"model '{config.name}': initialize failed: {type(exc).__name__}: {exc}") from None
+
+    @contextmanager
+    def _running(self) -> Iterator[None]:
+        with context.running(self.info), self.module.active():
+            yield
 
     def _call(self, fn: Any, *args: Any) -> Any:
         """Call a model method; coroutine functions run on this instance's private loop."""
-        if inspect.iscoroutinefunction(fn):
-            if self._loop is None:
-                self._loop = asyncio.new_event_loop()
-            return self._loop.run_until_complete(fn(*args))
-        return fn(*args)
+        result = fn(*args)
+        if inspect.iscoroutine(result):
+            return self._private_loop().run_until_complete(result)
+        return result
 
+    def _private_loop(self) -> asyncio.AbstractEventLoop:
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+        return self._loop
+
+    # ---- execute -------------------------------------------------------------------------------
     def execute(self, batch: Batch) -> list[RequestResult]:
         t0 = time.perf_counter_ns()
-        requests = [
-            pb_utils.InferenceRequest(
-                model_name=self.model_name,
-                inputs=[pb_utils.Tensor(n, a) for n, a in r.inputs.items()],
-                requested_output_names=r.requested_outputs if r.requested_outputs is not None else self.output_names,
-                model_version=self.version,
-                request_id=r.id,
-                timeout=r.timeout_us,
-                parameters={k: v for k, v in r.parameters.items() if isinstance(v, (str, int, float, bool))},
-            )
-            for r in batch.requests
-        ]
+        states = []
+        requests = []
+        for core in batch.requests:
+            wanted = frozenset(core.requested_outputs) if core.requested_outputs is not None else None
+            state = RequestState(core, self.decoupled, wanted)
+            states.append(state)
+            requests.append(InferenceRequest._incoming(core, state, self.output_names, self.version))
         t1 = time.perf_counter_ns()
         try:
-            responses = self._call(self.model.execute, requests)
-        except Exception as exc:  # Triton semantics: execute raising fails every request of this call
-            error = errors.BackendError(
-                f"model '{self.model_name}' execute failed: {type(exc).__name__}: {_message(exc)}"
-            )
-            return [error] * len(requests)
+            with self._running():
+                execute = getattr(self.model, "execute", None)
+                if execute is None:
+                    raise TritonModelException(
+                        f"Python model {self.backend.model_file()} does not implement `execute` method."
+                    )
+                returned = execute(requests)
+                if inspect.iscoroutine(returned):
+                    if self.decoupled:
+                        self._run_in_background(returned, states)
+                        returned = None
+                    else:
+                        returned = self._private_loop().run_until_complete(returned)
+        except Exception as exc:  # fails every request of this call that is not complete yet
+            results = self._fail_all(states, exception_text(exc))
+        else:
+            results = self._collect(returned, states)
         t2 = time.perf_counter_ns()
-        if not isinstance(responses, (list, tuple)) or len(responses) != len(requests):
-            got = len(responses) if isinstance(responses, (list, tuple)) else type(responses).__name__
-            error = errors.BackendError(
-                f"model '{self.model_name}' execute returned {got} responses for {len(requests)} requests; "
-                "return one InferenceResponse per request"
-            )
-            return [error] * len(requests)
-        results = [self._result(resp, req) for resp, req in zip(responses, batch.requests, strict=True)]
-        t3 = time.perf_counter_ns()
         batch.timings.compute_input_ns = t1 - t0
         batch.timings.compute_infer_ns = t2 - t1
-        batch.timings.compute_output_ns = t3 - t2
         return results
 
-    def _result(self, response: Any, request: Any) -> RequestResult:
-        if not isinstance(response, pb_utils.InferenceResponse):
-            return errors.BackendError(
-                f"model '{self.model_name}' returned {type(response).__name__}, expected pb_utils.InferenceResponse"
-            )
-        if response.has_error():
-            err = response.error()
-            assert err is not None
-            return _ERROR_TYPES.get(err.code(), errors.BackendError)(f"model '{self.model_name}': {err.message()}")
-        wanted = request.requested_outputs
-        outputs: dict[str, np.ndarray] = {}
-        for t in response.output_tensors():
-            if wanted is not None and t.name() not in wanted:
-                continue
-            array = t.as_numpy()
-            if array.dtype == np.object_ and array.size:
-                array = np.vectorize(_to_bytes, otypes=[object])(array)
-            outputs[t.name()] = array
-        if wanted is not None:
-            missing = [n for n in wanted if n not in outputs]
-            if missing:
-                return errors.BackendError(
-                    f"model '{self.model_name}' did not return requested output(s): {', '.join(missing)}"
+    def _collect(self, returned: Any, states: list[RequestState]) -> list[RequestResult]:
+        if self.decoupled:
+            if returned is not None:
+                return self._fail_all(
+                    states,
+                    f"Python model '{self.info.instance_name}' is using the decoupled mode and the execute function "
+                    "must return None.",
                 )
-        return outputs
+            return [s.result() for s in states]
+        if returned is None:  # every request answers through its response sender
+            return [s.result() for s in states]
+        if not isinstance(returned, list):
+            return self._fail_all(states, f"Expected a list in the execute return, found type '{type(returned)}'.")
+        if len(returned) != len(states):
+            return self._fail_all(
+                states,
+                "Number of InferenceResponse objects do not match the number of InferenceRequest objects. "
+                f"InferenceRequest(s) size is:{len(states)}, and InferenceResponse(s) size is:{len(returned)}\n",
+            )
+        for item in returned:
+            if item is not None and not isinstance(item, InferenceResponse):
+                return self._fail_all(
+                    states,
+                    "Expected an 'InferenceResponse' object in the execute function return list, found type "
+                    f"'{type(item)}'.",
+                )
+        return [s.result() if item is None else s.answer(item) for item, s in zip(returned, states, strict=True)]
+
+    def _fail_all(self, states: list[RequestState], message: str) -> list[RequestResult]:
+        text = f"Failed to process the request(s) for model '{self.info.instance_name}', message: {message}"
+        log.error("%s", text)
+        error = BackendError(text)
+        for state in states:
+            state.fail(error)
+        return [s.result() for s in states]
+
+    # ---- decoupled async execute ---------------------------------------------------------------
+    def _run_in_background(self, coroutine: Any, states: list[RequestState]) -> None:
+        loop = self._background_loop()
+        running: Future[Any] = asyncio.run_coroutine_threadsafe(coroutine, loop)
+
+        def finished(f: Future[Any]) -> None:
+            if f.cancelled():
+                self._fail_all(states, "execute was cancelled: the model is unloading")
+            elif f.exception() is not None:
+                self._fail_all(states, exception_text(f.exception()))  # type: ignore[arg-type]
+            elif f.result() is not None:
+                self._collect(f.result(), states)
+
+        running.add_done_callback(finished)
+
+    def _background_loop(self) -> asyncio.AbstractEventLoop:
+        if self._background is None:
+            loop = asyncio.new_event_loop()
+
+            def run() -> None:
+                context.enter(self.info)
+                enter_module(self.module)
+                asyncio.set_event_loop(loop)
+                loop.run_forever()
+
+            thread = threading.Thread(target=run, name=f"{self.info.instance_name}-async", daemon=True)
+            thread.start()
+            self._background = (loop, thread)
+        return self._background[0]
 
     def close(self) -> None:
-        fin = getattr(self.model, "finalize", None)
         try:
+            fin = getattr(self.model, "finalize", None)
             if fin is not None:
-                self._call(fin)
+                with self._running():
+                    try:
+                        self._call(fin)
+                    except Exception:
+                        log.exception("model '%s': finalize failed", self.model_name)
         finally:
+            if self._background is not None:
+                loop, thread = self._background
+                loop.call_soon_threadsafe(loop.stop)
+                thread.join(timeout=30)
+                loop.close()
             if self._loop is not None:
                 self._loop.close()
+            self.module.unload()
+            self.backend.instance_closed()
 
 
-def _message(exc: Exception) -> str:
-    return exc.message() if isinstance(exc, pb_utils.TritonModelException) else str(exc)
+def triton_config_json(config: pb.ModelConfig, spec: InstanceSpec) -> str:
+    """``args["model_config"]`` as Triton 2.51's stub gets it: compact JSON, fields in proto order with
+    their defaults, and what Triton's normalisation fills in (version policy, optimization, named and
+    sized instance groups with their kind resolved, the model file name)."""
+    filled = pb.ModelConfig()
+    filled.CopyFrom(config)
+    if not filled.HasField("version_policy"):
+        filled.version_policy.latest.num_versions = 1
+    if not filled.HasField("optimization"):
+        filled.optimization.input_pinned_memory.enable = True
+        filled.optimization.output_pinned_memory.enable = True
+    if not filled.instance_group:
+        group = filled.instance_group.add(name=config.name)
+        group.kind = pb.ModelInstanceGroup.KIND_GPU if spec.kind == "GPU" else pb.ModelInstanceGroup.KIND_CPU
+    for i, group in enumerate(filled.instance_group):
+        group.name = group.name or f"{config.name}_{i}"
+        group.count = group.count or 1
+        if group.kind == pb.ModelInstanceGroup.KIND_AUTO:
+            group.kind = pb.ModelInstanceGroup.KIND_GPU if spec.kind == "GPU" else pb.ModelInstanceGroup.KIND_CPU
+    filled.default_model_filename = filled.default_model_filename or PythonBackend.model_path(config, Path()).name
+    return json.dumps(_in_field_order(pb.ModelConfig.DESCRIPTOR, config_to_dict(filled)), separators=(",", ":"))
 
 
-def _to_bytes(v: Any) -> bytes:
-    return v if isinstance(v, bytes) else str(v).encode("utf-8")
+def _in_field_order(descriptor: Any, data: Any) -> Any:
+    if not isinstance(data, dict) or descriptor is None:
+        return data
+    out = {}
+    for fd in descriptor.fields:
+        if fd.name not in data:
+            continue
+        value = data[fd.name]
+        sub = fd.message_type
+        if sub is not None and sub.GetOptions().map_entry:
+            value_fd = sub.fields_by_name["value"]
+            value = {k: _in_field_order(value_fd.message_type, v) for k, v in value.items()}
+        elif sub is not None:
+            value = [_in_field_order(sub, v) for v in value] if isinstance(value, list) else _in_field_order(sub, value)
+        out[fd.name] = value
+    return out
+
+
+def exception_text(exc: BaseException) -> str:
+    """``<Type>: <message>`` and the model's frames, innermost first, as pybind11 formats a Python error."""
+    message = exc.message() if isinstance(exc, TritonModelException) else str(exc)
+    frames = traceback.extract_tb(exc.__traceback__)
+    while frames and frames[0].filename.startswith(_OWN_FILES):
+        frames.pop(0)  # the backend's own frames (and asyncio's), above the model's code
+    text = f"{type(exc).__name__}: {message}"
+    if frames:
+        text += "\n\nAt:\n" + "".join(f"  {f.filename}({f.lineno}): {f.name}\n" for f in reversed(frames))
+    return text

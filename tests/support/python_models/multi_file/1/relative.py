@@ -1,0 +1,7 @@
+calls = 0
+
+
+def bump():
+    global calls
+    calls += 1
+    return calls

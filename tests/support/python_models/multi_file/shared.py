@@ -1,0 +1,1 @@
+NAME = "shared-from-model-folder"
