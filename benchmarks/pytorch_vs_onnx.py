@@ -33,6 +33,10 @@ from typing import Any
 
 import numpy as np
 
+# what the server's pytorch backend sets before it imports torch (see backends/pytorch/backend.py), so the
+# in-process limit measures the runtime the way the server runs it
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
@@ -90,6 +94,38 @@ def measure_torch(module: Any, batches: tuple[int, ...], seconds: float, cores: 
     return {"points": points, "best": best, "limit": best["throughput"]}
 
 
+def gil_free_share(forward: Any, seconds: float) -> float:
+    """How much a pure-Python thread gets done while ``forward`` runs in a loop, relative to while it sleeps.
+
+    A forward that holds the GIL starves the counting thread (share ≈ 0); one that releases it leaves the
+    counter its pace (share ≈ 1, less whatever the cores it shares cost it).
+    """
+
+    def count_while(work: Any) -> int:
+        stop = threading.Event()
+        counter = [0]
+
+        def spin() -> None:
+            n = 0
+            while not stop.is_set():
+                n += 1
+            counter[0] = n
+
+        t = threading.Thread(target=spin)
+        t.start()
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            work()
+        stop.set()
+        t.join()
+        return counter[0]
+
+    forward()
+    idle = count_while(lambda: time.sleep(0.01))
+    busy = count_while(forward)
+    return round(busy / idle, 3) if idle else 0.0
+
+
 def parallel_gain(points: list[dict[str, Any]], cores: int) -> dict[int, float]:
     """Per batch: rows/s of ``cores`` threads × 1 intra-op thread over 1 thread × 1: ≈ cores if the GIL is free."""
     by = {(p["sessions"], p["threads_per_session"], p["batch"]): p["throughput"] for p in points}
@@ -100,7 +136,9 @@ def parallel_gain(points: list[dict[str, Any]], cores: int) -> dict[int, float]:
     }
 
 
-def write_repository(root: Path, scripted: Any, onnx_bytes: bytes, instances: int, max_batch: int) -> Path:
+def write_repository(
+    root: Path, scripted: Any, onnx_bytes: bytes, instances: int, max_batch: int, torch_threads: int = 0
+) -> Path:
     import torch
 
     repo = root / "repo"
@@ -122,6 +160,11 @@ def write_repository(root: Path, scripted: Any, onnx_bytes: bytes, instances: in
             dynamic_batching {{ }}
             instance_group [ {{ count: {instances} kind: KIND_CPU }} ]
             """)
+            + (
+                f'parameters {{ key: "INTRA_OP_THREAD_COUNT" value {{ string_value: "{torch_threads}" }} }}\n'
+                if torch_threads and name == "resnet_torch"
+                else ""
+            )
         )
     return repo
 
@@ -136,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--concurrency", default="1,16")
     p.add_argument("--instances", type=int, default=1)
     p.add_argument("--max-batch", type=int, default=64)
+    p.add_argument("--torch-threads", type=int, default=0, help="INTRA_OP_THREAD_COUNT (0: the backend's default)")
     p.add_argument("--no-limit", action="store_true")
     p.add_argument("--output", type=Path, default=None)
     args = p.parse_args(argv)
@@ -191,6 +235,18 @@ def main(argv: list[str] | None = None) -> int:
             export_limit = measure_torch(program.module(), batches, args.limit_seconds, cores)
             export_limit["parallel_gain"] = parallel_gain(export_limit["points"], cores)
             report["limit"]["torch_export"] = export_limit
+            x16 = torch.from_numpy(np.random.default_rng(2).standard_normal((16, 3, 32, 32)).astype(np.float32))
+            onnx_session = ort.InferenceSession(str(root / "resnet.onnx"), providers=["CPUExecutionProvider"])
+            exported = program.module()
+            with torch.inference_mode():
+                report["gil_free_share"] = {
+                    "torchscript": gil_free_share(lambda: scripted(x16), args.limit_seconds),
+                    "torch_export": gil_free_share(lambda: exported(x16), args.limit_seconds),
+                    "onnxruntime": gil_free_share(
+                        lambda: onnx_session.run(None, {"input": x16.numpy()}), args.limit_seconds
+                    ),
+                }
+            print(f"GIL-free share of a counting thread during forward (1 = GIL released): {report['gil_free_share']}")
             for name, lim in report["limit"].items():
                 best = lim["best"]
                 print(
@@ -199,7 +255,9 @@ def main(argv: list[str] | None = None) -> int:
                     + (f"  {cores} threads / 1 thread: {lim['parallel_gain']}" if "parallel_gain" in lim else ""),
                     flush=True,
                 )
-        repo = write_repository(root, scripted, onnx_model.SerializeToString(), args.instances, args.max_batch)
+        repo = write_repository(
+            root, scripted, onnx_model.SerializeToString(), args.instances, args.max_batch, args.torch_threads
+        )
         server = start_server(repo, log_dir=root)
         try:
             for model in ("resnet_torch", "resnet_onnx"):
