@@ -43,7 +43,7 @@ input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [ 3, 16, 16 ] } ]
 output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 10 ] } ]
 """
 SEEDS = {1: 11, 2: 22}
-SPIN_ROUNDS = 4000
+SPIN_ROUNDS = 10_000  # ~1 s per forward in the server here: the two requests overlap even if one starts late
 
 
 def _write(repo: Path, name: str, config: str, files: dict[int, object] | None = None) -> Path:
@@ -442,7 +442,7 @@ def test_two_instances_execute_at_the_same_time(server: ServerProcess) -> None:
         while not all(f.done() for f in futures):
             if len(_running_threads(server.proc.pid)) >= 2:
                 both_seen += 1
-            time.sleep(0.005)
+            time.sleep(0.02)
         results = [f.result() for f in futures]
     expected = tm.run(tm.Spin(), x, rounds)[0]
     for got in results:
