@@ -81,19 +81,23 @@ def test_values_schema_refuses_bad_values(helm, values, message) -> None:
 def test_template_renders_operator_with_leader_election(helm) -> None:
     docs = _docs(helm("template", "ki", str(CHART), "-n", "ops", "--set", "replicaCount=2").stdout)
     assert _kinds(docs) == [
-        "ClusterRole",
-        "ClusterRoleBinding",
-        "Deployment",
-        "PersistentVolumeClaim",
-        "Role",
-        "RoleBinding",
-        "ServiceAccount",
-    ]
+        *["ClusterRole"] * 2, *["ClusterRoleBinding"] * 2, "Deployment", "PersistentVolumeClaim",
+        *["Role"] * 2, *["RoleBinding"] * 2, "ServiceAccount",
+    ]  # fmt: skip
     dep = next(d for d in docs if d["kind"] == "Deployment")
     pod = dep["spec"]["template"]["spec"]
     c = pod["containers"][0]
     assert dep["spec"]["replicas"] == 2
-    assert "--leader-election" in c["args"]
+    assert "--leader-election" in c["args"] and "--lease-duration=15" in c["args"]
+    assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"  # answered by waiting followers too
+    # the claim check: PersistentVolumes (cluster-scoped) and the operator's own claim, by name
+    volumes_role = next(
+        d for d in docs if d["metadata"]["name"] == "ki-kubeinfer-volumes" and d["kind"] == "ClusterRole"
+    )
+    assert volumes_role["rules"] == [{"apiGroups": [""], "resources": ["persistentvolumes"], "verbs": ["get"]}]
+    own = next(d for d in docs if d["metadata"]["name"] == "ki-kubeinfer-own-claim" and d["kind"] == "Role")
+    assert own["metadata"]["namespace"] == "ops"
+    assert own["rules"][0]["resourceNames"] == ["kubeinfer-models"] and own["rules"][0]["verbs"] == ["get"]
     assert "--repository-root=/var/lib/kubeinfer/models" in c["args"]
     assert "--claim-name=kubeinfer-models" in c["args"]
     assert "--max-artifact-bytes=21474836480" in c["args"]
@@ -138,10 +142,14 @@ def test_every_option_renders(helm) -> None:
     assert pm["spec"]["namespaceSelector"] == {"any": True}
     assert pm["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
     namespaced = _docs(helm("template", "ki", str(CHART), "-n", "ops", *EVERYTHING, *NAMESPACED).stdout)
-    assert "ClusterRole" not in _kinds(namespaced) and "ClusterRoleBinding" not in _kinds(namespaced)
+    # cluster scope only for reading PersistentVolumes (the claim check), nothing else
+    cluster_roles = [d for d in namespaced if d["kind"] == "ClusterRole"]
+    assert [r["rules"] for r in cluster_roles] == [
+        [{"apiGroups": [""], "resources": ["persistentvolumes"], "verbs": ["get"]}]
+    ]
     roles = {(d["metadata"]["namespace"], d["metadata"]["name"]) for d in namespaced if d["kind"] == "Role"}
     assert roles == {("team-a", "ki-kubeinfer-operator"), ("team-b", "ki-kubeinfer-operator"),
-                     ("ops", "ki-kubeinfer-leader-election")}  # fmt: skip
+                     ("ops", "ki-kubeinfer-leader-election"), ("ops", "ki-kubeinfer-own-claim")}  # fmt: skip
     pm = next(d for d in namespaced if d["kind"] == "PodMonitor")
     assert pm["spec"]["namespaceSelector"] == {"matchNames": ["team-a", "team-b"]}
 
@@ -193,6 +201,10 @@ NEEDED = [
     ("delete", "horizontalpodautoscalers.autoscaling"),
     ("get", "secrets"),
     ("create", "events"),
+    ("list", "endpointslices.discovery.k8s.io"),  # status from every server replica
+    ("watch", "endpointslices.discovery.k8s.io"),
+    ("get", "persistentvolumeclaims"),  # the claim check
+    ("get", "persistentvolumes"),
 ]
 #: what it must not be able to do anywhere
 FORBIDDEN = [
@@ -260,6 +272,20 @@ def test_operator_reconciles_under_the_charts_rbac(cluster, helm, kubectl, tmp_p
     values = ["--set", f"operator.watchNamespaces={{{team}}}"] if scope == "namespaced" else []
     proc = None
     try:
+        # a volume for the chart's claim, so the claim check runs to the end under the chart's RBAC
+        pv = {
+            "apiVersion": "v1",
+            "kind": "PersistentVolume",
+            "metadata": {"name": f"{release}-models"},
+            "spec": {
+                "capacity": {"storage": "100Gi"},
+                "accessModes": ["ReadWriteMany"],
+                "storageClassName": "",
+                "nfs": {"server": "nfs.example.internal", "path": f"/exports/{release}"},
+                "claimRef": {"namespace": ops, "name": "kubeinfer-models"},
+            },
+        }
+        kubectl("apply", "-f", "-", input=json.dumps(pv))
         helm("install", release, str(CHART), "-n", ops, "--set", "repository.create=true", *values)
         # RBAC as the apiserver sees it
         for verb, resource in NEEDED:
@@ -271,8 +297,11 @@ def test_operator_reconciles_under_the_charts_rbac(cluster, helm, kubectl, tmp_p
         if scope == "namespaced":
             assert not _can(kubectl, user, "watch", "inferenceservers.serving.kubeinfer.io", "-n", other)
             assert not _can(kubectl, user, "list", "namespaces")
-            roles = kubectl("get", "clusterrolebinding", "-o", "json").stdout
-            assert sa not in roles, "a namespaced install must not bind a ClusterRole"
+            bindings = json.loads(kubectl("get", "clusterrolebinding", "-o", "json").stdout)["items"]
+            bound = [
+                b["roleRef"]["name"] for b in bindings if any(s.get("name") == sa for s in b.get("subjects") or ())
+            ]
+            assert bound == [f"{release}-kubeinfer-volumes"], "a namespaced install binds only the PV reader"
         else:
             assert _can(kubectl, user, "watch", "inferenceservers.serving.kubeinfer.io", "--all-namespaces")
         # the operator's pod was admitted in a "restricted" namespace (pod security rejects at pod creation)
@@ -286,7 +315,7 @@ def test_operator_reconciles_under_the_charts_rbac(cluster, helm, kubectl, tmp_p
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "kubeinfer.operator", "--kubeconfig", str(kc), "--repository-root", str(root),
-                 "--resync-seconds", "3", *ns_args],
+                 "--resync-seconds", "3", "--claim-name", "kubeinfer-models", "--claim-namespace", ops, *ns_args],
                 stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ, "KUBECONFIG": str(kc)},
             )  # fmt: skip
         server = {
@@ -318,6 +347,17 @@ def test_operator_reconciles_under_the_charts_rbac(cluster, helm, kubectl, tmp_p
             ),
         )
         assert st["endpoint"] == f"pool.{team}.svc:8000"
+
+        # the claim check read the operator's claim, its volume and the server's (absent) claim; the PVC
+        # binds moments after the install, and lookups are cached for 30 s
+        def repository_condition():
+            obj = json.loads(kubectl("-n", team, "get", "inferenceserver", "pool", "-o", "json").stdout)
+            conds = (obj.get("status") or {}).get("conditions") or []
+            c = next((c for c in conds if c["type"] == "RepositoryReady"), {})
+            return c if f"'kubeinfer-models' does not exist in namespace '{team}'" in c.get("message", "") else None
+
+        repo = wait_for("the claim check's verdict", repository_condition, 90, 1)
+        assert repo["status"] == "False"
         kubectl("-n", team, "get", "deployment/pool", "service/pool", "hpa/pool")
         # the server pod passed the restricted pod security admission
         assert len(_pods(kubectl, team, "app.kubernetes.io/instance=pool")) == 1
@@ -340,6 +380,7 @@ def test_operator_reconciles_under_the_charts_rbac(cluster, helm, kubectl, tmp_p
         helm("uninstall", release, "-n", ops, check=False)
         for ns in (ops, team, other):
             kubectl("delete", "namespace", ns, "--wait=false", check=False)
+        kubectl("delete", "pv", f"{release}-models", "--wait=false", check=False)
 
 
 def test_install_into_the_cluster(cluster, helm, kubectl) -> None:

@@ -5,18 +5,24 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import socket
 import sys
 import threading
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import kopf
 from kubernetes.client import CoordinationV1Api
 
+from . import logs
 from .handlers import OperatorConfig, Reconciler, register
 from .kube import Kube, load_config
 from .leader import LeaseElector
+from .liveness import FollowerLiveness
 
 ENDPOINTS_ENV = "KUBEINFER_SERVER_ENDPOINTS"
 
@@ -38,7 +44,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="where the model repository volume is mounted; servers' subPaths are folders below it",
     )
     p.add_argument(
-        "--claim-name", help="the PVC mounted at --repository-root; InferenceServers naming another are refused"
+        "--claim-name",
+        help="the PVC mounted at --repository-root; InferenceServers whose claim is bound to other storage are refused",
+    )
+    p.add_argument(
+        "--claim-namespace",
+        default=os.environ.get("POD_NAMESPACE"),
+        help="namespace of --claim-name (default $POD_NAMESPACE; without it only claim names are compared)",
     )
     p.add_argument(
         "--namespace", action="append", default=[], help="watch only this namespace (repeatable; default all)"
@@ -56,6 +68,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--max-artifact-bytes", type=int, default=20 << 30, help="largest model file to download or copy")
     p.add_argument("--fetch-timeout", type=float, default=60.0, help="seconds without progress before a download fails")
+    p.add_argument("--fetch-proxy", help="HTTP(S) proxy for model downloads (proxy environment variables are not used)")
+    p.add_argument(
+        "--fetch-ca-file", help="CA bundle trusted for https model downloads, replacing the system's (private stores)"
+    )
     p.add_argument(
         "--unload-timeout",
         type=float,
@@ -72,14 +88,43 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--leader-election-namespace", default=os.environ.get("POD_NAMESPACE", "default"))
     p.add_argument("--lease-name", default="kubeinfer-operator")
+    p.add_argument("--lease-duration", type=float, default=15.0, help="seconds a followers waits for a silent leader")
+    p.add_argument(
+        "--lease-renew-deadline",
+        type=float,
+        default=10.0,
+        help="the leader stops when it could not renew for this long",
+    )
+    p.add_argument("--lease-retry-period", type=float, default=2.0, help="seconds between lease attempts")
     p.add_argument("--liveness", metavar="URL", help="serve kopf's liveness probe, e.g. http://0.0.0.0:8080/healthz")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return p
 
 
+@contextmanager
+def _stop_on_signals(stop: threading.Event) -> Iterator[None]:
+    """SIGTERM/SIGINT set ``stop`` while a follower waits (kopf installs its own handlers once it runs)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+    def handler(signum: int, _frame: Any) -> None:
+        stop.set()
+
+    for sig in previous:
+        signal.signal(sig, handler)
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.install()
     endpoints = dict(args.server_endpoint)
     for item in filter(None, os.environ.get(ENDPOINTS_ENV, "").split(",")):
         endpoints.setdefault(*_endpoint(item.strip()))
@@ -94,37 +139,80 @@ def main(argv: list[str] | None = None) -> int:
         server_endpoints=endpoints,
         max_artifact_bytes=args.max_artifact_bytes,
         fetch_timeout=args.fetch_timeout,
+        fetch_proxy=args.fetch_proxy,
+        fetch_ca_file=args.fetch_ca_file,
         claim_name=args.claim_name,
+        claim_namespace=args.claim_namespace if args.claim_name else None,
         unload_timeout=args.unload_timeout,
         namespaces=list(args.namespace),
         prometheus_url=args.prometheus_url,
     )
+    stop = threading.Event()
+    lost = threading.Event()
+    elector: LeaseElector | None = None
+    renewing: threading.Thread | None = None
+    if args.leader_election:
+        identity = f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}"
+        elector = LeaseElector(
+            CoordinationV1Api(),
+            args.leader_election_namespace,
+            args.lease_name,
+            identity,
+            lease_seconds=args.lease_duration,
+            renew_deadline=args.lease_renew_deadline,
+            retry_seconds=args.lease_retry_period,
+        )
+        # the chart's liveness probe must pass on a waiting follower too
+        follower = FollowerLiveness(args.liveness, elector.healthy) if args.liveness else None
+        with _stop_on_signals(stop):
+            if follower:
+                follower.start()
+            try:
+                leading = elector.wait_for_leadership(stop)
+            finally:
+                if follower:
+                    follower.stop()
+        if not leading:
+            return 0  # stopped while following
+        renewing = threading.Thread(target=elector.keep_renewing, args=(stop, lost), daemon=True, name="lease")
+        renewing.start()
+    reconciler = Reconciler(config, Kube())
     registry = kopf.OperatorRegistry()
-    register(Reconciler(config, Kube()), registry)
+    register(reconciler, registry)
+
+    def release_stop_flag(**_: object) -> None:
+        # kopf waits for ``stop_flag`` in a thread of the loop's default executor, and asyncio.run
+        # joins that executor on exit: a flag never set (a stop by SIGTERM) hangs the process forever
+        stop.set()
+
+    kopf.on.cleanup(registry=registry, id="stop-flag")(release_stop_flag)
     settings = kopf.OperatorSettings()
-    settings.posting.level = logging.WARNING  # kopf's own per-handler events are noise next to ours
+    settings.posting.level = logging.WARNING  # kopf's own per-handler log lines are noise next to our events
     settings.persistence.finalizer = "serving.kubeinfer.io/finalizer"
     settings.execution.max_workers = 8
     # with named namespaces kopf needs no cluster-wide reads: it serves those namespaces and the CRDs present
     # at startup, so the chart's namespaced install grants no ClusterRole (no namespaces/CRD list or watch)
     settings.scanning.disabled = bool(args.namespace)
-    stop = threading.Event()
-    lost = threading.Event()
-    if args.leader_election:
-        identity = f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}"
-        elector = LeaseElector(CoordinationV1Api(), args.leader_election_namespace, args.lease_name, identity)
-        if not elector.wait_for_leadership(stop):
-            return 1
-        threading.Thread(target=elector.keep_renewing, args=(stop, lost), daemon=True, name="lease").start()
-    kopf.run(
-        registry=registry,
-        settings=settings,
-        standalone=True,
-        clusterwide=not args.namespace,
-        namespaces=args.namespace,
-        liveness_endpoint=args.liveness,
-        stop_flag=stop,
-    )
+    # a timer busy in a worker thread when its object is deleted is re-checked every second, not every
+    # 60 s (kopf's default), so deletes under resync finish promptly
+    settings.background.cancellation_polling = 1.0
+    settings.background.instant_exit_timeout = 0.5
+    try:
+        kopf.run(
+            registry=registry,
+            settings=settings,
+            standalone=True,
+            clusterwide=not args.namespace,
+            namespaces=args.namespace,
+            liveness_endpoint=args.liveness,
+            stop_flag=stop,
+        )
+    finally:
+        stop.set()
+        reconciler.close()
+        if elector is not None and renewing is not None and not lost.is_set():
+            renewing.join(10)  # a renewal in flight must not land after the release
+            elector.release()
     return 1 if lost.is_set() else 0
 
 

@@ -3,7 +3,11 @@
 Handlers are synchronous on purpose: kopf runs them in its thread pool, so downloads, file writes
 and the (blocking) kubernetes client never stall the event loop. A per-object lock keeps a timer
 and a change handler of the same object from writing at once. Status is written explicitly (no
-handler return values), conditions as full lists.
+handler return values), conditions as full lists, and only when it changed.
+
+A resync of an unchanged model costs no API call: servers and EndpointSlices come from kopf's
+in-memory indexes (kept current by the watches), each server replica's repository index is read
+once per ``index_max_age`` for all its models, and an unchanged status is not written.
 """
 
 from __future__ import annotations
@@ -12,29 +16,37 @@ import contextvars
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
-import httpx
 import kopf
 from kubeinfer.server.config import ConfigError
 from kubeinfer.server.config.version_policy import select_versions
+from kubeinfer.server.repository.layout import config_digest
 from kubernetes.client.exceptions import ApiException
 
 from . import manifests, status
 from .api import GROUP, VERSION
-from .artifacts import DEFAULT_MAX_BYTES, ArtifactError
+from .artifacts import DEFAULT_MAX_BYTES, ArtifactError, credential_headers, fetch_client
 from .autoscaling import Autoscaler
+from .claims import ClaimCheck
 from .kube import MODELS, SERVERS, Kube, is_temporary
+from .logs import UNLOAD_WAIT
+from .recheck import Rechecker
 from .render import DEFAULT_BACKENDS, render_model
-from .repository_writer import RepositoryWriter
+from .replicas import Endpoint, IndexReader, endpoints_from_slices
+from .repository_writer import Fetch, RepositoryWriter
 
 #: artifact failures that may go away by themselves (network); the rest wait for a spec change
 TEMPORARY_REASONS = {"FetchFailed"}
 #: (first, longest) seconds before the resync timer retries a render that failed for the same generation
 FAILURE_BACKOFF = (60.0, 900.0)
+#: seconds between checks, during a long fetch, that the object was not deleted or changed meanwhile
+CANCEL_POLL = 3.0
+#: Ready reasons worth a quick recheck after a change (the server has yet to pick it up)
+SETTLING = {"Loading", "ServerUnreachable", "ServerNotReady", "ServerUnavailable"}
 log = logging.getLogger("kubeinfer.operator")
 
 
@@ -42,18 +54,55 @@ log = logging.getLogger("kubeinfer.operator")
 class OperatorConfig:
     repository_root: Path
     resync_seconds: float = 30.0
-    #: "namespace/server" → base URL of that server's HTTP endpoint (overrides the Service address)
+    #: "namespace/server" → base URL of that server's HTTP endpoint (replaces its EndpointSlices)
     server_endpoints: dict[str, str] = field(default_factory=dict)
     max_artifact_bytes: int = DEFAULT_MAX_BYTES
     fetch_timeout: float = 60.0
-    #: the PVC mounted at repository_root; servers naming another claim are refused (None: not checked)
+    fetch_proxy: str | None = None
+    fetch_ca_file: str | None = None
+    #: the PVC mounted at repository_root, and its namespace; servers whose claim is bound to other
+    #: storage are refused (claim None: not checked; namespace None: claim names compared)
     claim_name: str | None = None
+    claim_namespace: str | None = None
     index_timeout: float = 5.0
     unload_timeout: float = 120.0
     #: namespaces to watch (empty: all)
     namespaces: list[str] = field(default_factory=list)
     #: Prometheus that KEDA ScaledObjects query when spec.autoscaling.prometheus.serverAddress is unset
     prometheus_url: str | None = None
+
+    @property
+    def index_max_age(self) -> float:
+        """How old a replica's index may be for a resync: ~six reads per resync period, 1-10 s."""
+        return min(10.0, max(1.0, self.resync_seconds / 6))
+
+
+class Lookup:
+    """InferenceServers and EndpointSlices from kopf's indexes once attached, else from the API."""
+
+    def __init__(self, kube: Kube) -> None:
+        self.kube = kube
+        self.indices: Mapping[str, Any] | None = None
+
+    def _values(self, index: str, key: tuple[str, str]) -> list[Any] | None:
+        if self.indices is None or index not in self.indices:
+            return None
+        for _ in range(3):  # the store may change under a worker thread's iteration
+            try:
+                return list(self.indices[index].get(key, ()))
+            except RuntimeError:
+                continue
+        return None
+
+    def server(self, namespace: str, name: str) -> dict[str, Any] | None:
+        found = self._values("servers", (namespace, name))
+        if found is None:
+            return self.kube.get(SERVERS, namespace, name)
+        return found[0] if found else None
+
+    def slices(self, namespace: str, service: str) -> list[dict[str, Any]]:
+        found = self._values("endpointslices", (namespace, service))
+        return self.kube.endpoint_slices(namespace, service) if found is None else found
 
 
 @dataclass(frozen=True)
@@ -74,39 +123,103 @@ class Reconciler:
         self.config = config
         self.kube = kube
         self.writer = RepositoryWriter(
-            config.repository_root, max_bytes=config.max_artifact_bytes, timeout=config.fetch_timeout
+            config.repository_root,
+            max_bytes=config.max_artifact_bytes,
+            timeout=config.fetch_timeout,
+            client=fetch_client(config.fetch_timeout, config.fetch_proxy, config.fetch_ca_file),
         )
+        self.reader = IndexReader(config.index_timeout)
+        self.claims = ClaimCheck(lambda *a: self.kube.read_core(*a), config.claim_name, config.claim_namespace)
+        self.lookup = Lookup(kube)
+        self.rechecker = Rechecker(self._recheck)
         self._locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
         self._failures: dict[str, _Failure] = {}
         self.autoscaler = Autoscaler(kube, config.prometheus_url)
+        #: a kopf handler's context, for threads of our own that post events (set by the handlers)
+        self.handler_context: contextvars.Context | None = None
+        #: status patches written and skipped (unchanged), for the benchmark and the logs
+        self.status_writes = 0
+        self.status_skips = 0
 
     def _lock(self, uid: str) -> threading.Lock:
         with self._locks_guard:
             return self._locks.setdefault(uid, threading.Lock())
 
+    def _forget(self, uid: str) -> None:
+        with self._locks_guard:
+            self._locks.pop(uid, None)
+            self._failures.pop(uid, None)
+
+    def close(self) -> None:
+        """Stop the rechecker and retries, close the HTTP clients (idempotent)."""
+        self.rechecker.stop()
+        self.kube.stop.set()
+        self.reader.close()
+        self.writer.client.close()
+
     # ---------------------------------------------------------------------------------- helpers
-    def index_url(self, namespace: str, server: str, spec: Mapping[str, Any]) -> str:
+    def endpoints(self, namespace: str, server: str) -> tuple[list[Endpoint], str]:
+        """The server's replicas (``--server-endpoint`` replaces them), or why there are none."""
         override = self.config.server_endpoints.get(f"{namespace}/{server}")
         if override:
-            return override.rstrip("/")
-        return f"http://{server}.{namespace}.svc:{manifests.ports(spec)['http']}"
+            return [Endpoint(override.rstrip("/"), override.rstrip("/"))], ""
+        try:
+            found = endpoints_from_slices(self.lookup.slices(namespace, server))
+        except Exception as exc:
+            return [], f"cannot list the EndpointSlices of Service '{namespace}/{server}': {exc}"
+        if not found:
+            return [], f"InferenceServer '{server}' has no running replicas (its Service has no endpoints)"
+        return found, ""
 
-    def read_index(self, base_url: str) -> list[dict[str, Any]]:
-        response = httpx.post(f"{base_url}/v2/repository/index", json={}, timeout=self.config.index_timeout)
-        response.raise_for_status()
-        return list(response.json())
+    def observe(
+        self, server: str, endpoints: list[Endpoint], model: str, max_age: float, every: bool = False
+    ) -> list[status.ReplicaView]:
+        """This model's version states on each ready replica (on every one when none is ready, or ``every``)."""
+        chosen = endpoints if every else [e for e in endpoints if e.ready] or endpoints
+        views = []
+        for endpoint in chosen:
+            read = self.reader.read(endpoint, max_age)
+            error = ""
+            if read.rows is None:
+                error = (
+                    f"cannot read the repository index of InferenceServer '{server}' at {endpoint.url}: {read.error}"
+                )
+            states = None if read.rows is None else status.version_states(read.rows, model)
+            views.append(status.ReplicaView(endpoint.name, endpoint.ready, states, error))
+        return views
+
+    def _credentials(self, namespace: str) -> Callable[[str], dict[str, str]]:
+        def lookup(name: str) -> dict[str, str]:
+            try:
+                secret = self.kube.read_core("Secret", name, namespace)
+            except ApiException as exc:
+                if exc.status == 403:
+                    raise ArtifactError(
+                        "CredentialsForbidden",
+                        f"the operator may not read Secret '{namespace}/{name}': grant its service account "
+                        "'get' on it (see the chart's rbac.artifactCredentials)",
+                    ) from None
+                raise
+            if secret is None:
+                raise ArtifactError(
+                    "CredentialsNotFound", f"Secret '{name}' (source.credentialsSecret) does not exist in '{namespace}'"
+                )
+            return credential_headers(secret, name)
+
+        return lookup
 
     def _server_dir(self, namespace: str, server_name: str, spec: Mapping[str, Any]) -> tuple[str, Path]:
-        claim = (spec.get("repository") or {}).get("claimName")
-        if self.config.claim_name and claim != self.config.claim_name:
-            raise ArtifactError(
-                "ClaimNotMounted",
-                f"InferenceServer '{server_name}' uses PVC '{claim}', but the operator writes to PVC "
-                f"'{self.config.claim_name}'; use that claim in spec.repository.claimName",
-            )
+        self.claims.check(namespace, server_name, (spec.get("repository") or {}).get("claimName"))
         subpath = manifests.repository_subpath(namespace, server_name, spec)
         return subpath, self.writer.server_dir(namespace, subpath)
+
+    def _patch_status(self, plural: str, namespace: str, name: str, prev: Mapping[str, Any], new: dict) -> None:
+        if not status.status_changed(prev, new):
+            self.status_skips += 1
+            return
+        self.status_writes += 1
+        self.kube.patch_status(plural, namespace, name, new)
 
     # ----------------------------------------------------------------------------------- servers
     def reconcile_server(self, body: Mapping[str, Any], logger: logging.Logger | None = None) -> None:
@@ -163,10 +276,11 @@ class Reconciler:
             if scaling is not None:  # reported beside Ready, not in it: the pool serves either way
                 conds.append(scaling)
             prev = body.get("status") or {}
-            self.kube.patch_status(
+            self._patch_status(
                 SERVERS,
                 ns,
                 name,
+                prev,
                 {
                     "observedGeneration": meta.get("generation"),
                     "conditions": status.conditions(conds, prev.get("conditions"), meta.get("generation", 0)),
@@ -180,26 +294,36 @@ class Reconciler:
             )
 
     def reconcile_server_named(self, namespace: str, name: str) -> None:
-        body = self.kube.get(SERVERS, namespace, name)
+        body = self.lookup.server(namespace, name)
         if body is not None and not body["metadata"].get("deletionTimestamp"):
             self.reconcile_server(body)
 
     # ------------------------------------------------------------------------------------ models
-    def reconcile_model(self, body: Mapping[str, Any], retry: int = 0, from_timer: bool = False) -> None:
-        """Render, sync the repository, read the server's index, write status.
+    def reconcile_model(
+        self,
+        body: Mapping[str, Any],
+        retry: int = 0,
+        from_timer: bool = False,
+        cancelled: Callable[[], bool] | None = None,
+        max_age: float | None = None,
+        recheck: bool = True,
+    ) -> dict[str, Any] | None:
+        """Render, sync the repository, read every replica's index, write status (if it changed).
 
         A failed render is not repeated by the resync timer for the same generation until its
         backoff expires (a bad checksum would otherwise re-download the file every resync);
-        spec changes and kopf's own retries always render.
+        spec changes and kopf's own retries always render. After a change handler the model is
+        rechecked within seconds until Ready (``recheck``). Returns the status (None: cancelled).
         """
         meta, spec = body["metadata"], body["spec"]
         ns, name, generation = meta["namespace"], meta["name"], meta.get("generation", 0)
         prev = body.get("status") or {}
         with self._lock(meta["uid"]):
-            obs = status.ModelObservation(generation=generation, target=[], rendered=[])
-            temporary: str | None = None
             server_name = spec["server"]
-            server = self.kube.get(SERVERS, ns, server_name)
+            obs = status.ModelObservation(generation=generation, target=[], rendered=[], server=server_name)
+            temporary: str | None = None
+            changed = False
+            server = self.lookup.server(ns, server_name)
             if server is None:
                 obs.render_error = (
                     "ServerNotFound",
@@ -214,17 +338,23 @@ class Reconciler:
                     subpath, server_dir = self._server_dir(ns, server_name, sspec)
                     rendered = render_model(name, spec, sspec.get("backends") or DEFAULT_BACKENDS, server_name)
                     obs.target = select_versions(rendered.config, rendered.versions)
+                    obs.config_digest = config_digest(rendered.config_text.encode("utf-8"))
                     if held:
                         obs.render_error, obs.failed_version = held
                     else:
-                        result = self.writer.sync_model(server_dir, rendered)
+                        superseded = self._superseded(ns, name, meta["uid"], generation, cancelled)
+                        fetch = Fetch(credentials=self._credentials(ns), cancelled=superseded)
+                        result = self.writer.sync_model(server_dir, rendered, fetch=fetch)
                         obs.repository_path = f"{subpath}/{name}"
                         self._forget_old_location(ns, name, prev.get("repositoryPath"), obs.repository_path)
                         if result.changed:
-                            kopf.info(_ref(body), reason="Rendered", message=_describe(result))
+                            changed = True
+                            _normal(body, "Rendered", _describe(result))
                 except ConfigError as exc:
                     obs.render_error = ("InvalidSpec", str(exc))
                 except ArtifactError as exc:
+                    if exc.reason == "Cancelled":
+                        return None  # the object is going away: nothing to report
                     obs.render_error = (exc.reason, exc.message)
                     obs.failed_version = exc.version
                     if exc.reason in TEMPORARY_REASONS:
@@ -233,18 +363,73 @@ class Reconciler:
                     self._remember_failure(meta["uid"], generation, obs)
                 if server_dir is not None:
                     obs.rendered = self.writer.versions_on_disk(server_dir, name)
-                url = self.index_url(ns, server_name, sspec)
-                try:
-                    obs.states = status.version_states(self.read_index(url), name)
-                except (httpx.HTTPError, ValueError) as exc:
-                    obs.index_error = (
-                        f"cannot read the repository index of InferenceServer '{server_name}' at {url}: {exc}"
-                    )
+                endpoints, obs.index_error = self.endpoints(ns, server_name)
+                age = self.config.index_max_age if max_age is None else max_age
+                obs.replicas = self.observe(server_name, endpoints, name, age)
             new = status.model_status(obs, prev)
             self._post_events(body, prev, new)
-            self.kube.patch_status(MODELS, ns, name, new)
+            self._patch_status(MODELS, ns, name, prev, new)
+            ready = _condition(new, "Ready")
+            if recheck and (changed or not from_timer) and ready.get("reason") in SETTLING:
+                self.rechecker.schedule((ns, name, meta["uid"]))
             if temporary:
                 raise kopf.TemporaryError(temporary, delay=backoff(retry))
+            return new
+
+    def _superseded(
+        self, namespace: str, name: str, uid: str, generation: int, stopped: Callable[[], bool] | None
+    ) -> Callable[[], bool]:
+        """For long fetches: has the object been deleted or changed since this render began?
+
+        kopf queues an object's next event (its deletion, a new spec) behind the handler that is
+        running, so a multi-minute download would hold the finalizer, or delay the new spec, until it
+        ends. The fetch polls this between chunks; it reads the object at most every CANCEL_POLL s.
+        """
+        state = {"checked": time.monotonic(), "verdict": False}
+
+        def check() -> bool:
+            if state["verdict"] or (stopped is not None and stopped()):
+                return True
+            if time.monotonic() - state["checked"] < CANCEL_POLL:
+                return False
+            state["checked"] = time.monotonic()
+            body: dict[str, Any] | None
+            try:  # one plain request, no retries: an API outage must not stall the download
+                body = cast(
+                    dict[str, Any],
+                    self.kube.custom.get_namespaced_custom_object(
+                        GROUP, VERSION, namespace, MODELS, name, _request_timeout=(2, 5)
+                    ),
+                )
+            except ApiException as exc:
+                body = {} if exc.status == 404 else None
+            except Exception:
+                body = None
+            if body is None:
+                return False
+            meta = body.get("metadata") or {}
+            gone = not meta or meta.get("uid") != uid or bool(meta.get("deletionTimestamp"))
+            if gone or meta.get("generation") != generation:
+                log.info(
+                    "render of %s/%s generation %s cancelled: the object was %s",
+                    namespace,
+                    name,
+                    generation,
+                    "deleted" if gone else "changed",
+                )
+                state["verdict"] = True
+            return bool(state["verdict"])
+
+        return check
+
+    def _recheck(self, key: Hashable) -> bool:
+        """A follow-up after a change; True when no more are needed (Ready, failed for good, or gone)."""
+        ns, name, uid = cast(tuple[str, str, str], key)
+        body = self.kube.get(MODELS, ns, name)
+        if body is None or body["metadata"].get("uid") != uid or body["metadata"].get("deletionTimestamp"):
+            return True
+        new = self.reconcile_model(body, from_timer=True, max_age=0.5, recheck=False)
+        return new is None or _condition(new, "Ready").get("reason") not in SETTLING
 
     def _held_failure(self, uid: str, generation: int) -> tuple[tuple[str, str], int | None] | None:
         with self._locks_guard:
@@ -291,8 +476,8 @@ class Reconciler:
     @staticmethod
     def _post_events(body: Mapping[str, Any], prev: Mapping[str, Any], new: Mapping[str, Any]) -> None:
         """One event per change of the Ready condition, not one per timer tick."""
-        before: Mapping[str, Any] = next((c for c in prev.get("conditions") or () if c["type"] == "Ready"), {})
-        after = next(c for c in new["conditions"] if c["type"] == "Ready")
+        before: Mapping[str, Any] = _condition(prev, "Ready")
+        after = _condition(new, "Ready")
         if (before.get("status"), before.get("reason"), before.get("message")) == (
             after["status"],
             after["reason"],
@@ -300,16 +485,16 @@ class Reconciler:
         ):
             return
         if after["status"] == "True":
-            kopf.info(_ref(body), reason="Ready", message=after["message"])
+            _normal(body, "Ready", after["message"])
         elif after["reason"] not in ("Loading",):
             kopf.warn(_ref(body), reason=after["reason"], message=after["message"])
 
     def delete_model(self, body: Mapping[str, Any], runtime_seconds: float) -> None:
-        """Remove the model folder, then hold the finalizer until the server has unloaded the model."""
+        """Remove the model folder, then hold the finalizer until no replica of the server has it loaded."""
         meta, spec = body["metadata"], body["spec"]
         ns, name = meta["namespace"], meta["name"]
         with self._lock(meta["uid"]):
-            server = self.kube.get(SERVERS, ns, spec["server"])
+            server = self.lookup.server(ns, spec["server"])
             recorded = (body.get("status") or {}).get("repositoryPath")
             if server is not None:
                 try:
@@ -318,17 +503,25 @@ class Reconciler:
                 except ArtifactError:
                     pass
             self._forget_old_location(ns, name, recorded, "")
-            if server is None:
-                return
-            try:
-                states = status.version_states(
-                    self.read_index(self.index_url(ns, spec["server"], server["spec"])), name
+            if server is not None:
+                endpoints, _ = self.endpoints(ns, spec["server"])
+                views = self.observe(spec["server"], endpoints, name, max_age=0.5, every=True)
+                loaded = sorted(
+                    {s.version for v in views for s in v.states or () if s.state in ("READY", "LOADING", "UNLOADING")}
                 )
-            except (httpx.HTTPError, ValueError):
-                return  # no server to wait for
-            loaded = [s.version for s in states if s.state in ("READY", "LOADING", "UNLOADING")]
-            if loaded and runtime_seconds < self.config.unload_timeout:
-                raise kopf.TemporaryError(f"waiting for the server to unload versions {loaded}", delay=1)
+                if loaded and runtime_seconds < self.config.unload_timeout:
+                    raise kopf.TemporaryError(f"{UNLOAD_WAIT} versions {loaded}", delay=1)
+        self._forget(meta["uid"])
+
+
+def _condition(status_doc: Mapping[str, Any], ctype: str) -> Mapping[str, Any]:
+    return next((c for c in status_doc.get("conditions") or () if c.get("type") == ctype), {})
+
+
+def _normal(body: Mapping[str, Any], reason: str, message: str) -> None:
+    """A Normal event. (kopf.info obeys settings.posting.level, which stays at WARNING so kopf's own
+    per-handler log lines are not posted; kopf.event is not filtered by level.)"""
+    kopf.event(_ref(body), type="Normal", reason=reason, message=message)
 
 
 def _ref(body: Mapping[str, Any]) -> kopf.Body:
@@ -362,16 +555,21 @@ def register(reconciler: Reconciler, registry: kopf.OperatorRegistry) -> None:
     server: dict[str, Any] = dict(group=GROUP, version=VERSION, plural=SERVERS, registry=registry)
 
     def on_model(body: kopf.Body, retry: int, **_: Any) -> None:
+        reconciler.handler_context = contextvars.copy_context()
         reconciler.reconcile_model(body, retry)
 
-    def on_model_timer(body: kopf.Body, **_: Any) -> None:
-        if not body["metadata"].get("deletionTimestamp"):
-            reconciler.reconcile_model(body, from_timer=True)
+    def on_model_timer(body: kopf.Body, **kwargs: Any) -> None:
+        stopped = kwargs["stopped"]
+        # ``stopped`` is set when the object is being deleted or the operator stops: a download in
+        # progress gives up at its next chunk, so the timer never holds the finalizer for long
+        if not body["metadata"].get("deletionTimestamp") and not stopped:
+            reconciler.reconcile_model(body, from_timer=True, cancelled=lambda: bool(stopped))
 
     def on_model_delete(body: kopf.Body, runtime: Any, **_: Any) -> None:
         reconciler.delete_model(body, runtime.total_seconds())
 
     def on_server(body: kopf.Body, **_: Any) -> None:
+        reconciler.handler_context = contextvars.copy_context()
         reconciler.reconcile_server(body)
 
     def on_owned(body: kopf.Body, namespace: str | None, **_: Any) -> None:
@@ -391,6 +589,7 @@ def register(reconciler: Reconciler, registry: kopf.OperatorRegistry) -> None:
     kopf.on.delete(**model, id="model-delete", backoff=2)(on_model_delete)
     kopf.timer(**model, id="model-resync", interval=interval, initial_delay=interval)(on_model_timer)
     register_server_resync(reconciler, registry)
+    register_indexes(reconciler, registry)
     # user edits to (or deletion of) owned objects are put back at once, not at the next resync
     owned = {"app.kubernetes.io/managed-by": manifests.MANAGED_BY}
     for resource in (
@@ -421,7 +620,12 @@ def register_server_resync(reconciler: Reconciler, registry: kopf.OperatorRegist
                 if stop.is_set() or body["metadata"].get("deletionTimestamp"):
                     continue
                 try:
-                    reconciler.reconcile_server(body)
+                    # in a kopf handler's context: events are posted through kopf's per-object queue
+                    context = reconciler.handler_context
+                    if context is None:
+                        reconciler.reconcile_server(body)
+                    else:
+                        context.copy().run(reconciler.reconcile_server, body)
                 except Exception as exc:
                     log.warning(
                         "resync of InferenceServer %s/%s failed: %s",
@@ -430,12 +634,57 @@ def register_server_resync(reconciler: Reconciler, registry: kopf.OperatorRegist
                         exc,
                     )
 
+    threads: list[threading.Thread] = []
+
     def start(**_: Any) -> None:
-        # the copied context carries kopf's event-posting queue into the thread
-        threading.Thread(target=contextvars.copy_context().run, args=(loop,), daemon=True, name="server-resync").start()
+        thread = threading.Thread(
+            target=contextvars.copy_context().run, args=(loop,), daemon=True, name="server-resync"
+        )
+        threads.append(thread)
+        thread.start()
 
     def finish(**_: Any) -> None:
         stop.set()
+        for thread in threads:
+            thread.join(10)  # a reconcile in progress finishes before the interpreter exits
 
     kopf.on.startup(registry=registry, id="server-resync-start")(start)
     kopf.on.cleanup(registry=registry, id="server-resync-stop")(finish)
+
+
+def register_indexes(reconciler: Reconciler, registry: kopf.OperatorRegistry) -> None:
+    """In-memory copies of InferenceServers and of their Services' EndpointSlices, kept by kopf's watches.
+
+    The EndpointSlice controller copies a Service's labels onto its slices, so the operator's label
+    selects exactly the slices of the Services it owns. The rechecker thread starts here too.
+    """
+
+    @kopf.index(GROUP, VERSION, SERVERS, id="servers", registry=registry)
+    def servers(
+        namespace: str | None, name: str, body: kopf.Body, **_: Any
+    ) -> dict[tuple[str | None, str], dict[str, Any]]:
+        return {(namespace, name): dict(body)}
+
+    @kopf.index(
+        "discovery.k8s.io",
+        "v1",
+        "endpointslices",
+        id="endpointslices",
+        labels={manifests.SERVER_LABEL: kopf.PRESENT},
+        registry=registry,
+    )
+    def endpointslices(
+        namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any
+    ) -> dict[tuple[str | None, str], dict[str, Any]] | None:
+        service = labels.get("kubernetes.io/service-name")
+        return {(namespace, service): dict(body)} if service else None
+
+    def start(**kwargs: Any) -> None:
+        reconciler.lookup.indices = {k: kwargs[k] for k in ("servers", "endpointslices") if k in kwargs}
+        reconciler.rechecker.start()
+
+    def finish(**_: Any) -> None:
+        reconciler.close()
+
+    kopf.on.startup(registry=registry, id="indexes-attach")(start)
+    kopf.on.cleanup(registry=registry, id="reconciler-close")(finish)

@@ -3,16 +3,26 @@
 Owned objects are written with server-side apply under one field manager (``force``), so a user's
 edit to a field the operator manages is put back on the next reconcile, while fields the operator
 does not manage are left alone.
+
+Every call has a timeout and is retried with exponential backoff (0.2 s doubling to 5 s, for up to
+``retry_seconds``) when the API server is unreachable, restarting (connection refused/reset, 5xx),
+throttling (429) or reports a conflict (409): a kube-apiserver restart in the middle of a reconcile
+delays it instead of failing it. Spec errors (other 4xx) are raised at once.
 """
 
 from __future__ import annotations
 
+import functools
+import logging
 import os
-from collections.abc import Mapping
-from typing import Any, cast
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar, cast
 
 import kubernetes
-from kubernetes.client import ApiClient, AppsV1Api, AutoscalingV2Api, CoreV1Api, CustomObjectsApi
+import urllib3
+from kubernetes.client import ApiClient, AppsV1Api, AutoscalingV2Api, CoreV1Api, CustomObjectsApi, DiscoveryV1Api
 from kubernetes.client.exceptions import ApiException
 
 from .api import GROUP, VERSION
@@ -24,6 +34,11 @@ MODELS = "inferencemodels"
 SERVERS = "inferenceservers"
 #: kinds of other projects' custom resources the operator applies → their plural
 CUSTOM_KINDS = {"ScaledObject": "scaledobjects"}
+#: (connect, read) seconds for one API request
+REQUEST_TIMEOUT = (5.0, 30.0)
+TIMEOUT: dict[str, Any] = {"_request_timeout": REQUEST_TIMEOUT}
+log = logging.getLogger("kubeinfer.operator.kube")
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def load_config(kubeconfig: str | None) -> None:
@@ -42,15 +57,50 @@ def is_temporary(exc: ApiException) -> bool:
     return exc.status in (409, 429) or (exc.status or 0) >= 500 or exc.status == 0
 
 
+def transient(exc: BaseException) -> bool:
+    """An error that a retry of the same request may not see (the API server restarting, a conflict)."""
+    if isinstance(exc, ApiException):
+        return is_temporary(exc)
+    return isinstance(exc, (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError))
+
+
+def retried(fn: F) -> F:
+    """Retry a ``Kube`` method on transient errors, with backoff, for up to ``self.retry_seconds``."""
+
+    @functools.wraps(fn)
+    def call(self: Kube, *args: Any, **kwargs: Any) -> Any:
+        deadline = time.monotonic() + self.retry_seconds
+        delay = 0.2
+        while True:
+            try:
+                return fn(self, *args, **kwargs)
+            except Exception as exc:
+                if not transient(exc) or time.monotonic() + delay > deadline or self.stop.is_set():
+                    raise
+                what = f"HTTP {exc.status} {exc.reason}" if isinstance(exc, ApiException) else type(exc).__name__
+                self.retries += 1
+                log.info("%s: %s; retrying in %.1fs", fn.__name__, what, delay)
+                self.stop.wait(delay)
+                delay = min(delay * 2, 5.0)
+
+    return cast(F, call)
+
+
 class Kube:
-    def __init__(self, api_client: ApiClient | None = None) -> None:
+    def __init__(self, api_client: ApiClient | None = None, retry_seconds: float = 60.0) -> None:
         self.client = api_client or ApiClient()
+        self.retry_seconds = retry_seconds
+        #: set on shutdown: no more waiting between retries
+        self.stop = threading.Event()
+        self.retries = 0
         self.core = CoreV1Api(self.client)
         self.apps = AppsV1Api(self.client)
         self.autoscaling = AutoscalingV2Api(self.client)
         self.custom = CustomObjectsApi(self.client)
+        self.discovery = DiscoveryV1Api(self.client)
 
     # ------------------------------------------------------------------------------ owned objects
+    @retried
     def apply(self, manifest: Mapping[str, Any]) -> Any:
         kind, body = manifest["kind"], dict(manifest)
         name, ns = manifest["metadata"]["name"], manifest["metadata"]["namespace"]
@@ -58,7 +108,7 @@ class Kube:
             group, version = manifest["apiVersion"].split("/")
             return self.custom.patch_namespaced_custom_object(
                 group, version, ns, CUSTOM_KINDS[kind], name, body, field_manager=FIELD_MANAGER, force=True,
-                _content_type=APPLY,
+                _content_type=APPLY, **TIMEOUT,
             )  # fmt: skip
         patch = {
             "Deployment": self.apps.patch_namespaced_deployment,
@@ -67,11 +117,12 @@ class Kube:
         }.get(kind)
         if patch is None:
             raise ValueError(f"cannot apply {kind}")
-        return patch(name, ns, body, field_manager=FIELD_MANAGER, force=True, _content_type=APPLY)
+        return patch(name, ns, body, field_manager=FIELD_MANAGER, force=True, _content_type=APPLY, **TIMEOUT)
 
+    @retried
     def delete_hpa(self, namespace: str, name: str) -> bool:
         try:
-            self.autoscaling.delete_namespaced_horizontal_pod_autoscaler(name, namespace)
+            self.autoscaling.delete_namespaced_horizontal_pod_autoscaler(name, namespace, **TIMEOUT)
         except ApiException as exc:
             if exc.status == 404:
                 return False
@@ -82,39 +133,44 @@ class Kube:
         hpa = self.read_hpa(namespace, name)
         return hpa is not None and any(ref.get("uid") == uid for ref in hpa["metadata"].get("ownerReferences") or ())
 
+    @retried
     def read_hpa(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The HPA as plain JSON (camelCase, like every other object the operator reads), or None."""
         try:
-            hpa = self.autoscaling.read_namespaced_horizontal_pod_autoscaler(name, namespace)
+            hpa = self.autoscaling.read_namespaced_horizontal_pod_autoscaler(name, namespace, **TIMEOUT)
         except ApiException as exc:
             if exc.status == 404:
                 return None
             raise
         return cast(dict[str, Any], self.client.sanitize_for_serialization(hpa))
 
+    @retried
     def resource_served(self, group: str, version: str, plural: str) -> bool:
         """Whether the API serves ``group/version`` ``plural`` (discovery: no RBAC needed)."""
         try:
-            listing = self.custom.get_api_resources(group, version)
+            listing = self.custom.get_api_resources(group, version, **TIMEOUT)
         except ApiException as exc:
             if exc.status == 404:
                 return False
             raise
         return any(r.name == plural for r in listing.resources or ())
 
+    @retried
     def get_custom(self, group: str, version: str, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
         try:
             return cast(
-                dict[str, Any], self.custom.get_namespaced_custom_object(group, version, namespace, plural, name)
+                dict[str, Any],
+                self.custom.get_namespaced_custom_object(group, version, namespace, plural, name, **TIMEOUT),
             )
         except ApiException as exc:
             if exc.status == 404:
                 return None
             raise
 
+    @retried
     def delete_custom(self, group: str, version: str, plural: str, namespace: str, name: str) -> bool:
         try:
-            self.custom.delete_namespaced_custom_object(group, version, namespace, plural, name)
+            self.custom.delete_namespaced_custom_object(group, version, namespace, plural, name, **TIMEOUT)
         except ApiException as exc:
             if exc.status == 404:
                 return False
@@ -125,22 +181,61 @@ class Kube:
     def get(self, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
         return self.get_custom(GROUP, VERSION, plural, namespace, name)
 
+    @retried
     def list_in(self, plural: str, namespace: str) -> list[dict[str, Any]]:
-        listing = cast(dict[str, Any], self.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, plural))
+        listing = cast(
+            dict[str, Any], self.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, plural, **TIMEOUT)
+        )
         return list(listing["items"])
 
     def list_all(self, plural: str, namespaces: list[str]) -> list[dict[str, Any]]:
         """Objects in the given namespaces, or cluster-wide when none are given."""
         if namespaces:
             return [item for ns in namespaces for item in self.list_in(plural, ns)]
-        listing = cast(dict[str, Any], self.custom.list_cluster_custom_object(GROUP, VERSION, plural))
+        listing = cast(dict[str, Any], self._list_cluster(plural))
         return list(listing["items"])
 
+    @retried
     def patch_status(self, plural: str, namespace: str, name: str, status: Mapping[str, Any]) -> None:
         try:
             self.custom.patch_namespaced_custom_object_status(
-                GROUP, VERSION, namespace, plural, name, {"status": dict(status)}, _content_type=MERGE
+                GROUP, VERSION, namespace, plural, name, {"status": dict(status)}, _content_type=MERGE, **TIMEOUT
             )
         except ApiException as exc:
             if exc.status != 404:  # deleted meanwhile: nothing to report on
                 raise
+
+    @retried
+    def _list_cluster(self, plural: str) -> Any:
+        return self.custom.list_cluster_custom_object(GROUP, VERSION, plural, **TIMEOUT)
+
+    # ------------------------------------------------------------------------------ core objects
+    @retried
+    def read_core(self, kind: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
+        """A PersistentVolumeClaim, PersistentVolume or Secret as a plain dict (API field names); None if absent."""
+        read = {
+            "PersistentVolumeClaim": self.core.read_namespaced_persistent_volume_claim,
+            "Secret": self.core.read_namespaced_secret,
+        }.get(kind)
+        obj: Any
+        try:
+            if kind == "PersistentVolume":
+                obj = self.core.read_persistent_volume(name, **TIMEOUT)
+            elif read is not None and namespace:
+                obj = read(name, namespace, **TIMEOUT)
+            else:
+                raise ValueError(f"cannot read {kind}")
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return cast(dict[str, Any], self.client.sanitize_for_serialization(obj))
+
+    @retried
+    def endpoint_slices(self, namespace: str, service: str) -> list[dict[str, Any]]:
+        """The EndpointSlices of a Service (label kubernetes.io/service-name)."""
+        listing = self.discovery.list_namespaced_endpoint_slice(
+            namespace, label_selector=f"kubernetes.io/service-name={service}", **TIMEOUT
+        )
+        listing = self.client.sanitize_for_serialization(listing)
+        return list(cast(dict[str, Any], listing).get("items") or [])

@@ -25,6 +25,14 @@ _SOURCE = {
             "pattern": "^[0-9a-f]{64}$",
             "description": "Lower-case hex SHA-256 of the file; required with uri, verified for path when given.",
         },
+        "credentialsSecret": {
+            "type": "string",
+            "maxLength": 253,
+            "pattern": "^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+            "description": "Secret in the model's namespace with download credentials for uri (https only): key "
+            "token (Bearer), username and password (Basic), or authorization (the header's value). The Secret "
+            "must be labelled serving.kubeinfer.io/artifact-credentials=true. Sent only to the uri's own host.",
+        },
         "path": {
             "type": "string",
             "minLength": 1,
@@ -37,6 +45,10 @@ _SOURCE = {
     "x-kubernetes-validations": [
         {"rule": "has(self.uri) != has(self.path)", "message": "give exactly one of source.uri or source.path"},
         {"rule": "!has(self.uri) || has(self.sha256)", "message": "source.uri needs source.sha256 (hex SHA-256)"},
+        {
+            "rule": "!has(self.credentialsSecret) || (has(self.uri) && self.uri.startsWith('https://'))",
+            "message": "source.credentialsSecret needs an https:// source.uri (credentials are never sent in clear)",
+        },
         {
             "rule": "!has(self.path) || (!self.path.startsWith('/') && !self.path.matches('(^|/)[.][.](/|$)'))",
             "message": "source.path must be relative to the repository volume and must not contain '..'",
@@ -152,7 +164,7 @@ INFERENCE_MODEL_STATUS = {
         },
         "conditions": CONDITIONS,
         "targetVersions": _ints("Versions the version policy selects from spec.versions."),
-        "activeVersions": _ints("Versions the server reports READY."),
+        "activeVersions": _ints("Versions READY on at least one server replica."),
         "activeVersion": {"type": "integer", "format": "int64", "description": "Highest READY version."},
         "renderedVersions": _ints("Version folders present in the repository."),
         "versionStates": {
@@ -164,9 +176,15 @@ INFERENCE_MODEL_STATUS = {
                     "version": {"type": "integer", "format": "int64", "description": "Version number."},
                     "state": {
                         "type": "string",
-                        "description": "READY, LOADING, UNLOADING or UNAVAILABLE (as the server reports it).",
+                        "description": "READY, LOADING, UNLOADING or UNAVAILABLE (as the servers report it; "
+                        "when replicas differ, the state furthest from READY).",
                     },
                     "reason": {"type": "string", "description": "Why the version is not READY, if it is not."},
+                    "replicas": {"type": "integer", "description": "Server replicas whose repository index was read."},
+                    "readyReplicas": {
+                        "type": "integer",
+                        "description": "Of those, replicas serving this version (from the rendered config).",
+                    },
                 },
             },
         },

@@ -106,14 +106,30 @@ class Source:
     uri: str | None = None
     path: str | None = None
     sha256: str | None = None
+    #: name of a Secret (the model's namespace) with download credentials for ``uri``
+    credentials_secret: str | None = None
 
     @classmethod
     def from_spec(cls, data: Mapping[str, Any] | None) -> Source:
         data = data or {}
-        return cls(uri=data.get("uri"), path=data.get("path"), sha256=data.get("sha256"))
+        return cls(
+            uri=data.get("uri"),
+            path=data.get("path"),
+            sha256=data.get("sha256"),
+            credentials_secret=data.get("credentialsSecret"),
+        )
 
     def as_dict(self) -> dict[str, str]:
-        return {k: v for k, v in (("uri", self.uri), ("path", self.path), ("sha256", self.sha256)) if v}
+        return {
+            k: v
+            for k, v in (
+                ("uri", self.uri),
+                ("path", self.path),
+                ("sha256", self.sha256),
+                ("credentialsSecret", self.credentials_secret),
+            )
+            if v
+        }
 
 
 @dataclass(frozen=True)
@@ -158,6 +174,10 @@ def render_model(
             raise ConfigError(f"spec.versions[{version}] needs source.uri or source.path")
         if source.uri and not source.sha256:
             raise ConfigError(f"spec.versions[{version}].source.uri needs source.sha256")
+        if source.uri and not source.uri.startswith(("http://", "https://")):
+            raise ConfigError(f"spec.versions[{version}].source.uri must be http:// or https://")
+        if source.credentials_secret and not (source.uri or "").startswith("https://"):
+            raise ConfigError(f"spec.versions[{version}].source.credentialsSecret needs an https:// source.uri")
         versions[version] = source
     if not versions:
         raise ConfigError("spec.versions is empty: list at least one version")

@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import httpx
 from kubeinfer.server.config import ConfigError, check_file_name
 from kubeinfer.server.config.platforms import backend_for
 from kubeinfer.server.repository import publish
@@ -57,6 +60,18 @@ class SyncResult:
         )
 
 
+def _no_credentials(name: str) -> dict[str, str]:
+    raise ArtifactError("CredentialsRejected", f"no Secret lookup available for credentialsSecret '{name}'")
+
+
+@dataclass(frozen=True)
+class Fetch:
+    """Per-sync fetch context: how to turn a credentialsSecret name into headers, and when to give up."""
+
+    credentials: Callable[[str], dict[str, str]] = _no_credentials
+    cancelled: Callable[[], bool] | None = None
+
+
 def check_model_name_for_writer(name: str) -> None:
     try:
         check_model_name(name)
@@ -72,13 +87,28 @@ def check_file_name_for_writer(name: str) -> None:
         raise ArtifactError("PathRejected", str(exc)) from None
 
 
+#: seconds a server folder's listing of dot-names is shared between models' leftover checks
+LISTING_TTL = 2.0
+
+
 class RepositoryWriter:
     """File operations on ``<root>/<server subPath>/<model>``; blocking, call from a worker thread."""
 
-    def __init__(self, root: Path, *, max_bytes: int = artifacts.DEFAULT_MAX_BYTES, timeout: float = 60.0) -> None:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        max_bytes: int = artifacts.DEFAULT_MAX_BYTES,
+        timeout: float = 60.0,
+        client: httpx.Client | None = None,
+    ) -> None:
         self.root = root.resolve()
         self.max_bytes = max_bytes
         self.timeout = timeout
+        #: one pooled client for every download (see artifacts.fetch_client)
+        self.client = client or artifacts.fetch_client(timeout)
+        self._listings: dict[Path, tuple[float, list[str]]] = {}
+        self._listing_guard = threading.Lock()
 
     # -------------------------------------------------------------------------------------- paths
     def server_dir(self, namespace: str, subpath: str, create: bool = True) -> Path:
@@ -152,12 +182,30 @@ class RepositoryWriter:
             return []
         return sorted(int(e.name) for e in os.scandir(model_dir) if e.is_dir() and is_version_dir_name(e.name))
 
+    def _hidden_entries(self, server_dir: Path) -> list[str]:
+        """Dot-names in a server folder, listed at most once per LISTING_TTL for all its models.
+
+        A resync checks every model for leftovers; listing a folder of N models for each of them costs
+        O(N²) (0.8 ms per model at 1,000 models). A leftover seen a moment late is removed next time;
+        one already gone is a no-op (each model's own staging happens under its lock, after this).
+        """
+        now = time.monotonic()
+        with self._listing_guard:
+            hit = self._listings.get(server_dir)
+        if hit is not None and now - hit[0] < LISTING_TTL:
+            return hit[1]
+        try:
+            names = [e.name for e in os.scandir(server_dir) if e.name.startswith(".")]
+        except (FileNotFoundError, NotADirectoryError):
+            names = []
+        with self._listing_guard:
+            self._listings[server_dir] = (now, names)
+        return names
+
     def clean_stale(self, server_dir: Path, name: str) -> list[str]:
         """Delete dot-named leftovers of an interrupted write of this model."""
         removed = []
-        candidates = (
-            [e for e in server_dir.iterdir() if publish.leftover_of(e.name) == name] if server_dir.is_dir() else []
-        )
+        candidates = [server_dir / e for e in self._hidden_entries(server_dir) if publish.leftover_of(e) == name]
         model_dir = server_dir / name
         if model_dir.is_dir() and not model_dir.is_symlink():
             for e in model_dir.iterdir():
@@ -170,20 +218,34 @@ class RepositoryWriter:
         return removed
 
     # -------------------------------------------------------------------------------------- staging
-    def _fetch(self, source: Source, dest: Path, namespace_dir: Path) -> None:
+    def _fetch(self, source: Source, dest: Path, namespace_dir: Path, fetch: Fetch) -> None:
         if source.uri:
-            artifacts.download(source.uri, source.sha256 or "", dest, max_bytes=self.max_bytes, timeout=self.timeout)
+            headers = fetch.credentials(source.credentials_secret) if source.credentials_secret else None
+            artifacts.download(
+                source.uri,
+                source.sha256 or "",
+                dest,
+                max_bytes=self.max_bytes,
+                timeout=self.timeout,
+                client=self.client,
+                headers=headers,
+                cancelled=fetch.cancelled,
+            )
         elif source.path:
-            artifacts.copy_from_volume(namespace_dir, source.path, source.sha256, dest, max_bytes=self.max_bytes)
+            artifacts.copy_from_volume(
+                namespace_dir, source.path, source.sha256, dest, max_bytes=self.max_bytes, cancelled=fetch.cancelled
+            )
 
-    def _stage_version(self, folder: Path, model: RenderedModel, version: int, namespace_dir: Path) -> None:
+    def _stage_version(
+        self, folder: Path, model: RenderedModel, version: int, namespace_dir: Path, fetch: Fetch
+    ) -> None:
         """Fill an (invisible) version folder: the model file and the source marker."""
         folder.mkdir(exist_ok=True)
         source = model.versions[version]
         if model.filename:
             check_file_name_for_writer(model.filename)
             try:
-                self._fetch(source, folder / model.filename, namespace_dir)
+                self._fetch(source, folder / model.filename, namespace_dir, fetch)
             except ArtifactError as exc:
                 raise ArtifactError(exc.reason, f"version {version}: {exc.message}", version) from None
             except OSError as exc:  # the volume is full, read-only, gone: a condition, not a crashed handler
@@ -216,14 +278,19 @@ class RepositoryWriter:
 
     # ----------------------------------------------------------------------------------------- sync
     def sync_model(
-        self, server_dir: Path, model: RenderedModel, on_stage: Callable[[int], None] | None = None
+        self,
+        server_dir: Path,
+        model: RenderedModel,
+        on_stage: Callable[[int], None] | None = None,
+        fetch: Fetch | None = None,
     ) -> SyncResult:
         """Make ``server_dir/<model>`` match ``model``; all-or-nothing for the fetches and checks."""
+        fetch = fetch or Fetch()
         model_dir = self._model_dir(server_dir, model.name)
         result = SyncResult(cleaned=self.clean_stale(server_dir, model.name))
         namespace_dir = self.namespace_dir(server_dir)
         if not model_dir.is_dir():
-            self._create_model(server_dir, model, on_stage)
+            self._create_model(server_dir, model, on_stage, fetch)
             result.created_model = True
             result.added_versions = sorted(model.versions)
             return result
@@ -236,7 +303,7 @@ class RepositoryWriter:
             for version in stale:
                 folder = publish.stage_dir(model_dir, str(version))
                 staged[version] = folder
-                self._stage_version(folder, model, version, namespace_dir)
+                self._stage_version(folder, model, version, namespace_dir, fetch)
                 if on_stage:
                     on_stage(version)
             if staged or config_changed:
@@ -264,11 +331,13 @@ class RepositoryWriter:
                 result.removed_versions.append(version)
         return result
 
-    def _create_model(self, server_dir: Path, model: RenderedModel, on_stage: Callable[[int], None] | None) -> None:
+    def _create_model(
+        self, server_dir: Path, model: RenderedModel, on_stage: Callable[[int], None] | None, fetch: Fetch
+    ) -> None:
         staging = publish.stage_dir(server_dir, model.name)
         try:
             for version in sorted(model.versions):
-                self._stage_version(staging / str(version), model, version, self.namespace_dir(server_dir))
+                self._stage_version(staging / str(version), model, version, self.namespace_dir(server_dir), fetch)
                 if on_stage:
                     on_stage(version)
             if model.filename:

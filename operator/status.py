@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -52,6 +52,8 @@ class VersionState:
     version: int
     state: str
     reason: str = ""
+    #: digest of the config the server loaded this version from ("" when the server does not say)
+    config_digest: str = ""
 
 
 def version_states(index: Iterable[Mapping[str, Any]], model: str) -> list[VersionState]:
@@ -63,8 +65,25 @@ def version_states(index: Iterable[Mapping[str, Any]], model: str) -> list[Versi
         version = str(entry.get("version") or "")
         if not version.isdigit():
             continue
-        out.append(VersionState(int(version), str(entry.get("state") or ""), str(entry.get("reason") or "")))
+        out.append(
+            VersionState(
+                int(version),
+                str(entry.get("state") or ""),
+                str(entry.get("reason") or ""),
+                str(entry.get("config_digest") or ""),
+            )
+        )
     return sorted(out, key=lambda s: s.version)
+
+
+@dataclass(frozen=True)
+class ReplicaView:
+    """One server replica as seen by a reconcile: its states for this model, or why it could not be read."""
+
+    name: str
+    ready: bool
+    states: list[VersionState] | None
+    error: str = ""
 
 
 @dataclass
@@ -76,51 +95,124 @@ class ModelObservation:
     rendered: list[int]
     render_error: tuple[str, str] | None = None  # (reason, message)
     failed_version: int | None = None
-    states: list[VersionState] | None = None  # None: the server's index could not be read
+    #: every replica of the server that was found (empty: none, see ``index_error``)
+    replicas: list[ReplicaView] = field(default_factory=list)
+    #: why no replica could be listed or read
     index_error: str = ""
     endpoint: dict[str, str] | None = None
     repository_path: str = ""
+    #: digest of the config.pbtxt the operator rendered ("": not known, versions alone decide)
+    config_digest: str = ""
+    server: str = ""
+
+    def single(self, states: list[VersionState] | None, error: str = "") -> ModelObservation:
+        """Shorthand for one replica (the unit tests, a single server endpoint)."""
+        self.replicas = [ReplicaView("server", True, states, error)]
+        if states is None:
+            self.index_error = error
+        return self
+
+
+#: which state a version shows when replicas disagree: the one furthest from serving
+_STATE_ORDER = {"UNAVAILABLE": 0, "LOADING": 1, "UNLOADING": 2, "READY": 3}
+
+
+def _failed(s: VersionState) -> bool:
+    if s.state == "UNAVAILABLE":
+        return bool(s.reason) and s.reason != "unloaded"
+    return s.state == "READY" and s.reason.startswith("reload failed")
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
 
 
 def model_status(obs: ModelObservation, previous: Mapping[str, Any] | None, when: str | None = None) -> dict[str, Any]:
+    """The status document. Ready only when every ready replica serves every target version from the
+    rendered config; with no ready replica, the not-ready ones say why."""
     previous = previous or {}
     stamp = when or now()
-    active = sorted(s.version for s in obs.states or () if s.state == "READY")
-    missing = [v for v in obs.target if v not in active]
+    judged = [r for r in obs.replicas if r.ready] or list(obs.replicas)
+    any_ready = any(r.ready for r in obs.replicas)
+    readable = [r for r in judged if r.states is not None]
+    unreadable = [r for r in judged if r.states is None]
+    multi = len(judged) > 1
+
+    def current(s: VersionState) -> bool:
+        """Serving from the config the operator rendered (servers that report no digest are trusted)."""
+        return s.state == "READY" and (
+            not obs.config_digest or not s.config_digest or s.config_digest == obs.config_digest
+        )
+
+    by_version: dict[int, list[tuple[ReplicaView, VersionState]]] = {}
+    for r in readable:
+        for s in r.states or ():
+            by_version.setdefault(s.version, []).append((r, s))
+    active = sorted(v for v, seen in by_version.items() if any(s.state == "READY" for _, s in seen))
+    serving = {v: sum(1 for _, s in by_version.get(v, ()) if current(s)) for v in obs.target}
+    missing = [v for v in obs.target if serving[v] < len(readable) or not readable]
+    stale_config = [v for v in missing if any(s.state == "READY" and not current(s) for _, s in by_version.get(v, ()))]
+    failed_loads = [(r, s) for v in obs.target for r, s in by_version.get(v, ()) if _failed(s)]
+
     conds: list[Condition] = []
     last_failure = previous.get("lastFailure")
+
+    def failure(reason: str, message: str, version: int | None) -> dict[str, Any]:
+        """Keep the previous record (and its time) while the same failure persists: no write per resync."""
+        record: dict[str, Any] = {"reason": reason, "message": message, "time": stamp}
+        if version is not None:
+            record["version"] = version
+        if last_failure and {k: v for k, v in last_failure.items() if k != "time"} == {
+            k: v for k, v in record.items() if k != "time"
+        }:
+            return dict(last_failure)
+        return record
+
     if obs.render_error:
         reason, message = obs.render_error
         conds.append(Condition("Rendered", False, reason, message))
-        last_failure = {"reason": reason, "message": message, "time": stamp}
-        if obs.failed_version is not None:
-            last_failure["version"] = obs.failed_version
+        last_failure = failure(reason, message, obs.failed_version)
     else:
         conds.append(Condition("Rendered", True, "RepositoryUpToDate", f"versions {obs.rendered} in the repository"))
-    failed_loads = [
-        s
-        for s in obs.states or ()
-        if s.version in obs.target and s.state == "UNAVAILABLE" and s.reason and s.reason != "unloaded"
-    ]
-    if failed_loads and not obs.render_error:
-        s = failed_loads[-1]
-        last_failure = {
-            "version": s.version,
-            "reason": "LoadFailed",
-            "message": f"version {s.version} failed to load: {s.reason}",
-            "time": stamp,
-        }
+    load_message = ""
+    if failed_loads:
+        r, s = failed_loads[-1]
+        where = f" on replica {r.name}" if multi else ""
+        load_message = f"version {s.version} failed to load{where}: {s.reason}"
+        if not obs.render_error:
+            last_failure = failure("LoadFailed", load_message, s.version)
+    server = f"InferenceServer '{obs.server}'" if obs.server else "the server"
     if obs.render_error:
         ready = Condition("Ready", False, obs.render_error[0], obs.render_error[1])
-    elif obs.states is None:
-        ready = Condition("Ready", False, "ServerUnreachable", obs.index_error)
+    elif not obs.replicas:
+        ready = Condition("Ready", False, "ServerUnavailable", obs.index_error or f"{server} has no running replicas")
     elif failed_loads:
-        s = failed_loads[-1]
-        ready = Condition("Ready", False, "LoadFailed", f"version {s.version} failed to load: {s.reason}")
+        ready = Condition("Ready", False, "LoadFailed", load_message)
+    elif not readable:
+        errors = "; ".join(f"{r.name}: {r.error}" if multi else r.error for r in unreadable)
+        ready = Condition("Ready", False, "ServerUnreachable", obs.index_error or errors)
     elif missing:
-        ready = Condition("Ready", False, "Loading", f"waiting for versions {missing} to be READY on the server")
+        if stale_config:
+            text = f"waiting for the server to load the new config of versions {stale_config}"
+        else:
+            text = f"waiting for versions {missing} to be READY on the server"
+        if multi:
+            counts = ", ".join(f"version {v} on {serving[v]} of {len(readable)}" for v in missing)
+            text += f" (serving {counts} replicas)"
+        ready = Condition("Ready", False, "Loading", text)
+    elif unreadable:
+        names = ", ".join(r.name for r in unreadable)
+        ready = Condition(
+            "Ready",
+            False,
+            "ServerUnreachable",
+            f"cannot read the repository index of replicas {names}: {unreadable[0].error}",
+        )
+    elif not any_ready:
+        ready = Condition("Ready", False, "ServerNotReady", f"no replica of {server} is ready to take requests")
     else:
-        ready = Condition("Ready", True, "Serving", f"versions {active} are READY")
+        on = f" on {_plural(len(readable), 'replica')}" if multi else ""
+        ready = Condition("Ready", True, "Serving", f"versions {active} are READY{on}")
     conds.append(ready)
     serving_something = bool(active)
     degraded = not ready.status and serving_something
@@ -132,6 +224,20 @@ def model_status(obs: ModelObservation, previous: Mapping[str, Any] | None, when
             f"still serving versions {active}: {ready.message}" if degraded else "",
         )
     )
+    states = []
+    for v in sorted(by_version):
+        seen = by_version[v]
+        worst = min(seen, key=lambda rs: _STATE_ORDER.get(rs[1].state, -1))[1]
+        count = serving[v] if v in serving else sum(1 for _, s in seen if s.state == "READY")
+        states.append(
+            {
+                "version": v,
+                "state": worst.state,
+                "reason": worst.reason,
+                "replicas": len(readable),
+                "readyReplicas": count,
+            }
+        )
     status: dict[str, Any] = {
         "observedGeneration": obs.generation,
         "conditions": conditions(conds, previous.get("conditions"), obs.generation, stamp),
@@ -139,9 +245,27 @@ def model_status(obs: ModelObservation, previous: Mapping[str, Any] | None, when
         "activeVersions": active,
         "activeVersion": active[-1] if active else None,
         "renderedVersions": obs.rendered,
-        "versionStates": [{"version": s.version, "state": s.state, "reason": s.reason} for s in obs.states or ()],
+        "versionStates": states,
         "lastFailure": last_failure,
         "endpoint": obs.endpoint,
         "repositoryPath": obs.repository_path or previous.get("repositoryPath"),
     }
     return status
+
+
+def _pruned(value: Any) -> Any:
+    """What the API stores of a merge patch: keys with None values are absent."""
+    if isinstance(value, Mapping):
+        return {k: _pruned(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_pruned(v) for v in value]
+    return value
+
+
+def status_changed(previous: Mapping[str, Any] | None, new: Mapping[str, Any]) -> bool:
+    """Whether writing ``new`` would change the stored status (a resync that changed nothing writes nothing)."""
+    before = _pruned(dict(previous or {}))
+    after = _pruned(dict(new))
+    return any(before.get(k) != v for k, v in after.items()) or any(
+        k not in after and new.get(k, ...) is None for k in before
+    )

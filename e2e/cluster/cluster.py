@@ -12,6 +12,9 @@ file call them):
   env     print the ``export`` lines of the running cluster (exit 1 if none)
   release drop a ``up --hold PID`` registration; stops the cluster when it was started
           with --hold and no registered process is alive any more (pytest fixture)
+  restart COMPONENT [--down-seconds N]
+          stop one component and start it again with the same flags (fault drills);
+          only on a run folder of one's own (KUBEINFER_CLUSTER_RUN)
 
 ``up`` and ``env`` accept ``--json`` to print a JSON document instead of shell lines.
 Human-readable progress goes to stderr, so ``eval "$(e2e/cluster/up)"`` works.
@@ -974,6 +977,67 @@ def cmd_env(args) -> int:
     return 0
 
 
+def cmd_restart(args) -> int:
+    """Stop one component, keep it down ``--down-seconds``, start it again with the same flags.
+
+    For fault drills (an apiserver restart in the middle of a reconcile). Refused on the shared
+    default run folder, where it would disturb other sessions: set KUBEINFER_CLUSTER_RUN.
+    """
+    if not os.environ.get("KUBEINFER_CLUSTER_RUN") and not args.shared:
+        raise ClusterError("restart needs KUBEINFER_CLUSTER_RUN (the default run folder is shared)")
+    rd = run_dir()
+    with flock(rd / ".lock"):
+        state = load_state(rd)
+        if not state or args.component not in state.get("components", {}):
+            raise ClusterError(f"no {args.component} recorded in {rd}")
+        comp = state["components"][args.component]
+        if alive(comp):
+            os.kill(comp["pid"], signal.SIGTERM)
+            deadline = time.monotonic() + 20
+            while alive(comp) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if alive(comp):
+                os.kill(comp["pid"], signal.SIGKILL)
+                while alive(comp):
+                    time.sleep(0.05)
+        log(f"stopped {args.component} (pid {comp['pid']})")
+        time.sleep(args.down_seconds)
+        with open(comp["log"], "ab") as logf:
+            logf.write(f"\n===== {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} restarting\n".encode())
+            logf.flush()
+            p = subprocess.Popen(
+                comp["cmd"],
+                stdin=subprocess.DEVNULL,
+                stdout=logf,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                close_fds=True,
+                cwd=rd,
+            )
+        st = None
+        while st is None and p.poll() is None:
+            st = proc_starttime(p.pid)
+        comp.update(pid=p.pid, starttime=st)
+        (rd / "pids" / f"{args.component}.pid").write_text(f"{p.pid}\n")
+        save_state(rd, state)
+        if args.component == "kube-apiserver":
+            api = Api(state["server"], Path(state["pki"]))
+            deadline = time.monotonic() + 120
+            while True:
+                if not alive(comp):
+                    raise ClusterError(f"kube-apiserver exited after restart:\n{tail(Path(comp['log']))}")
+                try:
+                    if api.call("GET", "/readyz")[0] == 200:
+                        break
+                except (OSError, ValueError):
+                    pass
+                if time.monotonic() > deadline:
+                    raise ClusterError("kube-apiserver not ready 120s after restart")
+                time.sleep(0.2)
+        log(f"restarted {args.component} (pid {p.pid})")
+    return 0
+
+
 def cmd_build(args) -> int:
     bins, secs, built = ensure_built()
     log(f"binaries in {bins} ({'built' if built else 'cached'}, {secs:.1f}s)")
@@ -993,6 +1057,7 @@ def main(argv: list[str] | None = None) -> int:
         ("env", cmd_env),
         ("build", cmd_build),
         ("release", cmd_release),
+        ("restart", cmd_restart),
     ):
         p = sub.add_parser(name)
         if name in ("up", "env"):
@@ -1012,6 +1077,10 @@ def main(argv: list[str] | None = None) -> int:
                 help="register PID as a user of the cluster; a cluster started this way is stopped by "
                 "`release` once no registered PID is alive (used by the pytest fixture)",
             )
+        if name == "restart":
+            p.add_argument("component", choices=COMPONENTS)
+            p.add_argument("--down-seconds", type=float, default=0.0, help="how long it stays stopped")
+            p.add_argument("--shared", action="store_true", help="allow it on the default (shared) run folder")
         if name == "release":
             p.add_argument("--hold", type=int, metavar="PID", required=True, help="the PID given to `up --hold`")
         p.set_defaults(fn=fn)

@@ -111,8 +111,12 @@ def statistics_to_pb(stats: dict[str, Any]) -> pb.ModelStatisticsResponse:
     return json_format.ParseDict(stats, pb.ModelStatisticsResponse())
 
 
+_INDEX_FIELDS = ("name", "version", "state", "reason")
+
+
 def index_to_pb(rows: list[dict[str, str]]) -> pb.RepositoryIndexResponse:
     msg = pb.RepositoryIndexResponse()
     for row in rows:
-        msg.models.add(**row)
+        # Triton's ModelIndex fields only (the HTTP rows may carry kubeinfer's config_digest)
+        msg.models.add(**{k: v for k, v in row.items() if k in _INDEX_FIELDS})
     return msg

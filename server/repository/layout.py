@@ -12,10 +12,14 @@ Atomic-write contract (what a writer must follow, and what poll mode relies on):
 * a new version is staged as ``<repo>/<model>/.<version>.staging-*`` and renamed, then the config is
   replaced (config last) via ``.config.pbtxt.tmp-*`` and ``os.replace``;
 * removal renames to a dot-name first, then deletes.
+
+The index reports, per serving version, ``config_digest`` of the config.pbtxt bytes it was loaded
+from: a writer compares it with the digest of what it wrote to know the server serves that config.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 from pathlib import Path
 
@@ -37,6 +41,11 @@ def check_model_name(name: str) -> None:
         raise InvalidArgument(
             f"invalid model name '{name}': use letters, digits, '_', '-' and '.', without path separators"
         )
+
+
+def config_digest(text: bytes) -> str:
+    """Identity of a config.pbtxt's bytes (see the module docstring)."""
+    return hashlib.sha1(text).hexdigest()
 
 
 def is_version_dir_name(name: str) -> bool:

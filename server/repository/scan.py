@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..config import ConfigError, check_file_names, load_config_file, pb
 from ..config.platforms import detect, model_filename
-from .layout import CONFIG_FILE, MODEL_NAME, PathEscape, is_version_dir_name, resolve_inside
+from .layout import CONFIG_FILE, MODEL_NAME, PathEscape, config_digest, is_version_dir_name, resolve_inside
 
 
 @dataclass
@@ -93,13 +93,13 @@ def _read_model(repo: Path, source: ModelSource, override: pb.ModelConfig | None
     if override is not None:
         config = pb.ModelConfig()
         config.CopyFrom(override)
-        source.config_digest = hashlib.sha1(config.SerializeToString(deterministic=True)).hexdigest()
+        source.config_digest = config_digest(config.SerializeToString(deterministic=True))
     else:
         config_path = path / CONFIG_FILE
         if config_path.exists():
             resolve_inside(repo, config_path, CONFIG_FILE)
             try:
-                source.config_digest = hashlib.sha1(config_path.read_bytes()).hexdigest()
+                source.config_digest = config_digest(config_path.read_bytes())
                 config = load_config_file(config_path)
             except (ConfigError, OSError) as exc:
                 source.error = str(exc)

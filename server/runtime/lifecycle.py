@@ -44,6 +44,14 @@ class ModelState(str, Enum):
 class VersionState:
     state: ModelState
     reason: str = ""
+    #: ``scan.config_digest`` of the config a serving version was loaded from (the index reports it,
+    #: so a writer such as the operator can tell that the server picked up a config-only change)
+    config_digest: str = ""
+
+
+def _serving_state(mv: ModelVersion, reason: str = "") -> VersionState:
+    # a version's digest is "<config digest>:<folder digest>" (see ``ModelLifecycle._wanted``)
+    return VersionState(ModelState.READY, reason, mv.digest.split(":", 1)[0])
 
 
 @dataclass
@@ -151,14 +159,14 @@ class ModelLifecycle:
                 failures.append(f"version {v}: {reason}")
                 if current is not None:
                     new_serving[v] = current  # keep serving what worked
-                    entry.states[v] = VersionState(ModelState.READY, f"reload failed: {reason}")
+                    entry.states[v] = _serving_state(current, f"reload failed: {reason}")
                 else:
                     entry.states[v] = VersionState(ModelState.UNAVAILABLE, reason)
                 for hook in self.on_load_failure:
                     hook(name, str(v), reason)
                 continue
             new_serving[v] = mv
-            entry.states[v] = VersionState(ModelState.READY)
+            entry.states[v] = _serving_state(mv)
             if current is not None:
                 replaced.append(current)
         if not new_serving and entry.serving:
@@ -192,8 +200,8 @@ class ModelLifecycle:
         log.error("model '%s' is unavailable: %s", entry.name, reason)
         if entry.serving:
             # keep serving the last good config; say why the new one was refused
-            for v in entry.serving:
-                entry.states[v] = VersionState(ModelState.READY, f"reload failed: {reason}")
+            for v, mv in entry.serving.items():
+                entry.states[v] = _serving_state(mv, f"reload failed: {reason}")
         else:
             entry.states = {version: VersionState(ModelState.UNAVAILABLE, reason)}
         for hook in self.on_load_failure:

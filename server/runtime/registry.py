@@ -149,6 +149,8 @@ class ModelRegistry:
                 if ready_only and s.state != ModelState.READY:
                     continue
                 row = {"name": name, "version": str(v) if v else "", "state": s.state.value, "reason": s.reason}
+                if s.state == ModelState.READY and s.config_digest:
+                    row["config_digest"] = s.config_digest  # kubeinfer's addition to Triton's index rows
                 rows.append(row)
         return rows
 

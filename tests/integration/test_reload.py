@@ -373,3 +373,45 @@ def test_unload_releases_instances(tmp_path: Path) -> None:
         await registry.shutdown(10)
 
     asyncio.run(scenario())
+
+
+def test_index_reports_the_config_each_version_was_loaded_from(tmp_path: Path) -> None:
+    """A writer that replaced only config.pbtxt can tell when the server serves it: the HTTP index row
+    of a serving version carries the sha1 of the config it was loaded from (gRPC keeps Triton's fields)."""
+    import hashlib
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    model_dir = repo / MODEL
+    first = CONFIG.format(max_batch_size=8, extra="")
+    stage_model(repo, MODEL, first, {1: add_sub_plus(0).SerializeToString()})
+    server = start_server(repo, "--model-control-mode", "poll", "--repository-poll-secs", "0.5", log_dir=tmp_path)
+    try:
+        digest = lambda text: hashlib.sha1(text.encode()).hexdigest()  # noqa: E731
+        wait_until("version 1 READY", lambda: index(server).get("1", {}).get("state") == "READY", server=server)
+        assert index(server)["1"]["config_digest"] == digest(first)
+
+        second = CONFIG.format(max_batch_size=16, extra="")
+        replace_config(model_dir, second)
+        wait_until(
+            "the new config's digest", lambda: index(server)["1"].get("config_digest") == digest(second), server=server
+        )
+        assert index(server)["1"]["state"] == "READY" and index(server)["1"]["reason"] == ""
+
+        # a config the server refuses: the old one keeps serving, and the row says so
+        broken = CONFIG.format(max_batch_size=16, extra="dynamic_batching { preferred_batch_size: [ 64 ] }")
+        replace_config(model_dir, broken)
+        wait_until(
+            "reload failure in the index",
+            lambda: index(server)["1"]["reason"].startswith("reload failed"),
+            server=server,
+        )
+        row = index(server)["1"]
+        assert row["state"] == "READY" and row["config_digest"] == digest(second)
+
+        grpc = grpcclient.InferenceServerClient(server.grpc_url)
+        (entry,) = [m for m in grpc.get_model_repository_index().models if m.name == MODEL]
+        assert entry.state == "READY" and entry.version == "1"
+        grpc.close()
+    finally:
+        server.terminate()

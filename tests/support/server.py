@@ -29,22 +29,24 @@ class ServerProcess:
     metrics_port: int
     log_path: Path
     args: list[str] = field(default_factory=list)
+    #: the address it listens on (tests that need a non-loopback one pass it to start_server)
+    host: str = "127.0.0.1"
 
     @property
     def http_url(self) -> str:
-        return f"127.0.0.1:{self.http_port}"
+        return f"{self.host}:{self.http_port}"
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.http_port}"
+        return f"http://{self.host}:{self.http_port}"
 
     @property
     def grpc_url(self) -> str:
-        return f"127.0.0.1:{self.grpc_port}"
+        return f"{self.host}:{self.grpc_port}"
 
     @property
     def metrics_url(self) -> str:
-        return f"http://127.0.0.1:{self.metrics_port}/metrics"
+        return f"http://{self.host}:{self.metrics_port}/metrics"
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -106,6 +108,7 @@ def start_server(
     wait: bool = True,
     env: dict[str, str] | None = None,
     wrapper: list[str] | None = None,
+    host: str = "127.0.0.1",
 ) -> ServerProcess:
     """``wrapper`` is a command the server runs under (e.g. ``setpriv`` dropping capabilities)."""
     http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
@@ -119,7 +122,7 @@ def start_server(
         "--model-repository",
         str(repository),
         "--host",
-        "127.0.0.1",
+        host,
         "--http-port",
         str(http_port),
         "--grpc-port",
@@ -130,7 +133,7 @@ def start_server(
     ]
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
-    server = ServerProcess(proc, http_port, grpc_port, metrics_port, log_path, args)
+    server = ServerProcess(proc, http_port, grpc_port, metrics_port, log_path, args, host=host)
     if wait:
         try:
             server.wait_ready()

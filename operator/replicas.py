@@ -1,0 +1,110 @@
+"""What each replica of an InferenceServer serves: its endpoints and their repository indexes.
+
+A Service address reaches one random pod, so the operator reads every replica itself: the
+EndpointSlices of the server's Service list the pods, and each pod's ``POST /v2/repository/index``
+says which versions it serves and from which config. Readiness is judged on the *ready* endpoints
+(a pod still loading its models is out of the Service and serves nobody); the not-ready ones are
+read only when no replica is ready, to say why.
+
+Index reads are the bulk of a resync, so one ``httpx.Client`` (one connection pool, one TLS
+context) serves them all and each endpoint's index is shared by every model for ``max_age``
+seconds; concurrent readers of the same endpoint wait for one request instead of sending many.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    url: str
+    #: pod name (or the address when the slice names no pod)
+    name: str
+    ready: bool = True
+
+
+def endpoints_from_slices(slices: Iterable[Mapping[str, Any]], port_name: str = "http") -> list[Endpoint]:
+    """Endpoints of a Service's EndpointSlices that are not terminating, with the port named ``port_name``.
+
+    ``conditions.ready`` unset counts as ready (the EndpointSlice API's rule).
+    """
+    found: dict[str, Endpoint] = {}
+    for piece in slices:
+        port = next((p.get("port") for p in piece.get("ports") or () if p.get("name") == port_name), None)
+        if not port:
+            continue
+        ipv6 = piece.get("addressType") == "IPv6"
+        for ep in piece.get("endpoints") or ():
+            cond = ep.get("conditions") or {}
+            addresses = ep.get("addresses") or ()
+            if cond.get("terminating") or not addresses:
+                continue
+            host = f"[{addresses[0]}]" if ipv6 else addresses[0]
+            url = f"http://{host}:{port}"
+            name = (ep.get("targetRef") or {}).get("name") or addresses[0]
+            ready = cond.get("ready") is not False
+            found[url] = Endpoint(url, name, ready or found.get(url, Endpoint(url, name, False)).ready)
+    return sorted(found.values(), key=lambda e: (e.name, e.url))
+
+
+@dataclass(frozen=True)
+class ReplicaIndex:
+    """One replica's repository index (``rows``), or why it could not be read (``error``)."""
+
+    endpoint: Endpoint
+    rows: list[dict[str, Any]] | None
+    error: str = ""
+
+
+class IndexReader:
+    """Reads ``POST /v2/repository/index`` with one pooled client and a short shared cache."""
+
+    def __init__(self, timeout: float = 5.0, client: httpx.Client | None = None) -> None:
+        # trust_env=False: no proxy or .netrc from the environment for in-cluster pod addresses
+        self.client = client or httpx.Client(timeout=timeout, trust_env=False)
+        self._cache: dict[str, tuple[float, list[dict[str, Any]] | None, str]] = {}
+        self._locks: dict[str, threading.Lock] = {}
+        self._guard = threading.Lock()
+        self.requests = 0  # for the benchmark
+
+    def _lock(self, url: str) -> threading.Lock:
+        with self._guard:
+            return self._locks.setdefault(url, threading.Lock())
+
+    def read(self, endpoint: Endpoint, max_age: float) -> ReplicaIndex:
+        """The endpoint's index, at most ``max_age`` seconds old (failures are remembered as long)."""
+        url = endpoint.url
+        with self._lock(url):
+            hit = self._cache.get(url)
+            if hit is not None and time.monotonic() - hit[0] <= max_age:
+                return ReplicaIndex(endpoint, hit[1], hit[2])
+            rows: list[dict[str, Any]] | None = None
+            error = ""
+            try:
+                self.requests += 1
+                response = self.client.post(f"{url}/v2/repository/index", json={})
+                response.raise_for_status()
+                data = response.json()
+                if not isinstance(data, list):
+                    raise ValueError(f"expected a JSON list, got {type(data).__name__}")
+                rows = [r for r in data if isinstance(r, dict)]
+            except (httpx.HTTPError, ValueError) as exc:
+                error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            self._cache[url] = (time.monotonic(), rows, error)
+            return ReplicaIndex(endpoint, rows, error)
+
+    def forget(self, urls: Iterable[str]) -> None:
+        """Drop cached indexes (after a write the next read must be fresh)."""
+        with self._guard:
+            for url in urls:
+                self._cache.pop(url, None)
+
+    def close(self) -> None:
+        self.client.close()
