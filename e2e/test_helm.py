@@ -132,7 +132,8 @@ def test_every_option_renders(helm) -> None:
     assert set(by_kind) >= {"PersistentVolumeClaim", "PodMonitor", "ServiceMonitor", "ClusterRole"}
     args = by_kind["Deployment"]["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--prometheus-url=http://prometheus-server.monitoring.svc:9090" in args
-    keda_rules = [r for r in by_kind["ClusterRole"]["rules"] if r["apiGroups"] == ["keda.sh"]]
+    role = next(d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "ki-kubeinfer-operator")
+    keda_rules = [r for r in role["rules"] if r["apiGroups"] == ["keda.sh"]]
     assert keda_rules == [
         {"apiGroups": ["keda.sh"], "resources": ["scaledobjects"], "verbs": ["get", "create", "patch", "delete"]}
     ]
