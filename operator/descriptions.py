@@ -135,4 +135,61 @@ CONFIG_FIELDS: dict[str, str] = {
     "ModelWarmup.Input.random_data": "Send random data.",
     "ModelWarmup.Input.input_data_file": "Send the contents of this file (in the model folder's warmup/ folder).",
     "ModelWarmup.count": "How many times to run the warmup request.",
+    # response cache
+    "ModelConfig.response_cache": (
+        "Response cache: identical requests are answered from the server's cache (sized by the server's "
+        "--cache-config local,size=N)."
+    ),
+    "ModelResponseCache.enable": "Cache this model's responses.",
+    # sequence batching
+    "ModelConfig.sequence_batching": (
+        "Enables the sequence batcher for stateful models: every request of a sequence (request parameters "
+        "sequence_id, sequence_start, sequence_end) goes to the same instance and batch slot, in order."
+    ),
+    "ModelSequenceBatching.max_sequence_idle_microseconds": (
+        "A sequence that sends nothing for this long loses its slot (default 1000000 = 1 s); its next "
+        "request is refused until a new sequence_start."
+    ),
+    "ModelSequenceBatching.control_input": "Model inputs the batcher fills: sequence start, end, ready and id.",
+    "ModelSequenceBatching.ControlInput.name": "Name of the model input that receives the control.",
+    "ModelSequenceBatching.ControlInput.control": "The control this input carries (exactly one).",
+    "ModelSequenceBatching.Control.kind": (
+        "CONTROL_SEQUENCE_START, CONTROL_SEQUENCE_END, CONTROL_SEQUENCE_READY or CONTROL_SEQUENCE_CORRID."
+    ),
+    "ModelSequenceBatching.Control.int32_false_true": "START/END/READY as an INT32 tensor: [false value, true value].",
+    "ModelSequenceBatching.Control.fp32_false_true": "START/END/READY as an FP32 tensor: [false value, true value].",
+    "ModelSequenceBatching.Control.bool_false_true": "START/END/READY as a BOOL tensor: [false value, true value].",
+    "ModelSequenceBatching.Control.data_type": "CORRID tensor type: UINT64, INT64, UINT32, INT32 or BYTES.",
+    "ModelSequenceBatching.state": (
+        "Implicit state: a model output fed back as an input on the sequence's next request."
+    ),
+    "ModelSequenceBatching.State.input_name": "Model input that receives the state.",
+    "ModelSequenceBatching.State.output_name": "Model output that produces the next state.",
+    "ModelSequenceBatching.State.data_type": "Element type of the state.",
+    "ModelSequenceBatching.State.dims": "State shape without the batch dimension; -1 = variable.",
+    "ModelSequenceBatching.State.initial_state": "The state of a sequence's first request (at most one).",
+    "ModelSequenceBatching.State.use_same_buffer_for_input_output": "Accepted for compatibility; no effect here.",
+    "ModelSequenceBatching.State.use_growable_memory": "Accepted for compatibility; no effect here.",
+    "ModelSequenceBatching.InitialState.data_type": "Element type; must equal the state's.",
+    "ModelSequenceBatching.InitialState.dims": "Shape of the initial state (no variable dims).",
+    "ModelSequenceBatching.InitialState.zero_data": "Start from zeros.",
+    "ModelSequenceBatching.InitialState.data_file": "Start from this file in the model folder's initial_state/ folder.",
+    "ModelSequenceBatching.InitialState.name": "Name of the initial state.",
+    "ModelSequenceBatching.direct": "Direct strategy: each sequence owns a batch slot (row) of an instance.",
+    "ModelSequenceBatching.StrategyDirect.max_queue_delay_microseconds": (
+        "How long a batch may wait for more slots to have a request."
+    ),
+    "ModelSequenceBatching.StrategyDirect.minimum_slot_utilization": (
+        "Fraction of slots (0..1) with a request that ends the wait early."
+    ),
+    "ModelSequenceBatching.oldest": "Oldest strategy: dynamic batches of the oldest requests, one per sequence.",
+    "ModelSequenceBatching.StrategyOldest.max_candidate_sequences": "Sequences an instance batches from at once.",
+    "ModelSequenceBatching.StrategyOldest.preferred_batch_size": "Batch sizes to prefer.",
+    "ModelSequenceBatching.StrategyOldest.max_queue_delay_microseconds": "How long a batch may wait to grow.",
+    "ModelSequenceBatching.StrategyOldest.preserve_ordering": (
+        "Accepted for compatibility; responses of a sequence are always in order."
+    ),
+    "ModelSequenceBatching.iterative_sequence": (
+        "Iterative sequences (decoupled generation); not supported by this server."
+    ),
 }

@@ -120,8 +120,9 @@ _MODEL_RULES = [
         "message": "versionPolicy.specific lists a version that is not in spec.versions",
     },
     {
-        "rule": "[has(self.dynamicBatching), has(self.ensembleScheduling)].filter(x, x).size() <= 1",
-        "message": "set at most one of dynamicBatching, ensembleScheduling",
+        "rule": "[has(self.dynamicBatching), has(self.sequenceBatching), has(self.ensembleScheduling)]"
+        ".filter(x, x).size() <= 1",
+        "message": "set at most one of dynamicBatching, sequenceBatching, ensembleScheduling",
     },
 ]
 

@@ -27,12 +27,14 @@ CONFIG_TOP_FIELDS = (
     "input",
     "output",
     "dynamic_batching",
+    "sequence_batching",
     "instance_group",
     "version_policy",
     "ensemble_scheduling",
     "parameters",
     "optimization",
     "model_warmup",
+    "response_cache",
     "default_model_filename",
 )
 V2_DATA_TYPES = list(datatypes.BY_V2)
@@ -69,6 +71,19 @@ _MINIMUMS = {
     "ModelEnsembling.Step.model_version": -1,
 }
 _DIM_FIELDS = {"ModelInput.dims", "ModelOutput.dims", "ModelTensorReshape.shape"}
+#: bounds on lists whose items carry CEL rules (the API server's cost budget needs them) or are tiny by nature
+_MAX_ITEMS = {
+    "ModelSequenceBatching.control_input": MAX_TENSORS,
+    "ModelSequenceBatching.ControlInput.control": 1,
+    "ModelSequenceBatching.Control.int32_false_true": 2,
+    "ModelSequenceBatching.Control.fp32_false_true": 2,
+    "ModelSequenceBatching.Control.bool_false_true": 2,
+    "ModelSequenceBatching.state": MAX_TENSORS,
+    "ModelSequenceBatching.State.dims": MAX_DIMS,
+    "ModelSequenceBatching.State.initial_state": 1,
+    "ModelSequenceBatching.InitialState.dims": MAX_DIMS,
+    "ModelSequenceBatching.StrategyOldest.preferred_batch_size": MAX_VERSIONS,
+}
 _NAME_FIELDS = {"ModelInput.name", "ModelOutput.name", "ModelEnsembling.Step.model_name"}
 #: file names joined to a model's folder: CEL mirror of ``kubeinfer.server.config.check_file_name``
 _FILE_NAME_FIELDS = {
@@ -160,6 +175,8 @@ def field_schema(desc: descriptor.Descriptor, fd: descriptor.FieldDescriptor) ->
             schema["maxItems"] = MAX_VERSIONS
         elif key == "ModelConfig.model_warmup":
             schema["maxItems"] = MAX_WARMUPS
+        elif key in _MAX_ITEMS:
+            schema["maxItems"] = _MAX_ITEMS[key]
     else:
         schema = _scalar_schema(fd, key)
     return {"description": CONFIG_FIELDS[key], **schema}

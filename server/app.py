@@ -20,10 +20,15 @@ from typing import Any
 import uvicorn
 
 from .backends import settings as backend_settings
+from .observability.logsettings import LogControl
 from .observability.metrics import TritonMetrics
+from .observability.trace import Tracer
 from .runtime.auth import BearerToken, TlsFiles
+from .runtime.cache import ResponseCache
 from .runtime.registry import ModelRegistry
 from .runtime.service import InferenceService, ServiceOptions
+from .sharedmemory import SharedMemoryRegistry
+from .sharedmemory.cuda import cuda_available
 from .vocabulary.limits import DEFAULT_LIMITS, Limits
 
 log = logging.getLogger("kubeinfer.server")
@@ -53,6 +58,14 @@ class ServerSettings:
     backend_config: dict[str, dict[str, str]] = field(default_factory=dict)
     #: server metadata name (Triton's --id); None = "kubeinfer"
     server_name: str | None = None
+    #: clients may register and use shared-memory regions (Triton's --allow-client-shm, default false)
+    allow_client_shm: bool = False
+    #: bytes of the local response cache (--cache-config local,size=N); 0 = no cache
+    response_cache_bytes: int = 0
+    #: the trace extension's settings at start (--trace-config)
+    trace_settings: dict[str, Any] = field(default_factory=dict)
+    #: the logging extension's control, configured by the command line (None: defaults)
+    log_control: LogControl | None = None
     shutdown_timeout: float = 30.0
     limits: Limits = DEFAULT_LIMITS
     #: bearer token file checked on HTTP and gRPC (None: no authentication)
@@ -102,12 +115,19 @@ def _uvicorn(app: Any, host: str, port: int, log_level: str, limits: Limits, tls
 
 async def serve(settings: ServerSettings) -> int:
     backend_settings.configure(settings.backend_config)
+    shm = SharedMemoryRegistry(enabled=settings.allow_client_shm)
+    extensions: tuple[str, ...] = ()
+    if settings.allow_client_shm:
+        extensions = ("system_shared_memory",) + (("cuda_shared_memory",) if not cuda_available() else ())
     metrics = TritonMetrics()
+    cache = ResponseCache(settings.response_cache_bytes) if settings.response_cache_bytes > 0 else None
+    metrics.response_cache = cache
     registry = ModelRegistry(
         settings.model_repository,
         listeners=[metrics],
         auto_complete=settings.auto_complete,
         load_threads=settings.load_threads,
+        response_cache=cache,
     )
     registry.on_load_failure.append(metrics.on_load_failure)
     service = InferenceService(
@@ -119,7 +139,10 @@ async def serve(settings: ServerSettings) -> int:
             strict_readiness=settings.strict_readiness,
             request_timeout=settings.limits.request_timeout,
             server_name=settings.server_name,
+            extensions=extensions,
         ),
+        tracer=Tracer(settings.trace_settings),
+        log_control=settings.log_control,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -136,7 +159,7 @@ async def serve(settings: ServerSettings) -> int:
 
         servers.append(
             _uvicorn(
-                build_http_app(service, settings.limits, token),
+                build_http_app(service, settings.limits, token, shm),
                 settings.http_host or settings.host,
                 settings.http_port,
                 settings.log_level,
@@ -162,7 +185,13 @@ async def serve(settings: ServerSettings) -> int:
         from .grpc.server import start_grpc_server
 
         grpc_server = await start_grpc_server(
-            service, settings.grpc_host or settings.host, settings.grpc_port, settings.limits, token, settings.grpc_tls
+            service,
+            settings.grpc_host or settings.host,
+            settings.grpc_port,
+            settings.limits,
+            token,
+            settings.grpc_tls,
+            shm,
         )
     await asyncio.sleep(0)
     for server, task in zip(servers, tasks, strict=True):
@@ -202,6 +231,7 @@ async def serve(settings: ServerSettings) -> int:
     if grpc_server is not None:
         await grpc_server.stop(grace=2.0)  # RPCs still writing their response get this long
     await asyncio.gather(*tasks, return_exceptions=True)
+    shm.close()
     log.info("kubeinfer-server stopped")
     return exit_code
 

@@ -12,7 +12,7 @@ entry point is ``kubeinfer-server``, and KServe's Triton ServingRuntime passes
 ``args: [tritonserver, --model-store=/mnt/models, ...]`` to it, so changing only the image works.
 
 Triton flags that have no meaning here are accepted and named in one warning at start (``IGNORED``);
-flags whose silent omission would surprise (TLS, a Redis cache, SageMaker/Vertex listeners, model
+flags whose silent omission would surprise (a Redis cache, SageMaker/Vertex listeners, model
 namespacing, custom config names) stop the server with a message instead (``REFUSED``).
 """
 
@@ -25,7 +25,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .app import ServerSettings, run
+from .observability.logsettings import LogControl, LogSettings
+from .observability.trace import parse_trace_config
 from .runtime.auth import TlsFiles
+from .runtime.cache import parse_cache_config
 from .vocabulary.limits import DEFAULT_LIMITS, Limits
 
 log = logging.getLogger("kubeinfer.server")
@@ -66,7 +69,6 @@ IGNORED: dict[str, str] = {
     "--model-load-gpu-limit": "no device memory limit is enforced at load",
     "--host-policy": "host policies (NUMA binding) are not applied",
     "--cache-directory": "no on-disk cache",
-    "--log-format": "log lines use this server's format",
 }
 #: Triton flags whose effect this server cannot give; starting without it would mislead
 REFUSED: dict[str, str] = {
@@ -307,6 +309,26 @@ def build_parser(triton: bool = False) -> argparse.ArgumentParser:
     net.add_argument("--allow-http", type=_bool, default=True)
     net.add_argument("--allow-grpc", type=_bool, default=True)
     net.add_argument("--allow-metrics", type=_bool, default=True)
+    net.add_argument(
+        "--allow-client-shm",
+        type=_bool,
+        default=False,
+        help="let clients register system (and, with a GPU, CUDA) shared-memory regions and send tensors "
+        "through them (Triton 26.04+; default false: a region key can name any shared-memory object "
+        "the server's user may open)",
+    )
+
+    cache = p.add_argument_group("response cache")
+    cache.add_argument(
+        "--cache-config",
+        action="append",
+        default=[],
+        metavar="local,size=BYTES",
+        help="the response cache shared by models with response_cache { enable: true }",
+    )
+    cache.add_argument(
+        "--response-cache-byte-size", type=int, default=None, help="deprecated Triton spelling of local,size=N"
+    )
 
     srv = p.add_argument_group("server")
     srv.add_argument("--id", default=None, help="server name in the server metadata")
@@ -324,6 +346,31 @@ def build_parser(triton: bool = False) -> argparse.ArgumentParser:
     srv.add_argument("--log-warning", type=_bool, default=True)
     srv.add_argument("--log-error", type=_bool, default=True)
     srv.add_argument("--log-file", default=None, help="write the log to this file instead of stderr")
+    srv.add_argument("--log-format", choices=["default", "ISO8601"], default="default")
+
+    trace = p.add_argument_group("trace")
+    trace.add_argument(
+        "--trace-config",
+        action="append",
+        default=[],
+        metavar="[triton,]SETTING=VALUE",
+        help="rate=N, count=N, level=TIMESTAMPS|TENSORS|OFF (repeatable), triton,file=PATH, "
+        "triton,log-frequency=N (Triton's; mode=opentelemetry is not implemented)",
+    )
+    for old_flag, setting in (
+        ("--trace-file", "triton,file"),
+        ("--trace-level", "level"),
+        ("--trace-rate", "rate"),
+        ("--trace-count", "count"),
+        ("--trace-log-frequency", "triton,log-frequency"),
+    ):
+        trace.add_argument(
+            old_flag,
+            action="append",
+            default=[],
+            dest=_dest(old_flag),
+            help=f"deprecated Triton spelling of --trace-config {setting}=...",
+        )
 
     _limit_flags(p)
     _security_flags(p)
@@ -421,6 +468,9 @@ def settings_from_args(args: argparse.Namespace, triton: bool) -> ServerSettings
         load_threads=args.model_load_thread_count,
         backend_config=backend_config,
         server_name=args.id,
+        allow_client_shm=args.allow_client_shm,
+        response_cache_bytes=_cache_bytes(args),
+        trace_settings=parse_trace_config(_trace_items(args)),
         shutdown_timeout=args.shutdown_timeout,
         limits=_limits(args),
         auth_token_file=args.auth_token_file,
@@ -428,6 +478,45 @@ def settings_from_args(args: argparse.Namespace, triton: bool) -> ServerSettings
         grpc_tls=grpc_tls,
         log_level=_log_level(args),
     )
+
+
+def _trace_items(args: argparse.Namespace) -> list[str]:
+    """--trace-config items, the deprecated --trace-* flags first (Triton lets --trace-config win)."""
+    items = [f"triton,file={v}" for v in args.trace_file]
+    items += [f"level={v}" for v in args.trace_level]
+    items += [f"rate={v}" for v in args.trace_rate]
+    items += [f"count={v}" for v in args.trace_count]
+    items += [f"triton,log-frequency={v}" for v in args.trace_log_frequency]
+    return items + list(args.trace_config)
+
+
+def log_settings(args: argparse.Namespace) -> LogSettings:
+    """The logging extension's settings from Triton's --log-* flags (or --log-level)."""
+    settings = LogSettings(
+        log_file=args.log_file or "",
+        log_info=args.log_info,
+        log_warning=args.log_warning,
+        log_error=args.log_error,
+        log_verbose_level=max(0, args.log_verbose),
+        log_format=args.log_format,
+    )
+    level = args.log_level
+    if level == "debug":
+        settings.log_verbose_level = max(1, settings.log_verbose_level)
+    elif level in ("warning", "error"):
+        settings.log_info = False
+        settings.log_warning = level == "warning"
+    return settings
+
+
+def _cache_bytes(args: argparse.Namespace) -> int:
+    """``--cache-config local,size=N``, or the deprecated ``--response-cache-byte-size N`` (Triton: the same)."""
+    size = parse_cache_config(args.cache_config)
+    if args.response_cache_byte_size is not None:
+        if args.response_cache_byte_size < 0:
+            raise ValueError("--response-cache-byte-size must not be negative")
+        size = size or args.response_cache_byte_size
+    return size
 
 
 def _log_level(args: argparse.Namespace) -> str:
@@ -441,14 +530,6 @@ def _log_level(args: argparse.Namespace) -> str:
     if args.log_warning:
         return "warning"
     return "error"
-
-
-def _configure_logging(level: str, log_file: str | None) -> None:
-    handler: logging.Handler = logging.FileHandler(log_file) if log_file else logging.StreamHandler()
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
 
 
 def _start(argv: Sequence[str] | None, triton: bool) -> int:
@@ -465,7 +546,9 @@ def _start(argv: Sequence[str] | None, triton: bool) -> int:
     except ValueError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
-    _configure_logging(settings.log_level, args.log_file)
+    control = LogControl(log_settings(args))
+    control.configure()
+    settings.log_control = control
     for message in warnings:
         log.warning("%s", message)
     return run(settings)

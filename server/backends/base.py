@@ -42,6 +42,8 @@ class Batch:
     requests: list[InferenceRequest]
     max_batch_size: int
     timings: ExecutionTimings = field(default_factory=ExecutionTimings)
+    #: indices of filler requests (the sequence batcher's idle slots): executed, never answered or counted
+    fillers: frozenset[int] = frozenset()
 
     @property
     def size(self) -> int:

@@ -234,6 +234,8 @@ class OnnxRuntimeInstance(TensorBackendInstance):
             raise ConfigError(f"onnxruntime cannot load {model_file.name}: {exc}") from None
         self.batching = config.max_batch_size > 0
         self.output_names = [o.name for o in config.output] or [o.name for o in self.session.get_outputs()]
+        # implicit state: the sequence batcher reads the state outputs of every step
+        self.output_names += sorted(sequence.state_output_names(config) - set(self.output_names))
         self._input_reshape = {t.name: list(t.reshape.shape) for t in config.input if t.HasField("reshape")}
         self._output_reshape = {t.name: list(t.dims) for t in config.output if t.HasField("reshape")}
         self._string_inputs = {t.name for t in config.input if t.data_type == pb.TYPE_STRING}

@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from . import model_config_pb2 as pb
 from .codec import ConfigError
 from .platforms import BUILTIN_BACKENDS, KNOWN_PLATFORMS
+from .sequence import check_sequence_batching
 
 #: longest file name Linux file systems take (NAME_MAX, in bytes)
 MAX_FILE_NAME_BYTES = 255
@@ -197,8 +198,9 @@ def validate_config(
                 raise ConfigError(f"instance_group '{group.name}' lists gpu {gpu}; device ids are >= 0")
     if config.HasField("dynamic_batching"):
         _check_dynamic_batching(config)
-    if config.HasField("sequence_batching") and config.max_batch_size == 0:
-        pass  # Triton allows sequence batching without batching; accepted, run request by request
+    if config.HasField("sequence_batching"):
+        # Triton allows sequence batching without batching (max_batch_size 0): one slot per instance
+        check_sequence_batching(config)
     if config.platform == "ensemble":
         _check_ensemble(config)
     elif config.HasField("ensemble_scheduling"):

@@ -6,13 +6,16 @@ Outputs always travel as ``raw_output_contents`` (as Triton answers); inputs are
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from google.protobuf import json_format
 
+from ..sharedmemory import SharedMemoryRegistry, ShmRef, shm_ref
+from ..sharedmemory.registry import DISABLED as SHM_DISABLED
 from ..vocabulary import datatypes, tensors
 from ..vocabulary.classification import classify
-from ..vocabulary.errors import InvalidArgument
+from ..vocabulary.errors import InvalidArgument, Unsupported
 from ..vocabulary.limits import DEFAULT_LIMITS, Limits, RequestBudget
 from ..vocabulary.types import InferenceRequest, InferenceResponse
 from . import grpc_service_pb2 as pb
@@ -35,31 +38,66 @@ def _set_param(target: Any, value: Any) -> None:
         target.string_param = str(value)
 
 
+@dataclass(frozen=True)
+class OutputOptions:
+    """How one requested output travels back: top-k classification, or into a shared-memory region."""
+
+    classification: int = 0
+    shm: ShmRef | None = None
+
+
+def _shm(shm: SharedMemoryRegistry | None) -> SharedMemoryRegistry:
+    if shm is None:
+        raise Unsupported(SHM_DISABLED)
+    return shm
+
+
+def _input_ref(item: Any) -> ShmRef | None:
+    return shm_ref({k: param_value(v) for k, v in item.parameters.items()}, f"input '{item.name}'")
+
+
 def request_from_pb(
-    msg: pb.ModelInferRequest, limits: Limits = DEFAULT_LIMITS
-) -> tuple[InferenceRequest, dict[str, int]]:
-    """Returns the request and the classification count per requested output (0 = the tensor)."""
+    msg: pb.ModelInferRequest, limits: Limits = DEFAULT_LIMITS, shm: SharedMemoryRegistry | None = None
+) -> tuple[InferenceRequest, dict[str, OutputOptions]]:
+    """Returns the request and the options of each requested output.
+
+    ``raw_input_contents`` holds one entry per input that is not in shared memory, in input order
+    (as tritonclient sends them and Triton reads them); shared-memory inputs are read through ``shm``.
+    """
     budget = RequestBudget(limits)
     budget.check_input_count(len(msg.inputs))
     raw = msg.raw_input_contents
-    if raw and len(raw) != len(msg.inputs):
+    refs = [
+        shm_ref({k: param_value(v) for k, v in item.parameters.items()}, f"input '{item.name}'") for item in msg.inputs
+    ]
+    inline = sum(1 for r in refs if r is None)
+    if raw and len(raw) != inline:
         raise InvalidArgument(
-            f"expected {len(msg.inputs)} raw_input_contents entries (one per input) but got {len(raw)}"
+            f"expected {inline} raw_input_contents entries (one per input not in shared memory) but got {len(raw)}"
         )
     inputs = {}
-    for i, item in enumerate(msg.inputs):
+    next_raw = 0
+    for item, ref in zip(msg.inputs, refs, strict=True):
         name = item.name
         if name in inputs:
             raise InvalidArgument(f"input '{name}' appears twice in the request")
         shape = tensors.check_shape(name, list(item.shape))
         budget.add_input(name, shape)
-        if raw:
+        if ref is not None:
+            if item.HasField("contents"):
+                raise InvalidArgument(
+                    f"contents field must not be specified when using shared memory for '{name}' "
+                    f"for model '{msg.model_name}'"
+                )
+            inputs[name] = _shm(shm).read_input(name, item.datatype, shape, ref, budget)
+        elif raw:
             if item.HasField("contents"):
                 raise InvalidArgument(
                     f"contents field must not be specified when using raw_input_contents for '{name}' "
                     f"for model '{msg.model_name}'"
                 )
-            inputs[name] = tensors.from_raw(name, item.datatype, shape, raw[i], budget)
+            inputs[name] = tensors.from_raw(name, item.datatype, shape, raw[next_raw], budget)
+            next_raw += 1
         else:
             field = tensors.CONTENTS_FIELD.get(item.datatype)
             if field is None:
@@ -70,13 +108,19 @@ def request_from_pb(
             inputs[name] = tensors.from_typed(name, item.datatype, shape, getattr(item.contents, field), budget)
     params = {k: param_value(v) for k, v in msg.parameters.items()}
     requested = None
-    classification: dict[str, int] = {}
+    options: dict[str, OutputOptions] = {}
     if msg.outputs:
         requested = []
         for out in msg.outputs:
             requested.append(out.name)
             oparams = {k: param_value(v) for k, v in out.parameters.items()}
-            classification[out.name] = tensors.int_parameter(oparams, "classification", f"output '{out.name}'") or 0
+            classification = tensors.int_parameter(oparams, "classification", f"output '{out.name}'") or 0
+            oref = shm_ref(oparams, f"output '{out.name}'")
+            if oref is not None:
+                if classification:
+                    raise InvalidArgument(f"output '{out.name}': shared memory can't be set on classification output")
+                _shm(shm).check_output(oref)
+            options[out.name] = OutputOptions(classification, oref)
     request = InferenceRequest(
         model_name=msg.model_name,
         model_version=msg.model_version,
@@ -87,19 +131,30 @@ def request_from_pb(
         priority=tensors.int_parameter(params, "priority", "request") or 0,
         timeout_us=tensors.int_parameter(params, "timeout", "request") or 0,
     )
-    return request, classification
+    return request, options
 
 
-def response_to_pb(response: InferenceResponse, classification: dict[str, int]) -> pb.ModelInferResponse:
+_PLAIN = OutputOptions()
+
+
+def response_to_pb(
+    response: InferenceResponse, options: dict[str, OutputOptions], shm: SharedMemoryRegistry | None = None
+) -> pb.ModelInferResponse:
+    """Outputs as ``raw_output_contents``; one in shared memory is written there and gets an empty entry
+    (Triton keeps one raw entry per output so that clients can index them)."""
     msg = pb.ModelInferResponse(model_name=response.model_name, model_version=response.model_version, id=response.id)
     for key, value in response.parameters.items():
         _set_param(msg.parameters[key], value)
     for name, array in response.outputs.items():
-        k = classification.get(name, 0)
-        if k:
-            array = classify(array, k, response.labels.get(name))
+        opt = options.get(name, _PLAIN)
+        if opt.classification:
+            array = classify(array, opt.classification, response.labels.get(name))
         msg.outputs.add(name=name, datatype=tensors.v2_datatype(array), shape=array.shape)
-        msg.raw_output_contents.append(bytes(tensors.to_raw(array)))
+        if opt.shm is not None:
+            _shm(shm).write_output(name, array, opt.shm)
+            msg.raw_output_contents.append(b"")
+        else:
+            msg.raw_output_contents.append(bytes(tensors.to_raw(array)))
     return msg
 
 

@@ -14,6 +14,7 @@ import grpc
 
 from ..runtime.auth import PROBE_RPCS, BearerToken, TlsFiles
 from ..runtime.service import InferenceService
+from ..sharedmemory import SharedMemoryRegistry
 from ..vocabulary.limits import DEFAULT_LIMITS, Limits
 from . import grpc_service_pb2 as pb
 from .errors import deserializer, unary
@@ -87,6 +88,7 @@ async def start_grpc_server(
     limits: Limits = DEFAULT_LIMITS,
     token: BearerToken | None = None,
     tls: TlsFiles | None = None,
+    shm: SharedMemoryRegistry | None = None,
 ) -> grpc.aio.Server:
     options = [
         # oversized messages and metadata are refused by gRPC itself (RESOURCE_EXHAUSTED) before decoding
@@ -97,7 +99,7 @@ async def start_grpc_server(
     ]
     interceptors = [BearerInterceptor(token)] if token is not None else []
     server = grpc.aio.server(options=options, interceptors=interceptors)
-    servicer = InferenceServicer(service, limits)
+    servicer = InferenceServicer(service, limits, shm)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, method_handlers(servicer)),))
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:

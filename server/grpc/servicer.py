@@ -12,29 +12,30 @@ from typing import Any
 import grpc
 
 from ..runtime.service import InferenceService, load_parameters, parse_config_override
-from ..vocabulary.errors import DecoupledModelCall, Unsupported
+from ..sharedmemory import SharedMemoryRegistry
+from ..sharedmemory.registry import DISABLED as SHM_DISABLED
+from ..vocabulary.errors import DecoupledModelCall, InvalidArgument, Unsupported
 from ..vocabulary.limits import DEFAULT_LIMITS, Limits
 from . import converters
 from . import grpc_service_pb2 as pb
 from .streaming import StreamSession
 
 #: Triton RPCs this server does not offer; they answer UNIMPLEMENTED with this reason
-UNIMPLEMENTED = {
-    "SystemSharedMemoryStatus": "the system shared memory extension",
-    "SystemSharedMemoryRegister": "the system shared memory extension",
-    "SystemSharedMemoryUnregister": "the system shared memory extension",
-    "CudaSharedMemoryStatus": "the CUDA shared memory extension",
-    "CudaSharedMemoryRegister": "the CUDA shared memory extension",
-    "CudaSharedMemoryUnregister": "the CUDA shared memory extension",
-    "TraceSetting": "the trace extension",
-    "LogSettings": "the logging extension",
-}
+UNIMPLEMENTED: dict[str, str] = {}
 
 
 class InferenceServicer:
-    def __init__(self, service: InferenceService, limits: Limits = DEFAULT_LIMITS) -> None:
+    def __init__(
+        self, service: InferenceService, limits: Limits = DEFAULT_LIMITS, shm: SharedMemoryRegistry | None = None
+    ) -> None:
         self.service = service
         self.limits = limits
+        self.shm = shm
+
+    def _shm(self) -> SharedMemoryRegistry:
+        if self.shm is None:
+            raise Unsupported(SHM_DISABLED)
+        return self.shm
 
     # ---- health and metadata ------------------------------------------------------------
     async def ServerLive(self, request: pb.ServerLiveRequest, context: Any) -> pb.ServerLiveResponse:
@@ -63,18 +64,18 @@ class InferenceServicer:
 
     # ---- inference ----------------------------------------------------------------------
     async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
-        infer_request, classification = converters.request_from_pb(request, self.limits)
+        infer_request, classification = converters.request_from_pb(request, self.limits, self.shm)
         try:
             response = await self.service.infer(infer_request)
         except DecoupledModelCall:
             raise DecoupledModelCall(DecoupledModelCall.GRPC_MESSAGE) from None
-        return converters.response_to_pb(response, classification)
+        return converters.response_to_pb(response, classification, self.shm)
 
     async def ModelStreamInfer(
         self, requests: AsyncIterator[pb.ModelInferRequest], context: Any
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
         """Triton's streaming: decoupled models answer as they go; see streaming.py."""
-        async for reply in StreamSession(self.service, self.limits, context).run(requests, context):
+        async for reply in StreamSession(self.service, self.limits, context, self.shm).run(requests, context):
             yield reply
 
     # ---- repository ---------------------------------------------------------------------
@@ -98,6 +99,86 @@ class InferenceServicer:
         dependents = bool(converters.param_value(param)) if param is not None else False
         await self.service.unload_model(request.model_name, dependents)
         return pb.RepositoryModelUnloadResponse()
+
+    # ---- shared-memory extension ---------------------------------------------------------
+    async def SystemSharedMemoryStatus(
+        self, request: pb.SystemSharedMemoryStatusRequest, context: Any
+    ) -> pb.SystemSharedMemoryStatusResponse:
+        response = pb.SystemSharedMemoryStatusResponse()
+        for region in self._shm().system_status(request.name):
+            response.regions[str(region["name"])].CopyFrom(
+                pb.SystemSharedMemoryStatusResponse.RegionStatus(**region)  # type: ignore[arg-type]
+            )
+        return response
+
+    async def SystemSharedMemoryRegister(
+        self, request: pb.SystemSharedMemoryRegisterRequest, context: Any
+    ) -> pb.SystemSharedMemoryRegisterResponse:
+        self._shm().register_system(request.name, request.key, request.offset, request.byte_size)
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    async def SystemSharedMemoryUnregister(
+        self, request: pb.SystemSharedMemoryUnregisterRequest, context: Any
+    ) -> pb.SystemSharedMemoryUnregisterResponse:
+        self._shm().unregister_system(request.name)
+        return pb.SystemSharedMemoryUnregisterResponse()
+
+    async def CudaSharedMemoryStatus(
+        self, request: pb.CudaSharedMemoryStatusRequest, context: Any
+    ) -> pb.CudaSharedMemoryStatusResponse:
+        response = pb.CudaSharedMemoryStatusResponse()
+        for region in self._shm().cuda_status(request.name):
+            response.regions[str(region["name"])].CopyFrom(
+                pb.CudaSharedMemoryStatusResponse.RegionStatus(**region)  # type: ignore[arg-type]
+            )
+        return response
+
+    async def CudaSharedMemoryRegister(
+        self, request: pb.CudaSharedMemoryRegisterRequest, context: Any
+    ) -> pb.CudaSharedMemoryRegisterResponse:
+        if request.device_id < 0:
+            raise InvalidArgument(f"failed to register shared memory region '{request.name}': invalid args")
+        self._shm().register_cuda(request.name, request.raw_handle, request.device_id, request.byte_size)
+        return pb.CudaSharedMemoryRegisterResponse()
+
+    async def CudaSharedMemoryUnregister(
+        self, request: pb.CudaSharedMemoryUnregisterRequest, context: Any
+    ) -> pb.CudaSharedMemoryUnregisterResponse:
+        self._shm().unregister_cuda(request.name)
+        return pb.CudaSharedMemoryUnregisterResponse()
+
+    # ---- trace and logging extensions ----------------------------------------------------
+    async def TraceSetting(self, request: pb.TraceSettingRequest, context: Any) -> pb.TraceSettingResponse:
+        updates: dict[str, Any] = {}
+        for name, value in request.settings.items():
+            values = list(value.value)
+            # no value clears the setting; trace_level is a list, the others one string
+            updates[name] = None if not values else values if name == "trace_level" else values[0]
+        if request.settings:
+            settings = self.service.update_trace_settings(updates, request.model_name)
+        else:  # tritonclient's get_trace_settings: a request without settings reads them
+            settings = self.service.trace_settings(request.model_name)
+        response = pb.TraceSettingResponse()
+        for name, value in settings.items():
+            response.settings[name].value.extend(value if isinstance(value, list) else [str(value)])
+        return response
+
+    async def LogSettings(self, request: pb.LogSettingsRequest, context: Any) -> pb.LogSettingsResponse:
+        if request.settings:
+            updates = {name: converters.param_value(value) for name, value in request.settings.items()}
+            settings = self.service.update_log_settings(updates)
+        else:
+            settings = self.service.log_settings()
+        response = pb.LogSettingsResponse()
+        for name, value in settings.items():
+            target = response.settings[name]
+            if isinstance(value, bool):
+                target.bool_param = value
+            elif isinstance(value, int):
+                target.uint32_param = value
+            else:
+                target.string_param = str(value)
+        return response
 
 
 def unimplemented(rpc: str) -> Any:

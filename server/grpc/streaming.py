@@ -30,6 +30,7 @@ from typing import Any
 import grpc
 
 from ..runtime.service import InferenceService
+from ..sharedmemory import SharedMemoryRegistry
 from ..vocabulary.errors import InvalidArgument, ServerError
 from ..vocabulary.limits import Limits
 from ..vocabulary.streaming import ResponseStream, StreamItem
@@ -65,9 +66,13 @@ class _Slot:
 
 
 class StreamSession:
-    def __init__(self, service: InferenceService, limits: Limits, context: Any) -> None:
+    def __init__(
+        self, service: InferenceService, limits: Limits, context: Any, shm: SharedMemoryRegistry | None = None
+    ) -> None:
         self.service = service
         self.limits = limits
+        #: client shared-memory regions (tensors of stream requests may live there too, as with Triton)
+        self.shm = shm
         self.grpc_error = _header(context, GRPC_ERROR_HEADER) == "true"
         self.out: asyncio.Queue[Any] = asyncio.Queue()
         self.ordered: deque[_Slot] = deque()
@@ -105,7 +110,7 @@ class StreamSession:
     def _issue(self, message: pb.ModelInferRequest) -> None:
         try:
             check_parsed(message)  # a message that does not parse: an error response, the stream goes on
-            request, classification, empty_final = _request(message, self.limits)
+            request, classification, empty_final = _request(message, self.limits, self.shm)
             stream = self.service.infer_stream(request)
         except Exception as exc:  # noqa: BLE001 - refused before it ran: an error response, the stream goes on
             _, text = status_of(exc)
@@ -128,7 +133,7 @@ class StreamSession:
         self,
         stream: ResponseStream,
         request: InferenceRequest,
-        classification: dict[str, int],
+        classification: dict[str, converters.OutputOptions],
         empty_final: bool,
         slot: _Slot | None,
     ) -> None:
@@ -138,7 +143,7 @@ class StreamSession:
                 if item.error is not None and self.grpc_error:
                     reply = _Abort(item.error)
                 else:
-                    reply = _reply(item, request, classification, empty_final)
+                    reply = _reply(item, request, classification, empty_final, self.shm)
                 if reply is None:
                     continue
                 if slot is not None:
@@ -166,8 +171,10 @@ class StreamSession:
             self.out.put_nowait(_END)
 
 
-def _request(message: pb.ModelInferRequest, limits: Limits) -> tuple[InferenceRequest, dict[str, int], bool]:
-    request, classification = converters.request_from_pb(message, limits)
+def _request(
+    message: pb.ModelInferRequest, limits: Limits, shm: SharedMemoryRegistry | None = None
+) -> tuple[InferenceRequest, dict[str, converters.OutputOptions], bool]:
+    request, classification = converters.request_from_pb(message, limits, shm)
     empty_final = False
     if EMPTY_FINAL_PARAMETER in message.parameters:
         param = message.parameters[EMPTY_FINAL_PARAMETER]
@@ -181,10 +188,14 @@ def _request(message: pb.ModelInferRequest, limits: Limits) -> tuple[InferenceRe
 
 
 def _reply(
-    item: StreamItem, request: InferenceRequest, classification: dict[str, int], empty_final: bool
+    item: StreamItem,
+    request: InferenceRequest,
+    classification: dict[str, converters.OutputOptions],
+    empty_final: bool,
+    shm: SharedMemoryRegistry | None = None,
 ) -> pb.ModelStreamInferResponse | None:
     if item.response is not None:
-        response = converters.response_to_pb(item.response, classification)
+        response = converters.response_to_pb(item.response, classification, shm)
         response.parameters[FINAL_PARAMETER].bool_param = item.final
         return pb.ModelStreamInferResponse(infer_response=response)
     if item.error is None and not empty_final:

@@ -5,6 +5,8 @@ Handlers translate HTTP to the core's InferenceService and back; they never touc
 
 from __future__ import annotations
 
+import base64
+import binascii
 import functools
 import logging
 from collections.abc import Mapping
@@ -20,7 +22,9 @@ from starlette.responses import Response
 
 from ..runtime.auth import BearerToken
 from ..runtime.service import InferenceService, load_parameters, parse_config_override
-from ..vocabulary.errors import InvalidArgument, ServerError, internal_error_message
+from ..sharedmemory import SharedMemoryRegistry
+from ..sharedmemory.registry import DISABLED as SHM_DISABLED
+from ..vocabulary.errors import InvalidArgument, ServerError, Unsupported, internal_error_message
 from ..vocabulary.limits import DEFAULT_LIMITS, Limits
 from .codec import error_body
 from .generate import generate
@@ -80,13 +84,91 @@ def _numeric(version: str) -> None:
 
 
 def build_http_app(
-    service: InferenceService, limits: Limits = DEFAULT_LIMITS, token: BearerToken | None = None
+    service: InferenceService,
+    limits: Limits = DEFAULT_LIMITS,
+    token: BearerToken | None = None,
+    shm: SharedMemoryRegistry | None = None,
 ) -> InferRoute:
     """The whole HTTP front end: the token check and the inference route, then FastAPI for everything else."""
-    return InferRoute(build_app(service), service, limits, token)
+    return InferRoute(build_app(service, shm), service, limits, token, shm)
 
 
-def build_app(service: InferenceService) -> FastAPI:
+def _uint(body: dict[str, Any], key: str, default: int | None = None) -> int:
+    value = body.get(key, default)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise InvalidArgument(f"Unable to parse '{key}': expected a non-negative integer, got {value!r}")
+    return value
+
+
+def _add_shared_memory_routes(app: FastAPI, shm: SharedMemoryRegistry | None) -> None:
+    """Triton's shared-memory extension routes (docs/protocol/extension_shared_memory.md)."""
+
+    def registry() -> SharedMemoryRegistry:
+        if shm is None:
+            raise Unsupported(SHM_DISABLED)
+        return shm
+
+    @app.get("/v2/systemsharedmemory/status")
+    async def system_status_all() -> Response:
+        return _json(registry().system_status())
+
+    @app.get("/v2/systemsharedmemory/region/{region_name}/status")
+    async def system_status(region_name: str) -> Response:
+        return _json(registry().system_status(region_name))
+
+    @app.post("/v2/systemsharedmemory/region/{region_name}/register")
+    async def system_register(region_name: str, request: Request) -> Response:
+        body = await _json_body(request)
+        key = body.get("key")
+        if not isinstance(key, str):
+            raise InvalidArgument("Unable to parse 'key': expected a string")
+        registry().register_system(region_name, key, _uint(body, "offset", 0), _uint(body, "byte_size"))
+        return Response(status_code=200)
+
+    @app.post("/v2/systemsharedmemory/region/{region_name}/unregister")
+    async def system_unregister(region_name: str) -> Response:
+        registry().unregister_system(region_name)
+        return Response(status_code=200)
+
+    @app.post("/v2/systemsharedmemory/unregister")
+    async def system_unregister_all() -> Response:
+        registry().unregister_system()
+        return Response(status_code=200)
+
+    @app.get("/v2/cudasharedmemory/status")
+    async def cuda_status_all() -> Response:
+        return _json(registry().cuda_status())
+
+    @app.get("/v2/cudasharedmemory/region/{region_name}/status")
+    async def cuda_status(region_name: str) -> Response:
+        return _json(registry().cuda_status(region_name))
+
+    @app.post("/v2/cudasharedmemory/region/{region_name}/register")
+    async def cuda_register(region_name: str, request: Request) -> Response:
+        body = await _json_body(request)
+        raw = body.get("raw_handle")
+        b64 = raw.get("b64") if isinstance(raw, dict) else None
+        if not isinstance(b64, str):
+            raise InvalidArgument("Unable to parse 'raw_handle': expected {\"b64\": <base64 string>}")
+        try:
+            handle = base64.b64decode(b64, validate=True)
+        except (binascii.Error, ValueError):
+            raise InvalidArgument("Unable to parse 'raw_handle': invalid base64") from None
+        registry().register_cuda(region_name, handle, _uint(body, "device_id", 0), _uint(body, "byte_size"))
+        return Response(status_code=200)
+
+    @app.post("/v2/cudasharedmemory/region/{region_name}/unregister")
+    async def cuda_unregister(region_name: str) -> Response:
+        registry().unregister_cuda(region_name)
+        return Response(status_code=200)
+
+    @app.post("/v2/cudasharedmemory/unregister")
+    async def cuda_unregister_all() -> Response:
+        registry().unregister_cuda()
+        return Response(status_code=200)
+
+
+def build_app(service: InferenceService, shm: SharedMemoryRegistry | None = None) -> FastAPI:
     app = FastAPI(title="kubeinfer", docs_url=None, redoc_url=None, openapi_url=None)
 
     @app.exception_handler(ServerError)
@@ -187,6 +269,28 @@ def build_app(service: InferenceService) -> FastAPI:
     async def version_generate_stream(name: str, version: str, request: Request) -> Response:
         _numeric(version)
         return await generate(service, name, version, request, streaming=True)
+
+    _add_shared_memory_routes(app, shm)
+
+    # ---- trace and logging extensions (docs/protocol/extension_trace.md, extension_logging.md) --
+    # one route per path for GET and POST, so that a 405 lists both in Allow
+    @app.api_route("/v2/trace/setting", methods=["GET", "POST"])
+    async def trace_setting(request: Request) -> Response:
+        if request.method == "GET":
+            return _json(service.trace_settings())
+        return _json(service.update_trace_settings(await _json_body(request)))
+
+    @app.api_route("/v2/models/{name}/trace/setting", methods=["GET", "POST"])
+    async def model_trace_setting(name: str, request: Request) -> Response:
+        if request.method == "GET":
+            return _json(service.trace_settings(name))
+        return _json(service.update_trace_settings(await _json_body(request), name))
+
+    @app.api_route("/v2/logging", methods=["GET", "POST"])
+    async def logging_settings(request: Request) -> Response:
+        if request.method == "GET":
+            return _json(service.log_settings())
+        return _json(service.update_log_settings(await _json_body(request)))
 
     # ---- repository extension ----------------------------------------------------------------
     @app.post("/v2/repository/index")

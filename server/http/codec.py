@@ -11,9 +11,11 @@ from typing import Any
 import numpy as np
 import orjson
 
+from ..sharedmemory import SharedMemoryRegistry, shm_ref
+from ..sharedmemory.registry import DISABLED
 from ..vocabulary import tensors
 from ..vocabulary.classification import classify
-from ..vocabulary.errors import InvalidArgument
+from ..vocabulary.errors import InvalidArgument, Unsupported
 from ..vocabulary.limits import DEFAULT_LIMITS, Limits, RequestBudget
 from ..vocabulary.types import InferenceRequest, InferenceResponse
 
@@ -26,9 +28,18 @@ def error_body(message: str) -> bytes:
 
 
 def decode_request(
-    body: bytes, header_length: str | None, model_name: str, model_version: str, limits: Limits = DEFAULT_LIMITS
+    body: bytes,
+    header_length: str | None,
+    model_name: str,
+    model_version: str,
+    limits: Limits = DEFAULT_LIMITS,
+    shm: SharedMemoryRegistry | None = None,
 ) -> tuple[InferenceRequest, dict[str, Any]]:
-    """Returns the request and per-output wire options (binary_data, classification)."""
+    """Returns the request and per-output wire options (binary_data, classification, shared memory).
+
+    Tensors in shared memory (``shared_memory_region`` parameters) are read through ``shm``; without a
+    registry such parameters are refused.
+    """
     if header_length is not None:
         try:
             json_len = int(header_length)
@@ -75,8 +86,17 @@ def decode_request(
         iparams = item.get("parameters") or {}
         if not isinstance(iparams, dict):
             raise InvalidArgument(f"input '{name}': 'parameters' must be an object")
+        ref = shm_ref(iparams, f"input '{name}'")
         size = tensors.int_parameter(iparams, "binary_data_size", f"input '{name}'")
-        if size is not None:
+        if ref is not None:
+            if "data" in item or size is not None:
+                raise InvalidArgument(
+                    f"input '{name}' has shared-memory parameters and also "
+                    + ("'data'" if "data" in item else "binary_data_size")
+                    + "; send its data one way"
+                )
+            inputs[name] = _shm(shm).read_input(name, datatype, shape, ref, budget)
+        elif size is not None:
             if "data" in item:
                 raise InvalidArgument(f"input '{name}' has both 'data' and binary_data_size")
             if offset + size > len(body):
@@ -107,9 +127,18 @@ def decode_request(
             if not isinstance(oparams, dict):
                 raise InvalidArgument(f"output '{out['name']}': 'parameters' must be an object")
             requested.append(out["name"])
+            classification = tensors.int_parameter(oparams, "classification", f"output '{out['name']}'") or 0
+            oref = shm_ref(oparams, f"output '{out['name']}'")
+            if oref is not None:
+                if classification:
+                    raise InvalidArgument(
+                        f"output '{out['name']}': shared memory can't be set on classification output"
+                    )
+                _shm(shm).check_output(oref)
             options[out["name"]] = {
                 "binary": bool(oparams.get("binary_data", binary_default)),
-                "classification": tensors.int_parameter(oparams, "classification", f"output '{out['name']}'") or 0,
+                "classification": classification,
+                "shm": oref,
             }
     request_id = header.get("id", "")
     request = InferenceRequest(
@@ -143,17 +172,31 @@ _ORJSON_NUMPY = {
 }
 
 
-def encode_response(response: InferenceResponse, options: dict[str, Any]) -> tuple[bytes, int | None]:
-    """Returns (body, JSON header length when binary parts follow, else None)."""
+def _shm(shm: SharedMemoryRegistry | None) -> SharedMemoryRegistry:
+    if shm is None:
+        raise Unsupported(DISABLED)
+    return shm
+
+
+def encode_response(
+    response: InferenceResponse, options: dict[str, Any], shm: SharedMemoryRegistry | None = None
+) -> tuple[bytes, int | None]:
+    """Returns (body, JSON header length when binary parts follow, else None).
+
+    An output requested into shared memory is written there; its entry carries name, datatype and
+    shape but no data (Triton's shape for it, which ``tritonclient``'s ``get_output`` reads).
+    """
     default_binary = options.get("__default_binary__", False)
     outputs_json = []
     buffers: list[bytes | memoryview] = []
     for name, array in response.outputs.items():
-        opt = options.get(name) or {"binary": default_binary, "classification": 0}
+        opt = options.get(name) or {"binary": default_binary, "classification": 0, "shm": None}
         if opt["classification"]:
             array = classify(array, opt["classification"], response.labels.get(name))
         entry: dict[str, Any] = {"name": name, "datatype": tensors.v2_datatype(array), "shape": list(array.shape)}
-        if opt["binary"]:
+        if opt.get("shm") is not None:
+            _shm(shm).write_output(name, array, opt["shm"])
+        elif opt["binary"]:
             raw = tensors.to_raw(array)
             entry["parameters"] = {"binary_data_size": len(raw)}
             buffers.append(raw)

@@ -16,6 +16,7 @@ from typing import Any
 
 from ..runtime.auth import PROBE_PATHS, BearerToken
 from ..runtime.service import InferenceService
+from ..sharedmemory import SharedMemoryRegistry
 from ..vocabulary.errors import DecoupledModelCall, ServerError, internal_error_message
 from ..vocabulary.limits import DEFAULT_LIMITS, Limits, body_too_large
 from ..vocabulary.types import InferenceRequest
@@ -44,12 +45,14 @@ class InferRoute:
         service: InferenceService,
         limits: Limits = DEFAULT_LIMITS,
         token: BearerToken | None = None,
+        shm: SharedMemoryRegistry | None = None,
     ) -> None:
         self.app = app
         self.service = service
         self.max_body = limits.http_max_input_size
         self.limits = limits
         self.token = token
+        self.shm = shm
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -106,10 +109,10 @@ class InferRoute:
                 request = self.service.raw_request(name, version, body)
                 options: dict[str, Any] = {"__default_binary__": True}
             else:
-                request, options = decode_request(body, header_length, name, version, self.limits)
+                request, options = decode_request(body, header_length, name, version, self.limits, self.shm)
             watch = _DisconnectWatch(request, receive)
             response = await self.service.infer(request)
-            payload, json_length = encode_response(response, options)
+            payload, json_length = encode_response(response, options, self.shm)
         except DecoupledModelCall:
             await _respond(send, 501, error_body(DecoupledModelCall.HTTP_MESSAGE), None)
             return

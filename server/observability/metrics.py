@@ -83,6 +83,24 @@ COUNTERS = (
 )
 
 
+#: (attribute, name, help) of the per-model response-cache counters (Triton: docs/user_guide/metrics.md)
+CACHE_COUNTERS = (
+    ("cache_hits", "nv_cache_num_hits_per_model", "Number of cache hits per model"),
+    ("cache_misses", "nv_cache_num_misses_per_model", "Number of cache misses per model"),
+    (
+        "cache_hit_us",
+        "nv_cache_hit_duration_per_model",
+        "Cumulative time requests spend retrieving a cached response per model on cache hits (microseconds)",
+    ),
+    (
+        "cache_miss_us",
+        "nv_cache_miss_duration_per_model",
+        "Cumulative time requests spend looking up and inserting responses into the cache on a cache miss "
+        "(microseconds)",
+    ),
+)
+
+
 class _Histogram:
     __slots__ = ("buckets", "sum", "count")
 
@@ -113,10 +131,16 @@ class _Series:
         "request_hist",
         "queue_hist",
         "load_failures",
+        "cache_hits",
+        "cache_misses",
+        "cache_hit_us",
+        "cache_miss_us",
     )
 
     def __init__(self) -> None:
         self.success = self.count = self.exec_count = 0
+        self.cache_hits = self.cache_misses = 0
+        self.cache_hit_us = self.cache_miss_us = 0.0
         self.request_us = self.queue_us = self.input_us = self.infer_us = self.output_us = 0.0
         self.failure = dict.fromkeys(FAILURE_REASONS, 0)
         self.request_hist = _Histogram()
@@ -133,6 +157,10 @@ class TritonMetrics(Collector):
         self._pending: dict[tuple[str, str], int] = {}
         self._lock = threading.Lock()  # scrapes may run while instance threads record
         self._custom: Any = None  # the registry's CustomMetrics (models' pb_utils.MetricFamily)
+        #: the server's response cache (gauges), set by the wiring; None = no cache configured
+        self.response_cache: Any = None
+        #: (model, version) with the cache enabled: their per-model cache counters are exported even at 0
+        self._cached_models: set[tuple[str, str]] = set()
         self._cpu = CpuUtilization()
         self._gpus = GpuReader()
         self.registry.register(self)
@@ -179,6 +207,16 @@ class TritonMetrics(Collector):
             s.count += batch_size
             s.exec_count += 1
 
+    def on_cache(self, model: str, version: str, hit: bool, ns: int) -> None:
+        s = self._get(model, version)
+        with self._lock:
+            if hit:
+                s.cache_hits += 1
+                s.cache_hit_us += ns / 1000
+            else:
+                s.cache_misses += 1
+                s.cache_miss_us += ns / 1000
+
     def on_load_failure(self, model: str, version: str, reason: str) -> None:
         s = self._get(model, version)
         with self._lock:
@@ -191,6 +229,8 @@ class TritonMetrics(Collector):
             for mv in model_registry.ready_versions(name):
                 self._get(name, mv.version_str)
                 pending[(name, mv.version_str)] = mv.scheduler.pending
+                if getattr(mv, "uses_cache", False):
+                    self._cached_models.add((name, mv.version_str))
         self._pending = pending
         self._custom = getattr(model_registry, "custom_metrics", None)
 
@@ -209,6 +249,11 @@ class TritonMetrics(Collector):
         yield failure
         for attr, name, doc in COUNTERS[1:]:
             yield _family(name, doc, "counter", ((k, getattr(s, attr)) for k, s in items))
+        cached = [(k, s) for k, s in items if s.cache_hits or s.cache_misses or k in self._cached_models]
+        for attr, name, doc in CACHE_COUNTERS:
+            yield _family(name, doc, "counter", ((k, getattr(s, attr)) for k, s in cached))
+        if self.response_cache is not None and self.response_cache.enabled:
+            yield from self._cache_gauges()
         yield _family(
             "nv_inference_pending_request_count",
             "Instantaneous number of pending requests awaiting execution per-model",
@@ -245,6 +290,31 @@ class TritonMetrics(Collector):
             m = Metric(name, description, kind)
             for sample_name, labels, value in samples:
                 m.add_sample(sample_name, labels, value)
+            yield m
+
+    def _cache_gauges(self) -> Iterator[Metric]:
+        cache = self.response_cache
+        assert cache is not None
+        for name, doc, value in (
+            ("nv_cache_num_entries", "Number of responses stored in response cache", cache.entries),
+            ("nv_cache_num_lookups", "Number of cache lookups in response cache", cache.lookups),
+            ("nv_cache_num_hits", "Number of cache hits in response cache", cache.hits),
+            ("nv_cache_num_misses", "Number of cache misses in response cache", cache.misses),
+            ("nv_cache_num_evictions", "Number of cache evictions in response cache", cache.evictions),
+            (
+                "nv_cache_lookup_duration",
+                "Total cache lookup duration (hit and miss), in microseconds",
+                cache.lookup_ns / 1000,
+            ),
+            (
+                "nv_cache_insertion_duration",
+                "Total cache insertion duration, in microseconds",
+                cache.insertion_ns / 1000,
+            ),
+            ("nv_cache_util", "Cache utilization [0.0 - 1.0]", cache.utilization),
+        ):
+            m = Metric(name, doc, "gauge")
+            m.add_sample(name, {}, value)
             yield m
 
     def _system(self) -> Iterator[Metric]:

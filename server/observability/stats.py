@@ -66,6 +66,8 @@ class ModelStats:
         self.compute_input = Duration()
         self.compute_infer = Duration()
         self.compute_output = Duration()
+        self.cache_hit = Duration()
+        self.cache_miss = Duration()
         self.batch_stats: dict[int, BatchStats] = {}
 
     def record_execution(self, batch_size: int, timings: ExecutionTimings) -> None:
@@ -98,6 +100,16 @@ class ModelStats:
         for listener in self.listeners:
             listener.on_request(self.model, self.version, success, total, queue_ns, timings, reason)
 
+    def record_cache(self, hit: bool, ns: int) -> None:
+        """A response-cache lookup: on a hit the lookup time, on a miss lookup plus insertion (Triton's
+        ``cache_hit`` / ``cache_miss``; a hit is also a successful request, recorded by record_request)."""
+        with self._lock:
+            (self.cache_hit if hit else self.cache_miss).add(ns)
+        for listener in self.listeners:
+            on_cache = getattr(listener, "on_cache", None)
+            if on_cache is not None:
+                on_cache(self.model, self.version, hit, ns)
+
     def as_dict(self) -> dict[str, Any]:
         """One entry of Triton's ``model_stats`` list."""
         with self._lock:
@@ -114,8 +126,8 @@ class ModelStats:
                     "compute_input": self.compute_input.as_dict(),
                     "compute_infer": self.compute_infer.as_dict(),
                     "compute_output": self.compute_output.as_dict(),
-                    "cache_hit": {"count": 0, "ns": 0},
-                    "cache_miss": {"count": 0, "ns": 0},
+                    "cache_hit": self.cache_hit.as_dict(),
+                    "cache_miss": self.cache_miss.as_dict(),
                 },
                 "response_stats": {},
                 "batch_stats": [

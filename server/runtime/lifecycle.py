@@ -28,6 +28,7 @@ from ..repository import scan
 from ..repository.layout import check_model_name
 from ..vocabulary.errors import InvalidArgument, NotFound, ServerError
 from ..vocabulary.registry_view import RegistryView
+from .cache import ResponseCache
 from .model import ModelVersion, build_model_version, prepare_config
 
 log = logging.getLogger(__name__)
@@ -83,6 +84,7 @@ class ModelLifecycle:
         drain_timeout: float,
         auto_complete: bool = True,
         load_threads: int = 4,
+        response_cache: ResponseCache | None = None,
     ) -> None:
         #: the registry's routing table, shared: the lifecycle writes it, the registry reads it
         self.models = models
@@ -99,6 +101,8 @@ class ModelLifecycle:
         self.auto_complete = auto_complete
         #: models loaded at once by load_all (``--model-load-thread-count``)
         self.load_threads = max(1, load_threads)
+        #: the server's response cache (``--cache-config``), handed to versions that enable it
+        self.response_cache = response_cache
 
     async def load_model(self, name: str, override: pb.ModelConfig | None = None) -> None:
         """Load or reload ``name``; ``override`` replaces its config.pbtxt for this load (as Triton).
@@ -193,7 +197,15 @@ class ModelLifecycle:
         backend_cls = await asyncio.to_thread(prepare_config, vconfig, path, self.auto_complete)
         validate_config(vconfig, config.name, available_backends())
         return await build_model_version(
-            vconfig, backend_cls, version, path, digest, self.router, self.listeners, self.repository_path / config.name
+            vconfig,
+            backend_cls,
+            version,
+            path,
+            digest,
+            self.router,
+            self.listeners,
+            self.repository_path / config.name,
+            self.response_cache,
         )
 
     def _record_failure(self, entry: ModelEntry, version: int, reason: str) -> list[str]:

@@ -28,7 +28,9 @@ from ..vocabulary.registry_view import RegistryView
 from ..vocabulary.streaming import ResponseStream
 from ..vocabulary.types import InferenceRequest, InferenceResponse
 from . import devices
+from .cache import ResponseCache, request_key
 from .validation import RequestValidator, check_outputs
+from .warmup import warm_up
 
 log = logging.getLogger(__name__)
 
@@ -108,8 +110,12 @@ class ModelVersion:
         stats: ModelStats,
         digest: str,
         labels: dict[str, list[str]] | None = None,
+        cache: ResponseCache | None = None,
     ) -> None:
         self.config = config
+        #: the server's response cache, when this version uses it (response_cache { enable: true })
+        self.cache = cache
+        self.uses_cache = cache is not None
         self.name = config.name
         self.version = version
         self.version_str = str(version)
@@ -135,6 +141,8 @@ class ModelVersion:
         try:
             try:
                 self.validator.validate(request)
+                if self.cache is not None:
+                    return await self._infer_cached(request, self.cache)
                 outputs = await self.scheduler.submit(request)
                 if outputs is None:
                     raise BackendError(f"model '{self.name}' sent its response to a stream nobody reads")
@@ -210,6 +218,25 @@ class ModelVersion:
         if self.inflight == 0:
             self._idle.set()
 
+    async def _infer_cached(self, request: InferenceRequest, cache: ResponseCache) -> InferenceResponse:
+        """Answer from the cache, or execute and store (Triton's cache_hit / cache_miss statistics)."""
+        start = time.perf_counter_ns()
+        key = request_key(request, self.version_str)
+        outputs = cache.lookup(key)
+        lookup_ns = time.perf_counter_ns() - start
+        if outputs is not None:
+            self.stats.record_cache(True, lookup_ns)
+        else:
+            outputs = await self.scheduler.submit(request)
+            if outputs is None:
+                raise BackendError(f"model '{self.name}' sent its response to a stream nobody reads")
+            check_outputs(self.validator, outputs)  # a wrong answer is never cached
+            insert_start = time.perf_counter_ns()
+            cache.insert(key, outputs)
+            self.stats.record_cache(False, lookup_ns + time.perf_counter_ns() - insert_start)
+        self.stats.record_request(request, True)
+        return InferenceResponse(self.name, self.version_str, outputs, request.id, labels=self.labels)
+
     async def drain(self, timeout: float | None = None) -> bool:
         """Wait until no request is in flight; True when drained within ``timeout``."""
         try:
@@ -234,6 +261,7 @@ async def build_model_version(
     registry: RegistryView,
     listeners: list[StatsListener],
     model_dir: Path | None = None,
+    cache: ResponseCache | None = None,
 ) -> ModelVersion:
     """Load every instance (off the loop), then start the scheduler."""
     stats = ModelStats(config.name, str(version), listeners)
@@ -266,6 +294,29 @@ async def build_model_version(
         log.info(
             "loaded %s version %s (%d instances) in %.2fs", config.name, version, pool.size, time.monotonic() - started
         )
-    scheduler = make_scheduler(config, pool, registry)
+        if config.model_warmup:
+            try:
+                await warm_up(config, version, pool, model_dir)
+            except BaseException:
+                await asyncio.to_thread(pool.close)
+                raise
+    scheduler = make_scheduler(config, pool, registry, model_dir)
     await scheduler.start()
-    return ModelVersion(config, version, scheduler, pool, stats, digest, labels)
+    return ModelVersion(config, version, scheduler, pool, stats, digest, labels, _cache_for(config, cache))
+
+
+def _cache_for(config: pb.ModelConfig, cache: ResponseCache | None) -> ResponseCache | None:
+    """The response cache when this model may use it (docs/user_guide/response_cache.md "Known Limitations")."""
+    if not config.response_cache.enable:
+        return None
+    reason = ""
+    if cache is None or not cache.enabled:
+        reason = "the server has no response cache (start it with --cache-config local,size=<bytes>)"
+    elif config.WhichOneof("scheduling_choice") in ("sequence_batching", "ensemble_scheduling"):
+        reason = "sequence-batched models and ensembles are not cached"
+    elif config.model_transaction_policy.decoupled:
+        reason = "decoupled models are not cached"
+    if reason:
+        log.warning("model '%s' enables response_cache but is not cached: %s", config.name, reason)
+        return None
+    return cache

@@ -17,6 +17,7 @@ from ..vocabulary.custom_metrics import CustomMetrics
 from ..vocabulary.errors import InvalidArgument, NotFound, ServerError, Unavailable
 from ..vocabulary.streaming import ResponseStream
 from ..vocabulary.types import InferenceRequest, InferenceResponse
+from .cache import ResponseCache
 from .lifecycle import ModelEntry, ModelLifecycle, ModelState
 from .model import ModelVersion
 from .shutdown import GracefulShutdown
@@ -38,6 +39,7 @@ class ModelRegistry:
         auto_complete: bool = True,
         load_threads: int = 4,
         custom_metrics: CustomMetrics | None = None,
+        response_cache: ResponseCache | None = None,
     ) -> None:
         self.repository_path = repository_path
         #: metric families Python models create; the metrics endpoint exports them
@@ -53,6 +55,7 @@ class ModelRegistry:
             drain_timeout,
             auto_complete=auto_complete,
             load_threads=load_threads,
+            response_cache=response_cache,
         )
         self._shutdown = GracefulShutdown()
 

@@ -5,13 +5,16 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
 from .. import SERVER_NAME, __version__
 from ..config import ConfigError, config_from_dict, config_to_dict, pb
+from ..observability.logsettings import LogControl
+from ..observability.trace import Tracer
 from ..vocabulary import datatypes
-from ..vocabulary.errors import DeadlineExceeded, InvalidArgument, Unavailable, Unsupported
+from ..vocabulary.errors import DeadlineExceeded, InvalidArgument, NotFound, Unavailable, Unsupported
 from ..vocabulary.streaming import ResponseStream
 from ..vocabulary.types import InferenceRequest, InferenceResponse
 from .registry import ModelRegistry
@@ -21,6 +24,10 @@ log = logging.getLogger(__name__)
 
 EXTENSIONS = [
     "classification",
+    "sequence",
+    "sequence(string_id)",
+    "trace",
+    "logging",
     "model_repository",
     "model_repository(unload_dependents)",
     "schedule_policy",
@@ -72,12 +79,24 @@ class ServiceOptions:
     request_timeout: float = 0.0
     #: server metadata "name" (Triton's --id)
     server_name: str | None = None
+    #: extensions the wiring adds (shared memory when --allow-client-shm)
+    extensions: tuple[str, ...] = ()
 
 
 class InferenceService:
-    def __init__(self, registry: ModelRegistry, options: ServiceOptions) -> None:
+    def __init__(
+        self,
+        registry: ModelRegistry,
+        options: ServiceOptions,
+        tracer: Tracer | None = None,
+        log_control: LogControl | None = None,
+    ) -> None:
         self.registry = registry
         self.options = options
+        #: the trace extension (settings, sampling, the trace file)
+        self.tracer = tracer or Tracer()
+        #: the logging extension
+        self.log_control = log_control or LogControl()
         self.started = False
         self._poller: asyncio.Task[None] | None = None
         #: --load-model names that failed in explicit mode (the registry forgets unknown names)
@@ -121,6 +140,7 @@ class InferenceService:
         if self._poller is not None:
             self._poller.cancel()
         await self.registry.shutdown(timeout)
+        self.tracer.flush()
 
     # ---- health and metadata ------------------------------------------------------------
     def live(self) -> bool:
@@ -132,7 +152,11 @@ class InferenceService:
         return self.registry.all_ready() if self.options.strict_readiness else True
 
     def server_metadata(self) -> dict[str, Any]:
-        return {"name": self.options.server_name or SERVER_NAME, "version": __version__, "extensions": EXTENSIONS}
+        return {
+            "name": self.options.server_name or SERVER_NAME,
+            "version": __version__,
+            "extensions": EXTENSIONS + list(self.options.extensions),
+        }
 
     def model_ready(self, name: str, version: str = "") -> bool:
         return not self.registry.shutting_down and self.registry.is_model_ready(name, version)
@@ -175,6 +199,17 @@ class InferenceService:
         return InferenceRequest(model_name=name, model_version=version, inputs=raw_binary_inputs(config, body))
 
     async def infer(self, request: InferenceRequest) -> InferenceResponse:
+        trace_id = self.tracer.sample(request.model_name)
+        if not trace_id:
+            return await self._infer(request)
+        response = None
+        try:
+            response = await self._infer(request)
+            return response
+        finally:
+            self.tracer.record(trace_id, request, response, time.monotonic_ns())
+
+    async def _infer(self, request: InferenceRequest) -> InferenceResponse:
         if not self.started:
             raise Unavailable("server is not ready: models are still loading")
         timeout = self.options.request_timeout
@@ -212,6 +247,25 @@ class InferenceService:
 
     def is_decoupled(self, name: str, version: str = "") -> bool:
         return self.registry.is_decoupled(name, version)
+
+    # ---- trace and logging extensions ----------------------------------------------------
+    def _known_model(self, model: str) -> None:
+        if model and model not in self.registry.model_names():
+            raise NotFound(f"Request for unknown model: '{model}' is not found")
+
+    def trace_settings(self, model: str = "") -> dict[str, Any]:
+        self._known_model(model)
+        return self.tracer.settings(model)
+
+    def update_trace_settings(self, updates: dict[str, Any], model: str = "") -> dict[str, Any]:
+        self._known_model(model)
+        return self.tracer.update(updates, model)
+
+    def log_settings(self) -> dict[str, Any]:
+        return self.log_control.settings()
+
+    def update_log_settings(self, updates: dict[str, Any]) -> dict[str, Any]:
+        return self.log_control.update(updates)
 
     # ---- statistics ---------------------------------------------------------------------
     def statistics(self, name: str = "", version: str = "") -> dict[str, Any]:

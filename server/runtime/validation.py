@@ -131,7 +131,8 @@ def raw_binary_inputs(config: pb.ModelConfig, body: bytes | memoryview) -> dict[
     """
     if len(config.input) != 1:
         raise InvalidArgument(
-            f"Raw request must only have 1 input (found 1) to be deduced but got {len(config.input)} "
+            "[request id: <id_unknown>] Raw request must only have 1 input (found 1) to be deduced but got "
+            f"{len(config.input)} "
             f"inputs in '{config.name}' model configuration"
         )
     spec = config.input[0]
@@ -142,8 +143,8 @@ def raw_binary_inputs(config: pb.ModelConfig, body: bytes | memoryview) -> dict[
         if d == -1:
             if dynamic != -1:
                 raise InvalidArgument(
-                    f"The shape of the raw input '{spec.name}' can not be deduced because there are more "
-                    "than one variable-sized dimension"
+                    f"[request id: <id_unknown>] The shape of the raw input '{spec.name}' can not be deduced "
+                    "because there are more than one variable-sized dimension"
                 )
             dynamic = len(shape)
         else:
@@ -152,7 +153,9 @@ def raw_binary_inputs(config: pb.ModelConfig, body: bytes | memoryview) -> dict[
     dtype = datatypes.from_config(pb.DataType.Name(spec.data_type))
     if dtype.v2 == "BYTES":
         if dynamic != -1 or fixed != 1:
-            raise InvalidArgument("For BYTE datatype raw input, the model must have input shape [1]")
+            raise InvalidArgument(
+                "[request id: <id_unknown>] For BYTE datatype raw input, the model must have input shape [1]"
+            )
         array = np.empty(1, dtype=object)
         array[0] = bytes(body)
         return {spec.name: array.reshape(shape)}

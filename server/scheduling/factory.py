@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from ..config import pb
 from ..vocabulary.registry_view import RegistryView
 from .base import Scheduler
@@ -9,8 +11,11 @@ from .default import DefaultScheduler
 from .instance_pool import InstancePool
 
 
-def make_scheduler(config: pb.ModelConfig, pool: InstancePool | None, registry: RegistryView) -> Scheduler:
-    """``ensemble_scheduling`` → ensemble, ``dynamic_batching`` → batcher, otherwise request by request."""
+def make_scheduler(
+    config: pb.ModelConfig, pool: InstancePool | None, registry: RegistryView, model_dir: Path | None = None
+) -> Scheduler:
+    """``ensemble_scheduling`` → ensemble, ``dynamic_batching`` → batcher, ``sequence_batching`` → sequence
+    batcher (``model_dir`` holds its ``initial_state/`` files), otherwise request by request."""
     choice = config.WhichOneof("scheduling_choice")
     if choice == "ensemble_scheduling":
         from .ensemble import EnsembleScheduler
@@ -21,4 +26,8 @@ def make_scheduler(config: pb.ModelConfig, pool: InstancePool | None, registry: 
         from .dynamic_batcher import DynamicBatcher
 
         return DynamicBatcher(pool, config)
+    if choice == "sequence_batching":
+        from .sequence_batcher import SequenceBatcher
+
+        return SequenceBatcher(pool, config, model_dir)
     return DefaultScheduler(pool, config.max_batch_size)

@@ -78,8 +78,8 @@ class InstancePool:
         # (a request answered later, through a response sender, counts as executed)
         rows = sum(
             r.batch_size(batch.max_batch_size)
-            for r, res in zip(batch.requests, results, strict=True)
-            if not isinstance(res, Exception)
+            for i, (r, res) in enumerate(zip(batch.requests, results, strict=True))
+            if not isinstance(res, Exception) and i not in batch.fillers
         )
         if rows:
             self.stats.record_execution(rows, batch.timings)

@@ -370,12 +370,16 @@ def test_errors_match_http(grpc_client, server: ServerProcess) -> None:
     [
         lambda c: c.get_system_shared_memory_status(),
         lambda c: c.unregister_cuda_shared_memory(),
-        lambda c: c.get_trace_settings(),
-        lambda c: c.get_log_settings(),
     ],
 )
-def test_unimplemented_extensions(grpc_client, call) -> None:
+def test_shared_memory_is_refused_unless_allowed(grpc_client, call) -> None:
+    """Without --allow-client-shm (Triton 26.04+'s default) the shared-memory RPCs say how to enable them."""
     err = grpc_error(call, grpc_client)
     assert err.status() == "StatusCode.UNIMPLEMENTED"
-    assert "not supported" in err.message()
+    assert "--allow-client-shm=true" in err.message()
     assert grpc_client.is_server_live()
+
+
+def test_every_triton_rpc_is_served(grpc_client) -> None:
+    assert grpc_client.get_trace_settings(as_json=True)["settings"]["trace_level"] == {"value": ["OFF"]}
+    assert grpc_client.get_log_settings(as_json=True)["settings"]["log_info"] == {"bool_param": True}

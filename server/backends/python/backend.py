@@ -36,7 +36,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ...config import ConfigError, config_from_dict, config_to_dict, pb
+from ...config import ConfigError, config_from_dict, config_to_dict, pb, sequence
 from ...vocabulary.errors import BackendError
 from ...vocabulary.registry_view import RegistryView
 from ..base import Backend, BackendInstance, Batch, InstanceSpec, RequestResult
@@ -114,6 +114,8 @@ class PythonInstance(BackendInstance):
         self.version = backend.version
         self.decoupled = config.model_transaction_policy.decoupled
         self.output_names = [t.name for t in config.output]
+        # implicit state: the sequence batcher reads the state outputs of every step
+        self.output_names += sorted(sequence.state_output_names(config) - set(self.output_names))
         self.info = context.InstanceInfo(
             model_name=config.name,
             model_version=backend.version,

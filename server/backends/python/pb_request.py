@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ...vocabulary import errors
+from ...vocabulary.sequence import sequence_parameters
 from ...vocabulary.streaming import ResponseStream, StreamItem
 from ...vocabulary.types import InferenceRequest as CoreRequest
 from . import context
@@ -345,9 +346,8 @@ class InferenceRequest:
             raise _IssueError(InferenceResponse(error=TritonError(message, TritonError.INTERNAL))) from None
 
     def _core_request(self, version: str) -> CoreRequest:
-        params = dict(self._parameters)
-        if self._correlation_id:
-            params["sequence_id"] = self._correlation_id
+        # a BLS step of a sequence: its id and start/end flags travel as the sequence extension's parameters
+        params = {**self._parameters, **sequence_parameters(self._correlation_id, self._flags)}
         return CoreRequest(
             model_name=self._model_name,
             model_version=version,
