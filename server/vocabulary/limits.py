@@ -15,6 +15,10 @@ from .errors import InvalidArgument, PayloadTooLarge
 MIB = 1 << 20
 
 
+#: largest product of the non-zero dims of an empty tensor (x 8-byte elements stays below 2**63)
+_MAX_EMPTY_SPAN = 2**60
+
+
 @dataclass(frozen=True)
 class Limits:
     #: largest HTTP request body (Triton's ``--http-max-input-size``, same 64 MiB default)
@@ -69,6 +73,17 @@ class RequestBudget:
         self.inputs += 1
         self.check_input_count(self.inputs)
         count = 0 if 0 in shape else 1
+        if not count:
+            # an empty tensor still needs a shape numpy can represent: its other dims times the element
+            # size must fit in 63 bits ([0, 3e9, 3e9] raised "array is too big": found by fuzzing)
+            span = 1
+            for d in shape:
+                span *= d or 1
+                if span > _MAX_EMPTY_SPAN:
+                    raise InvalidArgument(
+                        f"input '{name}' with shape {shape} cannot be represented: its non-zero dims span more "
+                        f"than {_MAX_EMPTY_SPAN} elements"
+                    )
         limit = self.limits.max_tensor_elements
         for d in shape if count else ():
             count *= d
