@@ -1,12 +1,14 @@
-"""``kubeinfer``: tools for model repositories. ``kubeinfer convert`` turns ONNX into a TensorRT plan, and a
-PyTorch model (TorchScript ``model.pt`` or a ``torch.export`` ``model.pt2``) into ONNX and optionally TensorRT."""
+"""``kubeinfer``: tools for model repositories and servers. ``kubeinfer convert`` turns ONNX into a TensorRT
+plan, and a PyTorch model (TorchScript ``model.pt`` or a ``torch.export`` ``model.pt2``) into ONNX and
+optionally TensorRT; ``kubeinfer perf`` load-tests a running server (perf_analyzer's flags)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from . import convert, convert_torch
+from . import convert, convert_torch, perf
+from .perf.model import PerfError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -20,6 +22,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     convert.add_arguments(convert_parser)
     convert_torch.add_arguments(convert_parser)
+    perf_parser = sub.add_parser(
+        "perf",
+        help="load-test a KServe v2 server over HTTP or gRPC (perf_analyzer's flags)",
+        description=perf.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    perf.add_arguments(perf_parser)
     return parser
 
 
@@ -35,6 +44,12 @@ def main(argv: list[str] | None = None) -> int:
             return convert.run(options)
         except convert.ConvertError as exc:
             print(f"kubeinfer convert: error: {exc}", file=sys.stderr)
+            return 2
+    if args.command == "perf":
+        try:
+            return perf.run(args)
+        except PerfError as exc:
+            print(f"kubeinfer perf: error: {exc}", file=sys.stderr)
             return 2
     parser.error(f"unknown command {args.command}")
     return 2
