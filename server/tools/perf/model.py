@@ -44,12 +44,13 @@ class ModelInfo:
 def model_info(metadata: dict[str, Any], config: dict[str, Any] | None, name: str, version: str) -> ModelInfo:
     """From the v2 metadata (and, where the server has one, the config API's ``max_batch_size``).
 
-    Without a config API (MLServer) a leading -1 in every input's shape is taken as the batch dimension.
+    Without a config API (MLServer; its gRPC ModelConfig answers an empty config) a leading -1 in every
+    input's shape is taken as the batch dimension.
     """
     raw_inputs = metadata.get("inputs") or []
     if not raw_inputs:
         raise PerfError(f"model '{name}' declares no inputs in its metadata: cannot build requests")
-    if config is not None:
+    if config is not None and ("max_batch_size" in config or config.get("input")):
         max_batch = int(config.get("max_batch_size", 0) or 0)
     else:
         leading = [list(i.get("shape") or [])[:1] for i in raw_inputs]
