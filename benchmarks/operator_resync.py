@@ -125,10 +125,10 @@ class CountingProxy:
                 self.end_headers()
                 self.wfile.write(data)
 
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 self._forward("POST")
 
-            def do_GET(self) -> None:  # noqa: N802
+            def do_GET(self) -> None:
                 self._forward("GET")
 
             def log_message(self, *args: Any) -> None:

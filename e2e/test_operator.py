@@ -57,7 +57,7 @@ def sha256(path: Path) -> str:
 class Files(http.server.SimpleHTTPRequestHandler):
     """Serves uploads/; /slow/ trickles the file out over ~6 s (to kill the operator mid-fetch), /slower/ over ~60 s."""
 
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         prefix = next((p for p in ("/slow/", "/slower/") if self.path.startswith(p)), None)
         if prefix is None:
             return super().do_GET()
@@ -96,7 +96,7 @@ class Operator:
 
     def start(self) -> None:
         self.starts += 1
-        log = open(self.log_dir / f"operator-{self.starts}.log", "wb")  # noqa: SIM115
+        log = open(self.log_dir / f"operator-{self.starts}.log", "wb")
         self.proc = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
         log.close()
 
@@ -323,7 +323,7 @@ def test_model_served_then_hot_reloaded_without_failed_requests(env: Env) -> Non
             inp.set_data_from_numpy(x)
             try:
                 outputs.append(c.infer(name, [inp]).as_numpy("OUT"))
-            except Exception as exc:  # noqa: BLE001 - every failure counts
+            except Exception as exc:  # every failure counts
                 failures.append(repr(exc))
 
     thread = threading.Thread(target=client)

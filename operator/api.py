@@ -41,7 +41,13 @@ CONDITIONS = {
 
 
 def crd(
-    kind: str, plural: str, short: str, spec: dict, status: dict, columns: list, subresources: dict
+    kind: str,
+    plural: str,
+    short: str,
+    spec: dict[str, Any],
+    status: dict[str, Any],
+    columns: list[dict[str, Any]],
+    subresources: dict[str, Any],
 ) -> dict[str, Any]:
     return {
         "apiVersion": "apiextensions.k8s.io/v1",

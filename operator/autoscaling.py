@@ -300,7 +300,7 @@ class Autoscaler:
         with self._guard:
             if self._keda and time.monotonic() - self._keda[0] < self._ttl:
                 return self._keda[1]
-        served = self.kube.resource_served(KEDA_GROUP, KEDA_VERSION, SCALED_OBJECTS)
+        served: bool = self.kube.resource_served(KEDA_GROUP, KEDA_VERSION, SCALED_OBJECTS)
         with self._guard:
             self._keda = (time.monotonic(), served)
         return served

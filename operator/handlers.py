@@ -214,7 +214,9 @@ class Reconciler:
         subpath = manifests.repository_subpath(namespace, server_name, spec)
         return subpath, self.writer.server_dir(namespace, subpath)
 
-    def _patch_status(self, plural: str, namespace: str, name: str, prev: Mapping[str, Any], new: dict) -> None:
+    def _patch_status(
+        self, plural: str, namespace: str, name: str, prev: Mapping[str, Any], new: dict[str, Any]
+    ) -> None:
         if not status.status_changed(prev, new):
             self.status_skips += 1
             return

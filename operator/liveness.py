@@ -29,7 +29,7 @@ class FollowerLiveness:
         probe_path, is_healthy = path, healthy
 
         class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802
+            def do_GET(self) -> None:
                 if self.path.split("?")[0] != probe_path:
                     self.send_error(404)
                     return

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kubeinfer.server.config import pb
+from kubeinfer.server.config import MODEL_CONFIG
 
 from .api import CONDITIONS, crd
 from .schema import CONFIG_TOP_FIELDS, MAX_VERSIONS, message_schema
@@ -128,7 +128,7 @@ _MODEL_RULES = [
 
 
 def inference_model_spec_schema() -> dict[str, Any]:
-    schema = message_schema(pb.ModelConfig.DESCRIPTOR, CONFIG_TOP_FIELDS)
+    schema = message_schema(MODEL_CONFIG, CONFIG_TOP_FIELDS)
     schema["properties"]["platform"]["maxLength"] = 64
     schema["properties"]["backend"]["maxLength"] = 64
     schema["properties"] = {
@@ -217,7 +217,7 @@ INFERENCE_MODEL_STATUS = {
 
 
 def inference_model_crd() -> dict[str, Any]:
-    columns = [
+    columns: list[dict[str, Any]] = [
         {"name": "Ready", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].status'},
         {"name": "Active Version", "type": "integer", "jsonPath": ".status.activeVersion"},
         {"name": "Server", "type": "string", "jsonPath": ".spec.server"},

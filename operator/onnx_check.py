@@ -7,6 +7,7 @@ message on the InferenceModel.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 import onnx
@@ -15,7 +16,7 @@ from kubeinfer.server.vocabulary import datatypes
 from onnx import helper
 
 
-def _onnx_tensors(values: list, skip: set[str]) -> dict[str, tuple[str | None, list[int]]]:
+def _onnx_tensors(values: Iterable[onnx.ValueInfoProto], skip: set[str]) -> dict[str, tuple[str | None, list[int]]]:
     out = {}
     for vi in values:
         if vi.name in skip:

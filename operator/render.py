@@ -14,6 +14,7 @@ from typing import Any
 from google.protobuf import descriptor, json_format
 from kubeinfer.server.config import (
     KNOWN_PLATFORMS,
+    MODEL_CONFIG,
     ConfigError,
     config_to_text,
     pb,
@@ -55,7 +56,9 @@ def _convert_value(fd: descriptor.FieldDescriptor, value: Any, to_config: bool) 
     return value
 
 
-def _convert_message(desc: descriptor.Descriptor, data: Mapping[str, Any], to_config: bool, top: bool) -> dict:
+def _convert_message(
+    desc: descriptor.Descriptor, data: Mapping[str, Any], to_config: bool, top: bool
+) -> dict[str, Any]:
     """Walk ``data`` along the proto schema, renaming aliases and translating data type names."""
     fields = _fields_by_crd_name(desc, top)
     out: dict[str, Any] = {}
@@ -64,9 +67,9 @@ def _convert_message(desc: descriptor.Descriptor, data: Mapping[str, Any], to_co
             fd = fields.get(key)
             if fd is None:
                 raise ConfigError(f"unknown field '{key}' in {desc.name}")
-            out_key = fd.json_name
+            out_key = fd.json_name  # type: ignore[attr-defined]  # a real attribute types-protobuf leaves out
         else:
-            fd = desc.fields_by_camelcase_name.get(key) or desc.fields_by_name.get(key)
+            fd = desc.fields_by_camelcase_name.get(key) or desc.fields_by_name.get(key)  # type: ignore[attr-defined]
             if fd is None:
                 continue
             out_key = TOP_LEVEL_ALIASES.get(fd.name, fd.json_name) if top else fd.json_name
@@ -84,7 +87,7 @@ def _convert_message(desc: descriptor.Descriptor, data: Mapping[str, Any], to_co
 def spec_to_config(name: str, spec: Mapping[str, Any]) -> pb.ModelConfig:
     """The ModelConfig an InferenceModel spec describes (no validation beyond the schema's types)."""
     config_part = {k: v for k, v in spec.items() if k not in ("server", "versions")}
-    data = _convert_message(pb.ModelConfig.DESCRIPTOR, config_part, to_config=True, top=True)
+    data = _convert_message(MODEL_CONFIG, config_part, to_config=True, top=True)
     config = pb.ModelConfig()
     try:
         json_format.ParseDict(data, config)
@@ -98,7 +101,7 @@ def config_to_spec(config: pb.ModelConfig) -> dict[str, Any]:
     """The inverse of ``spec_to_config`` for the config part (used to check round trips)."""
     data = json_format.MessageToDict(config)
     data.pop("name", None)
-    return _convert_message(pb.ModelConfig.DESCRIPTOR, data, to_config=False, top=True)
+    return _convert_message(MODEL_CONFIG, data, to_config=False, top=True)
 
 
 @dataclass(frozen=True)

@@ -117,7 +117,8 @@ def _key(desc: descriptor.Descriptor, fd: descriptor.FieldDescriptor) -> str:
 
 
 def crd_field_name(fd: descriptor.FieldDescriptor, top: bool) -> str:
-    return TOP_LEVEL_ALIASES.get(fd.name, fd.json_name) if top else fd.json_name
+    json_name: str = fd.json_name  # type: ignore[attr-defined]  # a real attribute types-protobuf leaves out
+    return TOP_LEVEL_ALIASES.get(fd.name, json_name) if top else json_name
 
 
 def _scalar_schema(fd: descriptor.FieldDescriptor, key: str) -> dict[str, Any]:

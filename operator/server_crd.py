@@ -311,7 +311,7 @@ INFERENCE_SERVER_STATUS = {
 
 
 def inference_server_crd() -> dict[str, Any]:
-    columns = [
+    columns: list[dict[str, Any]] = [
         {"name": "Desired", "type": "integer", "jsonPath": ".spec.replicas"},
         {"name": "Ready", "type": "integer", "jsonPath": ".status.readyReplicas"},
         {"name": "Available", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Available")].status'},

@@ -285,7 +285,7 @@ def prune(name: str, keep: str) -> None:
 def cluster_node() -> dict | None:
     """The worker node of the running local cluster (from its run folder's state.json), if any."""
     sys.path.insert(0, str(ROOT / "e2e" / "cluster"))
-    import cluster  # noqa: PLC0415 (e2e/cluster/cluster.py, stdlib only)
+    import cluster  # e2e/cluster/cluster.py (stdlib only)
 
     state = cluster.load_state(cluster.run_dir())
     if not state or not state.get("node") or not cluster.healthy(state, patience=5):

@@ -80,7 +80,7 @@ def selected(arg: str | None) -> list[str]:
 def _yaml() -> Any:
     """PyYAML: KEDA's and the Prometheus Operator's manifests are YAML (the project's .venv has it)."""
     try:
-        import yaml  # noqa: PLC0415
+        import yaml
     except ImportError as e:
         raise c.ClusterError(
             "the add-ons read YAML manifests: run with a Python that has PyYAML (.venv/bin/python)"
@@ -398,7 +398,7 @@ def write_crd_schemas(crds: list[dict], out: Path) -> int:
 
 
 def _launch(rd: Path, state: dict, name: str, cmd: list[str], env: dict | None = None) -> dict:
-    logf = open(rd / "logs" / f"{name}.log", "ab")  # noqa: SIM115
+    logf = open(rd / "logs" / f"{name}.log", "ab")
     logf.write(f"\n===== {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} starting {name}\n".encode())
     logf.flush()
     p = subprocess.Popen(
@@ -593,7 +593,7 @@ def keda_manifests(kdir: Path, certs: Path, port: int) -> str:
     APIService names the adapter's (free, unprivileged) port: for an ExternalName Service the
     aggregator dials ``<externalName>:<APIService port>``.
     """
-    import base64  # noqa: PLC0415
+    import base64
 
     yaml = _yaml()
 

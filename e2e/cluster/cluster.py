@@ -373,7 +373,7 @@ def save_state(rd: Path, state: dict) -> None:
 def addons():
     """The add-ons module (addons.py); it imports this module back under the name ``cluster``."""
     sys.modules.setdefault("cluster", sys.modules[__name__])
-    import addons as mod  # noqa: PLC0415
+    import addons as mod
 
     return mod
 

@@ -7,7 +7,7 @@ from abc import ABC, abstractmethod
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -54,7 +54,7 @@ class Batch:
 #: the request's responses went to ``request.stream`` (decoupled models); or a ``Future`` of one of
 #: those when the backend answers after ``execute`` returned (Python models' response senders): the
 #: instance is free for the next batch while the request waits for its answer
-RequestResult = dict[str, np.ndarray] | Exception | None | Future
+RequestResult = dict[str, np.ndarray] | Exception | None | Future[Any]
 
 
 class BackendInstance(ABC):

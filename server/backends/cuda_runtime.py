@@ -16,7 +16,7 @@ def cudart() -> Any:
         return runtime
     except ImportError:
         try:
-            from cuda import cudart as runtime  # type: ignore[no-redef]
+            from cuda import cudart as runtime
 
             return runtime
         except ImportError:

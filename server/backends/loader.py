@@ -49,4 +49,5 @@ def load_backend_class(config: pb.ModelConfig) -> type[Backend]:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise InvalidArgument(f"backend '{name}' cannot be loaded on this machine: {exc}") from None
-    return getattr(module, attr)
+    cls: type[Backend] = getattr(module, attr)
+    return cls

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import numpy as np
 
@@ -93,7 +93,7 @@ class OnnxRuntimeBackend(Backend):
                     t = declared.add()
                     t.name = name
                 if t.data_type == pb.TYPE_INVALID:
-                    t.data_type = pb.DataType.Value(dtype)
+                    t.data_type = cast(pb.DataType, pb.DataType.Value(dtype))
                 if not t.dims and not t.HasField("reshape"):
                     t.dims.extend(dims[skip:] or [1])
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import numpy as np
 
@@ -257,7 +257,7 @@ class TensorRTBackend(Backend):
                     continue
                 t = declared.add()
                 t.name = name
-                t.data_type = pb.DataType.Value(info.config_types[name])
+                t.data_type = cast(pb.DataType, pb.DataType.Value(info.config_types[name]))
                 t.dims.extend(list(info.shapes[name][skip:]) or [1])
 
     @classmethod

@@ -5,6 +5,7 @@ The server parses ``config.pbtxt`` with it; the operator renders ``config.pbtxt`
 
 from . import model_config_pb2 as pb
 from .codec import (
+    MODEL_CONFIG,
     ConfigError,
     config_from_dict,
     config_from_json,
@@ -21,6 +22,7 @@ ModelConfig = pb.ModelConfig
 __all__ = [
     "KNOWN_PLATFORMS",
     "MAX_FILE_NAME_BYTES",
+    "MODEL_CONFIG",
     "ConfigError",
     "ModelConfig",
     "check_file_name",

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from google.protobuf import descriptor, json_format, text_format
 
 from . import model_config_pb2 as pb
+
+#: ModelConfig's descriptor, typed as protobuf's Python ``Descriptor`` (the stubs also admit upb's untyped one)
+MODEL_CONFIG = cast(descriptor.Descriptor, pb.ModelConfig.DESCRIPTOR)
 
 
 class ConfigError(ValueError):
@@ -75,7 +78,7 @@ def config_to_dict(config: pb.ModelConfig) -> dict[str, Any]:
     data = json_format.MessageToDict(
         config, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
     )
-    _ints_as_numbers(pb.ModelConfig.DESCRIPTOR, data)
+    _ints_as_numbers(MODEL_CONFIG, data)
     return data
 
 

@@ -174,13 +174,13 @@ def validate_config(
             raise ConfigError(f"platform '{config.platform}' is served by backend '{expected}', not '{config.backend}'")
     if config.max_batch_size < 0:
         raise ConfigError(f"max_batch_size must be >= 0, got {config.max_batch_size}")
-    names: set[str] = set()
+    names: set[tuple[str, str]] = set()
     for kind, tensors in (("input", config.input), ("output", config.output)):
         for t in tensors:
             _check_tensor(kind, t, config.max_batch_size)
             if (kind, t.name) in names:
                 raise ConfigError(f"{kind} '{t.name}' is declared twice")
-            names.add((kind, t.name))  # type: ignore[arg-type]
+            names.add((kind, t.name))
     policy = config.version_policy
     if policy.HasField("latest") and policy.latest.num_versions < 1:
         raise ConfigError("version_policy latest.num_versions must be at least 1")

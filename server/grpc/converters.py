@@ -17,6 +17,7 @@ from ..vocabulary import datatypes, tensors
 from ..vocabulary.classification import classify
 from ..vocabulary.errors import InvalidArgument, Unsupported
 from ..vocabulary.limits import DEFAULT_LIMITS, Limits, RequestBudget
+from ..vocabulary.parameters import int_parameter
 from ..vocabulary.types import InferenceRequest, InferenceResponse
 from . import grpc_service_pb2 as pb
 
@@ -114,7 +115,7 @@ def request_from_pb(
         for out in msg.outputs:
             requested.append(out.name)
             oparams = {k: param_value(v) for k, v in out.parameters.items()}
-            classification = tensors.int_parameter(oparams, "classification", f"output '{out.name}'") or 0
+            classification = int_parameter(oparams, "classification", f"output '{out.name}'") or 0
             oref = shm_ref(oparams, f"output '{out.name}'")
             if oref is not None:
                 if classification:
@@ -128,8 +129,8 @@ def request_from_pb(
         requested_outputs=requested,
         id=msg.id,
         parameters=params,
-        priority=tensors.int_parameter(params, "priority", "request") or 0,
-        timeout_us=tensors.int_parameter(params, "timeout", "request") or 0,
+        priority=int_parameter(params, "priority", "request") or 0,
+        timeout_us=int_parameter(params, "timeout", "request") or 0,
     )
     return request, options
 

@@ -49,15 +49,15 @@ def check_parsed(request: Any) -> None:
         raise request.error
 
 
-def unary(fn: Callable[[Any, grpc.aio.ServicerContext], Awaitable[T]]) -> Callable[..., Awaitable[T]]:
+def unary(fn: Callable[[Any, grpc.aio.ServicerContext[Any, Any]], Awaitable[T]]) -> Callable[..., Awaitable[T]]:
     """Wrap a unary handler so every error leaves as a gRPC status, never as a crash."""
 
     @functools.wraps(fn)
-    async def handler(request: Any, context: grpc.aio.ServicerContext) -> T:
+    async def handler(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> T:
         try:
             check_parsed(request)
             return await fn(request, context)
-        except Exception as exc:  # noqa: BLE001 - mapped to a status below
+        except Exception as exc:  # mapped to a status below
             code, message = status_of(exc)
         await context.abort(code, message)
         raise AssertionError("unreachable: abort raises")

@@ -25,8 +25,8 @@ log = logging.getLogger(__name__)
 SERVICE_NAME = "inference.GRPCInferenceService"
 
 
-def method_handlers(servicer: InferenceServicer) -> dict[str, grpc.RpcMethodHandler]:
-    handlers: dict[str, grpc.RpcMethodHandler] = {}
+def method_handlers(servicer: InferenceServicer) -> dict[str, grpc.RpcMethodHandler[Any, Any]]:
+    handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
     for method in pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods:
         request_cls: Any = getattr(pb, method.input_type.name)
         response_cls: Any = getattr(pb, method.output_type.name)
@@ -55,15 +55,15 @@ class BearerInterceptor(grpc.aio.ServerInterceptor):
     def __init__(self, token: BearerToken) -> None:
         self.token = token
 
-        async def deny_unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def deny_unary(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, self.MESSAGE)
 
-        async def deny_stream(requests: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def deny_stream(requests: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, self.MESSAGE)
             yield  # pragma: no cover - an async generator, as the streaming RPC needs
 
-        self._deny_unary = grpc.unary_unary_rpc_method_handler(deny_unary)
-        self._deny_stream = grpc.stream_stream_rpc_method_handler(deny_stream)
+        self._deny_unary: grpc.RpcMethodHandler[Any, Any] = grpc.unary_unary_rpc_method_handler(deny_unary)
+        self._deny_stream: grpc.RpcMethodHandler[Any, Any] = grpc.stream_stream_rpc_method_handler(deny_stream)
 
     async def intercept_service(self, continuation: Any, details: grpc.HandlerCallDetails) -> Any:
         rpc = details.method.rsplit("/", 1)[-1]

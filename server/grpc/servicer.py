@@ -184,7 +184,7 @@ class InferenceServicer:
 def unimplemented(rpc: str) -> Any:
     """A handler for a Triton RPC this server does not offer."""
 
-    async def handler(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+    async def handler(request: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
         raise Unsupported(f"{rpc} is not supported: this server does not implement {UNIMPLEMENTED[rpc]}")
 
     return handler

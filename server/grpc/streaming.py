@@ -112,7 +112,7 @@ class StreamSession:
             check_parsed(message)  # a message that does not parse: an error response, the stream goes on
             request, classification, empty_final = _request(message, self.limits, self.shm)
             stream = self.service.infer_stream(request)
-        except Exception as exc:  # noqa: BLE001 - refused before it ran: an error response, the stream goes on
+        except Exception as exc:  # refused before it ran: an error response, the stream goes on
             _, text = status_of(exc)
             reply = pb.ModelStreamInferResponse(error_message=text)
             reply.infer_response.id = getattr(message, "id", "")

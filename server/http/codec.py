@@ -17,6 +17,7 @@ from ..vocabulary import tensors
 from ..vocabulary.classification import classify
 from ..vocabulary.errors import InvalidArgument, Unsupported
 from ..vocabulary.limits import DEFAULT_LIMITS, Limits, RequestBudget
+from ..vocabulary.parameters import int_parameter
 from ..vocabulary.types import InferenceRequest, InferenceResponse
 
 HEADER_LENGTH = "inference-header-content-length"
@@ -87,7 +88,7 @@ def decode_request(
         if not isinstance(iparams, dict):
             raise InvalidArgument(f"input '{name}': 'parameters' must be an object")
         ref = shm_ref(iparams, f"input '{name}'")
-        size = tensors.int_parameter(iparams, "binary_data_size", f"input '{name}'")
+        size = int_parameter(iparams, "binary_data_size", f"input '{name}'")
         if ref is not None:
             if "data" in item or size is not None:
                 raise InvalidArgument(
@@ -127,7 +128,7 @@ def decode_request(
             if not isinstance(oparams, dict):
                 raise InvalidArgument(f"output '{out['name']}': 'parameters' must be an object")
             requested.append(out["name"])
-            classification = tensors.int_parameter(oparams, "classification", f"output '{out['name']}'") or 0
+            classification = int_parameter(oparams, "classification", f"output '{out['name']}'") or 0
             oref = shm_ref(oparams, f"output '{out['name']}'")
             if oref is not None:
                 if classification:
@@ -148,8 +149,8 @@ def decode_request(
         requested_outputs=requested,
         id=request_id if isinstance(request_id, str) else str(request_id),
         parameters={k: v for k, v in params.items() if k != "binary_data_output"},
-        priority=tensors.int_parameter(params, "priority", "request") or 0,
-        timeout_us=tensors.int_parameter(params, "timeout", "request") or 0,
+        priority=int_parameter(params, "priority", "request") or 0,
+        timeout_us=int_parameter(params, "timeout", "request") or 0,
     )
     return request, options
 

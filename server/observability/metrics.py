@@ -13,16 +13,34 @@ from __future__ import annotations
 
 import threading
 from bisect import bisect_left
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterable, Iterator
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from ..scheduling.base import Scheduler
 from ..vocabulary.types import ExecutionTimings
 from .system import CpuUtilization, GpuReader, cpu_memory
+
+
+class ServingVersion(Protocol):
+    """What a scrape reads of one serving model version (``runtime.model.ModelVersion``)."""
+
+    version_str: str
+    scheduler: Scheduler
+
+
+class ServingModels(Protocol):
+    """What a scrape reads of the registry (``runtime.registry.ModelRegistry``; observability sits beside
+    the runtime, which imports it, so it names the registry by this protocol)."""
+
+    def model_names(self) -> Iterable[str]: ...
+
+    def ready_versions(self, name: str) -> Iterable[ServingVersion]: ...
+
 
 FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
 #: request/queue latency buckets in microseconds: 100 µs … 60 s
@@ -222,7 +240,7 @@ class TritonMetrics(Collector):
         with self._lock:
             s.load_failures += 1
 
-    def refresh(self, model_registry: Any) -> None:
+    def refresh(self, model_registry: ServingModels) -> None:
         """At scrape time: queue lengths of the serving versions, and zero series for idle ones (as Triton)."""
         pending: dict[tuple[str, str], int] = {}
         for name in model_registry.model_names():

@@ -28,11 +28,11 @@ from ..vocabulary.errors import QueueRejected, ServerError, Unavailable
 from ..vocabulary.types import InferenceRequest
 from .base import Scheduler
 from .instance_pool import InstancePool
-from .queue_policy import Entry, PriorityQueue
+from .queue_policy import Entry, PriorityQueue, ShapeKey
 from .results import unwrap
 
 
-def _shape_key(request: InferenceRequest, batching: bool) -> tuple:
+def _shape_key(request: InferenceRequest, batching: bool) -> ShapeKey:
     skip = 1 if batching else 0
     # sorted: clients may send the same inputs in any order and still share a batch
     return tuple(sorted((name, a.dtype.str, a.shape[skip:]) for name, a in request.inputs.items()))
@@ -78,7 +78,7 @@ class DynamicBatcher(Scheduler):
         level = self.queue.level_of(request)
         now = time.monotonic_ns()
         request.queued_ns = now
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[dict[str, np.ndarray] | None] = asyncio.get_running_loop().create_future()
         entry = Entry(request, future, request.batch_size(self.max_batch_size), _shape_key(request, self.batching), now)
         self.queue.push(entry, level)  # raises QueueRejected when the level is full
         if self.preserve_ordering:

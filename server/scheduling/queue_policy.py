@@ -12,9 +12,14 @@ from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..config import pb
 from ..vocabulary.errors import InvalidArgument, QueueRejected
 from ..vocabulary.types import InferenceRequest
+
+#: (input name, dtype, shape without the batch dim) of every input, sorted
+ShapeKey = tuple[tuple[str, str, tuple[int, ...]], ...]
 
 
 @dataclass(slots=True)
@@ -22,10 +27,10 @@ class Entry:
     """One queued request and the future its submitter awaits."""
 
     request: InferenceRequest
-    future: asyncio.Future[dict | None]
+    future: asyncio.Future[dict[str, np.ndarray] | None]
     rows: int
     #: non-batch shapes and dtypes of every input: requests batch together only with equal keys
-    key: tuple
+    key: ShapeKey
     enqueued_ns: int
     #: monotonic ns when the queue policy's timeout expires; 0 = never
     deadline_ns: int = 0

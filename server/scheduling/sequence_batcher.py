@@ -180,7 +180,8 @@ class SequenceBatcher(Scheduler):
                 f"initial_state setting expects {need} bytes, but the data provided from {init.data_file}"
                 f"only has {len(data)} bytes."
             )
-        return np.frombuffer(data[:need], dtype=dt.numpy.newbyteorder("<")).reshape(shape).copy()
+        state: np.ndarray = np.frombuffer(data[:need], dtype=dt.numpy.newbyteorder("<")).reshape(shape).copy()
+        return state
 
     # ---- Scheduler interface ----------------------------------------------------------------------
     @property
@@ -257,7 +258,8 @@ class SequenceBatcher(Scheduler):
             self.backlogs.append(backlog)
             if not seq.end:
                 self.backlog_map[corrid] = backlog
-        return await entry.future
+        result: dict[str, np.ndarray] | None = await entry.future
+        return result
 
     def _corrid(self, seq: Sequence, model: str) -> Corrid:
         cid = seq.correlation_id
@@ -517,7 +519,7 @@ async def _settled(result: RequestResult) -> RequestResult:
         return result
     try:
         return await asyncio.wrap_future(result)
-    except Exception as exc:  # noqa: BLE001 - the request's own failure, answered to it
+    except Exception as exc:  # the request's own failure, answered to it
         return exc
 
 

@@ -28,7 +28,7 @@ def _cudart() -> Any:
 
         return runtime
     except ImportError:
-        from cuda import cudart  # type: ignore[import-not-found,no-redef]
+        from cuda import cudart
 
         return cudart
 
@@ -39,7 +39,7 @@ def _driver() -> Any:
 
         return driver
     except ImportError:
-        from cuda import cuda as driver  # type: ignore[import-not-found,no-redef]
+        from cuda import cuda as driver
 
         return driver
 

@@ -256,8 +256,8 @@ def render_config(options: ConvertOptions, sig: Signature) -> pb.ModelConfig:
         t = config.input.add(name=name, data_type=pb.DataType.Value(dtype))
         t.dims.extend(shapes[name][2][skip:])
     for name, dtype, dims in sig.outputs:
-        t = config.output.add(name=name, data_type=pb.DataType.Value(dtype))
-        t.dims.extend(dims[skip:] or [1])
+        out = config.output.add(name=name, data_type=pb.DataType.Value(dtype))
+        out.dims.extend(dims[skip:] or [1])
     if config.max_batch_size > 1:
         config.dynamic_batching.SetInParent()
     config.instance_group.add(count=options.instance_count, kind=pb.ModelInstanceGroup.KIND_GPU, gpus=options.gpus)
@@ -361,7 +361,7 @@ def _calibrator(
 ) -> Any:
     from ..backends.cuda_runtime import DeviceBuffer, Stream
 
-    class EntropyCalibrator(trt.IInt8EntropyCalibrator2):  # type: ignore[misc, name-defined]
+    class EntropyCalibrator(trt.IInt8EntropyCalibrator2):  # type: ignore[misc]
         def __init__(self) -> None:
             trt.IInt8EntropyCalibrator2.__init__(self)
             self.stream = Stream(device_id)

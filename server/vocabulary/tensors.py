@@ -19,17 +19,6 @@ def element_count(shape: list[int]) -> int:
     return n
 
 
-def int_parameter(params: dict[str, Any], key: str, where: str) -> int | None:
-    """A request/output parameter that must be a non-negative integer (priority, timeout, classification,
-    binary_data_size); None when absent."""
-    value = params.get(key)
-    if value is None:
-        return None
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise InvalidArgument(f"{where}: parameter '{key}' must be a non-negative integer, got {value!r}")
-    return value
-
-
 def check_shape(name: str, shape: Any) -> list[int]:
     if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) for d in shape):
         raise InvalidArgument(f"input '{name}': shape must be a list of integers, got {shape!r}")
@@ -157,7 +146,8 @@ def from_list(name: str, datatype: str, shape: list[int], data: Any, budget: Req
 def to_list(array: np.ndarray) -> list[Any]:
     if array.dtype == np.object_:
         return [v.decode("utf-8", errors="replace") if isinstance(v, bytes) else str(v) for v in array.ravel()]
-    return array.ravel().tolist()
+    values: list[Any] = array.ravel().tolist()
+    return values
 
 
 def v2_datatype(array: np.ndarray) -> str:

@@ -174,7 +174,7 @@ def test_strict_readiness_is_triton_default_for_tritonserver(add_repo: Path, tmp
             try:
                 if deadline_client.is_model_ready("add"):
                     break
-            except Exception:  # noqa: BLE001 - not listening yet
+            except Exception:  # not listening yet
                 pass
             assert server.alive(), server.log()
             time.sleep(0.1)

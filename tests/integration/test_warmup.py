@@ -137,7 +137,7 @@ def test_reload_warms_the_new_version_before_it_takes_traffic(tmp_path: Path) ->
             try:
                 r = client.infer("gated", [inp])
                 results.append(r.get_response()["model_version"])
-            except Exception as exc:  # noqa: BLE001 - recorded: the test fails on any
+            except Exception as exc:  # recorded: the test fails on any
                 results.append(f"error: {exc}")
 
     thread = threading.Thread(target=traffic)

@@ -75,7 +75,7 @@ class ScriptedServer:
         outer = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802
+            def do_GET(self) -> None:
                 outer.seen.requests.append((self.path, self.headers.get("Authorization")))
                 route = outer.routes.get(self.path)
                 status, headers, body = route(self.headers.get("Authorization") or "") if route else (404, {}, b"")
@@ -86,7 +86,7 @@ class ScriptedServer:
                 self.end_headers()
                 self.wfile.write(body)
 
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 self.do_GET()
 

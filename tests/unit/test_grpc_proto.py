@@ -32,7 +32,8 @@ def _signature(d: Descriptor) -> dict[str, tuple]:
         f.name: (
             f.number,
             f.type,
-            f.label,
+            f.is_repeated,
+            f.is_required,
             _local(f.message_type.full_name) if f.message_type else None,
             _local(f.enum_type.full_name) if f.enum_type else None,
             f.containing_oneof.name if f.containing_oneof else None,

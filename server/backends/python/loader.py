@@ -152,7 +152,8 @@ class _CachedFinder(importlib.abc.MetaPathFinder):
         module = getattr(_local, "module", None)
         if module is None or fullname not in module.siblings:
             return None
-        return module.find(fullname)
+        spec: importlib.machinery.ModuleSpec | None = module.find(fullname)
+        return spec
 
 
 class _SiblingFinder(importlib.abc.MetaPathFinder):
@@ -162,7 +163,8 @@ class _SiblingFinder(importlib.abc.MetaPathFinder):
         module = getattr(_local, "module", None)
         if module is None or path is not None:
             return None
-        return module.find(fullname)
+        spec: importlib.machinery.ModuleSpec | None = module.find(fullname)
+        return spec
 
 
 _installed = False

@@ -55,7 +55,7 @@ class MetricFamily:
         except store.MetricError as exc:
             raise _fail("Error when creating MetricFamily: ", exc) from None
 
-    def Metric(self, labels: dict[str, str] | None = None, buckets: list[float] | None = None) -> Metric:  # noqa: N802
+    def Metric(self, labels: dict[str, str] | None = None, buckets: list[float] | None = None) -> Metric:
         assert self._family is not None
         try:
             metric = self._store.metric(self._family, labels, buckets)

@@ -122,14 +122,16 @@ def get_output_tensor_by_name(inference_response: InferenceResponse, name: str) 
 
 
 def get_input_config_by_name(model_config: dict[str, Any], name: str) -> dict[str, Any] | None:
-    for t in model_config.get("input", []):
+    tensors: list[dict[str, Any]] = model_config.get("input", [])
+    for t in tensors:
         if t.get("name") == name:
             return t
     return None
 
 
 def get_output_config_by_name(model_config: dict[str, Any], name: str) -> dict[str, Any] | None:
-    for t in model_config.get("output", []):
+    tensors: list[dict[str, Any]] = model_config.get("output", [])
+    for t in tensors:
         if t.get("name") == name:
             return t
     return None
@@ -205,7 +207,7 @@ class ModelConfig:
             )
         self._model_config.setdefault("dynamic_batching", {})
 
-    def add_input(self, input: dict[str, Any]) -> None:  # noqa: A002 - Triton's parameter name
+    def add_input(self, input: dict[str, Any]) -> None:
         self._add("input", input, ("name", "data_type", "dims", "optional"))
 
     def add_output(self, output: dict[str, Any]) -> None:

@@ -68,6 +68,7 @@ def to_numpy(tensor: Any) -> np.ndarray:
     if tensor.device.type != "cpu":
         tensor = tensor.cpu()
     tensor = tensor.contiguous()
-    if tensor.dtype == torch.bfloat16:
-        return tensor.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-    return tensor.numpy()
+    array: np.ndarray = (
+        tensor.view(torch.int16).numpy().view(ml_dtypes.bfloat16) if tensor.dtype == torch.bfloat16 else tensor.numpy()
+    )
+    return array

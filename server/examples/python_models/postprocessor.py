@@ -1,5 +1,7 @@
 """CIFAR-10 postprocessing: logits [10] → the class name as a BYTES tensor [1]."""
 
+from typing import Any
+
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
@@ -7,7 +9,7 @@ CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "hors
 
 
 class TritonPythonModel:
-    def execute(self, requests):
+    def execute(self, requests: list[Any]) -> list[Any]:
         responses = []
         for request in requests:
             logits = pb_utils.get_input_tensor_by_name(request, "LOGITS").as_numpy()  # [batch, 10]

@@ -4,6 +4,8 @@ Bilinear resize in numpy (no PIL), then CIFAR-10 channel mean/std normalization.
 plain function so clients can reproduce the step exactly.
 """
 
+from typing import Any
+
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
@@ -25,7 +27,8 @@ def resize_bilinear(image: np.ndarray, height: int, width: int) -> np.ndarray:
     wx = (xs - x0)[None, :, None]
     top = image[y0][:, x0] * (1 - wx) + image[y0][:, x1] * wx
     bottom = image[y1][:, x0] * (1 - wx) + image[y1][:, x1] * wx
-    return top * (1 - wy) + bottom * wy
+    out: np.ndarray = top * (1 - wy) + bottom * wy
+    return out
 
 
 def preprocess(image: np.ndarray) -> np.ndarray:
@@ -36,7 +39,7 @@ def preprocess(image: np.ndarray) -> np.ndarray:
 
 
 class TritonPythonModel:
-    def execute(self, requests):
+    def execute(self, requests: list[Any]) -> list[Any]:
         responses = []
         for request in requests:
             images = pb_utils.get_input_tensor_by_name(request, "IMAGE").as_numpy()  # [batch, H, W, 3]

@@ -358,7 +358,7 @@ async def _serve(conn: Any, setup: Setup) -> None:
                 else:
                     raise ValueError(f"unknown command {command!r}")
                 conn.send(("ok", result))
-            except Exception as exc:  # noqa: BLE001 - reported to the coordinator, which stops
+            except Exception as exc:  # reported to the coordinator, which stops
                 conn.send(("error", f"{type(exc).__name__}: {exc}"))
     finally:
         await worker.stop()

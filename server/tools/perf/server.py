@@ -77,7 +77,7 @@ class ServerApi:
                 "ModelMetadata", pb.ModelMetadataRequest(name=model, version=version), pb.ModelMetadataResponse
             )
         except grpc.RpcError as exc:
-            raise PerfError(f"model metadata of '{model}': {exc.code().name} {exc.details()}") from None  # type: ignore[attr-defined]
+            raise PerfError(f"model metadata of '{model}': {exc.code().name} {exc.details()}") from None
 
     def config(self, model: str, version: str) -> dict[str, Any] | None:
         """The model configuration, or None when the server has no config API."""
@@ -89,9 +89,10 @@ class ServerApi:
         from ...grpc import grpc_service_pb2 as pb
 
         try:
-            return self._grpc_dict(
+            config: dict[str, Any] = self._grpc_dict(
                 "ModelConfig", pb.ModelConfigRequest(name=model, version=version), pb.ModelConfigResponse
             )["config"]
+            return config
         except grpc.RpcError:
             return None
 
@@ -111,7 +112,7 @@ class ServerApi:
                     pb.ModelStatisticsRequest(name=model, version=version),
                     pb.ModelStatisticsResponse,
                 ).get("model_stats", [])
-        except Exception:  # noqa: BLE001 - a server without statistics is measured all the same
+        except Exception:  # a server without statistics is measured all the same
             return None
         return _sum_stats(stats) if stats else None
 
