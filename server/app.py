@@ -10,8 +10,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import ssl
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -233,6 +235,15 @@ async def serve(settings: ServerSettings) -> int:
     await asyncio.gather(*tasks, return_exceptions=True)
     shm.close()
     log.info("kubeinfer-server stopped")
+    if registry.abandoned:
+        # their instances' threads are still inside execute(), and Python (and asyncio.run) would wait for
+        # them at exit until Kubernetes kills the pod: the shutdown timeout has passed, so leave them, as
+        # Triton does
+        log.warning("exiting with %s still executing", ", ".join(registry.abandoned))
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(exit_code)
     return exit_code
 
 

@@ -181,3 +181,8 @@ class ModelRegistry:
         """
         everything = [mv for e in self._models.values() for mv in e.serving.values()]
         await self._shutdown.run(everything, self.lifecycle.background, timeout)
+
+    @property
+    def abandoned(self) -> list[str]:
+        """Versions that did not close within the shutdown timeout (a model stuck in ``execute``)."""
+        return self._shutdown.abandoned

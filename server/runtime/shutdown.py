@@ -22,6 +22,8 @@ T = TypeVar("T")
 
 class GracefulShutdown:
     def __init__(self) -> None:
+        #: versions whose close did not finish in time (a model stuck in execute): the process must not wait for them
+        self.abandoned: list[str] = []
         self.started = False
         #: tasks inside infer(): the shutdown deadline cancels them into a clean 503 / UNAVAILABLE
         self._requests: set[asyncio.Task[Any]] = set()
@@ -74,3 +76,4 @@ class GracefulShutdown:
                 await asyncio.wait_for(mv.close(), max(1.0, deadline - loop.time()))
             except asyncio.TimeoutError:
                 log.warning("%s version %s did not close within the shutdown timeout", mv.name, mv.version)
+                self.abandoned.append(f"{mv.name} version {mv.version}")
