@@ -66,7 +66,7 @@ def _parameters(body: dict[str, Any]) -> dict[str, Any]:
 
 async def _json_body(request: Request) -> dict[str, Any]:
     body = await request.body()
-    if not body.strip():
+    if not body.strip(b" \t\r\n"):  # JSON's whitespace only: a lone vertical tab is not an empty body
         return {}
     try:
         data = orjson.loads(body)
