@@ -60,8 +60,13 @@ RequestResult = dict[str, np.ndarray] | Exception | None | Future[Any]
 class BackendInstance(ABC):
     """One execution slot (session, engine context, Python model object).
 
-    ``execute`` is called from the instance's own thread, never concurrently on one instance.
+    ``execute`` is called from the instance's own thread, never concurrently on one instance; an instance
+    that sets ``may_run_on_loop`` may also be called on the event loop's thread (scheduling.instance_pool
+    does so for executions too short to be worth a thread hand-off). Never set it for code that calls back
+    into the loop and waits (BLS), which would deadlock there.
     """
+
+    may_run_on_loop: ClassVar[bool] = False
 
     @abstractmethod
     def execute(self, batch: Batch) -> list[RequestResult]:

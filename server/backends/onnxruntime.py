@@ -214,6 +214,9 @@ def session_options_and_providers(config: pb.ModelConfig, spec: InstanceSpec, ca
 
 
 class OnnxRuntimeInstance(TensorBackendInstance):
+    # a session run never calls back into the server
+    may_run_on_loop = True
+
     def __init__(self, config: pb.ModelConfig, model_file: Path, spec: InstanceSpec) -> None:
         import onnxruntime as ort
 

@@ -1,0 +1,73 @@
+"""InstancePool runs short executions on the event loop's thread, long ones (and unsafe backends) on theirs."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import numpy as np
+from kubeinfer.server.backends.base import BackendInstance, Batch, RequestResult
+from kubeinfer.server.scheduling import instance_pool
+from kubeinfer.server.scheduling.instance_pool import InstancePool
+from kubeinfer.server.vocabulary.types import ExecutionTimings, InferenceRequest
+
+
+class Recorder:
+    def record_execution(self, batch_size: int, timings: ExecutionTimings) -> None:
+        pass
+
+
+class Timed(BackendInstance):
+    """Reports the execution time it is told to (as TensorBackendInstance reports its own) and where it ran."""
+
+    may_run_on_loop = True
+
+    def __init__(self) -> None:
+        self.took_ns = 10_000
+        self.threads: list[str] = []
+
+    def execute(self, batch: Batch) -> list[RequestResult]:
+        self.threads.append(threading.current_thread().name)
+        batch.timings.compute_infer_ns = self.took_ns
+        return [{"OUT": np.zeros(1)} for _ in batch.requests]
+
+
+class Unsafe(Timed):
+    may_run_on_loop = False  # e.g. a Python model whose BLS calls wait on the loop
+
+
+def _batch() -> Batch:
+    return Batch([InferenceRequest(model_name="m", model_version="", inputs={"IN": np.zeros((1, 1))})], 8)
+
+
+async def _run(pool: InstancePool, times: int) -> None:
+    for _ in range(times):
+        await pool.run(_batch())
+
+
+def test_short_executions_move_to_the_loop_and_back_when_they_get_slow() -> None:
+    instance = Timed()
+    pool = InstancePool([instance], Recorder(), "m")
+
+    async def scenario() -> None:
+        await _run(pool, instance_pool._LEARN)  # learning: on the instance's thread
+        assert all(t.startswith("m-0") for t in instance.threads)
+        instance.threads.clear()
+        await _run(pool, 3)
+        assert instance.threads == [threading.current_thread().name] * 3  # the loop's own thread
+        instance.took_ns = 5 * instance_pool.INLINE_BELOW_NS  # the model got slow (bigger batches)
+        await _run(pool, 4)
+        instance.threads.clear()
+        await _run(pool, 2)
+        assert all(t.startswith("m-0") for t in instance.threads)
+
+    asyncio.run(scenario())
+    pool.close()
+
+
+def test_instances_that_may_not_run_on_the_loop_never_do() -> None:
+    instance = Unsafe()
+    pool = InstancePool([instance], Recorder(), "m")
+    asyncio.run(_run(pool, 3 * instance_pool._LEARN))
+    assert all(t.startswith("m-0") for t in instance.threads)
+    pool.close()
