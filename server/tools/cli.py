@@ -1,13 +1,14 @@
 """``kubeinfer``: tools for model repositories and servers. ``kubeinfer convert`` turns ONNX into a TensorRT
 plan, and a PyTorch model (TorchScript ``model.pt`` or a ``torch.export`` ``model.pt2``) into ONNX and
-optionally TensorRT; ``kubeinfer perf`` load-tests a running server (perf_analyzer's flags)."""
+optionally TensorRT; ``kubeinfer perf`` load-tests a running server (perf_analyzer's flags);
+``kubeinfer tune`` searches batching and instance settings against a p99 budget."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from . import convert, convert_torch, perf
+from . import convert, convert_torch, perf, tune
 from .perf.model import PerfError
 
 
@@ -29,6 +30,13 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     perf.add_arguments(perf_parser)
+    tune_parser = sub.add_parser(
+        "tune",
+        help="search max_batch_size, preferred_batch_size, queue delay and instance count within a p99 budget",
+        description=tune.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    tune.add_arguments(tune_parser)
     return parser
 
 
@@ -45,11 +53,11 @@ def main(argv: list[str] | None = None) -> int:
         except convert.ConvertError as exc:
             print(f"kubeinfer convert: error: {exc}", file=sys.stderr)
             return 2
-    if args.command == "perf":
+    if args.command in ("perf", "tune"):
         try:
-            return perf.run(args)
+            return perf.run(args) if args.command == "perf" else tune.run(args)
         except PerfError as exc:
-            print(f"kubeinfer perf: error: {exc}", file=sys.stderr)
+            print(f"kubeinfer {args.command}: error: {exc}", file=sys.stderr)
             return 2
     parser.error(f"unknown command {args.command}")
     return 2
