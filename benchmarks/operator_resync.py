@@ -15,7 +15,7 @@ model is Ready it waits one resync period, then measures over a window of severa
 * how long the operator takes to exit on SIGTERM.
 
 With ``--baseline REF`` it first measures the operator of that git revision (``git archive`` of its
-``operator/`` folder, run as a package of its own) on the same cluster and models, and prints the
+``operator/`` and ``server/``, first on PYTHONPATH) on the same cluster and models, and prints the
 ratios: compare within one run, the machine is shared. Results go to
 ``benchmarks/results/operator-resync-<time>.json``. A measurement, never a test.
 
@@ -153,12 +153,15 @@ def rss_mb(pid: int) -> float:
 
 
 def baseline_package(ref: str, into: Path) -> str:
-    """``operator/`` of git revision ``ref`` as package ``kubeinfer_baseline_operator`` under ``into``."""
-    data = subprocess.run(["git", "archive", ref, "operator"], cwd=ROOT, capture_output=True, check=True).stdout
+    """``operator/`` and ``server/`` of git revision ``ref`` as package ``kubeinfer`` under ``into``
+    (put first on PYTHONPATH, it wins over the editable install of the working tree)."""
+    data = subprocess.run(
+        ["git", "archive", ref, "operator", "server"], cwd=ROOT, capture_output=True, check=True
+    ).stdout
+    (into / "kubeinfer").mkdir(parents=True)
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-        tar.extractall(into, filter="data")
-    (into / "operator").rename(into / "kubeinfer_baseline_operator")
-    return "kubeinfer_baseline_operator"
+        tar.extractall(into / "kubeinfer", filter="data")
+    return "kubeinfer.operator"
 
 
 def wait(what: str, check: Any, timeout: float) -> None:
@@ -168,6 +171,18 @@ def wait(what: str, check: Any, timeout: float) -> None:
             return
         time.sleep(1)
     raise SystemExit(f"timed out waiting for {what}")
+
+
+def clear_status(cluster: Cluster, ns: str, names: list[str]) -> None:
+    """Forget the previous variant's status, so "Ready" below is this operator's own verdict."""
+    import kubernetes
+
+    api = kubernetes.client.CustomObjectsApi(kubernetes.config.new_client_from_config(cluster.kubeconfig))
+    for name in names:
+        api.patch_namespaced_custom_object_status(
+            "serving.kubeinfer.io", "v1alpha1", ns, "inferencemodels", name, {"status": None},
+            _content_type="application/merge-patch+json",
+        )  # fmt: skip
 
 
 def ready_count(cluster: Cluster, ns: str) -> int:
@@ -315,6 +330,7 @@ def main() -> int:
             variants.append((f"baseline {args.baseline}", package, str(work / "baseline"), root / "pool"))
         variants.append(("current", "kubeinfer.operator", "", root / ns / "pool"))
         for name, module, path, repo in variants:
+            clear_status(cluster, ns, [m["metadata"]["name"] for m in models])
             # a fresh server per variant, on the folder that operator renders into
             repo.mkdir(parents=True, exist_ok=True)
             server = start_server(repo, "--model-control-mode", "poll", "--repository-poll-secs", "5", log_dir=logs)

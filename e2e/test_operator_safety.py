@@ -107,7 +107,8 @@ class Stage:
         }
         return {"apiVersion": API, "kind": "InferenceModel", "metadata": {"name": name}, "spec": spec}
 
-    def server(self, name: str, claim: str = "models", replicas: int = 1) -> None:
+    def server(self, name: str, claim: str = "models", replicas: int = 0) -> None:
+        """An InferenceServer; no pods by default (the servers here are processes on this machine)."""
         self.apply(
             {
                 "apiVersion": API,
@@ -272,7 +273,7 @@ def test_status_counts_every_replica_behind_the_service(stage: Stage) -> None:
     if ip is None:
         pytest.skip("needs a non-loopback IPv4 address on this machine (EndpointSlices refuse 127.0.0.0/8)")
     pool, name = "replicated", "spread"
-    stage.server(pool, replicas=0)  # no pods: the two server processes below are its replicas
+    stage.server(pool)  # no pods: the two server processes below are its replicas
     repo = stage.folder / pool
     repo.mkdir(exist_ok=True)  # the operator may have made it already
     logs = stage.log_path.parent

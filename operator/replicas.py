@@ -21,6 +21,10 @@ from typing import Any
 
 import httpx
 
+#: cache entries beyond which endpoints unread for STALE_AFTER seconds are dropped
+PRUNE_ABOVE = 256
+STALE_AFTER = 600.0
+
 
 @dataclass(frozen=True)
 class Endpoint:
@@ -98,7 +102,17 @@ class IndexReader:
             except (httpx.HTTPError, ValueError) as exc:
                 error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
             self._cache[url] = (time.monotonic(), rows, error)
-            return ReplicaIndex(endpoint, rows, error)
+        if len(self._cache) > PRUNE_ABOVE:
+            self._prune()
+        return ReplicaIndex(endpoint, rows, error)
+
+    def _prune(self) -> None:
+        """Forget endpoints not read for a while (pods come and go, and so do their addresses)."""
+        cutoff = time.monotonic() - STALE_AFTER
+        with self._guard:
+            for url in [u for u, (at, _, _) in list(self._cache.items()) if at < cutoff]:
+                self._cache.pop(url, None)
+                self._locks.pop(url, None)
 
     def forget(self, urls: Iterable[str]) -> None:
         """Drop cached indexes (after a write the next read must be fresh)."""
