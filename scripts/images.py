@@ -41,7 +41,15 @@ ROOT = Path(__file__).resolve().parents[1]
 SYSTEM_PACKAGES = ROOT / "e2e" / "cluster" / "system-packages"
 
 #: Files and folders the Dockerfiles COPY (the build context after .dockerignore); hashed for the tag.
-CONTEXT = ("pyproject.toml", "setup.py", "README.md", "server", "operator", "scripts/image_requirements.py")
+CONTEXT = (
+    "pyproject.toml",
+    "setup.py",
+    "README.md",
+    "constraints.txt",
+    "server",
+    "operator",
+    "scripts/image_requirements.py",
+)
 IGNORED_PARTS = ("__pycache__",)
 IGNORED_SUFFIXES = (".pyc",)
 
