@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import copy
 import datetime as dt
 import logging
+import threading
 
 import httpx
 import pytest
 from kubeinfer.operator.leader import LeaseElector, _Record
 from kubeinfer.operator.liveness import FollowerLiveness, parse_url
 from kubeinfer.operator.logs import UNLOAD_WAIT, ExpectedRetries
+from kubernetes.client import V1Lease, V1LeaseSpec, V1ObjectMeta
+from kubernetes.client.exceptions import ApiException
 
 
 class Clock:
@@ -104,3 +108,82 @@ def test_unload_waits_are_not_errors():
     assert ExpectedRetries().filter(rec) and rec.levelno == logging.INFO
     other = logging.LogRecord("kopf.objects", logging.ERROR, "", 0, "Handler failed: boom", None, None)
     assert ExpectedRetries().filter(other) and other.levelno == logging.ERROR
+
+
+# ---- losing the lease: the leader stops (lost + stop set) before a follower may take over -----------------
+class FakeLeases:
+    """One Lease behind CoordinationV1Api's read/replace; every read advances ``clock`` by 2 s, the
+    renew loop's pace, so the loop's decisions follow the number of calls, not the wall clock."""
+
+    def __init__(self, clock: Clock, stop: threading.Event) -> None:
+        self.clock = clock
+        self.stop = stop
+        now = dt.datetime.now(dt.timezone.utc)
+        spec = V1LeaseSpec(
+            holder_identity="me", lease_duration_seconds=15, acquire_time=now, renew_time=now, lease_transitions=0
+        )
+        self.lease = V1Lease(metadata=V1ObjectMeta(name="lease", namespace="ns"), spec=spec)
+        self.reads = 0
+        self.replaces = 0
+        #: read number → what that read does: "fail" (HTTP 500), "conflict" (the replace gets a 409),
+        #: "taken" (another operator holds it now), "stop" (the operator is told to stop)
+        self.script: dict[int, str] = {}
+        self.default = "ok"
+
+    def read_namespaced_lease(self, name: str, namespace: str) -> V1Lease:
+        self.reads += 1
+        self.clock.t += 2
+        self.action = self.script.get(self.reads, self.default)
+        if self.action == "fail":
+            raise ApiException(status=500, reason="Internal Server Error")
+        if self.action == "taken":
+            self.lease.spec.holder_identity = "other"
+            self.lease.spec.renew_time = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=self.reads)
+        if self.action == "stop":
+            self.stop.set()
+        return copy.deepcopy(self.lease)
+
+    def replace_namespaced_lease(self, name: str, namespace: str, lease: V1Lease) -> V1Lease:
+        if self.action == "conflict":
+            raise ApiException(status=409, reason="Conflict")
+        self.replaces += 1
+        self.lease = copy.deepcopy(lease)
+        return lease
+
+
+def renewing(script: dict[int, str], default: str = "ok") -> tuple[LeaseElector, FakeLeases, threading.Event]:
+    """Run ``keep_renewing`` as the holder until it returns (retry period 1 ms of real time)."""
+    clock, stop, lost = Clock(), threading.Event(), threading.Event()
+    api = FakeLeases(clock, stop)
+    timings = {"lease_seconds": 15, "renew_deadline": 10, "retry_seconds": 0.001}
+    e = LeaseElector(api, "ns", "lease", "me", clock=clock, **timings)  # type: ignore[arg-type]
+    assert e.try_acquire() and e.is_leader
+    api.reads = api.replaces = 0
+    api.script, api.default = script, default
+    e.keep_renewing(stop, lost)
+    return e, api, lost
+
+
+def test_a_lease_taken_over_stops_the_leader_at_once() -> None:
+    e, api, lost = renewing({3: "taken"})
+    assert lost.is_set() and not e.is_leader
+    assert api.reads == 3 and api.replaces == 2  # renewed twice, then never wrote the other holder's lease
+
+
+def test_renewals_failing_past_the_renew_deadline_stop_the_leader() -> None:
+    e, api, lost = renewing({}, default="fail")
+    assert lost.is_set() and not e.is_leader
+    # attempts at +2, +4, +6, +8 s still fall within the 10 s deadline; the one at +10 s gives up
+    assert api.reads == 5 and api.replaces == 0
+
+
+def test_conflicting_writers_past_the_renew_deadline_stop_the_leader() -> None:
+    e, api, lost = renewing({}, default="conflict")
+    assert lost.is_set() and not e.is_leader
+    assert api.reads == 5
+
+
+def test_an_outage_shorter_than_the_renew_deadline_keeps_the_lease() -> None:
+    e, api, lost = renewing({1: "fail", 2: "fail", 3: "fail", 4: "fail", 8: "stop"})
+    assert not lost.is_set() and e.is_leader
+    assert api.reads == 8 and api.replaces == 4  # reads 5-8 renewed it

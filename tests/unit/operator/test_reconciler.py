@@ -1,0 +1,405 @@
+"""The Reconciler's decisions that the e2e suite cannot reach cheaply, with its Kubernetes client injected.
+
+``FakeKube`` keeps objects in dicts and records every write; the repository is a real folder, written by
+the real RepositoryWriter. Covered: a failed render is not repeated by the resync timer before its
+backoff expires (and is on a spec change); a model that moves to another server or subPath is removed
+from the old folder; the HPA goes when ``spec.autoscaling`` goes (only one this server owns); a server
+whose claim is not the operator's storage gets no models written. Lease loss: tests/unit/operator/
+test_leader.py.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import kopf
+import onnx
+import pytest
+from kubeinfer.operator import handlers
+from kubeinfer.operator.handlers import FAILURE_BACKOFF, OperatorConfig, Reconciler
+from kubeinfer.operator.kube import SERVERS
+from onnx import TensorProto
+
+from tests.support.models import unary
+from tests.support.specs import server_spec
+
+NS = "team"
+
+
+class FakeKube:
+    """The calls the Reconciler and its Autoscaler make, on in-memory objects."""
+
+    def __init__(self) -> None:
+        self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}  # (plural or kind, ns, name)
+        self.core: dict[tuple[str, str, str | None], dict[str, Any]] = {}  # (kind, name, ns) → object
+        self.applied: list[dict[str, Any]] = []
+        self.deleted: list[tuple[str, str, str]] = []
+        self.statuses: list[tuple[str, str, dict[str, Any]]] = []
+        self.stop = SimpleNamespace(set=lambda: None)
+
+    # InferenceServers / InferenceModels
+    def get(self, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
+        return copy.deepcopy(self.objects.get((plural, namespace, name)))
+
+    def list_in(self, plural: str, namespace: str) -> list[dict[str, Any]]:
+        return [copy.deepcopy(o) for (p, ns, _), o in self.objects.items() if p == plural and ns == namespace]
+
+    def patch_status(self, plural: str, namespace: str, name: str, status: Mapping[str, Any]) -> None:
+        self.statuses.append((plural, name, copy.deepcopy(dict(status))))
+        if (plural, namespace, name) in self.objects:
+            self.objects[(plural, namespace, name)]["status"] = copy.deepcopy(dict(status))
+
+    def read_core(self, kind: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
+        return copy.deepcopy(self.core.get((kind, name, namespace)))
+
+    def endpoint_slices(self, namespace: str, service: str) -> list[dict[str, Any]]:
+        return []  # no replica runs: the status says so, which is not what these tests look at
+
+    # owned objects
+    def apply(self, manifest: Mapping[str, Any]) -> Any:
+        body = copy.deepcopy(dict(manifest))
+        self.applied.append(body)
+        self.objects[(body["kind"], body["metadata"]["namespace"], body["metadata"]["name"])] = body
+        available = SimpleNamespace(type="Available", status="True", reason="MinimumReplicasAvailable", message="")
+        return SimpleNamespace(status=SimpleNamespace(replicas=1, ready_replicas=1, conditions=[available]))
+
+    def read_hpa(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return copy.deepcopy(self.objects.get(("HorizontalPodAutoscaler", namespace, name)))
+
+    def hpa_owned_by(self, namespace: str, name: str, uid: str) -> bool:
+        hpa = self.read_hpa(namespace, name)
+        return hpa is not None and any(ref.get("uid") == uid for ref in hpa["metadata"].get("ownerReferences") or ())
+
+    def delete_hpa(self, namespace: str, name: str) -> bool:
+        self.deleted.append(("HorizontalPodAutoscaler", namespace, name))
+        return self.objects.pop(("HorizontalPodAutoscaler", namespace, name), None) is not None
+
+    def resource_served(self, group: str, version: str, plural: str) -> bool:
+        return False  # no KEDA in this cluster
+
+    def get_custom(self, group: str, version: str, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
+        raise AssertionError("ScaledObjects are never read without KEDA")
+
+
+class Clock:
+    """``handlers.time``: the failure backoff reads ``time.monotonic``."""
+
+    def __init__(self) -> None:
+        self.now = 10_000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def events(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str, str]]:
+    """Events the Reconciler posts, as (type, reason, message) (kopf posts them only inside an operator)."""
+    posted: list[tuple[str, str, str]] = []
+    monkeypatch.setattr(
+        kopf, "event", lambda _obj, *, type, reason, message="", **_: posted.append((type, reason, message))
+    )
+    monkeypatch.setattr(
+        kopf, "warn", lambda _obj, *, reason, message="", **_: posted.append(("Warning", reason, message))
+    )
+    return posted
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    c = Clock()
+    monkeypatch.setattr(handlers, "time", c)
+    return c
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    uploads = tmp_path / NS / "uploads"
+    uploads.mkdir(parents=True)
+    onnx.save(unary("relu", "Relu", TensorProto.FLOAT, ["batch", 4]), uploads / "relu.onnx")
+    return tmp_path
+
+
+@pytest.fixture
+def kube() -> FakeKube:
+    return FakeKube()
+
+
+@pytest.fixture
+def reconciler(root: Path, kube: FakeKube, events: list[Any]) -> Iterator[Reconciler]:
+    r = Reconciler(OperatorConfig(repository_root=root), kube)  # type: ignore[arg-type]
+    yield r
+    r.close()
+
+
+def add_server(kube: FakeKube, name: str, **spec: Any) -> dict[str, Any]:
+    body = {
+        "apiVersion": "serving.kubeinfer.io/v1alpha1",
+        "kind": "InferenceServer",
+        "metadata": {"name": name, "namespace": NS, "uid": f"uid-{name}", "generation": 1},
+        "spec": server_spec(**{"repository": {"claimName": "models"}, "autoscaling": None, **spec}),
+    }
+    kube.objects[(SERVERS, NS, name)] = body
+    return copy.deepcopy(body)
+
+
+def model(server: str, path: str = "uploads/relu.onnx", generation: int = 1) -> dict[str, Any]:
+    body = {
+        "apiVersion": "serving.kubeinfer.io/v1alpha1",
+        "kind": "InferenceModel",
+        "metadata": {"name": "m", "namespace": NS, "uid": "uid-m", "generation": generation},
+        "spec": {
+            "server": server,
+            "platform": "onnxruntime_onnx",
+            "maxBatchSize": 8,
+            "inputs": [{"name": "IN", "dataType": "FP32", "dims": [4]}],
+            "outputs": [{"name": "OUT", "dataType": "FP32", "dims": [4]}],
+            "versions": [{"version": 1, "source": {"path": path}}],
+        },
+    }
+    return body
+
+
+def condition(status: Mapping[str, Any], ctype: str) -> Mapping[str, Any]:
+    return next(c for c in status["conditions"] if c["type"] == ctype)
+
+
+def counting_syncs(reconciler: Reconciler, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Names of the models the writer was asked to sync (a render that fetches and writes)."""
+    calls: list[str] = []
+    sync = reconciler.writer.sync_model
+
+    def counted(server_dir: Path, rendered: Any, **kw: Any) -> Any:
+        calls.append(rendered.name)
+        return sync(server_dir, rendered, **kw)
+
+    monkeypatch.setattr(reconciler.writer, "sync_model", counted)
+    return calls
+
+
+# ---- a failed render waits out its backoff on the resync timer -------------------------------------------
+def test_failed_render_is_retried_by_the_timer_only_after_its_backoff(
+    reconciler: Reconciler, kube: FakeKube, clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    add_server(kube, "pool")
+    body = model("pool", path="uploads/missing.onnx")
+    syncs = counting_syncs(reconciler, monkeypatch)
+
+    first = reconciler.reconcile_model(body, recheck=False)
+    assert first is not None
+    assert condition(first, "Ready")["reason"] == "PathNotFound"
+    assert "missing.onnx" in condition(first, "Ready")["message"]
+    assert syncs == ["m"]
+
+    # resyncs within the first backoff report the remembered failure without touching the source
+    clock.now += FAILURE_BACKOFF[0] - 1
+    held = reconciler.reconcile_model(body, from_timer=True, recheck=False)
+    assert held is not None and condition(held, "Ready")["reason"] == "PathNotFound"
+    assert syncs == ["m"]
+
+    # once it expired the timer tries again, and the next backoff is twice as long
+    clock.now += 2
+    reconciler.reconcile_model(body, from_timer=True, recheck=False)
+    assert syncs == ["m", "m"]
+    clock.now += 2 * FAILURE_BACKOFF[0] - 1
+    reconciler.reconcile_model(body, from_timer=True, recheck=False)
+    assert syncs == ["m", "m"]
+    clock.now += 2
+    reconciler.reconcile_model(body, from_timer=True, recheck=False)
+    assert syncs == ["m", "m", "m"]
+
+    # a change handler always renders, backoff or not
+    reconciler.reconcile_model(body, recheck=False)
+    assert syncs == ["m", "m", "m", "m"]
+
+
+def test_a_new_generation_renders_at_once_and_a_fixed_source_clears_the_failure(
+    reconciler: Reconciler, kube: FakeKube, root: Path, clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    add_server(kube, "pool")
+    syncs = counting_syncs(reconciler, monkeypatch)
+    reconciler.reconcile_model(model("pool", path="uploads/missing.onnx"), recheck=False)
+    assert syncs == ["m"]
+
+    fixed = model("pool", generation=2)  # the user fixed the path: a timer tick of the new generation renders
+    new = reconciler.reconcile_model(fixed, from_timer=True, recheck=False)
+    assert syncs == ["m", "m"]
+    assert new is not None and condition(new, "Rendered")["status"] == "True"
+    assert (root / NS / "pool" / "m" / "1" / "model.onnx").is_file()
+
+    # and with the failure forgotten, later ticks render (a no-op for an unchanged model) without waiting
+    reconciler.reconcile_model(fixed, from_timer=True, recheck=False)
+    assert syncs == ["m", "m", "m"]
+
+
+def test_a_temporary_fetch_failure_is_retried_by_kopf_with_growing_delays(
+    reconciler: Reconciler, kube: FakeKube, clock: Clock
+) -> None:
+    add_server(kube, "pool")
+    body = model("pool")
+    body["spec"]["versions"][0]["source"] = {"uri": "http://127.0.0.1:9/relu.onnx", "sha256": "0" * 64}
+    delays = []
+    for retry in (0, 3, 10):
+        with pytest.raises(kopf.TemporaryError) as info:
+            reconciler.reconcile_model(body, retry=retry, recheck=False)
+        delays.append(info.value.delay)
+    assert delays == [handlers.backoff(0), handlers.backoff(3), handlers.backoff(10)] == [5.0, 40.0, 300.0]
+    (_, _, status) = kube.statuses[-1]
+    assert condition(status, "Ready")["reason"] == "FetchFailed"
+
+
+# ---- a model that moves leaves nothing behind -------------------------------------------------------------
+def test_a_model_moved_to_another_server_is_removed_from_the_old_folder(
+    reconciler: Reconciler, kube: FakeKube, root: Path, events: list[tuple[str, str, str]]
+) -> None:
+    add_server(kube, "pool-a")
+    add_server(kube, "pool-b", repository={"claimName": "models", "subPath": "shared/b"})
+    body = model("pool-a")
+    status = reconciler.reconcile_model(body, recheck=False)
+    assert status is not None and status["repositoryPath"] == f"{NS}/pool-a/m"
+    old = root / NS / "pool-a" / "m"
+    assert (old / "1" / "model.onnx").is_file()
+    assert ("Normal", "Rendered", "created the model with versions [1]") in events
+
+    moved = model("pool-b", generation=2)
+    moved["status"] = status
+    status = reconciler.reconcile_model(moved, recheck=False)
+    assert status is not None and status["repositoryPath"] == f"{NS}/shared/b/m"
+    assert (root / NS / "shared" / "b" / "m" / "1" / "model.onnx").is_file()
+    assert not old.exists(), "the old server would keep serving the model"
+    assert sorted(p.name for p in (root / NS / "pool-a").iterdir()) == []  # no staging or retired leftovers
+
+
+def test_a_model_moved_within_a_server_by_a_new_sub_path_is_removed_from_the_old_folder(
+    reconciler: Reconciler, kube: FakeKube, root: Path
+) -> None:
+    add_server(kube, "pool")
+    status = reconciler.reconcile_model(model("pool"), recheck=False)
+    assert status is not None and status["repositoryPath"] == f"{NS}/pool/m"
+
+    add_server(kube, "pool", repository={"claimName": "models", "subPath": "v2"})
+    again = model("pool")
+    again["status"] = status
+    status = reconciler.reconcile_model(again, from_timer=True, recheck=False)
+    assert status is not None and status["repositoryPath"] == f"{NS}/v2/m"
+    assert not (root / NS / "pool" / "m").exists()
+    assert (root / NS / "v2" / "m" / "1" / "model.onnx").is_file()
+
+
+def test_deleting_a_model_removes_its_folder(reconciler: Reconciler, kube: FakeKube, root: Path) -> None:
+    add_server(kube, "pool")
+    body = model("pool")
+    body["status"] = reconciler.reconcile_model(body, recheck=False)
+    assert (root / NS / "pool" / "m").is_dir()
+    reconciler.delete_model(body, runtime_seconds=0)  # no replica runs: nothing to wait for
+    assert not (root / NS / "pool" / "m").exists()
+
+
+# ---- the HPA goes with spec.autoscaling ------------------------------------------------------------------
+HPA_AUTOSCALING = {
+    "minReplicas": 1,
+    "maxReplicas": 4,
+    "autoscaler": "HPA",
+    "target": {"metric": "PendingRequests", "value": "8"},
+}
+
+
+def test_removing_spec_autoscaling_deletes_the_servers_hpa(reconciler: Reconciler, kube: FakeKube) -> None:
+    body = add_server(kube, "pool", autoscaling=HPA_AUTOSCALING)
+    reconciler.reconcile_server(body)
+    assert ("HorizontalPodAutoscaler", NS, "pool") in kube.objects
+    (_, _, status) = kube.statuses[-1]
+    assert status["autoscaling"]["autoscaler"] == "HPA"
+
+    body = add_server(kube, "pool")  # spec.autoscaling removed
+    body["status"] = status
+    reconciler.reconcile_server(body)
+    assert kube.deleted == [("HorizontalPodAutoscaler", NS, "pool")]
+    assert ("HorizontalPodAutoscaler", NS, "pool") not in kube.objects
+    (_, _, status) = kube.statuses[-1]
+    assert status["autoscaling"] is None
+    assert not any(c["type"] == "AutoscalingReady" for c in status["conditions"])
+
+
+def test_an_hpa_the_server_does_not_own_is_left_alone(reconciler: Reconciler, kube: FakeKube) -> None:
+    """Same name, another owner (the user's own HPA): never deleted."""
+    kube.objects[("HorizontalPodAutoscaler", NS, "pool")] = {
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": {"name": "pool", "namespace": NS, "ownerReferences": [{"uid": "someone-else"}]},
+    }
+    reconciler.reconcile_server(add_server(kube, "pool"))
+    assert kube.deleted == []
+    assert ("HorizontalPodAutoscaler", NS, "pool") in kube.objects
+
+
+def test_without_keda_auto_creates_nothing_and_says_what_is_missing(reconciler: Reconciler, kube: FakeKube) -> None:
+    body = add_server(kube, "pool", autoscaling={**HPA_AUTOSCALING, "autoscaler": "Auto"})
+    reconciler.reconcile_server(body)
+    assert [o["kind"] for o in kube.applied] == ["Deployment", "Service"]
+    (_, _, status) = kube.statuses[-1]
+    scaling = condition(status, "AutoscalingReady")
+    assert (scaling["status"], scaling["reason"]) == ("False", "NoMetricsAdapter")
+    assert condition(status, "Ready")["status"] == "True"  # the pool serves without autoscaling
+
+
+# ---- a server whose claim is not the operator's storage gets nothing -------------------------------------
+def pvc(volume: str) -> dict[str, Any]:
+    return {"spec": {"volumeName": volume}, "status": {"phase": "Bound"}}
+
+
+def pv(path: str) -> dict[str, Any]:
+    return {"metadata": {"name": path}, "spec": {"nfs": {"server": "nfs.local", "path": path}}}
+
+
+@pytest.fixture
+def claimed(root: Path, kube: FakeKube, events: list[Any]) -> Iterator[Reconciler]:
+    """The operator writes to PVC ops/models (NFS /exports/models)."""
+    kube.core[("PersistentVolumeClaim", "models", "ops")] = pvc("pv-models")
+    kube.core[("PersistentVolume", "pv-models", None)] = pv("/exports/models")
+    config = OperatorConfig(repository_root=root, claim_name="models", claim_namespace="ops")
+    r = Reconciler(config, kube)  # type: ignore[arg-type]
+    yield r
+    r.close()
+
+
+def test_a_server_on_other_storage_gets_no_models(claimed: Reconciler, kube: FakeKube, root: Path) -> None:
+    kube.core[("PersistentVolumeClaim", "models", NS)] = pvc("pv-other")  # same claim name, other storage
+    kube.core[("PersistentVolume", "pv-other", None)] = pv("/exports/other")
+    server = add_server(kube, "pool")
+    claimed.reconcile_server(server)
+    (_, _, status) = kube.statuses[-1]
+    repo = condition(status, "RepositoryReady")
+    assert (repo["status"], repo["reason"]) == ("False", "RepositoryUnusable")
+    assert "/exports/other" in repo["message"] and "/exports/models" in repo["message"]
+    assert condition(status, "Ready")["status"] == "False"
+
+    status = claimed.reconcile_model(model("pool"), recheck=False)
+    assert status is not None
+    assert condition(status, "Ready")["reason"] == "ClaimNotMounted"
+    assert not (root / NS / "pool").exists(), "a model was written where the server's pods will never see it"
+
+
+def test_a_server_without_a_claim_or_with_an_unbound_one_gets_no_models(
+    claimed: Reconciler, kube: FakeKube, root: Path
+) -> None:
+    add_server(kube, "nameless", repository={"subPath": "nameless"})
+    status = claimed.reconcile_model(model("nameless"), recheck=False)
+    assert status is not None and condition(status, "Ready")["reason"] == "ClaimNotMounted"
+
+    kube.core[("PersistentVolumeClaim", "pending", NS)] = {"spec": {}, "status": {"phase": "Pending"}}
+    add_server(kube, "waiting", repository={"claimName": "pending"})
+    status = claimed.reconcile_model(model("waiting"), recheck=False)
+    assert status is not None and condition(status, "Ready")["reason"] == "ClaimNotBound"
+    assert not (root / NS).joinpath("nameless").exists() and not (root / NS).joinpath("waiting").exists()
+
+
+def test_a_server_on_the_operators_storage_gets_its_models(claimed: Reconciler, kube: FakeKube, root: Path) -> None:
+    kube.core[("PersistentVolumeClaim", "models", NS)] = pvc("pv-models-2")  # another PV, same NFS export
+    kube.core[("PersistentVolume", "pv-models-2", None)] = pv("/exports/models/")
+    add_server(kube, "pool")
+    status = claimed.reconcile_model(model("pool"), recheck=False)
+    assert status is not None and condition(status, "Rendered")["status"] == "True"
+    assert (root / NS / "pool" / "m" / "1" / "model.onnx").is_file()
