@@ -1,4 +1,5 @@
-"""InferenceServer → Deployment, Service and HPA manifests. Pure functions of the custom object.
+"""InferenceServer → Deployment and Service manifests (its HPA or ScaledObject: ``autoscaling``). Pure
+functions of the custom object.
 
 Each manifest is complete (the operator server-side-applies it), carries an owner reference to the
 InferenceServer (deletion cascades through the garbage collector) and the labels the operator uses to
@@ -128,7 +129,8 @@ def _probe(kind: str, path: str, spec: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _resources(spec: Mapping[str, Any]) -> dict[str, Any]:
-    """Quantities as strings; GPU requests default to the limits (Kubernetes requires them equal)."""
+    """Quantities as strings, passed through. A GPU (extended resource) given only as a limit needs no
+    request here: the API server defaults the request to the limit, and requires them equal."""
     resources = spec.get("resources") or {}
     return {k: {n: str(q) for n, q in v.items()} for k, v in resources.items() if v}
 

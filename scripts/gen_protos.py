@@ -16,7 +16,8 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-# (folder in the repo, package path it is installed under, proto files, with gRPC stubs?)
+# (folder in the repo, package path it is installed under, proto files): messages and .pyi only; the gRPC
+# service is registered by hand from the descriptor (server/grpc/server.py), so no *_pb2_grpc.py
 PROTOS = [
     ("server/config", "kubeinfer/server/config", ["model_config.proto"]),
     ("server/grpc", "kubeinfer/server/grpc", ["grpc_service.proto"]),

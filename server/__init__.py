@@ -9,7 +9,7 @@ Layers, bottom to top; a module imports only from its own layer or the ones belo
    operator share; the operator imports nothing else from the server.
 2. ``backends``: execute a batch on an instance (onnxruntime, tensorrt, pytorch, python).
 3. ``scheduling``: default scheduler, dynamic batcher, ensemble, instance pool.
-4. ``runtime`` (lifecycle, registry, repository watcher, ``InferenceService``) with ``observability``
+4. ``runtime`` (lifecycle, registry, ``InferenceService`` and its repository poll loop) with ``observability``
    beside it (statistics and Prometheus metrics from the same records).
 5. front ends: ``http``, ``grpc`` (wire format ⇄ vocabulary, calling ``runtime.service``) and
    ``sharedmemory`` (client-registered regions the front ends read inputs from and write outputs to).

@@ -104,7 +104,7 @@ def _uvicorn(app: Any, host: str, port: int, log_level: str, limits: Limits, tls
         access_log=False,
         log_level="warning" if log_level == "info" else log_level,
         timeout_keep_alive=75,
-        # after the core drained (bounded by --shutdown-timeout), responses still being written get
+        # after the runtime drained (bounded by --shutdown-timeout), responses still being written get
         # this long; then uvicorn cancels what is left instead of waiting forever
         timeout_graceful_shutdown=5,
         ssl_certfile=str(tls.cert) if tls else None,

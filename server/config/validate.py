@@ -192,7 +192,7 @@ def validate_config(
                 raise ConfigError(f"version_policy specific lists version {v}; versions are positive")
     for group in config.instance_group:
         if group.count < 0:
-            raise ConfigError(f"instance_group '{group.name}' count must be >= 1")
+            raise ConfigError(f"instance_group '{group.name}' count {group.count} is negative (0 means 1)")
         for gpu in group.gpus:
             if gpu < 0:
                 raise ConfigError(f"instance_group '{group.name}' lists gpu {gpu}; device ids are >= 0")

@@ -1,4 +1,4 @@
-"""Protobuf messages ⇄ the core's types. Pure functions: no service calls, no gRPC context.
+"""Protobuf messages ⇄ the vocabulary's types. Pure functions: no service calls, no gRPC context.
 
 Outputs always travel as ``raw_output_contents`` (as Triton answers); inputs are accepted both as
 ``raw_input_contents`` (one entry per input, in order) and as typed ``contents``.

@@ -1,6 +1,6 @@
 """Routes of the KServe v2 REST API plus Triton's extensions (statistics, repository, config).
 
-Handlers translate HTTP to the core's InferenceService and back; they never touch a backend.
+Handlers translate HTTP to the runtime's InferenceService and back; they never touch a backend.
 """
 
 from __future__ import annotations
