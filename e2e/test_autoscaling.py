@@ -17,6 +17,7 @@ import httpx
 import pytest
 from kubeinfer.operator.autoscaling import quantity
 
+from tests.support.operator_logs import problems
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -204,7 +205,7 @@ def test_scaled_object_feeds_the_hpa_through_keda(cluster, metrics_stack, ns: Na
         0.5,
     )
     text = ns.log.read_text()
-    assert " ERROR " not in text, text[-4000:]
+    assert not problems(text), text[-4000:]
 
 
 # ------------------------------------------------------------------------------------- under load, real pods

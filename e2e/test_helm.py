@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.support.operator_logs import problems
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -368,8 +369,8 @@ def test_operator_reconciles_under_the_charts_rbac(cluster, helm, kubectl, tmp_p
         wait_for("HPA deleted", lambda: kubectl("-n", team, "get", "hpa", "pool", check=False).returncode != 0, 60, 0.5)
         text = log_path.read_text()
         assert "Forbidden" not in text and "forbidden" not in text, text[-5000:]
-        problems = [line for line in text.splitlines() if " ERROR " in line or " WARNING " in line]
-        assert not problems, "\n".join(problems[-20:])
+        found = problems(text, ("ERROR", "WARNING"))
+        assert not found, "\n".join(found[-20:])
         assert proc.poll() is None, text[-5000:]
     finally:
         if proc is not None:
