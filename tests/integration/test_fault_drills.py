@@ -13,7 +13,6 @@ import os
 import shutil
 import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -327,13 +326,12 @@ def test_disk_full_while_rendering_and_a_vanishing_repository(small_volume: Path
 def test_a_model_stuck_in_execute_does_not_keep_the_process_alive_after_shutdown(tmp_path: Path) -> None:
     """SIGTERM with a request stuck in a model: the server exits after --shutdown-timeout, not when the model returns."""
     repo = tmp_path / "repo"
-    _python_model(repo, "stuck", "time.sleep(40)\n        return []")
+    returned = tmp_path / "model-returned"  # written by the model when its execute returns
+    _python_model(repo, "stuck", f"time.sleep(40)\n        open({str(returned)!r}, 'w').close()\n        return []")
     server = start_server(repo, "--request-timeout", "1", "--shutdown-timeout", "2", log_dir=tmp_path)
     r = httpx.post(f"{server.base_url}/v2/models/stuck/infer", json=BODY, timeout=30)
     assert r.status_code == 504
-    started = time.monotonic()
     code = server.terminate(60)
-    took = time.monotonic() - started
     report("drill model stuck in execute at shutdown", inputs=1, crashes=int(code != 0), failed_good=0)
     assert code == 0 and "exiting with stuck version 1 still executing" in server.log()
-    assert took < 20, took  # the model would hold it for 40 s
+    assert not returned.exists()  # the process was gone before the model returned

@@ -10,9 +10,7 @@ import json
 import queue
 import socket
 import struct
-import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -26,7 +24,7 @@ from tritonclient.utils import InferenceServerException
 from tests.support.models import binary, string_identity, unary
 from tests.support.repos import write_model
 from tests.support.server import ServerProcess, start_server
-from tests.support.sleep_models import pending, require_sleep_backend, write_sleep_model
+from tests.support.sleep_models import Gate, require_sleep_backend, wait_pending, write_sleep_model
 
 MAX_BODY = 1 << 20
 LIMIT_FLAGS = [
@@ -267,89 +265,59 @@ def test_grpc_messages_over_the_limit_are_refused(server: ServerProcess, grpc_cl
 
 
 def test_a_request_that_runs_past_the_deadline_gets_504_and_the_server_goes_on(
-    server: ServerProcess, grpc_client
+    server: ServerProcess, grpc_client, tmp_path: Path
 ) -> None:
-    body = {
-        "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [2], "data": [1.0, 2.0]}],
-        "parameters": {"sleep_ms": 6000},
-    }
-    started = time.monotonic()
-    r = httpx.post(f"{server.base_url}/v2/models/hang/infer", json=body, timeout=30)
-    assert r.status_code == 504, r.text
-    assert r.json()["error"] == (
-        "request for model 'hang' did not finish within the server's request timeout of 2s (--request-timeout)"
-    )
-    assert time.monotonic() - started < 5.5  # answered at the deadline, not when the model finished
-    inp = grpcclient.InferInput("INPUT0", [2], "FP32")
-    inp.set_data_from_numpy(np.array([1.0, 2.0], np.float32))
-    with pytest.raises(InferenceServerException) as info:
-        grpc_client.infer("hang", [inp], parameters={"sleep_ms": 6000})
-    assert info.value.status() == "StatusCode.DEADLINE_EXCEEDED", info.value
-    assert "--request-timeout" in info.value.message()
+    """The model is held at a gate the test opens only after the answers came: they came at the deadline."""
+    with Gate(tmp_path) as gate:
+        body = {
+            "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [2], "data": [1.0, 2.0]}],
+            "parameters": gate.params,
+        }
+        r = httpx.post(f"{server.base_url}/v2/models/hang/infer", json=body, timeout=30)
+        assert r.status_code == 504, r.text
+        assert r.json()["error"] == (
+            "request for model 'hang' did not finish within the server's request timeout of 2s (--request-timeout)"
+        )
+        inp = grpcclient.InferInput("INPUT0", [2], "FP32")
+        inp.set_data_from_numpy(np.array([1.0, 2.0], np.float32))
+        with pytest.raises(InferenceServerException) as info:
+            grpc_client.infer("hang", [inp], parameters=gate.params)
+        assert info.value.status() == "StatusCode.DEADLINE_EXCEEDED", info.value
+        assert "--request-timeout" in info.value.message()
+        assert gate.entered() == 2  # both executed, and were still held when the deadline answered them
     _good(server)
 
 
 # ------------------------------------------------------------------------ gRPC stream concurrency
 
 
-def _peak_pending(server: ServerProcess, send: Callable[[], list]) -> tuple[float, list]:
-    """Highest ``nv_inference_pending_request_count`` of 'sleepy' seen while ``send`` runs, and its answers."""
-    peak = 0.0
-    stop = threading.Event()
-
-    def watch() -> None:
-        nonlocal peak
-        while not stop.is_set():
-            peak = max(peak, pending(server.metrics_url, "sleepy"))
-
-    watcher = threading.Thread(target=watch)
-    watcher.start()
-    try:
-        answers = send()
-    finally:
-        stop.set()
-        watcher.join()
-    return peak, answers
-
-
-def test_a_stream_runs_at_most_the_inflight_limit_at_once(server: ServerProcess) -> None:
-    """'sleepy' has one instance: with two of the stream's requests let in, at most one waits in its queue."""
+def test_a_stream_runs_at_most_the_inflight_limit_at_once(server: ServerProcess, tmp_path: Path) -> None:
+    """'sleepy' has one instance and each request its own gate: with two of the stream's requests let in,
+    one executes and exactly one waits in the queue, step after step, until the last is let in."""
+    gates = [Gate(tmp_path) for _ in range(8)]
     inp = grpcclient.InferInput("INPUT0", [2], "FP32")
     inp.set_data_from_numpy(np.array([1.0, 2.0], np.float32))
     client = grpcclient.InferenceServerClient(server.grpc_url)
-
-    def unary_calls() -> list:  # control: eight separate calls all queue at once
-        results: queue.Queue = queue.Queue()
-        for i in range(8):
-            client.async_infer(
-                "sleepy",
-                [inp],
-                lambda result, error: results.put((result, error)),
-                request_id=str(i),
-                parameters={"sleep_ms": 150},
-            )
-        return [results.get(timeout=60) for _ in range(8)]
-
-    def stream_calls() -> list:
-        results: queue.Queue = queue.Queue()
-        client.start_stream(callback=lambda result, error: results.put((result, error)))
-        try:
-            for i in range(8):
-                client.async_stream_infer("sleepy", [inp], request_id=str(i), parameters={"sleep_ms": 150})
-            return [results.get(timeout=60) for _ in range(8)]
-        finally:
-            client.stop_stream()
-
+    results: queue.Queue = queue.Queue()
+    answers = []
+    client.start_stream(callback=lambda result, error: results.put((result, error)))
     try:
-        control, answers = _peak_pending(server, unary_calls)
-        assert [error for _, error in answers] == [None] * 8
-        peak, answers = _peak_pending(server, stream_calls)
+        for i, gate in enumerate(gates):
+            client.async_stream_infer("sleepy", [inp], request_id=str(i), parameters=gate.params)
+        for i, gate in enumerate(gates):
+            gate.wait_entered()  # request i executes, held; the stream answered the ones before it
+            # without the limit all eight would be in by now: seven queued behind the first
+            wait_pending(server.metrics_url, "sleepy", 1 if i < 7 else 0)
+            assert [g.entered() for g in gates] == [1] * (i + 1) + [0] * (7 - i)
+            gate.open()
+            answers.append(results.get(timeout=60))
     finally:
+        for gate in gates:
+            gate.open()
+        client.stop_stream()
         client.close()
     assert [error for _, error in answers] == [None] * 8
-    assert sorted(int(result.get_response().id) for result, _ in answers) == list(range(8))
-    assert control >= 3, control  # the gauge sees a queue when nothing holds the requests back
-    assert peak == 1, peak
+    assert [int(result.get_response().id) for result, _ in answers] == list(range(8))
 
 
 def test_limit_flags_are_documented() -> None:
