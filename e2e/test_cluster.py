@@ -12,13 +12,11 @@ import re
 import subprocess
 import textwrap
 import uuid
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.support import waiting
+from tests.support.waiting import wait_for_cluster
 
 CLUSTER_DIR = Path(__file__).resolve().parent / "cluster"
 GPU = "nvidia.com/gpu"
@@ -31,17 +29,12 @@ def pinned(module_dir: str, module: str) -> str:
     return m.group(1)
 
 
-def wait_for(what: str, predicate: Callable[[], Any], timeout: float = 120, **kw: Any) -> Any:
-    """``tests.support.waiting.wait_for`` at the pace of a control plane (kubectl calls are not free)."""
-    return waiting.wait_for(what, predicate, timeout, **{"interval": 0.5, **kw})
-
-
 @pytest.fixture
 def namespace(cluster):
     name = f"e2e-{uuid.uuid4().hex[:8]}"
     cluster.kubectl("create", "namespace", name)
     # The serviceaccount controller (KCM) must create the default SA before pods are admitted.
-    wait_for(
+    wait_for_cluster(
         f"default ServiceAccount in {name}",
         lambda: cluster.kubectl("get", "serviceaccount", "default", "-n", name, check=False).returncode == 0,
         timeout=60,
@@ -133,7 +126,7 @@ def test_gpu_deployment_runs_and_is_garbage_collected(cluster, namespace):
     def describe():
         return cluster.kubectl("get", "deployment,replicasets,pods", "-n", ns, "-o", "wide", check=False).stdout
 
-    wait_for("2 available replicas", available, timeout=180, describe=describe)
+    wait_for_cluster("2 available replicas", available, timeout=180, describe=describe)
 
     rs = cluster.kubectl_json("get", "replicasets", "-n", ns, "-l", "app=gpu-echo")["items"]
     assert len(rs) == 1
@@ -154,7 +147,7 @@ def test_gpu_deployment_runs_and_is_garbage_collected(cluster, namespace):
         left = cluster.kubectl("get", "replicasets,pods", "-n", ns, "-l", "app=gpu-echo", "-o", "name").stdout
         return left.strip() == "" or None
 
-    wait_for("ReplicaSet and Pods to be garbage-collected", collected, timeout=180, describe=describe)
+    wait_for_cluster("ReplicaSet and Pods to be garbage-collected", collected, timeout=180, describe=describe)
 
 
 def test_gpu_capacity_is_enforced_by_scheduler(cluster, namespace):
@@ -176,7 +169,7 @@ def test_gpu_capacity_is_enforced_by_scheduler(cluster, namespace):
         conds = [c for c in p["status"].get("conditions", []) if c["type"] == "PodScheduled"]
         return conds and conds[0]["status"] == "False" and conds[0].get("reason") == "Unschedulable" and p
 
-    p = wait_for("PodScheduled=False/Unschedulable", unschedulable, timeout=120)
+    p = wait_for_cluster("PodScheduled=False/Unschedulable", unschedulable, timeout=120)
     assert not p["spec"].get("nodeName")
     msg = [c for c in p["status"]["conditions"] if c["type"] == "PodScheduled"][0].get("message", "")
     assert f"Insufficient {GPU}" in msg, msg
@@ -217,7 +210,7 @@ def test_crd_is_served_and_validates(cluster, namespace, tmp_path):
     cluster.kubectl("apply", "-f", str(crd))
     try:
         cluster.kubectl("wait", "--for=condition=Established", "crd/widgets.e2e.kubeinfer.dev", "--timeout=60s")
-        wait_for(
+        wait_for_cluster(
             "widgets in discovery",
             lambda: "widgets" in cluster.kubectl("api-resources", "--api-group=e2e.kubeinfer.dev", check=False).stdout,
             timeout=60,
@@ -262,7 +255,7 @@ def test_rbac_is_enforced(cluster, namespace):
         "-n",
         namespace,
     )
-    wait_for(
+    wait_for_cluster(
         "RBAC grant to take effect",
         lambda: (
             cluster.kubectl("auth", "can-i", "list", "pods", "-n", namespace, "--as", sa, check=False).stdout.strip()

@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,21 +30,16 @@ import pytest
 import tritonclient.http as httpclient
 from onnx import TensorProto
 
-from tests.support import waiting
 from tests.support.models import unary
 from tests.support.server import ServerProcess, free_port, start_server
 from tests.support.specs import server_spec
+from tests.support.waiting import wait_for_cluster
 
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[1]
 API = "serving.kubeinfer.io/v1alpha1"
 SERVER = "gpu-pool"
-
-
-def wait_for(what: str, predicate: Callable[[], Any], timeout: float = 60, **kw: Any) -> Any:
-    """``tests.support.waiting.wait_for`` at the pace of a control plane (kubectl calls are not free)."""
-    return waiting.wait_for(what, predicate, timeout, **{"interval": 0.5, **kw})
 
 
 def sha256(path: Path) -> str:
@@ -149,7 +144,7 @@ class Env:
             return c if c.get("status") == status and (reason is None or c.get("reason") == reason) else None
 
         try:
-            return wait_for(f"{name} Ready={status} {reason or ''}", check, timeout)
+            return wait_for_cluster(f"{name} Ready={status} {reason or ''}", check, timeout)
         except BaseException:
             print(self.operator.log())
             raise
@@ -251,7 +246,7 @@ def env(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]
 
 
 def test_server_pool_objects_and_drift_repair(env: Env) -> None:
-    dep = wait_for("Deployment", lambda: env.get("deployment", SERVER))
+    dep = wait_for_cluster("Deployment", lambda: env.get("deployment", SERVER))
     pod = dep["spec"]["template"]["spec"]
     c = pod["containers"][0]
     assert c["image"] == "registry.example.com/kubeinfer-server:0.1.0"
@@ -262,13 +257,13 @@ def test_server_pool_objects_and_drift_repair(env: Env) -> None:
     assert next(v for v in pod["volumes"] if v["name"] == "dshm")["emptyDir"]["medium"] == "Memory"
     assert c["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
     assert dep["metadata"]["ownerReferences"][0]["kind"] == "InferenceServer"
-    svc = wait_for("Service", lambda: env.get("service", SERVER))
+    svc = wait_for_cluster("Service", lambda: env.get("service", SERVER))
     assert {p["name"]: p["port"] for p in svc["spec"]["ports"]} == {"http": 8000, "grpc": 8001, "metrics": 8002}
-    hpa = wait_for("HPA", lambda: env.get("hpa", SERVER))
+    hpa = wait_for_cluster("HPA", lambda: env.get("hpa", SERVER))
     assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": API, "kind": "InferenceServer", "name": SERVER}
     assert hpa["spec"]["metrics"][0]["pods"]["metric"]["name"] == "nv_inference_queue_duration_us_per_request"
     assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (1, 8)
-    wait_for(
+    wait_for_cluster(
         "InferenceServer status",
         lambda: (env.get("inferenceserver", SERVER) or {}).get("status", {}).get("selector"),
     )
@@ -277,14 +272,14 @@ def test_server_pool_objects_and_drift_repair(env: Env) -> None:
     # a user edit to an owned object is put back
     env.kubectl("set", "image", f"deployment/{SERVER}", "server=evil:latest")
     env.kubectl("delete", "service", SERVER)
-    wait_for(
+    wait_for_cluster(
         "image reconciled back",
         lambda: (
             env.get("deployment", SERVER)["spec"]["template"]["spec"]["containers"][0]["image"]
             == "registry.example.com/kubeinfer-server:0.1.0"
         ),
     )
-    wait_for("Service recreated", lambda: env.get("service", SERVER))
+    wait_for_cluster("Service recreated", lambda: env.get("service", SERVER))
 
 
 def test_model_served_then_hot_reloaded_without_failed_requests(env: Env) -> None:
@@ -304,7 +299,7 @@ def test_model_served_then_hot_reloaded_without_failed_requests(env: Env) -> Non
         "model": name,
     }
     assert st["observedGeneration"] == obj["metadata"]["generation"]
-    wait_for(
+    wait_for_cluster(
         "the InferenceServer lists the model",
         lambda: name in (env.get("inferenceserver", SERVER).get("status") or {}).get("models", []),
     )
@@ -333,13 +328,13 @@ def test_model_served_then_hot_reloaded_without_failed_requests(env: Env) -> Non
         (env.uploads / "v2/model.onnx").write_bytes((env.uploads / "neg.onnx").read_bytes())
         obj["spec"]["versions"].append({"version": 2, "source": {"path": "uploads/v2/model.onnx"}})
         env.apply({"apiVersion": API, "kind": "InferenceModel", "metadata": {"name": name}, "spec": obj["spec"]})
-        wait_for(
+        wait_for_cluster(
             "version 2 active",
             lambda: (env.get("inferencemodel", name)["status"].get("activeVersions") == [2]
                      and env.condition(name)["status"] == "True"),
             timeout=60,
         )  # fmt: skip
-        wait_for("requests answered by version 2", lambda: outputs and np.array_equal(outputs[-1], -x))
+        wait_for_cluster("requests answered by version 2", lambda: outputs and np.array_equal(outputs[-1], -x))
     finally:
         stop.set()
         thread.join(30)
@@ -349,7 +344,7 @@ def test_model_served_then_hot_reloaded_without_failed_requests(env: Env) -> Non
 
     env.delete_model(name)
     assert not (env.repo / name).exists()
-    wait_for("server unloaded the model", lambda: "READY" not in env.index(name).values())
+    wait_for_cluster("server unloaded the model", lambda: "READY" not in env.index(name).values())
     assert env.leftovers() == []
 
 
@@ -363,7 +358,7 @@ def test_checksum_mismatch_keeps_serving_version_1(env: Env) -> None:
     assert "version 2" in cond["message"] and "fix source.sha256" in cond["message"]
     assert env.condition(name, "Degraded")["status"] == "True"
     assert env.visible(name) == ["1", "config.pbtxt"]
-    wait_for("no staging leftovers", lambda: env.leftovers() == [])
+    wait_for_cluster("no staging leftovers", lambda: env.leftovers() == [])
     x = np.ones((1, 4), dtype=np.float32)
     np.testing.assert_array_equal(infer(env.server.http_url, name, x), x)  # still relu, version 1
     events = env.kubectl("get", "events", "--field-selector", f"involvedObject.name={name}").stdout
@@ -435,7 +430,7 @@ def test_specs_the_schema_cannot_catch(env: Env) -> None:
         cond = env.wait_condition(name, "False", reason)
         assert message in cond["message"], cond
         assert not (env.repo / name).exists()
-    wait_for("no staging leftovers", lambda: env.leftovers() == [])  # retries of 'unreachable' stage briefly
+    wait_for_cluster("no staging leftovers", lambda: env.leftovers() == [])  # retries of 'unreachable' stage briefly
     # the healthy model becomes (or stays) Ready whatever its neighbours do; readiness is eventual
     env.wait_condition("healthy", "True")
     np.testing.assert_array_equal(infer(env.server.http_url, "healthy", np.ones((1, 4), np.float32)), np.ones((1, 4)))
@@ -450,7 +445,9 @@ def test_specs_the_schema_cannot_catch(env: Env) -> None:
 def test_operator_killed_mid_render_converges(env: Env) -> None:
     name = "crashy"
     env.apply(env.model(name, [env.uri_version(1, "abs.onnx", slow=True)]))
-    wait_for("staging folder", lambda: [p for p in env.repo.iterdir() if p.name.startswith(f".{name}.staging-")])
+    wait_for_cluster(
+        "staging folder", lambda: [p for p in env.repo.iterdir() if p.name.startswith(f".{name}.staging-")]
+    )
     env.operator.kill()
     assert not (env.repo / name).exists()
     assert env.leftovers()  # the crash left a partial, dot-named folder (invisible to the server)
@@ -471,10 +468,10 @@ def test_scale_and_delete_server_garbage_collects(env: Env) -> None:
         "spec": {"image": "img:1", "repository": {"claimName": "c"}, "replicas": 1},
     }
     env.apply(body)
-    wait_for("Deployment", lambda: env.get("deployment", name))
+    wait_for_cluster("Deployment", lambda: env.get("deployment", name))
     env.kubectl("scale", "inferenceserver", name, "--replicas=3")
-    wait_for("scaled Deployment", lambda: env.get("deployment", name)["spec"]["replicas"] == 3)
-    wait_for(
+    wait_for_cluster("scaled Deployment", lambda: env.get("deployment", name)["spec"]["replicas"] == 3)
+    wait_for_cluster(
         "status replicas",
         lambda: (env.get("inferenceserver", name).get("status") or {}).get("replicas") == 3,
     )
@@ -482,12 +479,12 @@ def test_scale_and_delete_server_garbage_collects(env: Env) -> None:
     body["spec"]["autoscaling"] = {"autoscaler": "HPA", "maxReplicas": 4, "target": {"metric": "CPU", "value": 60}}
     body["spec"]["replicas"] = 3
     env.apply(body)
-    hpa = wait_for("HPA", lambda: env.get("hpa", name))
+    hpa = wait_for_cluster("HPA", lambda: env.get("hpa", name))
     assert hpa["spec"]["metrics"][0]["resource"]["target"]["averageUtilization"] == 60
     assert env.get("deployment", name)["metadata"]["ownerReferences"][0]["name"] == name
     env.kubectl("delete", "inferenceserver", name)
     for kind in ("deployment", "service", "hpa"):
-        wait_for(f"{kind} garbage-collected", lambda kind=kind: env.get(kind, name) is None, timeout=90)
+        wait_for_cluster(f"{kind} garbage-collected", lambda kind=kind: env.get(kind, name) is None, timeout=90)
 
 
 class Replica:
@@ -557,10 +554,12 @@ def test_leader_election_hands_over_and_never_restarts_a_follower(env: Env, tmp_
     try:
         a = Replica(env, lease, tmp_path, 0)
         replicas.append(a)
-        first = wait_for("replica 0 holds the lease", lambda: holder() and a.identity() == holder() and holder())
+        first = wait_for_cluster(
+            "replica 0 holds the lease", lambda: holder() and a.identity() == holder() and holder()
+        )
         b = Replica(env, lease, tmp_path, 1)
         replicas.append(b)
-        wait_for("replica 1 waits as a follower", lambda: "waiting for lease" in b.log() and b.probes >= 2)
+        wait_for_cluster("replica 1 waits as a follower", lambda: "waiting for lease" in b.log() and b.probes >= 2)
         assert holder() == first
 
         # SIGTERM: the leader exits within seconds and releases the lease; the follower takes it at once
@@ -568,25 +567,29 @@ def test_leader_election_hands_over_and_never_restarts_a_follower(env: Env, tmp_
         assert a.proc.wait(20) == 0, a.log()
         assert holder() != first  # released ("") or already taken over, never still the old leader
         assert "released lease" in a.log()
-        second = wait_for("replica 1 takes over", lambda: b.identity() and holder() == b.identity() and holder())
+        second = wait_for_cluster(
+            "replica 1 takes over", lambda: b.identity() and holder() == b.identity() and holder()
+        )
         lease_obj = env.get("lease", lease)
         assert lease_obj["spec"]["leaseTransitions"] >= 1
 
         # SIGKILL: no release; the next follower waits for the lease to expire on its own clock
         c = Replica(env, lease, tmp_path, 2)
         replicas.append(c)
-        wait_for("replica 2 waits as a follower", lambda: "waiting for lease" in c.log() and c.probes >= 2)
+        wait_for_cluster("replica 2 waits as a follower", lambda: "waiting for lease" in c.log() and c.probes >= 2)
         b.proc.send_signal(signal.SIGKILL)
         b.proc.wait(10)
-        third = wait_for("replica 2 takes over", lambda: c.identity() and holder() == c.identity() and holder(), 60)
+        third = wait_for_cluster(
+            "replica 2 takes over", lambda: c.identity() and holder() == c.identity() and holder(), 60
+        )
         assert len({first, second, third}) == 3
-        wait_for("the new leader's liveness (kopf's)", lambda: c.probes >= 3 and c.failures == 0)
+        wait_for_cluster("the new leader's liveness (kopf's)", lambda: c.probes >= 3 and c.failures == 0)
         assert c.proc.poll() is None
         for r in replicas:
             assert r.worst < 3, f"replica {replicas.index(r)} failed {r.worst} probes in a row:\n{r.log()[-3000:]}"
         # a follower stopped while waiting exits at once too
         d = Replica(env, lease, tmp_path, 3)
-        wait_for("replica 3 waits", lambda: "waiting for lease" in d.log())
+        wait_for_cluster("replica 3 waits", lambda: "waiting for lease" in d.log())
         d.proc.send_signal(signal.SIGTERM)
         assert d.proc.wait(20) == 0
         c.proc.send_signal(signal.SIGTERM)
@@ -605,7 +608,7 @@ def test_sigterm_stops_a_busy_operator_within_seconds(env: Env) -> None:
     names = [f"busy-{i}" for i in range(6)]
     for name in names:
         env.apply(env.model(name, [{"version": 1, "source": {"path": "uploads/relu.onnx"}}]))
-    wait_for("renders under way", lambda: any((env.repo / n).exists() for n in names))
+    wait_for_cluster("renders under way", lambda: any((env.repo / n).exists() for n in names))
     proc = env.operator.proc
     assert proc is not None
     proc.send_signal(signal.SIGTERM)
@@ -620,7 +623,9 @@ def test_deletes_finish_promptly_under_resync(env: Env) -> None:
     """The resync timer (every 2 s here) never holds a finalizer for long, nor does a long download."""
     slow = "longfetch"
     env.apply(env.model(slow, [env.uri_version(1, "abs.onnx", slow="slower")]))  # ~60 s download
-    wait_for("download in progress", lambda: [p for p in env.repo.iterdir() if p.name.startswith(f".{slow}.staging-")])
+    wait_for_cluster(
+        "download in progress", lambda: [p for p in env.repo.iterdir() if p.name.startswith(f".{slow}.staging-")]
+    )
     names = [f"bulk-{i}" for i in range(8)]
     for name in names:
         env.apply(env.model(name, [{"version": 1, "source": {"path": "uploads/relu.onnx"}}]))
@@ -628,7 +633,7 @@ def test_deletes_finish_promptly_under_resync(env: Env) -> None:
         env.wait_condition(name, "True", timeout=120)
     # kopf's default would poll a busy timer every 60 s, and the download would hold the object ~60 s
     env.kubectl("delete", "inferencemodel", slow, *names, "--wait=true", "--timeout=30s")
-    wait_for("no staging leftovers", lambda: env.leftovers() == [])
+    wait_for_cluster("no staging leftovers", lambda: env.leftovers() == [])
     assert not any((env.repo / n).exists() for n in [slow, *names])
     # waiting for the server to unload is a retry by design, logged at INFO, not ERROR
     lines = [

@@ -19,10 +19,11 @@ from typing import Any
 import onnx
 import pytest
 from onnx import TensorProto
-from test_operator import API, SERVER, Env, Files, Operator, wait_for
+from test_operator import API, SERVER, Env, Files, Operator
 
 from tests.support.models import unary
 from tests.support.server import start_server
+from tests.support.waiting import wait_for_cluster
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[1]
@@ -88,7 +89,9 @@ def test_apiserver_restart_mid_reconcile_converges_with_nothing_half_written(env
     env.apply(env.model("steady", [{"version": 1, "source": {"path": "uploads/relu.onnx"}}]))
     env.wait_condition("steady", "True")
     env.apply(env.model("inflight", [env.uri_version(1, "abs.onnx", slow=True)]))  # a ~6 s download
-    wait_for("download started", lambda: [p for p in env.repo.iterdir() if p.name.startswith(".inflight.staging-")])
+    wait_for_cluster(
+        "download started", lambda: [p for p in env.repo.iterdir() if p.name.startswith(".inflight.staging-")]
+    )
     restart = env.cluster.script("restart", "kube-apiserver", "--down-seconds", "4", env=env.cluster.env, timeout=180)
     assert restart.returncode == 0, restart.stderr
     # the render finished while the API was away; its status write waited for the API to come back

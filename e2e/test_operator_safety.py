@@ -31,11 +31,12 @@ import httpx
 import onnx
 import pytest
 from onnx import TensorProto
-from test_operator import API, Files, wait_for
+from test_operator import API, Files
 
 from tests.support.https import ScriptedServer, make_ca_and_cert
 from tests.support.models import unary
 from tests.support.server import ServerProcess, start_server
+from tests.support.waiting import wait_for_cluster
 
 pytestmark = pytest.mark.e2e
 
@@ -90,7 +91,7 @@ class Stage:
             return c if ok else None
 
         try:
-            return wait_for(f"{name} {ctype}={status} {reason or ''} {text}", check, timeout)
+            return wait_for_cluster(f"{name} {ctype}={status} {reason or ''} {text}", check, timeout)
         except BaseException:
             print(self.log_path.read_text(errors="replace")[-8000:])
             raise
@@ -158,7 +159,7 @@ class Stage:
                 },
             }
         )
-        wait_for(f"PVC {claim} Bound", lambda: self.get("pvc", claim).get("status", {}).get("phase") == "Bound")
+        wait_for_cluster(f"PVC {claim} Bound", lambda: self.get("pvc", claim).get("status", {}).get("phase") == "Bound")
 
     def events(self, name: str) -> list[dict[str, Any]]:
         out = self.kubectl("get", "events", "--field-selector", f"involvedObject.name={name}", "-o", "json")
@@ -341,7 +342,7 @@ def test_claims_are_compared_by_the_volume_they_are_bound_to(stage: Stage) -> No
     stage.server("no-claim-pool", claim="missing")
 
     def repository_ready(server: str) -> dict[str, Any]:
-        return wait_for(
+        return wait_for_cluster(
             f"{server} RepositoryReady",
             lambda: stage.condition("inferenceserver", server, "RepositoryReady") or None,
         )

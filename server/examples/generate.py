@@ -10,17 +10,19 @@ import argparse
 import hashlib
 import os
 import shutil
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import onnx
-
 from .. import __version__
+from ..config import pb
+from ..config.platforms import BY_PLATFORM, model_filename
+from ..repository import publish
 from . import models, python_models
 
 CONFIGS = Path(__file__).parent / "model_repository"
+ONNX_FILE = BY_PLATFORM["onnxruntime_onnx"].model_filename
+PYTHON_FILE = model_filename(pb.ModelConfig(backend="python"))
 #: model → {version: builder}; a builder returns an ONNX model, a model.py source text, or None (the empty
 #: version folder Triton expects of an ensemble)
 VERSIONS: dict[str, dict[int, Callable[[], Any]]] = {
@@ -33,25 +35,24 @@ VERSIONS: dict[str, dict[int, Callable[[], Any]]] = {
 
 
 def write_repository(target: Path) -> Path:
-    """Write the example repository to ``target`` atomically (staged, then renamed)."""
+    """Write the example repository to ``target`` atomically (``repository.publish``: staged, fsynced, renamed)."""
     target = target.resolve()
     target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.staging-", dir=target.parent))
+    staging = publish.stage_dir(target.parent, target.name)
     try:
         for model, versions in VERSIONS.items():
             shutil.copytree(CONFIGS / model, staging / model)
             for version, build in versions.items():
-                (staging / model / str(version)).mkdir()
+                folder = staging / model / str(version)
+                folder.mkdir()
                 artifact = build()
                 if isinstance(artifact, str):
-                    (staging / model / str(version) / "model.py").write_text(artifact, encoding="utf-8")
+                    publish.write_file(folder / PYTHON_FILE, artifact)
                 elif artifact is not None:
-                    onnx.save(artifact, str(staging / model / str(version) / "model.onnx"))
-        if target.exists():
-            shutil.rmtree(target)
-        os.rename(staging, target)
+                    publish.write_file(folder / ONNX_FILE, artifact.SerializeToString())
+        publish.publish_dir(staging, target)
     except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        publish.remove_tree(staging)
         raise
     return target
 

@@ -55,13 +55,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     assert s.terminate() == 0
 
 
-@pytest.fixture(scope="module")
-def grpc_client(server: ServerProcess) -> Iterator[grpcclient.InferenceServerClient]:
-    c = grpcclient.InferenceServerClient(server.grpc_url)
-    yield c
-    c.close()
-
-
 def _relu_body(n: int, **extra: object) -> dict:
     return {"inputs": [{"name": "IN", "datatype": "FP32", "shape": [1, n], "data": [1.0] * n}], **extra}
 

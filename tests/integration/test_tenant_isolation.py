@@ -19,7 +19,6 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-import tritonclient.grpc as grpcclient
 from onnx import TensorProto
 from tritonclient.utils import InferenceServerException
 
@@ -67,13 +66,6 @@ def server(layout: dict[str, Path]) -> Iterator[ServerProcess]:
     s = start_server(layout["repo"], "--model-control-mode", "explicit", "--load-model", "good")
     yield s
     assert s.terminate() == 0
-
-
-@pytest.fixture(scope="module")
-def grpc(server: ServerProcess) -> Iterator[grpcclient.InferenceServerClient]:
-    c = grpcclient.InferenceServerClient(server.grpc_url)
-    yield c
-    c.close()
 
 
 def _classify(server: ServerProcess, model: str) -> httpx.Response:
@@ -125,7 +117,7 @@ ESCAPING_NAMES = [
 @pytest.mark.parametrize(("filename", "problem"), ESCAPING_NAMES)
 @pytest.mark.parametrize("field", ["default_model_filename", "label_filename"])
 def test_file_names_in_a_load_override_are_refused(
-    server: ServerProcess, grpc, field: str, filename: str, problem: str
+    server: ServerProcess, grpc_client, field: str, filename: str, problem: str
 ) -> None:
     override = json.dumps(_override(**{field: filename}))
     r = httpx.post(
@@ -134,7 +126,7 @@ def test_file_names_in_a_load_override_are_refused(
     assert r.status_code == 400, r.text
     assert field in r.json()["error"] and problem in r.json()["error"], r.text
     with pytest.raises(InferenceServerException) as info:
-        grpc.load_model("good", config=override)
+        grpc_client.load_model("good", config=override)
     assert info.value.status() == "StatusCode.INVALID_ARGUMENT"
     assert field in info.value.message() and problem in info.value.message()
     _still_serving(server)
@@ -197,7 +189,7 @@ def _plant(repo: Path, outside: Path, kind: str) -> str:
     ],
 )
 def test_symlinks_leading_out_of_the_repository_are_refused(
-    server: ServerProcess, grpc, layout: dict[str, Path], kind: str, what: str
+    server: ServerProcess, grpc_client, layout: dict[str, Path], kind: str, what: str
 ) -> None:
     name = _plant(layout["repo"], layout["outside"], kind)
     r = httpx.post(f"{server.base_url}/v2/repository/models/{name}/load", json={}, timeout=60)
@@ -207,7 +199,7 @@ def test_symlinks_leading_out_of_the_repository_are_refused(
     rows = _index(server)[name]
     assert all(row["state"] == "UNAVAILABLE" for row in rows), rows
     assert any("leads outside" in row["reason"] for row in rows), rows
-    assert not grpc.is_model_ready(name)
+    assert not grpc_client.is_model_ready(name)
     r = _classify(server, name)
     assert r.status_code in (400, 404, 503) and SECRET not in r.text, r.text
     _still_serving(server)
@@ -232,13 +224,13 @@ def test_symlinks_inside_the_repository_keep_working(server: ServerProcess, layo
 
 
 @pytest.mark.parametrize("length", [256, 5000])
-def test_over_long_model_names_are_a_400_not_a_500(server: ServerProcess, grpc, length: int) -> None:
+def test_over_long_model_names_are_a_400_not_a_500(server: ServerProcess, grpc_client, length: int) -> None:
     name = "m" * length
     for action in ("load", "unload"):
         r = httpx.post(f"{server.base_url}/v2/repository/models/{name}/{action}", json={}, timeout=60)
         assert r.status_code == 400 and "at most 255 bytes" in r.json()["error"], r.text[:300]
     with pytest.raises(InferenceServerException) as info:
-        grpc.load_model(name)
+        grpc_client.load_model(name)
     assert info.value.status() == "StatusCode.INVALID_ARGUMENT" and "at most 255 bytes" in info.value.message()
     _still_serving(server)
 
@@ -249,12 +241,12 @@ def test_classification_output_only_carries_the_models_own_labels(server: Server
     assert all(str(x).rsplit(":", 1)[1] in "abcd" for x in data)
 
 
-def test_load_requests_carrying_model_files_are_refused(server: ServerProcess, grpc) -> None:
+def test_load_requests_carrying_model_files_are_refused(server: ServerProcess, grpc_client) -> None:
     """Triton's ``file:<path>`` load parameters would write files into a model folder: not offered here."""
     body = {"parameters": {"config": "{}", "file:1/model.onnx": "AAAA"}}
     r = httpx.post(f"{server.base_url}/v2/repository/models/good/load", json=body, timeout=60)
     assert r.status_code == 501 and "file:1/model.onnx" in r.json()["error"], r.text
     with pytest.raises(InferenceServerException) as info:
-        grpc.load_model("good", config="{}", files={"file:1/model.onnx": b"AAAA"})
+        grpc_client.load_model("good", config="{}", files={"file:1/model.onnx": b"AAAA"})
     assert info.value.status() == "StatusCode.UNIMPLEMENTED"
     _still_serving(server)
