@@ -2,6 +2,8 @@
 
 The images install the project with ``pip install --no-deps .`` and then only what their role needs
 (``server`` or ``operator``, plus e.g. ``gpu``), because the plain dependency list is the union of both.
+The server role takes ONNX Runtime from ``cpu`` unless ``gpu`` is asked for: only one of onnxruntime and
+onnxruntime-gpu may be installed in one environment.
 Usage: ``python image_requirements.py server gpu,pytorch`` (extras as arguments or comma-separated;
 stdlib only; runs inside the image build).
 """
@@ -15,7 +17,15 @@ import sys
 EXTRA = re.compile(r"""extra\s*==\s*['"]([^'"]+)['"]""")
 
 
+def role_extras(extras: list[str]) -> list[str]:
+    """``extras`` plus ``cpu`` for a server without ``gpu`` (its ONNX Runtime)."""
+    if "server" in extras and "gpu" not in extras and "cpu" not in extras:
+        return [*extras, "cpu"]
+    return extras
+
+
 def requirements(extras: list[str], dist: str = "kubeinfer") -> list[str]:
+    extras = role_extras(extras)
     known: set[str] = set(importlib.metadata.metadata(dist).get_all("Provides-Extra") or [])
     unknown = [e for e in extras if e not in known]
     if unknown:

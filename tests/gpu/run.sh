@@ -2,7 +2,9 @@
 # Runs every GPU test (TensorRT FP16/INT8 builds, plan serving with batching, ORT CUDA and TensorRT EPs,
 # instance groups pinned to gpus: [0], PyTorch on KIND_GPU, TorchScript → TensorRT) and prints a summary.
 # Needs an NVIDIA GPU plus
-# `pip install -e .[gpu,dev,pytorch]`. Missing GPU packages fail the run (KUBEINFER_GPU_STRICT=1) instead of skipping.
+# `pip install -e .[gpu,dev,pytorch]`, then `pip uninstall -y onnxruntime onnxruntime-gpu && pip install onnxruntime-gpu`
+# (both ONNX Runtime packages own the `onnxruntime` module: the CPU one can hide the CUDA provider).
+# Missing GPU packages fail the run (KUBEINFER_GPU_STRICT=1) instead of skipping.
 #   tests/gpu/run.sh [extra pytest args]
 set -u
 cd "$(dirname "$0")/../.."

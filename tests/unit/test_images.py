@@ -39,12 +39,29 @@ def _names(reqs: list[str]) -> set[str]:
 
 def test_plain_dependencies_are_the_union_of_the_image_roles() -> None:
     extras = PYPROJECT["optional-dependencies"]
-    assert set(PYPROJECT["dependencies"]) == set(extras["server"]) | set(extras["operator"])
+    assert set(PYPROJECT["dependencies"]) == set(extras["server"]) | set(extras["operator"]) | set(extras["cpu"])
+
+
+def test_a_gpu_server_image_gets_onnxruntime_gpu_only() -> None:
+    """Both ONNX Runtime packages own the ``onnxruntime`` module: the CPU one would shadow the GPU one."""
+    cpu = _names(image_requirements.requirements(["server"]))
+    gpu = _names(image_requirements.requirements(["server", "gpu", "pytorch"]))
+    assert "onnxruntime" in cpu and "onnxruntime-gpu" not in cpu
+    assert "onnxruntime-gpu" in gpu and "onnxruntime" not in gpu
+    assert "onnxruntime" not in _names(image_requirements.requirements(["operator"]))
 
 
 def test_operator_image_carries_no_serving_stack() -> None:
     operator = _names(PYPROJECT["optional-dependencies"]["operator"])
-    assert not operator & {"onnxruntime", "grpcio", "fastapi", "uvicorn", "orjson", "prometheus-client"}
+    assert not operator & {
+        "onnxruntime",
+        "onnxruntime-gpu",
+        "grpcio",
+        "fastapi",
+        "uvicorn",
+        "orjson",
+        "prometheus-client",
+    }
     assert not _names(PYPROJECT["optional-dependencies"]["server"]) & {"kopf", "kubernetes"}
 
 
