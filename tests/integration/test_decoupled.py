@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import queue
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -85,11 +86,14 @@ def out(result: Any, name: str = "OUT") -> Any:
     return None if value is None else value.tolist()
 
 
-def test_repeat_streams_each_response_as_it_is_sent_interleaving_requests(stream: Stream) -> None:
-    """Responses come from the model's own threads after execute returned, in send order across requests."""
-    stream.send("repeat_int32", repeat([1, 2, 3], [300, 300, 300]), "slow")
-    stream.send("repeat_int32", repeat([7, 8], [50, 50]), "fast")
-    items = stream.take(5)
+def test_repeat_streams_each_response_as_it_is_sent_interleaving_requests(stream: Stream, tmp_path: Path) -> None:
+    """Responses come from the model's own threads after execute returned, in send order across requests:
+    "slow" holds its first response at a gate the test opens only once "fast" has sent both of its."""
+    stream.send("repeat_int32", repeat([1, 2, 3], [10, 10, 10]), "slow", parameters={"gate": str(tmp_path)})
+    stream.send("repeat_int32", repeat([7, 8], [10, 10]), "fast")
+    items = stream.take(2)
+    (tmp_path / "open").touch()
+    items += stream.take(3)
     assert all(error is None for _, error in items), items
     seen = [(r.get_response().id, out(r)[0], out(r, "IDX")[0], final(r)) for r, _ in items]
     assert [s for s in seen if s[0] == "slow"] == [("slow", 1, 0, False), ("slow", 2, 1, False), ("slow", 3, 2, False)]
@@ -131,12 +135,15 @@ def test_non_decoupled_models_answer_in_request_order_with_final_flags(stream: S
     assert e3 is None and out(ok) == [b"ok"] and final(ok)
 
 
-def test_async_execute_of_a_decoupled_model_serves_requests_concurrently(stream: Stream) -> None:
-    """One instance; the second request's coroutine runs while the first's still sleeps."""
-    stream.send("async_decoupled", [_tensor("IN", [3, 400], "INT32")], "slow")
-    stream.send("async_decoupled", [_tensor("IN", [3, 60], "INT32")], "fast")
-    order = [r.get_response().id for r, _ in stream.take(6)]
-    assert order[:3] == ["fast", "fast", "fast"], order
+def test_async_execute_of_a_decoupled_model_serves_requests_concurrently(stream: Stream, tmp_path: Path) -> None:
+    """One instance; the second request's coroutine runs while the first's still waits (at a gate the test
+    opens only once the second has answered)."""
+    stream.send("async_decoupled", [_tensor("IN", [3, 10], "INT32")], "slow", parameters={"gate": str(tmp_path)})
+    stream.send("async_decoupled", [_tensor("IN", [3, 10], "INT32")], "fast")
+    order = [r.get_response().id for r, _ in stream.take(3)]
+    (tmp_path / "open").touch()
+    order += [r.get_response().id for r, _ in stream.take(3)]
+    assert order == ["fast"] * 3 + ["slow"] * 3, order
 
 
 def test_an_error_response_does_not_end_the_stream(stream: Stream) -> None:

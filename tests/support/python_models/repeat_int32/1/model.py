@@ -1,4 +1,5 @@
 import json
+import os
 import threading
 import time
 
@@ -29,15 +30,20 @@ class TritonPythonModel:
                 )
                 continue
             sender = request.get_response_sender()
-            args = (sender, request.request_id(), values, delays, int(wait[0]))
+            # test-only: the request parameter "gate" names a folder; the first response waits for <gate>/open
+            gate = json.loads(request.parameters() or "{}").get("gate")
+            args = (sender, request.request_id(), values, delays, int(wait[0]), gate)
             thread = threading.Thread(target=self.respond, args=args)
             thread.daemon = True
             thread.start()
             self.threads.append(thread)
         return None
 
-    def respond(self, sender, request_id, values, delays, wait_ms):
+    def respond(self, sender, request_id, values, delays, wait_ms, gate=None):
         time.sleep(wait_ms / 1000)
+        deadline = time.monotonic() + 120
+        while gate and not os.path.exists(os.path.join(gate, "open")) and time.monotonic() < deadline:
+            time.sleep(0.005)
         for idx, (value, delay) in enumerate(zip(values, delays, strict=True)):
             time.sleep(int(delay) / 1000)
             if sender.is_cancelled():
