@@ -40,6 +40,7 @@ import fcntl
 import hashlib
 import json
 import os
+import random
 import shlex
 import shutil
 import signal
@@ -73,6 +74,8 @@ KWOK_STAGES = (
 )
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
 NODE_NAME = "kwok-gpu-node-0"
+#: tries of a start whose component lost its port to another process between choosing and binding
+START_ATTEMPTS = 3
 #: GPU nodes carry this taint (as on GKE/AKS); the ExtendedResourceToleration admission plugin gives
 #: every pod that asks for nvidia.com/gpu the toleration, so CPU-only pods land on the real node.
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
@@ -344,17 +347,37 @@ def tail(path: Path, n: int = 40) -> str:
     return "\n".join(lines[-n:])
 
 
-def free_ports(n: int) -> list[int]:
-    socks = []
+def _ephemeral_range() -> tuple[int, int]:
     try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct ports free on 127.0.0.1 now, chosen BELOW the kernel's ephemeral range.
+
+    A port the kernel hands out for ``bind(0)`` comes from the ephemeral range, which every outgoing
+    connection on the machine also draws from: between choosing it and the component binding it,
+    a client's connection (or a test server's ``bind(0)``) can take it, and the component dies with
+    "address already in use" (seen in CI: kube-scheduler, while other tests ran). Below the range
+    only an explicit bind can collide, and ``up`` retries on that (see cmd_up); NodePorts are avoided too."""
+    low = 10000
+    high = max(low + 1000, min(30000, _ephemeral_range()[0]))  # 30000-32767: Services' NodePort range
+    rng = random.Random()
+    chosen: list[int] = []
+    while len(chosen) < n:
+        port = rng.randrange(low, high)
+        if port in chosen:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        chosen.append(port)
+    return chosen
 
 
 def load_state(rd: Path) -> dict | None:
@@ -904,7 +927,14 @@ def cmd_up(args) -> int:
                 log(f"previous cluster in {rd} was not healthy or used other binaries; stopped {stopped or 'nothing'}")
             t0 = time.monotonic()
             timeout = float(os.environ.get("KUBEINFER_CLUSTER_TIMEOUT", "180"))
-            state = start(rd, bins, timeout, with_node)
+            for attempt in range(1, START_ATTEMPTS + 1):
+                try:
+                    state = start(rd, bins, timeout, with_node)
+                    break
+                except ClusterError as e:
+                    if "address already in use" not in str(e) or attempt == START_ATTEMPTS:
+                        raise
+                    log(f"a port was taken before its component bound it; starting again ({attempt}/{START_ATTEMPTS})")
             state["managed"] = args.hold is not None
             save_state(rd, state)
             start_s = time.monotonic() - t0
