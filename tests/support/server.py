@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -14,11 +15,27 @@ import httpx
 
 from tests.support.waiting import wait_for
 
+#: ports this test process has handed out (a server may not have bound its port yet)
+_HANDED_OUT: set[int] = set()
+
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port free on 127.0.0.1 now, below the kernel's ephemeral range and not handed out before.
+
+    ``bind(0)`` answers from the ephemeral range, which every outgoing connection also draws from, so a
+    port chosen that way can be taken by a client's connection before the server binds it (the local
+    cluster's scheduler died of exactly that in CI). 30000-32767 is left to Services' NodePorts."""
+    while True:
+        port = random.randrange(10000, 30000)
+        if port in _HANDED_OUT:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _HANDED_OUT.add(port)
+        return port
 
 
 @dataclass
