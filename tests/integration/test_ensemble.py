@@ -283,16 +283,19 @@ def test_ensemble_step_batches_with_outside_traffic(diamond_server: ServerProces
     """A direct request to join_batched waits for company and executes in one batch with the ensemble's step."""
     url = diamond_server.http_url
 
+    # each client is closed on the thread that made it: tritonclient's gevent pool cannot be joined from
+    # another thread (an unraisable AttributeError in __del__ when the main thread collects it)
     def direct() -> np.ndarray:
-        client = httpclient.InferenceServerClient(url, network_timeout=60)
-        inputs = [httpclient.InferInput("A", [1, 4], "FP32"), httpclient.InferInput("B", [1, 4], "FP32")]
-        inputs[0].set_data_from_numpy(np.ones((1, 4), dtype=np.float32))
-        inputs[1].set_data_from_numpy(np.ones((1, 4), dtype=np.float32))
-        return client.infer("join_batched", inputs).as_numpy("REQUESTS")
+        with httpclient.InferenceServerClient(url, network_timeout=60) as client:
+            inputs = [httpclient.InferInput("A", [1, 4], "FP32"), httpclient.InferInput("B", [1, 4], "FP32")]
+            inputs[0].set_data_from_numpy(np.ones((1, 4), dtype=np.float32))
+            inputs[1].set_data_from_numpy(np.ones((1, 4), dtype=np.float32))
+            return client.infer("join_batched", inputs).as_numpy("REQUESTS")
 
     def through_ensemble() -> np.ndarray:
-        client = httpclient.InferenceServerClient(url, network_timeout=60)
-        return client.infer("diamond_batched", _ensemble_input(np.ones((1, 4), dtype=np.float32))).as_numpy("REQUESTS")
+        with httpclient.InferenceServerClient(url, network_timeout=60) as client:
+            one = _ensemble_input(np.ones((1, 4), dtype=np.float32))
+            return client.infer("diamond_batched", one).as_numpy("REQUESTS")
 
     with ThreadPoolExecutor(2) as pool:
         a = pool.submit(direct)
