@@ -22,6 +22,9 @@ DEFAULT_SHM = "1Gi"
 DEFAULT_DRAIN_SECONDS = 10
 #: the server's --shutdown-timeout: after preStop, in-flight and queued requests get this long to finish
 SHUTDOWN_SECONDS = 30
+#: the server's --connection-drain-seconds: after SIGTERM (the pod already left the endpoints during the preStop
+#: drain) it keeps answering this long, sending keep-alive HTTP clients and gRPC channels pinned to it elsewhere
+CONNECTION_DRAIN_SECONDS = 3
 #: on top of drain + shutdown timeout before the kubelet kills: closing listeners, unloading, exiting
 EXIT_MARGIN_SECONDS = 5
 PROBE_DEFAULTS = {
@@ -96,6 +99,7 @@ def server_args(spec: Mapping[str, Any]) -> list[str]:
         "--model-control-mode=poll",
         f"--repository-poll-secs={int(flags.get('pollIntervalSeconds') or DEFAULT_POLL_SECONDS)}",
         f"--shutdown-timeout={shutdown_seconds(spec)}",
+        f"--connection-drain-seconds={CONNECTION_DRAIN_SECONDS}",
     ]
     if flags.get("logLevel"):
         args.append(f"--log-level={flags['logLevel']}")
@@ -107,9 +111,10 @@ def shutdown_seconds(spec: Mapping[str, Any]) -> int:
 
 
 def termination_grace_seconds(spec: Mapping[str, Any]) -> int:
-    """preStop drain + the server's --shutdown-timeout + a margin: the kubelet never kills a pod that is
-    still finishing requests (a scale-down or rollout loses none)."""
-    return int(spec.get("drainSeconds", DEFAULT_DRAIN_SECONDS)) + shutdown_seconds(spec) + EXIT_MARGIN_SECONDS
+    """preStop drain + the server's --connection-drain-seconds and --shutdown-timeout + a margin: the kubelet
+    never kills a pod that is still finishing requests (a scale-down or rollout loses none)."""
+    drain = int(spec.get("drainSeconds", DEFAULT_DRAIN_SECONDS))
+    return drain + CONNECTION_DRAIN_SECONDS + shutdown_seconds(spec) + EXIT_MARGIN_SECONDS
 
 
 def pod_annotations(spec: Mapping[str, Any]) -> dict[str, str]:

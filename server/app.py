@@ -69,6 +69,8 @@ class ServerSettings:
     #: the logging extension's control, configured by the command line (None: defaults)
     log_control: LogControl | None = None
     shutdown_timeout: float = 30.0
+    #: after SIGTERM, seconds of answering while sending connections to other replicas (see serve())
+    connection_drain_seconds: float = 0.0
     limits: Limits = DEFAULT_LIMITS
     #: bearer token file checked on HTTP and gRPC (None: no authentication)
     auth_token_file: Path | None = None
@@ -226,11 +228,27 @@ async def serve(settings: ServerSettings) -> int:
             await stop_wait
     else:
         load.cancel()
+    grpc_stopped = None
+    if settings.connection_drain_seconds > 0:
+        # Behind a Service, keep-alive connections stay pinned to this pod after it left the endpoints:
+        # answer a while longer, but make every HTTP response close its connection and send gRPC clients a
+        # GOAWAY (in-flight RPCs finish), so that their next request reconnects to another replica.
+        log.info(
+            "stopping: %.0fs for clients to move to other replicas (HTTP Connection: close, gRPC GOAWAY)",
+            settings.connection_drain_seconds,
+        )
+        service.close_connections()
+        if grpc_server is not None:
+            grace = settings.connection_drain_seconds + settings.shutdown_timeout
+            grpc_stopped = asyncio.create_task(grpc_server.stop(grace=grace))
+        await asyncio.sleep(settings.connection_drain_seconds)
     log.info("shutting down: draining in-flight requests (up to %.0fs)", settings.shutdown_timeout)
     await service.shutdown(settings.shutdown_timeout)
     for server in servers:
         server.should_exit = True
-    if grpc_server is not None:
+    if grpc_stopped is not None:
+        await grpc_stopped
+    elif grpc_server is not None:
         await grpc_server.stop(grace=2.0)  # RPCs still writing their response get this long
     await asyncio.gather(*tasks, return_exceptions=True)
     shm.close()

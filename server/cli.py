@@ -195,6 +195,16 @@ def _limits(args: argparse.Namespace) -> Limits:
     )
 
 
+def _non_negative(value: str) -> float:
+    try:
+        n = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got '{value}'") from None
+    if not n >= 0:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds >= 0, got '{value}'")
+    return n
+
+
 def _positive(value: str) -> int:
     try:
         n = int(value)
@@ -340,6 +350,14 @@ def build_parser(triton: bool = False) -> argparse.ArgumentParser:
         default=30.0,
         help="seconds in-flight requests may take to finish after SIGTERM",
     )
+    srv.add_argument(
+        "--connection-drain-seconds",
+        type=_non_negative,
+        default=0.0,
+        help="after SIGTERM, keep answering for this long while sending open connections away (HTTP "
+        "'Connection: close', gRPC GOAWAY; readiness false), then refuse new requests and drain: clients pinned "
+        "to a terminating pod by keep-alive reconnect to another replica instead of getting 503 (default 0)",
+    )
     srv.add_argument("--log-level", default=None, choices=["debug", "info", "warning", "error"])
     srv.add_argument("--log-verbose", type=_int_bool, default=0, help="verbose logging level (>0: debug)")
     srv.add_argument("--log-info", type=_bool, default=True)
@@ -472,6 +490,7 @@ def settings_from_args(args: argparse.Namespace, triton: bool) -> ServerSettings
         response_cache_bytes=_cache_bytes(args),
         trace_settings=parse_trace_config(_trace_items(args)),
         shutdown_timeout=args.shutdown_timeout,
+        connection_drain_seconds=args.connection_drain_seconds,
         limits=_limits(args),
         auth_token_file=args.auth_token_file,
         http_tls=http_tls,

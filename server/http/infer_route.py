@@ -58,6 +58,8 @@ class InferRoute:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        if self.service.closing_connections:
+            send = _closing(send)
         if self.token is not None and scope["path"] not in PROBE_PATHS:
             authorization = next((v for k, v in scope["headers"] if k == b"authorization"), None)
             if not self.token.accepts(authorization):
@@ -218,3 +220,16 @@ async def _respond(
         headers.append((b"inference-header-content-length", str(json_length).encode()))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": payload})
+
+
+def _closing(send: Send) -> Send:
+    """``send`` with ``Connection: close`` on the response: the client's next request opens a new connection,
+    which a Service routes to a replica that is not stopping (uvicorn closes the connection after it)."""
+
+    async def closing_send(message: MutableMapping[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            headers = [(k, v) for k, v in message.get("headers", []) if k.lower() != b"connection"]
+            message = {**message, "headers": [*headers, (b"connection", b"close")]}
+        await send(message)
+
+    return closing_send

@@ -98,6 +98,8 @@ class InferenceService:
         #: the logging extension
         self.log_control = log_control or LogControl()
         self.started = False
+        #: stopping: responses send their connections away (see close_connections)
+        self.closing_connections = False
         self._poller: asyncio.Task[None] | None = None
         #: --load-model names that failed in explicit mode (the registry forgets unknown names)
         self._startup_errors: list[str] = []
@@ -146,8 +148,13 @@ class InferenceService:
     def live(self) -> bool:
         return True
 
+    def close_connections(self) -> None:
+        """The server is stopping: not ready any more, and the front ends send their connections away
+        (HTTP ``Connection: close``; gRPC stops itself) while requests are still answered."""
+        self.closing_connections = True
+
     def ready(self) -> bool:
-        if not self.started or self.registry.shutting_down:
+        if not self.started or self.closing_connections or self.registry.shutting_down:
             return False
         return self.registry.all_ready() if self.options.strict_readiness else True
 

@@ -46,7 +46,8 @@ def test_deployment_from_issue_example(server_body):
     assert c["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", "10"]
     # the kubelet waits for the preStop drain, then the server's whole --shutdown-timeout, then a margin
     assert "--shutdown-timeout=30" in c["args"]
-    assert pod["terminationGracePeriodSeconds"] == 10 + 30 + 5
+    assert "--connection-drain-seconds=3" in c["args"]  # keep-alive clients move before the drain
+    assert pod["terminationGracePeriodSeconds"] == 10 + 3 + 30 + 5
     # Prometheus finds the pods by the conventional annotations
     assert dep["spec"]["template"]["metadata"]["annotations"] == {
         "prometheus.io/scrape": "true",
@@ -80,10 +81,11 @@ def test_server_flags_ports_and_scheduling(server_body):
         "--model-control-mode=poll",
         "--repository-poll-secs=2",
         "--shutdown-timeout=120",
+        "--connection-drain-seconds=3",
         "--log-level=debug",
         "--x=1",
     ]
-    assert dep["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 3 + 120 + 5
+    assert dep["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 3 + 3 + 120 + 5
     annotations = dep["spec"]["template"]["metadata"]["annotations"]
     assert annotations["prometheus.io/port"] == "9100"
     assert annotations["prometheus.io/scrape"] == "false"  # the user's annotations win

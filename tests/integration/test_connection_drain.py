@@ -1,0 +1,77 @@
+"""``--connection-drain-seconds``: after SIGTERM the server keeps answering for that long, but sends its
+connections away — every HTTP response says ``Connection: close`` and gRPC channels get a GOAWAY —, with
+readiness false; then it drains as without the flag (new requests 503, in-flight ones finish) and exits 0.
+
+Behind a Kubernetes Service this moves clients whose keep-alive connection is pinned to a terminating pod
+(the endpoint is gone, the connection is not) to another replica instead of answering them 503; the
+operator sets the flag on every server pod. e2e/test_user_path.py deletes a pod under load to show it.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import onnx
+import pytest
+import tritonclient.grpc as grpcclient
+from onnx import TensorProto
+
+from tests.support.models import unary
+from tests.support.server import start_server
+from tests.support.waiting import wait_for
+
+MODEL = "relu"
+BODY = {"inputs": [{"name": "IN", "shape": [1, 4], "datatype": "FP32", "data": [-1.0, 2.0, -3.0, 4.0]}]}
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    (tmp_path / "repo" / MODEL / "1").mkdir(parents=True)
+    onnx.save(unary(MODEL, "Relu", TensorProto.FLOAT, ["batch", 4]), tmp_path / "repo" / MODEL / "1" / "model.onnx")
+    (tmp_path / "repo" / MODEL / "config.pbtxt").write_text(
+        'platform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
+        'input [ { name: "IN" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+        'output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+    )
+    return tmp_path / "repo"
+
+
+def test_stopping_server_answers_and_sends_keep_alive_clients_away(repo: Path, tmp_path: Path) -> None:
+    server = start_server(repo, "--connection-drain-seconds", "3", "--shutdown-timeout", "5", log_dir=tmp_path)
+    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    inp = grpcclient.InferInput("IN", [1, 4], "FP32")
+    inp.set_data_from_numpy(np.array([[-1, 2, -3, 4]], np.float32))
+    assert grpc.infer(MODEL, [inp]).as_numpy("OUT").tolist() == [[0, 2, 0, 4]]
+    with httpx.Client(base_url=server.base_url, timeout=10) as http:  # one keep-alive connection
+        first = http.post(f"/v2/models/{MODEL}/infer", json=BODY)
+        assert first.status_code == 200 and first.headers.get("connection") != "close"
+        server.proc.send_signal(signal.SIGTERM)
+        wait_for(
+            "readiness to drop",
+            lambda: httpx.get(f"{server.base_url}/v2/health/ready", timeout=5).status_code == 503,
+            timeout=10,
+        )
+        # the pinned client is still answered, and told to reconnect
+        r = http.post(f"/v2/models/{MODEL}/infer", json=BODY)
+        assert r.status_code == 200, r.text
+        assert r.json()["outputs"][0]["data"] == [0, 2, 0, 4]
+        assert r.headers["connection"] == "close"
+        assert "for clients to move to other replicas" in server.log()
+        # gRPC got a GOAWAY: a new RPC on this channel finds no listener any more (behind a Service it would
+        # reconnect to another replica)
+        with pytest.raises(Exception, match="UNAVAILABLE"):
+            grpc.infer(MODEL, [inp], client_timeout=5)
+        # then the drain as without the flag: new requests are refused, the process exits 0
+        wait_for(
+            "the drain to refuse new requests",
+            lambda: "shutting down: draining in-flight requests" in server.log(),
+            timeout=15,
+        )
+        started = time.monotonic()
+        assert server.proc.wait(30) == 0, server.log()[-3000:]
+        assert time.monotonic() - started < 30
+    grpc.close()
