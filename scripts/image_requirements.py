@@ -1,20 +1,22 @@
-"""Print the requirements of some of kubeinfer's extras, one per line, from the installed metadata.
+"""Print the requirements of some of kubeinfer's extras, one per line, read from pyproject.toml.
 
-The images install the project with ``pip install --no-deps .`` and then only what their role needs
-(``server`` or ``operator``, plus e.g. ``gpu``), because the plain dependency list is the union of both.
-The server role takes ONNX Runtime from ``cpu`` unless ``gpu`` is asked for: only one of onnxruntime and
-onnxruntime-gpu may be installed in one environment.
-Usage: ``python image_requirements.py server gpu,pytorch`` (extras as arguments or comma-separated;
-stdlib only; runs inside the image build).
+The images install only what their role needs (the ``server`` or ``operator`` extra, plus e.g. ``gpu``),
+because the plain dependency list is the union of both; they install these first, from pyproject.toml
+alone, so that a source change reuses that layer. The server role takes ONNX Runtime from ``cpu`` unless
+``gpu`` is asked for: only one of onnxruntime and onnxruntime-gpu may be installed in one environment.
+Usage (stdlib only, Python 3.11+; runs in the build):
+
+    python image_requirements.py --pyproject pyproject.toml server gpu,pytorch
 """
 
 from __future__ import annotations
 
-import importlib.metadata
-import re
-import sys
+import argparse
+from pathlib import Path
 
-EXTRA = re.compile(r"""extra\s*==\s*['"]([^'"]+)['"]""")
+import tomllib
+
+PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
 
 
 def role_extras(extras: list[str]) -> list[str]:
@@ -24,24 +26,25 @@ def role_extras(extras: list[str]) -> list[str]:
     return extras
 
 
-def requirements(extras: list[str], dist: str = "kubeinfer") -> list[str]:
+def requirements(extras: list[str], pyproject: Path = PYPROJECT) -> list[str]:
     extras = role_extras(extras)
-    known: set[str] = set(importlib.metadata.metadata(dist).get_all("Provides-Extra") or [])
-    unknown = [e for e in extras if e not in known]
+    table = tomllib.loads(pyproject.read_text())["project"].get("optional-dependencies", {})
+    unknown = [e for e in extras if e not in table]
     if unknown:
-        raise SystemExit(f"unknown extra(s) {unknown}; {dist} provides {sorted(known)}")
+        raise SystemExit(f"unknown extra(s) {unknown}; {pyproject} has {sorted(table)}")
     out: list[str] = []
-    for req in importlib.metadata.requires(dist) or []:
-        spec, _, marker = req.partition(";")
-        m = EXTRA.search(marker)
-        if m and m.group(1) in extras:
-            rest = EXTRA.sub("", marker).strip(" ()")
-            rest = re.sub(r"^\s*and\s+|\s+and\s*$", "", rest).strip()
-            line = spec.strip() + (f"; {rest}" if rest else "")
-            if line not in out:
-                out.append(line)
+    for extra in extras:
+        out += [r for r in table[extra] if r not in out]
     return out
 
 
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--pyproject", type=Path, default=PYPROJECT)
+    ap.add_argument("extras", nargs="+", help="extras, as arguments or comma-separated")
+    args = ap.parse_args(argv)
+    print("\n".join(requirements([e for a in args.extras for e in a.split(",") if e], args.pyproject)))
+
+
 if __name__ == "__main__":
-    print("\n".join(requirements([e for arg in sys.argv[1:] for e in arg.split(",") if e])))
+    main()

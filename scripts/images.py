@@ -41,15 +41,9 @@ ROOT = Path(__file__).resolve().parents[1]
 SYSTEM_PACKAGES = ROOT / "e2e" / "cluster" / "system-packages"
 
 #: Files and folders the Dockerfiles COPY (the build context after .dockerignore); hashed for the tag.
-CONTEXT = (
-    "pyproject.toml",
-    "setup.py",
-    "README.md",
-    "constraints.txt",
-    "server",
-    "operator",
-    "scripts/image_requirements.py",
-)
+CONTEXT = ("pyproject.toml", "constraints.txt", "setup.py", "server", "operator", "scripts/image_requirements.py")
+#: What the Dockerfiles' ``deps`` stage (third-party requirements) is built from.
+DEPS_CONTEXT = ("pyproject.toml", "constraints.txt", "scripts/image_requirements.py")
 IGNORED_PARTS = ("__pycache__",)
 IGNORED_SUFFIXES = (".pyc",)
 
@@ -71,7 +65,8 @@ BASE_RECIPE = {
     "hook": "merged-usr",
     "version": 1,
 }
-BUILD_FLAGS = ("--network=host", "--ulimit=nofile=20000:20000")
+#: --layers: reuse cached steps (the deps stage) when only the sources changed, as docker does
+BUILD_FLAGS = ("--network=host", "--layers", "--ulimit=nofile=20000:20000")
 
 IMAGES = {"server": "Dockerfile.server", "operator": "Dockerfile.operator"}
 #: Imported in each freshly built image (as its user): a missing system library fails the build, not a pod.
@@ -122,9 +117,9 @@ def project_version() -> str:
 # ----------------------------------------------------------------------------- hashing
 
 
-def context_files(root: Path = ROOT) -> list[Path]:
+def context_files(root: Path = ROOT, entries: tuple[str, ...] = CONTEXT) -> list[Path]:
     files: list[Path] = []
-    for entry in CONTEXT:
+    for entry in entries:
         p = root / entry
         candidates = [p] if p.is_file() else sorted(q for q in p.rglob("*") if q.is_file())
         for q in candidates:
@@ -135,13 +130,15 @@ def context_files(root: Path = ROOT) -> list[Path]:
     return files
 
 
-def inputs_hash(dockerfile: str, base_ref: str, build_args: dict[str, str], root: Path = ROOT) -> str:
+def inputs_hash(
+    dockerfile: str, base_ref: str, build_args: dict[str, str], root: Path = ROOT, entries: tuple[str, ...] = CONTEXT
+) -> str:
     h = hashlib.sha256()
     for key, value in (("dockerfile", (root / dockerfile).read_bytes()), ("base", base_ref.encode())):
         h.update(f"\0{key}\0".encode() + value)
     h.update(json.dumps(build_args, sort_keys=True).encode())
     h.update((root / ".dockerignore").read_bytes())
-    for rel in context_files(root):
+    for rel in context_files(root, entries):
         h.update(f"\0{rel}\0{os.stat(root / rel).st_mode & 0o111 != 0}\0".encode())
         h.update((root / rel).read_bytes())
     return h.hexdigest()[:12]
@@ -241,14 +238,17 @@ def build_image(role: str, base: str, extra_args: dict[str, str]) -> dict:
     t0 = time.monotonic()
     if not image_exists(local):
         log(f"building {name} ({dockerfile}, inputs {digest})")
-        cmd = ["buildah", "bud", "-q", *BUILD_FLAGS, "-f", dockerfile, "-t", local, "-t", f"localhost/{name}:{version}"]
+        flags = [*BUILD_FLAGS, "-f", dockerfile, *host_ca_volume()]
         for k, v in args.items():
-            cmd += ["--build-arg", f"{k}={v}"]
-        cmd += host_ca_volume()
-        run(*cmd, ".", cwd=ROOT)
+            flags += ["--build-arg", f"{k}={v}"]
+        # the requirements stage under its own tag, so pruning never drops that cache
+        deps = f"localhost/{name}-deps:{inputs_hash(dockerfile, base, args, entries=DEPS_CONTEXT)}"
+        if not image_exists(deps):
+            run("buildah", "bud", "-q", *flags, "--target", "deps", "-t", deps, ".", cwd=ROOT)
+        run("buildah", "bud", "-q", *flags, "-t", local, "-t", f"localhost/{name}:{version}", ".", cwd=ROOT)
         smoke(local, SMOKE[role])
         built = True
-        prune(name, keep=local)
+        prune(name, keep=(local, deps))
     else:
         run("buildah", "tag", local, f"localhost/{name}:{version}")
     info = {
@@ -279,10 +279,11 @@ def smoke(ref: str, code: str) -> None:
         subprocess.run(["buildah", "rm", ctr], capture_output=True)
 
 
-def prune(name: str, keep: str) -> None:
-    """Drop this image's older builds and the dangling build stages (disk is shared and tight)."""
+def prune(name: str, keep: tuple[str, ...]) -> None:
+    """Drop this image's older builds and requirement stages and the dangling build steps (disk is shared)."""
+    old = re.compile(rf"localhost/{name}(:[^:]+-|-deps:)[0-9a-f]{{12}}")
     for line in run("buildah", "images", "--format", "{{.Name}}:{{.Tag}}").split():
-        if line != keep and re.fullmatch(rf"localhost/{name}:[^:]+-[0-9a-f]{{12}}", line):
+        if line not in keep and old.fullmatch(line):
             subprocess.run(["buildah", "rmi", line], capture_output=True)
     subprocess.run(["buildah", "rmi", "--prune"], capture_output=True)
 

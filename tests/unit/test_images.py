@@ -65,12 +65,15 @@ def test_operator_image_carries_no_serving_stack() -> None:
     assert not _names(PYPROJECT["optional-dependencies"]["server"]) & {"kopf", "kubernetes"}
 
 
-def test_image_requirements_reads_the_installed_metadata() -> None:
-    got = image_requirements.requirements(["operator"])
-    assert _names(got) == _names(PYPROJECT["optional-dependencies"]["operator"])
-    assert any(r.startswith("protobuf") and "<7" in r for r in got)  # the pins survive
+def test_image_requirements_reads_the_extras_from_pyproject() -> None:
+    pyproject = ROOT / "pyproject.toml"
+    got = image_requirements.requirements(["operator"], pyproject)
+    assert got == PYPROJECT["optional-dependencies"]["operator"]  # the pins survive
+    both = image_requirements.requirements(["server", "gpu"], pyproject)
+    assert both[: len(PYPROJECT["optional-dependencies"]["server"])] == PYPROJECT["optional-dependencies"]["server"]
+    assert "onnxruntime-gpu>=1.18" in both and len(both) == len(set(both))
     with pytest.raises(SystemExit, match="unknown extra"):
-        image_requirements.requirements(["no-such-extra"])
+        image_requirements.requirements(["no-such-extra"], pyproject)
 
 
 @pytest.mark.parametrize(
@@ -105,7 +108,12 @@ def test_dockerfiles_take_the_base_as_an_argument_and_copy_only_the_hashed_conte
     for dockerfile in images.IMAGES.values():
         text = (ROOT / dockerfile).read_text()
         assert re.search(r"^ARG BASE=python:3\.11-slim$", text, re.M), dockerfile
-        assert text.count("FROM ${BASE}") == 2, dockerfile
+        assert text.count("FROM ${BASE}") == 2 and "FROM deps AS build" in text, dockerfile
+        deps_stage = text.split("FROM deps AS build")[0]
+        copied = [s for line in re.findall(r"^COPY (.+?) \S+$", deps_stage, re.M) for s in line.split()]
+        assert "constraints.txt" in copied and "pyproject.toml" in copied
+        for src in copied:  # what the requirements layer depends on
+            assert src in images.DEPS_CONTEXT, f"{dockerfile}'s deps stage copies {src}"
         for src in re.findall(r"^COPY (?!--from)(.+?) \S+$", text, re.M):
             for item in src.split():
                 assert item.rstrip("/") in images.CONTEXT, f"{dockerfile} copies {item}, not in the hashed context"
