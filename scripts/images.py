@@ -279,12 +279,26 @@ def smoke(ref: str, code: str) -> None:
         subprocess.run(["buildah", "rm", ctr], capture_output=True)
 
 
+#: builds of an image kept besides the current one: other worktrees and CI runs on this machine share
+#: buildah's storage, and pruning their fresh builds made them rebuild identical inputs
+KEEP_BUILDS = 4
+KEEP_SECONDS = 6 * 3600
+
+
 def prune(name: str, keep: tuple[str, ...]) -> None:
-    """Drop this image's older builds and requirement stages and the dangling build steps (disk is shared)."""
+    """Drop this image's old builds and requirement stages (older than KEEP_SECONDS and beyond the KEEP_BUILDS
+    newest) and the dangling build steps: the disk is shared and tight."""
     old = re.compile(rf"localhost/{name}(:[^:]+-|-deps:)[0-9a-f]{{12}}")
-    for line in run("buildah", "images", "--format", "{{.Name}}:{{.Tag}}").split():
-        if line not in keep and old.fullmatch(line):
-            subprocess.run(["buildah", "rmi", line], capture_output=True)
+    builds: dict[bool, list[tuple[int, str]]] = {True: [], False: []}  # by "is a deps stage"
+    for image in json.loads(run("buildah", "images", "--json") or "[]"):
+        for ref in image.get("names") or []:
+            if ref not in keep and old.fullmatch(ref):
+                builds["-deps:" in ref].append((int(image.get("created", 0)), ref))
+    now = time.time()
+    for refs in builds.values():
+        for i, (created, ref) in enumerate(sorted(refs, reverse=True)):
+            if i >= KEEP_BUILDS or now - created > KEEP_SECONDS:
+                subprocess.run(["buildah", "rmi", ref], capture_output=True)
     subprocess.run(["buildah", "rmi", "--prune"], capture_output=True)
 
 
