@@ -305,6 +305,16 @@ def test_2_models_fetched_by_the_operator_pod_become_ready(path: UserPath) -> No
     assert "cifar10-resnet" in (rendered / "config.pbtxt").read_text()
     pods = path.server_pods()
     assert len(pods) == 1 and ready(pods[0]) and pods[0]["spec"]["nodeName"] == path.node["name"]
+    # the pod mounts the claim read-only: the kernel refuses a write, the rendered model is visible
+    mount = next(m for m in pods[0]["spec"]["containers"][0]["volumeMounts"] if m["mountPath"] == "/models")
+    assert mount["readOnly"] is True, mount
+    probe = path.kubectl(
+        "exec", pods[0]["metadata"]["name"], "--", "python3", "-c",
+        "import os; print(sorted(os.listdir('/models'))); open('/models/written-by-a-pod', 'w')",
+        check=False,
+    )  # fmt: skip
+    assert probe.returncode != 0 and "Read-only file system" in probe.stderr, (probe.stdout, probe.stderr)
+    assert MODEL in probe.stdout
 
 
 def test_3_tritonclient_http_and_grpc_through_the_cluster_ip(path: UserPath) -> None:
@@ -383,15 +393,19 @@ def test_6_deleting_a_pod_under_load_fails_no_request(path: UserPath) -> None:
     dep = path.get("deployment", SERVER)
     spec = dep["spec"]["template"]["spec"]
     container = spec["containers"][0]
-    # the grace period covers the preStop drain (endpoint removal) plus the server's own shutdown timeout
+    # the grace period covers the preStop drain (endpoint removal), the server's connection drain and its own
+    # shutdown timeout: the kubelet never kills a server still finishing requests
     args = container["args"]
-    given = [
-        float(m.group(1)) for a in args if (m := re.fullmatch(r"--(?:shutdown-timeout|exit-timeout-secs)=(\S+)", a))
-    ]
-    shutdown_timeout = given[-1] if given else server_default("shutdown_timeout")
+
+    def flag(pattern: str, dest: str) -> float:
+        given = [float(m.group(1)) for a in args if (m := re.fullmatch(rf"--(?:{pattern})=(\S+)", a))]
+        return given[-1] if given else float(server_default(dest))
+
+    shutdown_timeout = flag("shutdown-timeout|exit-timeout-secs", "shutdown_timeout")
+    connection_drain = flag("connection-drain-seconds", "connection_drain_seconds")
     pre_stop = container["lifecycle"]["preStop"]["exec"]["command"]
     drain = int(pre_stop[-1]) if pre_stop[0] == "sleep" else 0
-    assert spec["terminationGracePeriodSeconds"] >= drain + shutdown_timeout, (spec, args)
+    assert spec["terminationGracePeriodSeconds"] >= drain + connection_drain + shutdown_timeout, (spec, args)
 
     victim = path.server_pods()[0]["metadata"]["name"]
     logs = subprocess.Popen(
