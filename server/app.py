@@ -71,6 +71,8 @@ class ServerSettings:
     shutdown_timeout: float = 30.0
     #: after SIGTERM, seconds of answering while sending connections to other replicas (see serve())
     connection_drain_seconds: float = 0.0
+    #: milliseconds after which gRPC connections get a graceful GOAWAY (0: never; see start_grpc_server)
+    grpc_max_connection_age_ms: int = 0
     limits: Limits = DEFAULT_LIMITS
     #: bearer token file checked on HTTP and gRPC (None: no authentication)
     auth_token_file: Path | None = None
@@ -196,6 +198,7 @@ async def serve(settings: ServerSettings) -> int:
             token,
             settings.grpc_tls,
             shm,
+            max_connection_age_ms=settings.grpc_max_connection_age_ms,
         )
     await asyncio.sleep(0)
     for server, task in zip(servers, tasks, strict=True):

@@ -51,7 +51,6 @@ IGNORED: dict[str, str] = {
     "--grpc-http2-max-pings-without-data": "grpc defaults apply",
     "--grpc-http2-min-recv-ping-interval-without-data": "grpc defaults apply",
     "--grpc-http2-max-ping-strikes": "grpc defaults apply",
-    "--grpc-max-connection-age": "grpc defaults apply",
     "--grpc-max-connection-age-grace": "grpc defaults apply",
     "--grpc-restricted-protocol": "protocol restriction by header is not implemented",
     "--allow-gpu-metrics": "GPU gauges are exported whenever NVML finds a GPU",
@@ -202,6 +201,16 @@ def _non_negative(value: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a number of seconds, got '{value}'") from None
     if not n >= 0:
         raise argparse.ArgumentTypeError(f"expected a number of seconds >= 0, got '{value}'")
+    return n
+
+
+def _non_negative_int(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got '{value}'") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got '{value}'")
     return n
 
 
@@ -358,6 +367,15 @@ def build_parser(triton: bool = False) -> argparse.ArgumentParser:
         "'Connection: close', gRPC GOAWAY; readiness false), then refuse new requests and drain: clients pinned "
         "to a terminating pod by keep-alive reconnect to another replica instead of getting 503 (default 0)",
     )
+    srv.add_argument(
+        "--grpc-max-connection-age",
+        type=_non_negative_int,
+        default=0,
+        metavar="MS",
+        help="milliseconds after which each gRPC connection gets a graceful GOAWAY (+-10%% jitter; in-flight RPCs "
+        "finish, the client reconnects; Triton's flag): behind a Kubernetes Service, channels spread over new "
+        "replicas and leave a pod that left the endpoints before it stops (default 0: never)",
+    )
     srv.add_argument("--log-level", default=None, choices=["debug", "info", "warning", "error"])
     srv.add_argument("--log-verbose", type=_int_bool, default=0, help="verbose logging level (>0: debug)")
     srv.add_argument("--log-info", type=_bool, default=True)
@@ -491,6 +509,7 @@ def settings_from_args(args: argparse.Namespace, triton: bool) -> ServerSettings
         trace_settings=parse_trace_config(_trace_items(args)),
         shutdown_timeout=args.shutdown_timeout,
         connection_drain_seconds=args.connection_drain_seconds,
+        grpc_max_connection_age_ms=args.grpc_max_connection_age,
         limits=_limits(args),
         auth_token_file=args.auth_token_file,
         http_tls=http_tls,

@@ -100,14 +100,19 @@ async def start_grpc_server(
     token: BearerToken | None = None,
     tls: TlsFiles | None = None,
     shm: SharedMemoryRegistry | None = None,
+    max_connection_age_ms: int = 0,
 ) -> grpc.aio.Server:
-    options = [
+    options: list[tuple[str, int]] = [
         # oversized messages and metadata are refused by gRPC itself (RESOURCE_EXHAUSTED) before decoding
         ("grpc.max_send_message_length", limits.grpc_max_message_bytes),
         ("grpc.max_receive_message_length", limits.grpc_max_message_bytes),
         ("grpc.max_metadata_size", limits.max_header_bytes),  # soft limit: grpc refuses some requests above it
         ("grpc.absolute_max_metadata_size", limits.max_header_bytes),  # hard limit: refuses all above it
     ]
+    if max_connection_age_ms > 0:
+        # grpc's own graceful GOAWAY: the server keeps accepting calls meanwhile (a stopping server's
+        # not-yet-dispatched calls end CANCELLED, grpc/grpc#41785); open streams finish (no age grace limit)
+        options.append(("grpc.max_connection_age_ms", max_connection_age_ms))
     interceptors = [BearerInterceptor(token)] if token is not None else []
     server = grpc.aio.server(options=options, interceptors=interceptors)
     servicer = InferenceServicer(service, limits, shm)

@@ -10,6 +10,7 @@ operator sets the flag on every server pod. e2e/test_user_path.py deletes a pod 
 from __future__ import annotations
 
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -75,3 +76,54 @@ def test_stopping_server_answers_and_sends_keep_alive_clients_away(repo: Path, t
         assert server.proc.wait(30) == 0, server.log()[-3000:]
         assert time.monotonic() - started < 30
     grpc.close()
+
+
+def _client_ports(server_port: int) -> set[int]:
+    """Local ports of the established TCP connections to ``server_port`` (this network namespace)."""
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):  # grpc's sockets are IPv6 (IPv4-mapped) where it can
+        for line in Path(table).read_text().splitlines()[1:]:
+            local, remote, state = line.split()[1:4]
+            if state == "01" and int(remote.rsplit(":", 1)[1], 16) == server_port:
+                ports.add(int(local.rsplit(":", 1)[1], 16))
+    return ports
+
+
+def test_grpc_connections_are_recycled_gracefully_at_the_max_age(repo: Path, tmp_path: Path) -> None:
+    """--grpc-max-connection-age (Triton's flag, milliseconds): each connection gets a graceful GOAWAY after that long and the channels
+    reconnect (behind a Service: to any replica) without a failed call; the server keeps accepting calls
+    meanwhile, unlike a stopping server (whose not-yet-dispatched calls end CANCELLED)."""
+    server = start_server(repo, "--grpc-max-connection-age", "1000", log_dir=tmp_path)
+    port = int(server.grpc_url.rsplit(":", 1)[1])
+    failures: list[str] = []
+    calls = [0]
+    stop = threading.Event()
+
+    def call() -> None:
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        inp = grpcclient.InferInput("IN", [1, 4], "FP32")
+        inp.set_data_from_numpy(np.array([[-1, 2, -3, 4]], np.float32))
+        try:
+            while not stop.is_set():
+                try:
+                    assert client.infer(MODEL, [inp], client_timeout=10).as_numpy("OUT").tolist() == [[0, 2, 0, 4]]
+                    calls[0] += 1
+                except Exception as exc:  # every failure counts
+                    failures.append(str(exc))
+        finally:
+            client.close()
+
+    threads = [threading.Thread(target=call, daemon=True) for _ in range(4)]
+    for t in threads:
+        t.start()
+    seen: set[int] = set()
+    try:
+        # 4 channels; each connection lives ~1 s (+-10 %), so new client ports keep appearing
+        wait_for("connections replaced after their max age", lambda: seen.update(_client_ports(port)) or len(seen) >= 12,
+                 timeout=60, interval=0.1)  # fmt: skip
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(15)
+    assert failures == [], failures[:5]
+    assert calls[0] > 0

@@ -47,6 +47,8 @@ def test_deployment_from_issue_example(server_body):
     # the kubelet waits for the preStop drain, then the server's whole --shutdown-timeout, then a margin
     assert "--shutdown-timeout=30" in c["args"]
     assert "--connection-drain-seconds=3" in c["args"]  # keep-alive clients move before the drain
+    # gRPC channels pinned to a pod that left the endpoints reconnect elsewhere during the preStop drain
+    assert "--grpc-max-connection-age=5000" in c["args"]
     assert pod["terminationGracePeriodSeconds"] == 10 + 3 + 30 + 5
     # Prometheus finds the pods by the conventional annotations
     assert dep["spec"]["template"]["metadata"]["annotations"] == {
@@ -82,6 +84,7 @@ def test_server_flags_ports_and_scheduling(server_body):
         "--repository-poll-secs=2",
         "--shutdown-timeout=120",
         "--connection-drain-seconds=3",
+        "--grpc-max-connection-age=1000",
         "--log-level=debug",
         "--x=1",
     ]
@@ -116,3 +119,10 @@ def test_service_ports_are_named(server_body):
         ("metrics", 8002, "metrics"),
     ]
     assert svc["spec"]["selector"] == manifests.selector_labels("gpu-pool")
+
+
+def test_no_prestop_drain_means_no_grpc_connection_age(server_body):
+    server_body["spec"]["drainSeconds"] = 0
+    c = _container(manifests.deployment(server_body))
+    assert not [a for a in c["args"] if a.startswith("--grpc-max-connection-age")]
+    assert "lifecycle" not in c or c["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", "0"]
