@@ -44,7 +44,7 @@ import tritonclient.http as httpclient
 import yaml
 from kubeinfer.server.examples import models
 
-from tests.support.waiting import wait_for
+from tests.support.waiting import wait_for, wait_for_cluster
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
@@ -258,7 +258,7 @@ def test_1_helm_install_runs_the_operator_image(path: UserPath) -> None:
         "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:8080/healthz').status)",
     )  # fmt: skip
     assert health.stdout.strip() == "200"
-    lease = wait_for(
+    lease = wait_for_cluster(
         "the operator's leader Lease",
         lambda: (lease := path.get("lease", "kubeinfer-operator")) and lease["spec"].get("holderIdentity") and lease,
         timeout=60,
@@ -296,7 +296,7 @@ def test_2_models_fetched_by_the_operator_pod_become_ready(path: UserPath) -> No
         c = path.condition()
         return c if c.get("status") == "True" else None
 
-    cond = wait_for("InferenceModel Ready", serving, timeout=300, interval=1, describe=path.describe)
+    cond = wait_for_cluster("InferenceModel Ready", serving, timeout=300, describe=path.describe)
     assert cond["reason"] == "Serving", cond
     status = path.get("inferencemodel", MODEL)["status"]
     assert status["activeVersions"] == [1] and status["targetVersions"] == [1]
@@ -353,7 +353,7 @@ def test_4_version_2_from_the_volume_under_load(path: UserPath) -> None:
             status = path.get("inferencemodel", MODEL)["status"]
             return status["activeVersions"] == [2] and load.counts().get("2", 0) >= 20
 
-        wait_for("version 2 serving (latest-1 policy)", switched, timeout=300, interval=1, describe=path.describe)
+        wait_for_cluster("version 2 serving (latest-1 policy)", switched, timeout=300, describe=path.describe)
     assert load.failures == [], load.failures[:10]
     assert load.counts().get("1", 0) > 0 and load.counts()["2"] > 0, load.counts()
     assert path.condition()["status"] == "True"
@@ -366,12 +366,12 @@ def test_5_two_replicas_both_ready_and_serving(path: UserPath) -> None:
         pods = [p for p in path.server_pods() if not p["metadata"].get("deletionTimestamp")]
         return pods if len(pods) == 2 and all(ready(p) for p in pods) else None
 
-    pods = wait_for("2 Ready server pods", both_ready, timeout=300, interval=1, describe=path.describe)
+    pods = wait_for_cluster("2 Ready server pods", both_ready, timeout=300, describe=path.describe)
     for pod in pods:  # each replica itself serves the model (not only whichever the Service picks)
         version, out = infer_http(f"{pod['status']['podIP']}:8000", path.image)
         assert version == "2"
         np.testing.assert_allclose(out, path.expected["2"], rtol=1e-3, atol=1e-4)
-    wait_for(
+    wait_for_cluster(
         "the InferenceServer's status to count 2 ready replicas",
         lambda: (path.get("inferenceserver", SERVER).get("status") or {}).get("readyReplicas") == 2,
         timeout=120,
@@ -385,7 +385,7 @@ def test_5b_the_model_status_counts_every_replica(path: UserPath) -> None:
         v2 = next((s for s in status.get("versionStates") or [] if s["version"] == 2), {})
         return status if v2.get("readyReplicas") == 2 and v2.get("replicas") == 2 else None
 
-    status = wait_for("the model's status to count 2 replicas", counted, timeout=90, interval=1)
+    status = wait_for_cluster("the model's status to count 2 replicas", counted, timeout=90)
     assert status["activeVersions"] == [2]
 
 
@@ -423,7 +423,7 @@ def test_6_deleting_a_pod_under_load_fails_no_request(path: UserPath) -> None:
                 fresh = [p for p in pods if p["metadata"]["name"] != victim and ready(p)]
                 return victim not in names and len(fresh) == 2
 
-            wait_for("the pod gone and replaced", replaced, timeout=300, interval=1, describe=path.describe)
+            wait_for_cluster("the pod gone and replaced", replaced, timeout=300, describe=path.describe)
             wait_for("answers after the replacement", lambda: sum(load.counts().values()) > before + 50, timeout=60)
         assert load.failures == [], load.failures[:10]
         out, _ = logs.communicate(timeout=60)
@@ -438,7 +438,7 @@ def test_7_helm_uninstall_removes_the_operator_and_keeps_the_models(path: UserPa
     rendered = path.volume / path.ns / SERVER / MODEL
     before = {p.relative_to(rendered) for p in rendered.rglob("*")}
     path.cluster.helm("uninstall", RELEASE, "-n", path.ns, "--wait", "--timeout", "2m", timeout=150)
-    wait_for(
+    wait_for_cluster(
         "the operator's pods gone",
         lambda: not (path.get("pods", selector="app.kubernetes.io/name=kubeinfer-operator") or {}).get("items"),
         timeout=120,
