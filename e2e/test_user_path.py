@@ -44,6 +44,7 @@ import tritonclient.http as httpclient
 import yaml
 from kubeinfer.server.examples import models
 
+from tests.support.operator_logs import problems
 from tests.support.waiting import wait_for, wait_for_cluster
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
@@ -437,6 +438,9 @@ def test_6_deleting_a_pod_under_load_fails_no_request(path: UserPath) -> None:
 def test_7_helm_uninstall_removes_the_operator_and_keeps_the_models(path: UserPath) -> None:
     rendered = path.volume / path.ns / SERVER / MODEL
     before = {p.relative_to(rendered) for p in rendered.rglob("*")}
+    # the whole path left nothing wrong in the operator pod's log (e.g. events posted from its resync thread)
+    log = path.kubectl("logs", "deploy/kubeinfer-operator").stdout
+    assert "Traceback" not in log and not problems(log), (problems(log), log[-5000:])
     path.cluster.helm("uninstall", RELEASE, "-n", path.ns, "--wait", "--timeout", "2m", timeout=150)
     wait_for_cluster(
         "the operator's pods gone",
