@@ -14,7 +14,9 @@ from .codec import (
     load_config_file,
     parse_config_text,
 )
+from .normalize import check_instance_groups, normalize_config
 from .platforms import KNOWN_PLATFORMS
+from .triton_json import config_to_triton_json
 from .validate import MAX_FILE_NAME_BYTES, check_file_name, check_file_names, validate_config
 
 ModelConfig = pb.ModelConfig
@@ -27,11 +29,14 @@ __all__ = [
     "ModelConfig",
     "check_file_name",
     "check_file_names",
+    "check_instance_groups",
     "config_from_dict",
     "config_from_json",
     "config_to_dict",
     "config_to_text",
+    "config_to_triton_json",
     "load_config_file",
+    "normalize_config",
     "parse_config_text",
     "pb",
     "validate_config",

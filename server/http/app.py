@@ -242,12 +242,12 @@ def build_app(service: InferenceService, shm: SharedMemoryRegistry | None = None
 
     @app.get("/v2/models/{name}/config")
     async def model_config(name: str) -> Response:
-        return _json(service.model_config_dict(name))
+        return Response(service.model_config_json(name).encode(), media_type=JSON)
 
     @app.get("/v2/models/{name}/versions/{version}/config")
     async def version_config(name: str, version: str) -> Response:
         _numeric(version)
-        return _json(service.model_config_dict(name, version))
+        return Response(service.model_config_json(name, version).encode(), media_type=JSON)
 
     # inference (POST .../infer) is served by InferRoute in front of this app: see infer_route.py
 

@@ -21,13 +21,14 @@ from pathlib import Path
 from typing import Any
 
 from ..backends.loader import available_backends
-from ..config import ConfigError, pb, validate_config
+from ..config import ConfigError, normalize_config, pb, validate_config
 from ..config.version_policy import select_versions
 from ..observability.stats import StatsListener
 from ..repository import scan
 from ..repository.layout import check_model_name
 from ..vocabulary.errors import InvalidArgument, NotFound, ServerError
 from ..vocabulary.registry_view import RegistryView
+from . import devices
 from .cache import ResponseCache
 from .model import ModelVersion, build_model_version, prepare_config
 
@@ -196,6 +197,7 @@ class ModelLifecycle:
         vconfig.CopyFrom(config)
         backend_cls = await asyncio.to_thread(prepare_config, vconfig, path, self.auto_complete)
         validate_config(vconfig, config.name, available_backends())
+        normalize_config(vconfig, range(devices.gpu_count()))
         return await build_model_version(
             vconfig,
             backend_cls,

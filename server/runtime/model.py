@@ -20,14 +20,12 @@ from ..vocabulary.errors import (
     BackendError,
     Cancelled,
     DecoupledModelCall,
-    InvalidArgument,
     ServerError,
     Unavailable,
 )
 from ..vocabulary.registry_view import RegistryView
 from ..vocabulary.streaming import ResponseStream
 from ..vocabulary.types import InferenceRequest, InferenceResponse
-from . import devices
 from .cache import ResponseCache, request_key
 from .validation import RequestValidator, check_outputs
 from .warmup import warm_up
@@ -35,38 +33,21 @@ from .warmup import warm_up
 log = logging.getLogger(__name__)
 
 
-def instance_specs(config: pb.ModelConfig, model_label: str) -> list[InstanceSpec]:
-    """Expand ``instance_group`` (default: one instance, KIND_AUTO) into concrete slots.
+def instance_specs(config: pb.ModelConfig) -> list[InstanceSpec]:
+    """Expand a normalised ``instance_group`` (``config.normalize``: names, kinds, counts and gpus filled
+    in) into concrete slots: ``count`` per group, per listed GPU for KIND_GPU groups.
 
-    Names as Triton gives them (seen with Triton 2.51): a group without a name is ``<model>_<group
-    index>``, the implicit group of a config without ``instance_group`` is ``<model>``, and an instance
-    is ``<group>_<index in its group>`` (``add_sub_0``, ``add_sub_0_1``).
+    An instance is named ``<group>_<index in its group>`` as Triton names it (``add_sub_0``,
+    ``add_sub_0_1``).
     """
-    groups = list(config.instance_group) or [
-        pb.ModelInstanceGroup(name=model_label, kind=pb.ModelInstanceGroup.KIND_AUTO)
-    ]
-    n_gpus = devices.gpu_count()
     specs: list[tuple[str, str, int]] = []
-    for gi, group in enumerate(groups):
-        count = group.count or 1
-        kind = pb.ModelInstanceGroup.Kind.Name(group.kind)
-        name = group.name or f"{model_label}_{gi}"
-        if kind == "KIND_AUTO":
-            kind = "KIND_GPU" if n_gpus else "KIND_CPU"
-        if kind == "KIND_GPU":
-            gpus = list(group.gpus) or list(range(n_gpus))
-            if not gpus:
-                raise InvalidArgument(
-                    f"instance_group '{name}' asks for KIND_GPU but this machine has no GPU; use KIND_CPU or KIND_AUTO"
-                )
-            for gpu in gpus:
-                if gpu >= n_gpus:
-                    raise InvalidArgument(
-                        f"instance_group '{name}' lists gpu {gpu} but only {n_gpus} GPU(s) are visible"
-                    )
-                specs += [(name, "GPU", gpu)] * count
+    for group in config.instance_group:
+        kind = pb.ModelInstanceGroup.Kind.Name(group.kind).removeprefix("KIND_")
+        if kind == "GPU":
+            for gpu in group.gpus:
+                specs += [(group.name, kind, gpu)] * group.count
         else:
-            specs += [(name, "CPU", 0)] * count
+            specs += [(group.name, kind, 0)] * group.count
     in_group: dict[str, int] = {}
     result = []
     for i, (n, k, d) in enumerate(specs):
@@ -275,7 +256,7 @@ async def build_model_version(
     pool = None
     if backend_cls is not None:
         assert version_path is not None
-        specs = instance_specs(config, config.name)
+        specs = instance_specs(config)
 
         def load() -> InstancePool:
             backend = backend_cls(config, version_path, version, registry)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import SERVER_NAME, __version__
-from ..config import ConfigError, config_from_dict, config_to_dict, pb
+from ..config import ConfigError, config_from_dict, config_to_triton_json, pb
 from ..observability.logsettings import LogControl
 from ..observability.trace import Tracer
 from ..vocabulary import datatypes
@@ -195,8 +195,9 @@ class InferenceService:
     def model_config(self, name: str, version: str = "") -> pb.ModelConfig:
         return self.registry.resolve(name, version).config
 
-    def model_config_dict(self, name: str, version: str = "") -> dict[str, Any]:
-        return config_to_dict(self.model_config(name, version))
+    def model_config_json(self, name: str, version: str = "") -> str:
+        """The loaded (normalised) config as Triton's ``GET /v2/models/{m}/config`` writes it."""
+        return config_to_triton_json(self.model_config(name, version))
 
     # ---- inference ----------------------------------------------------------------------
     def raw_request(self, name: str, version: str, body: bytes | memoryview) -> InferenceRequest:

@@ -96,6 +96,6 @@ def test_gpu_instance_on_a_missing_device_is_refused(tmp_path: Path, kind: str) 
     try:
         rows = {r["name"]: r for r in httpclient.InferenceServerClient(server.http_url).get_model_repository_index()}
         assert rows["far"]["state"] == "UNAVAILABLE"
-        assert f"lists gpu {bad}" in rows["far"]["reason"]
+        assert f"of model far specifies invalid or unsupported gpu id {bad}. GPUs with" in rows["far"]["reason"]
     finally:
         server.terminate()

@@ -92,10 +92,13 @@ def test_an_impossible_budget_writes_nothing(repo: Path) -> None:
 def test_a_running_server_gets_its_own_configuration_back(repo: Path) -> None:
     server = start_server(repo, "--model-control-mode", "explicit", "--load-model", "add_sub")
     try:
+        before = httpx.get(f"{server.base_url}/v2/models/add_sub/config", timeout=10).json()
         done = tune("--url", server.http_url, "-m", "add_sub", "--p99-ms", "2000")
         assert done.returncode == 0, done.stderr
         assert "maxBatchSize:" in done.stdout
         config = httpx.get(f"{server.base_url}/v2/models/add_sub/config", timeout=10).json()
-        assert config["max_batch_size"] == 8 and not config["dynamic_batching"].get("preferred_batch_size")
+        assert config == before
+        # the repository's config.pbtxt, normalised as Triton does (preferred_batch_size [max_batch_size])
+        assert config["max_batch_size"] == 8 and config["dynamic_batching"]["preferred_batch_size"] == [8]
     finally:
         server.terminate()

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import json
 import logging
 import sys
 import threading
@@ -36,7 +35,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ...config import ConfigError, config_from_dict, config_to_dict, pb, sequence
+from ...config import ConfigError, config_from_dict, config_to_dict, config_to_triton_json, pb, sequence
 from ...vocabulary.errors import BackendError
 from ...vocabulary.registry_view import RegistryView
 from ..base import Backend, BackendInstance, Batch, InstanceSpec, RequestResult
@@ -127,7 +126,7 @@ class PythonInstance(BackendInstance):
         self._background: tuple[asyncio.AbstractEventLoop, threading.Thread] | None = None  # decoupled async
         self.module = ModelModule(backend.model_file(), f"model '{config.name}'")
         args = {
-            "model_config": triton_config_json(config, spec),
+            "model_config": config_to_triton_json(config),
             "model_instance_kind": spec.kind,
             "model_instance_name": self.info.instance_name,
             "model_instance_device_id": str(spec.device_id),
@@ -281,47 +280,6 @@ class PythonInstance(BackendInstance):
                 self._loop.close()
             self.module.unload()
             self.backend.instance_closed()
-
-
-def triton_config_json(config: pb.ModelConfig, spec: InstanceSpec) -> str:
-    """``args["model_config"]`` as Triton 2.51's stub gets it: compact JSON, fields in proto order with
-    their defaults, and what Triton's normalisation fills in (version policy, optimization, named and
-    sized instance groups with their kind resolved, the model file name)."""
-    filled = pb.ModelConfig()
-    filled.CopyFrom(config)
-    if not filled.HasField("version_policy"):
-        filled.version_policy.latest.num_versions = 1
-    if not filled.HasField("optimization"):
-        filled.optimization.input_pinned_memory.enable = True
-        filled.optimization.output_pinned_memory.enable = True
-    if not filled.instance_group:
-        group = filled.instance_group.add(name=config.name)
-        group.kind = pb.ModelInstanceGroup.KIND_GPU if spec.kind == "GPU" else pb.ModelInstanceGroup.KIND_CPU
-    for i, group in enumerate(filled.instance_group):
-        group.name = group.name or f"{config.name}_{i}"
-        group.count = group.count or 1
-        if group.kind == pb.ModelInstanceGroup.KIND_AUTO:
-            group.kind = pb.ModelInstanceGroup.KIND_GPU if spec.kind == "GPU" else pb.ModelInstanceGroup.KIND_CPU
-    filled.default_model_filename = filled.default_model_filename or PythonBackend.model_path(config, Path()).name
-    return json.dumps(_in_field_order(pb.ModelConfig.DESCRIPTOR, config_to_dict(filled)), separators=(",", ":"))
-
-
-def _in_field_order(descriptor: Any, data: Any) -> Any:
-    if not isinstance(data, dict) or descriptor is None:
-        return data
-    out = {}
-    for fd in descriptor.fields:
-        if fd.name not in data:
-            continue
-        value = data[fd.name]
-        sub = fd.message_type
-        if sub is not None and sub.GetOptions().map_entry:
-            value_fd = sub.fields_by_name["value"]
-            value = {k: _in_field_order(value_fd.message_type, v) for k, v in value.items()}
-        elif sub is not None:
-            value = [_in_field_order(sub, v) for v in value] if isinstance(value, list) else _in_field_order(sub, value)
-        out[fd.name] = value
-    return out
 
 
 def exception_text(exc: BaseException) -> str:
