@@ -15,8 +15,10 @@ from .errors import InvalidArgument, PayloadTooLarge
 MIB = 1 << 20
 
 
-#: largest product of the non-zero dims of an empty tensor (x 8-byte elements stays below 2**63)
-_MAX_EMPTY_SPAN = 2**60
+#: largest product of the non-zero dims of an empty tensor: numpy refuses a shape whose non-zero dims
+#: times the item size reach 2**63 ("array is too big"), and 2**56 x 8-byte elements (INT64, FP64, BYTES'
+#: object pointers; 16 bytes would still fit) stays far below it. 2**60 did not (2**60 x 8 = 2**63).
+MAX_EMPTY_SPAN = 2**56
 
 
 @dataclass(frozen=True)
@@ -79,10 +81,10 @@ class RequestBudget:
             span = 1
             for d in shape:
                 span *= d or 1
-                if span > _MAX_EMPTY_SPAN:
+                if span > MAX_EMPTY_SPAN:
                     raise InvalidArgument(
                         f"input '{name}' with shape {shape} cannot be represented: its non-zero dims span more "
-                        f"than {_MAX_EMPTY_SPAN} elements"
+                        f"than {MAX_EMPTY_SPAN} elements"
                     )
         limit = self.limits.max_tensor_elements
         for d in shape if count else ():

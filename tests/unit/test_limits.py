@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import struct
 
+import numpy as np
 import pytest
-from kubeinfer.server.vocabulary import tensors
+from kubeinfer.server.vocabulary import datatypes, tensors
 from kubeinfer.server.vocabulary.errors import InvalidArgument
-from kubeinfer.server.vocabulary.limits import Limits, RequestBudget, body_too_large
+from kubeinfer.server.vocabulary.limits import MAX_EMPTY_SPAN, Limits, RequestBudget, body_too_large
 
 SMALL = Limits(max_tensor_elements=100, max_request_elements=150, max_bytes_element_size=8, max_inputs=2)
 
@@ -30,6 +31,21 @@ def test_an_empty_dimension_makes_an_empty_tensor_whatever_the_others() -> None:
     # but numpy must be able to shape it (fuzzing found [0, 3e9, 3e9] raising "array is too big": a 500)
     with pytest.raises(InvalidArgument, match="cannot be represented"):
         RequestBudget(SMALL).add_input("x", [0, 3036988439, 3037012561])
+
+
+@pytest.mark.parametrize("dtype", sorted(datatypes.BY_V2), ids=str)
+def test_every_empty_shape_let_through_can_be_made_by_numpy_for_every_datatype(dtype: str) -> None:
+    """The span limit holds for the widest elements too (2**60 let INT64/FP64/BYTES [0, 2**60] through to
+    numpy's "array is too big": a 500)."""
+    numpy_type = datatypes.from_v2(dtype).numpy
+    assert numpy_type is not None
+    for shape in ([0, MAX_EMPTY_SPAN], [MAX_EMPTY_SPAN // 2**20, 0, 2**20], [2**28, 2**28, 0]):
+        assert RequestBudget(SMALL).add_input("x", shape) == 0
+        assert np.empty(shape, numpy_type).size == 0
+    with pytest.raises(InvalidArgument, match="cannot be represented"):
+        RequestBudget(SMALL).add_input("x", [0, MAX_EMPTY_SPAN + 1])
+    with pytest.raises(InvalidArgument, match="cannot be represented"):
+        RequestBudget(SMALL).add_input("x", [0, 2**60])
 
 
 def test_inputs_are_counted() -> None:
