@@ -11,7 +11,7 @@ from typing import Any
 
 import grpc
 
-from ..runtime.service import InferenceService, load_parameters, parse_config_override
+from ..runtime.service import InferenceService
 from ..sharedmemory import SharedMemoryRegistry
 from ..sharedmemory.registry import DISABLED as SHM_DISABLED
 from ..vocabulary.errors import DecoupledModelCall, InvalidArgument, Unsupported
@@ -85,11 +85,8 @@ class InferenceServicer:
     async def RepositoryModelLoad(
         self, request: pb.RepositoryModelLoadRequest, context: Any
     ) -> pb.RepositoryModelLoadResponse:
-        load_parameters(dict(request.parameters))
-        override = None
-        if "config" in request.parameters:
-            override = parse_config_override(converters.param_value(request.parameters["config"]))
-        await self.service.load_model(request.model_name, override)
+        params = {k: converters.param_value(v) for k, v in request.parameters.items()}
+        await self.service.load_with_parameters(request.model_name, params)
         return pb.RepositoryModelLoadResponse()
 
     async def RepositoryModelUnload(

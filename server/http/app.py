@@ -21,7 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
 from ..runtime.auth import BearerToken
-from ..runtime.service import InferenceService, load_parameters, parse_config_override
+from ..runtime.service import InferenceService
 from ..sharedmemory import SharedMemoryRegistry
 from ..sharedmemory.registry import DISABLED as SHM_DISABLED
 from ..vocabulary.errors import InvalidArgument, ServerError, Unsupported, internal_error_message
@@ -301,9 +301,7 @@ def build_app(service: InferenceService, shm: SharedMemoryRegistry | None = None
     # {name:path}: a name with "/" reaches the handler and gets a 400 from the name check, not a bare 404
     @app.post("/v2/repository/models/{name:path}/load")
     async def load(name: str, request: Request) -> Response:
-        params = load_parameters(_parameters(await _json_body(request)))
-        override = parse_config_override(params["config"]) if "config" in params else None
-        await service.load_model(name, override)
+        await service.load_with_parameters(name, _parameters(await _json_body(request)))
         return Response(status_code=200)
 
     @app.post("/v2/repository/models/{name:path}/unload")

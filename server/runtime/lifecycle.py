@@ -237,7 +237,9 @@ class ModelLifecycle:
         self.background.add(task)
         task.add_done_callback(self.background.discard)
 
-    async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
+    async def unload_model(self, name: str, unload_dependents: bool = False, wait: bool = True) -> None:
+        """Stop routing to ``name`` and unload its versions once drained; ``wait=False`` returns right after
+        the switch (as Triton's unload, which a model may call on itself without waiting for itself)."""
         check_model_name(name)
         entry = self.models.get(name)
         if entry is None:
@@ -248,13 +250,17 @@ class ModelLifecycle:
             for mv in retiring:
                 entry.states[mv.version] = VersionState(ModelState.UNLOADING)
             entry.override = None
-            await asyncio.gather(*(self._retire(entry, mv, forget=True) for mv in retiring))
+            if wait:
+                await asyncio.gather(*(self._retire(entry, mv, forget=True) for mv in retiring))
+            else:
+                for mv in retiring:
+                    self._spawn(self._retire(entry, mv, forget=True))
         if unload_dependents:
             for other in list(self.models.values()):
                 if other.config is not None and other.config.platform == "ensemble" and other.serving:
                     steps = {s.model_name for s in other.config.ensemble_scheduling.step}
                     if name in steps:
-                        await self.unload_model(other.name)
+                        await self.unload_model(other.name, wait=wait)
 
     async def forget_model(self, name: str) -> None:
         """Unload and drop from the index (its folder was removed from the repository)."""

@@ -15,6 +15,7 @@ from ..observability.stats import StatsListener
 from ..repository import scan
 from ..vocabulary.custom_metrics import CustomMetrics
 from ..vocabulary.errors import InvalidArgument, NotFound, ServerError, Unavailable
+from ..vocabulary.registry_view import ModelControl
 from ..vocabulary.streaming import ResponseStream
 from ..vocabulary.types import InferenceRequest, InferenceResponse
 from .cache import ResponseCache
@@ -45,6 +46,8 @@ class ModelRegistry:
         #: metric families Python models create; the metrics endpoint exports them
         self.custom_metrics = custom_metrics if custom_metrics is not None else CustomMetrics()
         self._models: dict[str, ModelEntry] = {}
+        #: load/unload as the repository API offers them (the InferenceService sets itself here)
+        self.model_control: ModelControl | None = None
         #: the loop requests run on; instance threads call back into it (Python models' BLS)
         self.loop: asyncio.AbstractEventLoop | None = _running_loop()
         self.lifecycle = ModelLifecycle(
@@ -161,8 +164,8 @@ class ModelRegistry:
     async def load_model(self, name: str, override: pb.ModelConfig | None = None) -> None:
         await self.lifecycle.load_model(name, override)
 
-    async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
-        await self.lifecycle.unload_model(name, unload_dependents)
+    async def unload_model(self, name: str, unload_dependents: bool = False, wait: bool = True) -> None:
+        await self.lifecycle.unload_model(name, unload_dependents, wait)
 
     async def load_all(self) -> None:
         await self.lifecycle.load_all()

@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,6 +94,7 @@ class InferenceService:
     ) -> None:
         self.registry = registry
         self.options = options
+        registry.model_control = self  # models load and unload models through the same checks (BLS)
         #: the trace extension (settings, sampling, the trace file)
         self.tracer = tracer or Tracer()
         #: the logging extension
@@ -292,21 +294,26 @@ class InferenceService:
     def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
         return self.registry.index(ready_only)
 
-    def _check_explicit(self, action: str) -> None:
+    def _check_explicit(self) -> None:
         if self.options.control_mode != CONTROL_EXPLICIT:
-            raise Unsupported(
-                f"explicit model {action} is not allowed in model control mode "
-                f"'{self.options.control_mode}'; start the server with --model-control-mode=explicit"
-            )
+            # Triton's status and words (core ModelRepositoryManager::LoadUnloadModel), in "none" mode too
+            raise Unavailable("explicit model load / unload is not allowed if polling is enabled")
+
+    async def load_with_parameters(self, name: str, parameters: Mapping[str, Any]) -> None:
+        """A load request as the repository API gets it: ``config`` (JSON text or object) overrides
+        config.pbtxt; ``file:<path>`` parameters are refused (see ``load_parameters``)."""
+        self._check_explicit()
+        params = load_parameters(dict(parameters))
+        await self.load_model(name, parse_config_override(params["config"]) if "config" in params else None)
 
     async def load_model(self, name: str, config_override: pb.ModelConfig | None = None) -> None:
-        self._check_explicit("load")
+        self._check_explicit()
         if config_override is not None and config_override.name and config_override.name != name:
             raise InvalidArgument(
                 f"config override names model '{config_override.name}' but the request loads '{name}'"
             )
         await self.registry.load_model(name, config_override)
 
-    async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
-        self._check_explicit("unload")
-        await self.registry.unload_model(name, unload_dependents)
+    async def unload_model(self, name: str, unload_dependents: bool = False, wait: bool = True) -> None:
+        self._check_explicit()
+        await self.registry.unload_model(name, unload_dependents, wait)

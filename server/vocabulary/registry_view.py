@@ -7,11 +7,25 @@ satisfies this interface structurally and is handed down when a model version is
 from __future__ import annotations
 
 import asyncio
-from typing import Protocol
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 from .custom_metrics import CustomMetrics
 from .streaming import ResponseStream
 from .types import InferenceRequest, InferenceResponse
+
+
+class ModelControl(Protocol):
+    """Explicit model control as the repository API offers it, for models that load and unload models
+    (Python backend ``pb_utils.load_model``/``unload_model``). Raises ServerError as the API would."""
+
+    async def load_with_parameters(self, name: str, parameters: Mapping[str, Any]) -> None:
+        """Load or reload ``name`` with a load request's parameters (``config``: a JSON config override)."""
+        ...
+
+    async def unload_model(self, name: str, unload_dependents: bool = False, wait: bool = True) -> None:
+        """Stop routing to ``name``; ``wait=False`` returns before its versions have drained."""
+        ...
 
 
 class RegistryView(Protocol):
@@ -19,6 +33,8 @@ class RegistryView(Protocol):
     loop: asyncio.AbstractEventLoop | None
     #: metric families models create (Python backend ``pb_utils.MetricFamily``)
     custom_metrics: CustomMetrics
+    #: the server's model control (set by the service that owns the registry; None without one)
+    model_control: ModelControl | None
 
     async def infer(self, request: InferenceRequest) -> InferenceResponse:
         """Route ``request`` to its model version's scheduler, as a front end's request would be."""

@@ -351,13 +351,14 @@ def test_errors_match_http(grpc_client, server: ServerProcess) -> None:
     err = grpc_error(grpc_client.infer, "add_sub", inputs, model_version="9")
     assert err.status() == "StatusCode.NOT_FOUND"
 
-    # the example server runs in model control mode "none": load/unload are refused, as over HTTP
+    # the example server runs in model control mode "none": load/unload are refused, as over HTTP (Triton's
+    # status and text)
     err = grpc_error(grpc_client.load_model, "add_sub")
     status, message = http_error(server, "POST", "/v2/repository/models/add_sub/load")
-    assert err.status() == "StatusCode.UNIMPLEMENTED" and status == 501
-    assert err.message() == message
+    assert err.status() == "StatusCode.UNAVAILABLE" and status == 503
+    assert err.message() == message == "explicit model load / unload is not allowed if polling is enabled"
     err = grpc_error(grpc_client.unload_model, "add_sub")
-    assert err.status() == "StatusCode.UNIMPLEMENTED"
+    assert err.status() == "StatusCode.UNAVAILABLE"
 
     err = grpc_error(grpc_client.get_model_metadata, "missing")
     assert err.status() == "StatusCode.NOT_FOUND"

@@ -303,14 +303,14 @@ class InferenceRequest:
     # ---- BLS --------------------------------------------------------------------------------
     def exec(self, decoupled: bool = False) -> Any:
         """Run the request through its model's scheduler; blocks. ``decoupled=True``: an iterator of responses."""
-        started = _on_loop(self._start(decoupled))
+        started = on_loop(self._start(decoupled))
         try:
             stream = started.result()
         except _IssueError as exc:
             return _ResponseIterator(None, exc.response) if decoupled else exc.response
         if decoupled:
             return _ResponseIterator(stream, None)
-        return _on_loop(_last(stream)).result()
+        return on_loop(_last(stream)).result()
 
     def async_exec(self, decoupled: bool = False) -> Awaitable[Any]:
         """Awaitable form of ``exec`` for ``async def execute``."""
@@ -318,12 +318,12 @@ class InferenceRequest:
 
     async def _async_exec(self, decoupled: bool) -> Any:
         try:
-            stream = await asyncio.wrap_future(_on_loop(self._start(decoupled)))
+            stream = await asyncio.wrap_future(on_loop(self._start(decoupled)))
         except _IssueError as exc:
             return _ResponseIterator(None, exc.response) if decoupled else exc.response
         if decoupled:
             return _ResponseIterator(stream, None)
-        return await asyncio.wrap_future(_on_loop(_last(stream)))
+        return await asyncio.wrap_future(on_loop(_last(stream)))
 
     async def _start(self, decoupled: bool) -> ResponseStream:
         """On the server loop: checks as pb_stub/request_executor.cc makes them, then start the request."""
@@ -371,7 +371,7 @@ class _IssueError(Exception):
         self.response = response
 
 
-def _on_loop(coro: Any) -> Future[Any]:
+def on_loop(coro: Any) -> Future[Any]:
     """Schedule ``coro`` on the server loop from a model's thread."""
     loop = context.server.loop
     if loop is None:
@@ -423,7 +423,7 @@ class _ResponseIterator:
         if self._stream is None:
             raise StopIteration
         try:
-            item = _on_loop(_next_item(self._stream)).result()
+            item = on_loop(_next_item(self._stream)).result()
         except StopAsyncIteration:
             self._stream = None
             raise StopIteration from None

@@ -6,7 +6,7 @@ from a running Triton, see the README's Python backend table), so a Triton model
 ``is_cancelled()``; BLS with ``exec``/``async_exec``, decoupled too), ``InferenceResponse``,
 ``InferenceResponseSender``, ``TritonError``, ``TritonModelException``, ``MetricFamily``/``Metric``,
 ``Logger``, ``ModelConfig`` (auto-complete), the tensor/config lookup helpers, ``get_model_dir``,
-``is_model_ready`` and the ``TRITONSERVER_*`` constants.
+``is_model_ready``, ``load_model``/``unload_model`` and the ``TRITONSERVER_*`` constants.
 
 Tensors live in host memory (numpy): models run in-process, so handing a tensor over is a reference,
 never a copy.
@@ -16,13 +16,16 @@ from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import numpy as np
 
+from ...vocabulary.errors import NotFound, ServerError
+from ...vocabulary.registry_view import ModelControl
 from . import context
 from .pb_metrics import Metric, MetricFamily
-from .pb_request import InferenceRequest, InferenceResponseSender, ResponseSender
+from .pb_request import InferenceRequest, InferenceResponseSender, ResponseSender, on_loop
 from .pb_types import TYPE_CODES, InferenceResponse, Logger, Tensor, TritonError, TritonModelException
 from .pb_types import numpy_to_triton_type as numpy_to_triton_type
 
@@ -156,15 +159,55 @@ def is_model_ready(model_name: str, model_version: str = "") -> bool:
 
 
 def load_model(model_name: str, config: str = "", files: object = None) -> None:
-    raise TritonModelException(
-        "load_model() is not supported by kubeinfer's Python backend; load models through the repository API"
-    )
+    """Load or reload ``model_name`` (explicit model control mode only), ``config`` (JSON) overriding its
+    config.pbtxt; returns once it is loaded. As Triton 2.51's, errors are ``TritonModelException``
+    ``Failed to load model: Failed to process the request for model '<instance>', message: <why>``.
+
+    ``files`` (Triton writes them into a temporary model folder) are refused, as the repository API
+    refuses ``file:`` parameters: this server loads only what is in its repository.
+    """
+    if files is not None and not isinstance(files, dict):
+        raise TritonModelException(
+            f"failed to load model '{model_name}', files should be a dictionary of file paths and file contents"
+        )
+    # Triton's keys are "file:<path in the model folder>"; load_with_parameters refuses them by name
+    parameters: dict[str, Any] = {"file:" + str(path).removeprefix("file:"): "" for path in files or {}}
+    if config:
+        parameters["config"] = config
+    _model_control("load", lambda control: control.load_with_parameters(model_name, parameters))
 
 
 def unload_model(model_name: str, unload_dependents: bool = False) -> None:
-    raise TritonModelException(
-        "unload_model() is not supported by kubeinfer's Python backend; unload models through the repository API"
-    )
+    """Stop serving ``model_name`` (explicit model control mode only). Returns without waiting for it to
+    drain and unload, as Triton's, so a model may unload itself; a model that is not loaded is no error."""
+
+    async def unload(control: ModelControl) -> None:
+        try:
+            await control.unload_model(model_name, unload_dependents, wait=False)
+        except NotFound:
+            pass  # Triton answers an unload of a model it does not serve with success
+
+    _model_control("unload", unload)
+
+
+def _model_control(action: str, call: Callable[[ModelControl], Awaitable[None]]) -> None:
+    """Run ``call`` on the server loop with the server's model control; blocks the model's thread."""
+    registry = context.server.registry
+    control = registry.model_control if registry is not None else None
+    if control is None:
+        raise TritonModelException(f"{action}_model() is only available inside a model served by kubeinfer")
+
+    async def run() -> None:
+        await call(control)
+
+    try:
+        on_loop(run()).result()
+    except ServerError as exc:
+        instance = context.current()
+        where = instance.instance_name if instance is not None else ""
+        raise TritonModelException(
+            f"Failed to {action} model: Failed to process the request for model '{where}', message: {exc.message}"
+        ) from None
 
 
 class ModelConfig:
