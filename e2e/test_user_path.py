@@ -4,8 +4,9 @@ the real node → tritonclient over HTTP and gRPC through the Service's ClusterI
 Steps (one module, in order, sharing one installation):
 
 1. ``helm install`` of the chart with its default values (only the watched namespace narrowed to this
-   test's, because other sessions share the cluster): the operator pod, from the locally built image,
-   is Running and Ready, holds the leader Lease, and its claim is bound to a hostPath volume;
+   test's and a release name of its own, because other sessions share the cluster): the operator pod,
+   from the locally built image, is Running and Ready, holds the leader Lease, and its claim is bound to
+   a hostPath volume;
 2. an InferenceServer (CPU pool, the locally built server image) and the example repository's CIFAR-10
    ResNet-18 as an InferenceModel whose version 1 the operator pod downloads over HTTP (sha256 checked)
    from a file server this test runs on the host; Ready with the served version;
@@ -52,7 +53,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "helm" / "kubeinfer"
 EXAMPLES = ROOT / "examples" / "kubernetes"
-RELEASE = "kubeinfer"
 SERVER = "cpu-pool"
 MODEL = "cifar10-resnet"
 LABELS = "app.kubernetes.io/name=kubeinfer-server,app.kubernetes.io/instance=" + SERVER
@@ -67,10 +67,18 @@ class UserPath:
     images: dict
     ns: str
     files_url: str
+    #: unique: the chart's ClusterRole/Binding (PersistentVolumes) are named after the release, and other
+    #: sessions may install the chart into the shared cluster at the same time
+    release: str = "kubeinfer"
     volume: Path = Path()
     files: Path = Path()
     expected: dict[str, np.ndarray] = field(default_factory=dict)
     image: np.ndarray = field(default_factory=lambda: np.random.default_rng(7).random((1, 3, 32, 32), np.float32))
+
+    @property
+    def operator(self) -> str:
+        """The chart's Deployment and Lease name (its fullname: the release name, as it contains the chart's)."""
+        return f"{self.release}-operator"
 
     def kubectl(self, *args: str, check: bool = True, input: str | None = None, timeout: float = 120):
         return self.cluster.kubectl("-n", self.ns, *args, check=check, input=input, timeout=timeout)
@@ -92,7 +100,7 @@ class UserPath:
 
     def describe(self) -> str:
         out = self.kubectl("get", "inferenceservers,inferencemodels,deploy,pods,svc,pvc", "-o", "wide", check=False)
-        op = self.kubectl("logs", "deploy/kubeinfer-operator", "--tail=40", check=False)
+        op = self.kubectl("logs", f"deploy/{self.operator}", "--tail=40", check=False)
         model = self.get("inferencemodel", MODEL) or {}
         return f"{out.stdout}\n--- {MODEL} status: {json.dumps(model.get('status'))}\n--- operator:\n{op.stdout}"
 
@@ -206,12 +214,15 @@ def expected_output(model_file: Path, image: np.ndarray) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def path(cluster, node, images, tmp_path_factory) -> Iterator[UserPath]:
-    ns = f"e2e-path-{uuid.uuid4().hex[:6]}"
+    suffix = uuid.uuid4().hex[:6]
+    ns = f"e2e-path-{suffix}"
     files = tmp_path_factory.mktemp("files")
     # the host as pods see it: the host end of the node's veth
     httpd = http.server.ThreadingHTTPServer((node["host_ip"], 0), lambda *a: Files(*a, directory=str(files)))
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    p = UserPath(cluster, node, images, ns, f"http://{node['host_ip']}:{httpd.server_address[1]}")
+    p = UserPath(
+        cluster, node, images, ns, f"http://{node['host_ip']}:{httpd.server_address[1]}", f"kubeinfer-{suffix}"
+    )
     for version, seed in (("1", 0), ("2", 1)):
         onnx.save(models.resnet18_cifar(seed=seed), files / f"cifar10-v{version}.onnx")
         p.expected[version] = expected_output(files / f"cifar10-v{version}.onnx", p.image)
@@ -226,7 +237,7 @@ def path(cluster, node, images, tmp_path_factory) -> Iterator[UserPath]:
                 "patch", "inferencemodel", item["metadata"]["name"], "--type=merge",
                 "-p", '{"metadata":{"finalizers":null}}', check=False,
             )  # fmt: skip
-        cluster.helm("uninstall", RELEASE, "-n", ns, check=False)
+        cluster.helm("uninstall", p.release, "-n", ns, check=False)
         cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
         httpd.shutdown()
 
@@ -237,11 +248,11 @@ def path(cluster, node, images, tmp_path_factory) -> Iterator[UserPath]:
 def test_1_helm_install_runs_the_operator_image(path: UserPath) -> None:
     c = path.cluster
     c.helm(
-        "install", RELEASE, str(CHART), "-n", path.ns, "--create-namespace",
+        "install", path.release, str(CHART), "-n", path.ns, "--create-namespace",
         "--set", f"operator.watchNamespaces={{{path.ns}}}",
         "--wait", "--timeout", "5m", timeout=330,
     )  # fmt: skip
-    dep = path.get("deployment", "kubeinfer-operator")
+    dep = path.get("deployment", path.operator)
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
     container = dep["spec"]["template"]["spec"]["containers"][0]
     assert container["image"] == f"kubeinfer-operator:{chart['appVersion']}" == path.images["operator"]
@@ -261,7 +272,7 @@ def test_1_helm_install_runs_the_operator_image(path: UserPath) -> None:
     assert health.stdout.strip() == "200"
     lease = wait_for_cluster(
         "the operator's leader Lease",
-        lambda: (lease := path.get("lease", "kubeinfer-operator")) and lease["spec"].get("holderIdentity") and lease,
+        lambda: (lease := path.get("lease", path.operator)) and lease["spec"].get("holderIdentity") and lease,
         timeout=60,
     )
     assert lease["spec"]["holderIdentity"].startswith(pod["metadata"]["name"])
@@ -439,15 +450,15 @@ def test_7_helm_uninstall_removes_the_operator_and_keeps_the_models(path: UserPa
     rendered = path.volume / path.ns / SERVER / MODEL
     before = {p.relative_to(rendered) for p in rendered.rglob("*")}
     # the whole path left nothing wrong in the operator pod's log (e.g. events posted from its resync thread)
-    log = path.kubectl("logs", "deploy/kubeinfer-operator").stdout
+    log = path.kubectl("logs", f"deploy/{path.operator}").stdout
     assert "Traceback" not in log and not problems(log), (problems(log), log[-5000:])
-    path.cluster.helm("uninstall", RELEASE, "-n", path.ns, "--wait", "--timeout", "2m", timeout=150)
+    path.cluster.helm("uninstall", path.release, "-n", path.ns, "--wait", "--timeout", "2m", timeout=150)
     wait_for_cluster(
         "the operator's pods gone",
         lambda: not (path.get("pods", selector="app.kubernetes.io/name=kubeinfer-operator") or {}).get("items"),
         timeout=120,
     )
-    assert path.get("deployment", "kubeinfer-operator") is None
+    assert path.get("deployment", path.operator) is None
     assert path.get("pvc", "kubeinfer-models")["status"]["phase"] == "Bound"  # kept: helm.sh/resource-policy
     assert {p.relative_to(rendered) for p in rendered.rglob("*")} == before
     assert (rendered / "2" / "model.onnx").is_file() and (rendered / "config.pbtxt").is_file()
