@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import signal
 import threading
-import time
 from pathlib import Path
 
 import httpx
@@ -43,39 +42,40 @@ def repo(tmp_path: Path) -> Path:
 
 def test_stopping_server_answers_and_sends_keep_alive_clients_away(repo: Path, tmp_path: Path) -> None:
     server = start_server(repo, "--connection-drain-seconds", "3", "--shutdown-timeout", "5", log_dir=tmp_path)
-    grpc = grpcclient.InferenceServerClient(server.grpc_url)
-    inp = grpcclient.InferInput("IN", [1, 4], "FP32")
-    inp.set_data_from_numpy(np.array([[-1, 2, -3, 4]], np.float32))
-    assert grpc.infer(MODEL, [inp]).as_numpy("OUT").tolist() == [[0, 2, 0, 4]]
-    with httpx.Client(base_url=server.base_url, timeout=10) as http:  # one keep-alive connection
-        first = http.post(f"/v2/models/{MODEL}/infer", json=BODY)
-        assert first.status_code == 200 and first.headers.get("connection") != "close"
-        server.proc.send_signal(signal.SIGTERM)
-        wait_for(
-            "readiness to drop",
-            lambda: httpx.get(f"{server.base_url}/v2/health/ready", timeout=5).status_code == 503,
-            timeout=10,
-        )
-        # the pinned client is still answered, and told to reconnect
-        r = http.post(f"/v2/models/{MODEL}/infer", json=BODY)
-        assert r.status_code == 200, r.text
-        assert r.json()["outputs"][0]["data"] == [0, 2, 0, 4]
-        assert r.headers["connection"] == "close"
-        assert "for clients to move to other replicas" in server.log()
-        # gRPC got a GOAWAY: a new RPC on this channel finds no listener any more (behind a Service it would
-        # reconnect to another replica)
-        with pytest.raises(Exception, match="UNAVAILABLE"):
-            grpc.infer(MODEL, [inp], client_timeout=5)
-        # then the drain as without the flag: new requests are refused, the process exits 0
-        wait_for(
-            "the drain to refuse new requests",
-            lambda: "shutting down: draining in-flight requests" in server.log(),
-            timeout=15,
-        )
-        started = time.monotonic()
-        assert server.proc.wait(30) == 0, server.log()[-3000:]
-        assert time.monotonic() - started < 30
-    grpc.close()
+    try:
+        grpc = grpcclient.InferenceServerClient(server.grpc_url)
+        inp = grpcclient.InferInput("IN", [1, 4], "FP32")
+        inp.set_data_from_numpy(np.array([[-1, 2, -3, 4]], np.float32))
+        assert grpc.infer(MODEL, [inp]).as_numpy("OUT").tolist() == [[0, 2, 0, 4]]
+        with httpx.Client(base_url=server.base_url, timeout=10) as http:  # one keep-alive connection
+            first = http.post(f"/v2/models/{MODEL}/infer", json=BODY)
+            assert first.status_code == 200 and first.headers.get("connection") != "close"
+            server.proc.send_signal(signal.SIGTERM)
+            wait_for(
+                "readiness to drop",
+                lambda: httpx.get(f"{server.base_url}/v2/health/ready", timeout=5).status_code == 503,
+                timeout=10,
+            )
+            # the pinned client is still answered, and told to reconnect
+            r = http.post(f"/v2/models/{MODEL}/infer", json=BODY)
+            assert r.status_code == 200, r.text
+            assert r.json()["outputs"][0]["data"] == [0, 2, 0, 4]
+            assert r.headers["connection"] == "close"
+            assert "for clients to move to other replicas" in server.log()
+            # gRPC got a GOAWAY: a new RPC on this channel finds no listener any more (behind a Service it would
+            # reconnect to another replica)
+            with pytest.raises(Exception, match="UNAVAILABLE"):
+                grpc.infer(MODEL, [inp], client_timeout=5)
+            # then the drain as without the flag: new requests are refused, the process exits 0
+            wait_for(
+                "the drain to refuse new requests",
+                lambda: "shutting down: draining in-flight requests" in server.log(),
+                timeout=15,
+            )
+            assert server.proc.wait(30) == 0, server.log()[-3000:]
+        grpc.close()
+    finally:
+        server.terminate()  # a no-op when it already exited; no server outlives a failed test
 
 
 def _client_ports(server_port: int) -> set[int]:
@@ -125,5 +125,7 @@ def test_grpc_connections_are_recycled_gracefully_at_the_max_age(repo: Path, tmp
         stop.set()
         for t in threads:
             t.join(15)
+        exit_code = server.terminate()
     assert failures == [], failures[:5]
     assert calls[0] > 0
+    assert exit_code == 0, server.log()[-3000:]
