@@ -11,6 +11,7 @@ the same purpose; ``app`` sets both.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -20,6 +21,46 @@ from .codec import error_body
 
 class _HeadTooLarge(Exception):
     pass
+
+
+#: measured: see OneWriteResponses (KUBEINFER_HTTP_COALESCE=0 turns it off)
+COALESCE = os.environ.get("KUBEINFER_HTTP_COALESCE", "1") == "1"
+
+
+class OneWriteResponses:
+    """The transport as one response cycle sees it: the head of a response with a Content-Length waits for
+    its body, so the response leaves in one ``write()``.
+
+    uvicorn writes the status line and headers at ``http.response.start`` and the body at
+    ``http.response.body``: two system calls per response. On add_sub at concurrency 16 py-spy put 26%
+    of the event loop's busy time in those ``write`` calls. Chunked responses (streams) are written as
+    they come, so a stream's head is never held back waiting for its first event.
+    """
+
+    __slots__ = ("_transport", "_head")
+
+    def __init__(self, transport: Any) -> None:
+        self._transport = transport
+        self._head: bytes | None = None
+
+    def write(self, data: bytes) -> None:
+        head = self._head
+        if head is not None:
+            self._head = None
+            self._transport.write(head + data)
+        elif data[:5] == b"HTTP/" and b"\r\ncontent-length: " in data and b"\r\ntransfer-encoding:" not in data:
+            self._head = data
+        else:
+            self._transport.write(data)
+
+    def close(self) -> None:
+        if self._head is not None:  # a head without its body: what there is goes out before the close
+            self._transport.write(self._head)
+            self._head = None
+        self._transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
 
 
 class BoundedHttpToolsProtocol(HttpToolsProtocol):
@@ -50,6 +91,9 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             raise _HeadTooLarge  # stops the parser; uvicorn then calls send_400_response
         self._in_head = False
         super().on_headers_complete()
+        # HEAD: uvicorn writes no body at all, so nothing would release a held head
+        if self.cycle is not None and COALESCE and self.cycle.scope["method"] != "HEAD":
+            self.cycle.transport = OneWriteResponses(self.transport)  # type: ignore[assignment]
 
     def on_message_complete(self) -> None:
         super().on_message_complete()

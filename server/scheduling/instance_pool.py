@@ -24,11 +24,20 @@ from typing import Protocol
 from ..backends.base import BackendInstance, Batch, RequestResult
 from ..vocabulary.types import ExecutionTimings
 
-#: executions averaging less than this (ns, moving average) run on the event loop's thread; a thread
+#: executions averaging less than this (CPU ns of the executing thread, moving average) run on the event
+#: loop's thread; a thread
 #: hand-off costs ~50-100 µs of wake-ups on a busy machine (0 turns this off)
 INLINE_BELOW_NS = int(os.environ.get("KUBEINFER_INLINE_BELOW_NS", "200000"))
 #: executions on the instance's thread before the average is trusted
 _LEARN = 8
+
+
+def _cpu_timed(instance: BackendInstance, batch: Batch) -> tuple[list[RequestResult], int]:
+    """``instance.execute(batch)`` and the CPU time it took on this thread: unlike wall time, it does not
+    grow while the thread waits for a core on a busy machine."""
+    t0 = time.thread_time_ns()
+    results = instance.execute(batch)
+    return results, time.thread_time_ns() - t0
 
 
 class ExecutionRecorder(Protocol):
@@ -50,7 +59,7 @@ class InstancePool:
         self._average_ns = 0.0
         self._seen = 0
         #: slots whose batch still runs although its caller was cancelled: freed when the batch ends
-        self._held: dict[int, Future[list[RequestResult]]] = {}
+        self._held: dict[int, Future[tuple[list[RequestResult], int]]] = {}
 
     def _queue(self) -> asyncio.Queue[int]:
         if self._free is None:  # created lazily: bound to the running loop
@@ -84,25 +93,25 @@ class InstancePool:
         for r in batch.requests:
             r.compute_start_ns = start
         instance = self.instances[slot]
+        took: int | None = None
         if self._inline_ok and self._seen >= _LEARN and self._average_ns < INLINE_BELOW_NS:
+            t0 = time.thread_time_ns()
             try:
                 results = instance.execute(batch)
+                took = time.thread_time_ns() - t0
             except Exception as exc:  # the whole batch failed (backend crash): every request gets the error
                 results = [exc] * len(batch.requests)
         else:
-            running = self._executors[slot].submit(instance.execute, batch)
+            running = self._executors[slot].submit(_cpu_timed, instance, batch)
             try:
-                results = await asyncio.wrap_future(running)
+                results, took = await asyncio.wrap_future(running)
             except asyncio.CancelledError:
                 if not running.done():  # the caller went away; the instance cannot be stopped mid-batch
                     self._held[slot] = running
                 raise
             except Exception as exc:  # the whole batch failed (backend crash): every request gets the error
                 results = [exc] * len(batch.requests)
-        if self._inline_ok:
-            # the execution itself (timed by the instance), not the hand-off around it
-            t = batch.timings
-            took = (t.compute_input_ns + t.compute_infer_ns + t.compute_output_ns) or time.monotonic_ns() - start
+        if self._inline_ok and took is not None:
             self._seen += 1
             self._average_ns = took if self._seen == 1 else 0.8 * self._average_ns + 0.2 * took
         for r in batch.requests:

@@ -50,10 +50,11 @@ def model_info(metadata: dict[str, Any], config: dict[str, Any] | None, name: st
     raw_inputs = metadata.get("inputs") or []
     if not raw_inputs:
         raise PerfError(f"model '{name}' declares no inputs in its metadata: cannot build requests")
-    if config is not None and ("max_batch_size" in config or config.get("input")):
+    if config is not None and config.get("name"):
         max_batch = int(config.get("max_batch_size", 0) or 0)
     else:
-        leading = [list(i.get("shape") or [])[:1] for i in raw_inputs]
+        # int(): gRPC metadata carries int64 dims as strings once turned into a dict
+        leading = [[int(d) for d in i.get("shape") or []][:1] for i in raw_inputs]
         max_batch = 2**31 - 1 if all(lead == [-1] for lead in leading) else 0
     strip = 1 if max_batch > 0 else 0
     inputs = []
