@@ -104,7 +104,8 @@ class InstancePool:
         else:
             running = self._executors[slot].submit(_cpu_timed, instance, batch)
             try:
-                results, took = await asyncio.wrap_future(running)
+                results, cpu_ns = await asyncio.wrap_future(running)
+                took = cpu_ns
             except asyncio.CancelledError:
                 if not running.done():  # the caller went away; the instance cannot be stopped mid-batch
                     self._held[slot] = running
