@@ -243,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{peer.name} ready (pid {peer.pid}, http {peer.http_port}, grpc {peer.grpc_port})", flush=True)
             total = args.rounds * len(models) * len(protocols) * len(concurrency) * len(servers)
             done = 0
+            point = 0
             for rnd in range(args.rounds):
                 lim: dict[str, dict[int, float]] = {}
                 report["limits"].append(lim)
@@ -254,7 +255,9 @@ def main(argv: list[str] | None = None) -> int:
                     for protocol in protocols:
                         for c in concurrency:
                             # who goes first rotates: a slow minute on the shared machine hits each in turn
-                            order = servers[done % len(servers) :] + servers[: done % len(servers)]
+                            first = point % len(servers)
+                            point += 1
+                            order = servers[first:] + servers[:first]
                             for name in order:
                                 level = perf_point(running[name], model, protocol, c, args, root / "point.json")
                                 done += 1
