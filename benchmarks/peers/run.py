@@ -93,6 +93,13 @@ def limits(onnx_files: dict[str, Path], seconds: float) -> dict[str, dict[int, f
     return out
 
 
+def _limit(rnd: dict[str, Any], model: str, batch: int) -> float | None:
+    """One round's limit (keys are ints in memory, strings once read back from the JSON file)."""
+    by_batch = rnd.get(model) or {}
+    value = by_batch.get(batch, by_batch.get(str(batch)))
+    return None if value is None else float(value)
+
+
 def _median(values: list[float]) -> float | None:
     values = [v for v in values if v is not None]
     return round(statistics.median(values), 1) if values else None
@@ -119,7 +126,7 @@ def summarize(report: dict[str, Any]) -> list[dict[str, Any]]:
                 # the in-process limit of the issue's targets: batch 1 for c=1, batch 16 for c=16 (4: batch 1);
                 # add_sub's is millions of rows/s, no yardstick for a server, so only ResNet-18 gets one
                 batch = 16 if c >= 16 else 1
-                values = [r[model][batch] for r in limit_rounds if model in r]
+                values = [v for r in limit_rounds if (v := _limit(r, model, batch)) is not None]
                 row["limit"] = _median(values)
                 row["limit_batch"] = batch
                 k = row.get("kubeinfer")
@@ -147,6 +154,82 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"{f(r.get('kubeinfer_p50_ms'))} / {f(r.get('triton_p50_ms'))} | "
             f"{f(r.get('kubeinfer_cpu_us'))} / {f(r.get('triton_cpu_us'))} / {f(r.get('mlserver_cpu_us'))} |"
         )
+    return "\n".join(lines)
+
+
+def _raw(report: dict[str, Any], server: str, model: str, protocol: str, c: int, key: str) -> float | None:
+    """The unrounded median of one figure over the rounds (p50s of a few hundred µs need the digits)."""
+    values = []
+    for p in report["points"]:
+        if (p["server"], p["model"], p["protocol"], p["concurrency"]) == (server, model, protocol, c):
+            level = p["level"]
+            value = (level.get("server_cpu") or {}).get("us_per_request") if key == "cpu" else level.get(key)
+            if value is not None:
+                values.append(value)
+    return statistics.median(values) if values else None
+
+
+def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """Issue 12's targets (part 4), each with the figures of this run and whether it is met."""
+    rows: list[dict[str, Any]] = []
+
+    def ratio(what: str, ours: float | None, theirs: float | None, goal: float, higher: bool = True) -> None:
+        value = ours / theirs if ours is not None and theirs else None
+        met = value is not None and (value >= goal if higher else value <= goal)
+        rows.append({"target": what, "goal": goal, "ratio": None if value is None else round(value, 2), "met": met})
+
+    def k(model: str, protocol: str, c: int, key: str = "throughput") -> float | None:
+        return _raw(report, "kubeinfer", model, protocol, c, key)
+
+    def t(model: str, protocol: str, c: int, key: str = "throughput") -> float | None:
+        return _raw(report, "triton", model, protocol, c, key)
+
+    for protocol, goal in (("grpc", 1.0), ("http", 1.1)):
+        ratio(
+            f"add_sub c=16 {protocol}: throughput ×Triton", k("add_sub", protocol, 16), t("add_sub", protocol, 16), goal
+        )
+    for protocol in ("grpc", "http"):
+        ratio(
+            f"add_sub c=16 {protocol}: server CPU/request ÷ Triton's",
+            k("add_sub", protocol, 16, "cpu"),
+            t("add_sub", protocol, 16, "cpu"),
+            1.0,
+            higher=False,
+        )
+    for protocol in ("grpc", "http"):
+        ratio(
+            f"add_sub c=1 {protocol}: p50 ÷ Triton's",
+            k("add_sub", protocol, 1, "p50_ms"),
+            t("add_sub", protocol, 1, "p50_ms"),
+            1.0,
+            higher=False,
+        )
+    for protocol in ("grpc", "http"):
+        ratio(
+            f"ResNet-18 c=16 {protocol}: throughput ×Triton",
+            k("resnet18", protocol, 16),
+            t("resnet18", protocol, 16),
+            1.05,
+        )
+    limit = {b: [v for r in report["limits"] if (v := _limit(r, "resnet18", b)) is not None] for b in LIMIT_BATCHES}
+    for protocol in ("grpc", "http"):
+        for c, batch in ((16, 16), (1, 1)):
+            values = limit[batch]
+            ratio(
+                f"ResNet-18 c={c} {protocol}: throughput × in-process batch {batch}",
+                k("resnet18", protocol, c),
+                statistics.median(values) if values else None,
+                0.95,
+            )
+    return rows
+
+
+def targets_table(rows: list[dict[str, Any]]) -> str:
+    lines = ["| target (issue 12, part 4) | goal | measured | met |", "|---|---|---|---|"]
+    for r in rows:
+        sign = "≥" if "×" in r["target"] else "≤"
+        shown = "-" if r["ratio"] is None else f"{r['ratio']:.2f}"
+        lines.append(f"| {r['target']} | {sign} {r['goal']:.2f} | {shown} | {'yes' if r['met'] else '**no**'} |")
     return "\n".join(lines)
 
 
@@ -196,7 +279,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-limit", action="store_true")
     p.add_argument("--setup-only", action="store_true", help="build the peers' virtualenvs and stop")
     p.add_argument("--output", type=Path, default=None)
+    p.add_argument("--from", dest="saved", type=Path, help="print the tables of a saved results file, run nothing")
     args = p.parse_args(argv)
+    if args.saved:
+        saved = json.loads(args.saved.read_text())
+        print(table(summarize(saved)))
+        print()
+        print(targets_table(targets(saved)))
+        return 0
     models = args.models.split(",")
     protocols = args.protocols.split(",")
     concurrency = [int(c) for c in args.concurrency.split(",")]
@@ -283,8 +373,11 @@ def main(argv: list[str] | None = None) -> int:
     report["load_average_end"] = os.getloadavg()
     rows = summarize(report)
     report["summary"] = rows
+    report["targets"] = targets(report)
     print()
     print(table(rows))
+    print()
+    print(targets_table(report["targets"]))
     out = args.output or HERE.parent / "results" / f"peers-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1))
