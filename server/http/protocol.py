@@ -37,18 +37,25 @@ class OneWriteResponses:
     they come, so a stream's head is never held back waiting for its first event.
     """
 
-    __slots__ = ("_transport", "_head")
+    __slots__ = ("_transport", "_head", "_joined")
 
     def __init__(self, transport: Any) -> None:
         self._transport = transport
         self._head: bytes | None = None
+        self._joined = False  # once the head went out, later writes are body bytes: never held, never parsed
 
     def write(self, data: bytes) -> None:
         head = self._head
         if head is not None:
             self._head = None
+            self._joined = True
             self._transport.write(head + data)
-        elif data[:5] == b"HTTP/" and b"\r\ncontent-length: " in data and b"\r\ntransfer-encoding:" not in data:
+        elif (
+            not self._joined
+            and data[:5] == b"HTTP/"
+            and b"\r\ncontent-length: " in data
+            and b"\r\ntransfer-encoding:" not in data
+        ):
             self._head = data
         else:
             self._transport.write(data)
