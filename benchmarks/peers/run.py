@@ -83,12 +83,18 @@ def perf_point(
     return level
 
 
-def limits(onnx_files: dict[str, Path], seconds: float) -> dict[str, dict[int, float]]:
+def limits(
+    onnx_files: dict[str, Path], seconds: float, layouts: list[dict[str, Any]] | None = None
+) -> dict[str, dict[int, float]]:
+    """Each model's best in-process rows/s per batch size; every layout measured is appended to ``layouts``
+    (one session × all threads is what a client at concurrency 1 can reach, two sessions are not)."""
     out: dict[str, dict[int, float]] = {}
     for model, path in onnx_files.items():
         inputs, _ = peers.MODELS[model]
         tensors = [Tensor(n, t, [1, *d]) for n, t, d in inputs]
         result = measure(str(path), tensors, LIMIT_BATCHES, seconds)
+        if layouts is not None:
+            layouts.append({"model": model, "points": result["points"]})
         out[model] = {b: max(p["throughput"] for p in result["points"] if p["batch"] == b) for b in LIMIT_BATCHES}
     return out
 
@@ -312,6 +318,7 @@ def main(argv: list[str] | None = None) -> int:
         },
         "peers": peers.describe(),
         "limits": [],
+        "limit_layouts": [],
         "points": [],
     }
     started = time.time()
@@ -340,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
                 for model in models:
                     if not args.no_limit and model == "resnet18":
                         # right before the model's own points: the machine's load drifts within a round
-                        lim.update(limits({model: onnx_files[model]}, args.limit_seconds))
+                        lim.update(limits({model: onnx_files[model]}, args.limit_seconds, report["limit_layouts"]))
                         print(f"round {rnd + 1}: in-process limit {json.dumps(lim[model])}", flush=True)
                     for protocol in protocols:
                         for c in concurrency:
