@@ -355,8 +355,13 @@ def _ephemeral_range() -> tuple[int, int]:
         return 32768, 60999
 
 
+#: ports this process has handed out (the component or server may not have bound its port yet)
+_HANDED_OUT: set[int] = set()
+
+
 def free_ports(n: int) -> list[int]:
-    """``n`` distinct ports free on 127.0.0.1 now, chosen BELOW the kernel's ephemeral range.
+    """``n`` ports free on 127.0.0.1 now, chosen BELOW the kernel's ephemeral range, never handed out
+    twice by this process (the test suite's servers take theirs here too: tests/support/server.py).
 
     A port the kernel hands out for ``bind(0)`` comes from the ephemeral range, which every outgoing
     connection on the machine also draws from: between choosing it and the component binding it,
@@ -369,7 +374,7 @@ def free_ports(n: int) -> list[int]:
     chosen: list[int] = []
     while len(chosen) < n:
         port = rng.randrange(low, high)
-        if port in chosen:
+        if port in _HANDED_OUT:
             continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             try:
@@ -377,6 +382,7 @@ def free_ports(n: int) -> list[int]:
             except OSError:
                 continue
         chosen.append(port)
+        _HANDED_OUT.add(port)
     return chosen
 
 

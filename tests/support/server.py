@@ -3,39 +3,29 @@
 from __future__ import annotations
 
 import os
-import random
 import signal
-import socket
 import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 
 import httpx
 
 from tests.support.waiting import wait_for
 
-#: ports this test process has handed out (a server may not have bound its port yet)
-_HANDED_OUT: set[int] = set()
-
 
 def free_port() -> int:
-    """A port free on 127.0.0.1 now, below the kernel's ephemeral range and not handed out before.
+    """A port free on 127.0.0.1 now, by the local cluster script's rule (below the kernel's ephemeral
+    range, so an outgoing connection cannot take it before the server binds it; never twice)."""
+    return _cluster_script().free_ports(1)[0]
 
-    ``bind(0)`` answers from the ephemeral range, which every outgoing connection also draws from, so a
-    port chosen that way can be taken by a client's connection before the server binds it (the local
-    cluster's scheduler died of exactly that in CI). 30000-32767 is left to Services' NodePorts."""
-    while True:
-        port = random.randrange(10000, 30000)
-        if port in _HANDED_OUT:
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        _HANDED_OUT.add(port)
-        return port
+
+def _cluster_script() -> ModuleType:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "e2e" / "cluster"))
+    import cluster  # e2e/cluster/cluster.py (stdlib only)
+
+    return cluster
 
 
 @dataclass
