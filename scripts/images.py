@@ -25,8 +25,6 @@ default ``~/.cache/kubeinfer-images``), ``KUBEINFER_DEBIAN_MIRROR`` (default ``h
 from __future__ import annotations
 
 import argparse
-import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -87,17 +85,6 @@ class ImageError(RuntimeError):
 def cache_dir() -> Path:
     default = Path.home() / ".cache" / "kubeinfer-images"
     return Path(os.environ.get("KUBEINFER_IMAGE_CACHE") or default).expanduser()
-
-
-@contextlib.contextmanager
-def flock(path: Path):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def run(*cmd: str, capture: bool = True, **kw) -> str:
@@ -305,11 +292,17 @@ def prune(name: str, keep: tuple[str, ...]) -> None:
 # ----------------------------------------------------------------------------- containerd
 
 
+def cluster_script():
+    """e2e/cluster/cluster.py (stdlib only): the run folder's state, and the file lock both scripts use."""
+    sys.path.insert(0, str(ROOT / "e2e" / "cluster"))
+    import cluster
+
+    return cluster
+
+
 def cluster_node() -> dict | None:
     """The worker node of the running local cluster (from its run folder's state.json), if any."""
-    sys.path.insert(0, str(ROOT / "e2e" / "cluster"))
-    import cluster  # e2e/cluster/cluster.py (stdlib only)
-
+    cluster = cluster_script()
     state = cluster.load_state(cluster.run_dir())
     if not state or not state.get("node") or not cluster.healthy(state, patience=5):
         return None
@@ -370,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         subprocess.run([str(SYSTEM_PACKAGES)], check=True)
         cache_dir().mkdir(parents=True, exist_ok=True)
-        with flock(cache_dir() / ".build.lock"):
+        with cluster_script().flock(cache_dir() / ".build.lock"):
             base = build_base()
             images = [
                 build_image("server", base, {"EXTRAS": args.server_extras}),
