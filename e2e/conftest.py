@@ -74,6 +74,16 @@ class Cluster:
     def kubectl_json(self, *args: str, **kw):
         return json.loads(self.kubectl(*args, "-o", "json", **kw).stdout)
 
+    def release_finalizers(self, namespace: str, kind: str = "inferencemodel") -> None:
+        """Teardown: drop the finalizers of the ``kind`` objects left in ``namespace`` (their operator may be
+        gone already), so that deleting the namespace does not hang on them."""
+        listed = self.kubectl("-n", namespace, "get", kind, "-o", "json", check=False).stdout or "{}"
+        for item in json.loads(listed).get("items", []):
+            self.kubectl(
+                "-n", namespace, "patch", kind, item["metadata"]["name"], "--type=merge",
+                "-p", '{"metadata":{"finalizers":null}}', check=False,
+            )  # fmt: skip
+
     @staticmethod
     def script(*args: str, env: dict | None = None, timeout: float | None = None) -> subprocess.CompletedProcess:
         """Run e2e/cluster/cluster.py (``up``/``down``/``env``/``build``); pass ``env`` to target another run folder."""

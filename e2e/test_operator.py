@@ -230,13 +230,7 @@ def env(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]
     finally:
         e.kubectl("delete", "inferencemodels,inferenceservers", "--all", "--wait=true", "--timeout=60s", check=False)
         op.stop()
-        for item in json.loads(e.kubectl("get", "inferencemodels", "-o", "json", check=False).stdout or "{}").get(
-            "items", []
-        ):
-            e.kubectl(
-                "patch", "inferencemodel", item["metadata"]["name"], "--type=merge",
-                "-p", '{"metadata":{"finalizers":null}}', check=False,
-            )  # fmt: skip
+        cluster.release_finalizers(ns)
         cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
         server.terminate()
         httpd.shutdown()

@@ -222,13 +222,7 @@ def stage(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[St
             operator.wait(30)
         except subprocess.TimeoutExpired:
             operator.kill()
-        for item in json.loads(stage.kubectl("get", "inferencemodels", "-o", "json", check=False).stdout or "{}").get(
-            "items", []
-        ):
-            stage.kubectl(
-                "patch", "inferencemodel", item["metadata"]["name"], "--type=merge",
-                "-p", '{"metadata":{"finalizers":null}}', check=False,
-            )  # fmt: skip
+        cluster.release_finalizers(ns)
         cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
         pvs = cluster.kubectl("get", "pv", "-o", "name", check=False).stdout.split()
         for pv in pvs:

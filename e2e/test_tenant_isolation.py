@@ -182,13 +182,7 @@ def tenants(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
                 operator.kill()
                 operator.wait(10)
         for ns in (a, b):
-            for item in json.loads(
-                t.kubectl(ns, "get", "inferencemodels", "-o", "json", check=False).stdout or "{}"
-            ).get("items", []):
-                t.kubectl(
-                    ns, "patch", "inferencemodel", item["metadata"]["name"], "--type=merge",
-                    "-p", '{"metadata":{"finalizers":null}}', check=False,
-                )  # fmt: skip
+            cluster.release_finalizers(ns)
             cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
             servers[ns].terminate()
 

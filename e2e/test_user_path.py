@@ -232,11 +232,7 @@ def path(cluster, node, images, tmp_path_factory) -> Iterator[UserPath]:
         yield p
     finally:
         p.kubectl("delete", "inferencemodels,inferenceservers", "--all", "--wait=false", check=False)
-        for item in (p.get("inferencemodels") or {}).get("items", []):  # the operator may be gone already
-            p.kubectl(
-                "patch", "inferencemodel", item["metadata"]["name"], "--type=merge",
-                "-p", '{"metadata":{"finalizers":null}}', check=False,
-            )  # fmt: skip
+        cluster.release_finalizers(ns)  # the operator may be gone already
         cluster.helm("uninstall", p.release, "-n", ns, check=False)
         cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
         httpd.shutdown()
