@@ -398,26 +398,10 @@ def write_crd_schemas(crds: list[dict], out: Path) -> int:
 
 
 def _launch(rd: Path, state: dict, name: str, cmd: list[str], env: dict | None = None) -> dict:
-    logf = open(rd / "logs" / f"{name}.log", "ab")
-    logf.write(f"\n===== {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} starting {name}\n".encode())
-    logf.flush()
-    p = subprocess.Popen(
-        cmd,
-        stdin=subprocess.DEVNULL,
-        stdout=logf,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-        close_fds=True,
-        cwd=rd,
-        env=env,
-    )
-    logf.close()
-    st = None
-    while st is None and p.poll() is None:
-        st = c.proc_starttime(p.pid)
-    comp = {"pid": p.pid, "starttime": st, "log": str(rd / "logs" / f"{name}.log"), "cmd": cmd}
+    pid, st = c.spawn(cmd, rd / "logs" / f"{name}.log", rd, f"starting {name}", env)
+    comp = {"pid": pid, "starttime": st, "log": str(rd / "logs" / f"{name}.log"), "cmd": cmd}
     state.setdefault("addons", {})[name] = comp
-    (rd / "pids" / f"{name}.pid").write_text(f"{p.pid}\n")
+    (rd / "pids" / f"{name}.pid").write_text(f"{pid}\n")
     c.save_state(rd, state)
     return comp
 

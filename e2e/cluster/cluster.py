@@ -324,6 +324,28 @@ def ensure_built() -> tuple[Path, float, bool]:
 # --------------------------------------------------------------------------- processes
 
 
+def spawn(cmd: list[str], log_path: Path, cwd: Path, banner: str, env: dict | None = None) -> tuple[int, str | None]:
+    """Start a component detached (its own session), appending to its log after a dated ``banner`` line.
+    Returns its pid and /proc start time: the pair that tells it apart later from whatever reuses the pid."""
+    with open(log_path, "ab") as logf:
+        logf.write(f"\n===== {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} {banner}\n".encode())
+        logf.flush()
+        p = subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=logf,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
+            cwd=cwd,
+            env=env,
+        )
+    st = None
+    while st is None and p.poll() is None:
+        st = proc_starttime(p.pid)
+    return p.pid, st
+
+
 def proc_starttime(pid: int) -> str | None:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -723,29 +745,14 @@ def start(rd: Path, bins: Path, timeout: float, with_node: bool) -> dict:
     deadline = time.monotonic() + timeout
 
     def launch(name: str) -> None:
-        logf = open(rd / "logs" / f"{name}.log", "ab")
-        logf.write(f"\n===== {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} starting {name}\n".encode())
-        logf.flush()
-        p = subprocess.Popen(
-            argv[name],
-            stdin=subprocess.DEVNULL,
-            stdout=logf,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            close_fds=True,
-            cwd=rd,
-        )
-        logf.close()
-        st = None
-        while st is None and p.poll() is None:
-            st = proc_starttime(p.pid)
+        pid, st = spawn(argv[name], rd / "logs" / f"{name}.log", rd, f"starting {name}")
         state["components"][name] = {
-            "pid": p.pid,
+            "pid": pid,
             "starttime": st,
             "log": str(rd / "logs" / f"{name}.log"),
             "cmd": argv[name],
         }
-        (rd / "pids" / f"{name}.pid").write_text(f"{p.pid}\n")
+        (rd / "pids" / f"{name}.pid").write_text(f"{pid}\n")
         save_state(rd, state)
 
     def wait(what: str, check, names: tuple[str, ...]) -> None:
@@ -1038,23 +1045,9 @@ def cmd_restart(args) -> int:
                     time.sleep(0.05)
         log(f"stopped {args.component} (pid {comp['pid']})")
         time.sleep(args.down_seconds)
-        with open(comp["log"], "ab") as logf:
-            logf.write(f"\n===== {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} restarting\n".encode())
-            logf.flush()
-            p = subprocess.Popen(
-                comp["cmd"],
-                stdin=subprocess.DEVNULL,
-                stdout=logf,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                close_fds=True,
-                cwd=rd,
-            )
-        st = None
-        while st is None and p.poll() is None:
-            st = proc_starttime(p.pid)
-        comp.update(pid=p.pid, starttime=st)
-        (rd / "pids" / f"{args.component}.pid").write_text(f"{p.pid}\n")
+        pid, st = spawn(comp["cmd"], Path(comp["log"]), rd, "restarting")
+        comp.update(pid=pid, starttime=st)
+        (rd / "pids" / f"{args.component}.pid").write_text(f"{pid}\n")
         save_state(rd, state)
         if args.component == "kube-apiserver":
             api = Api(state["server"], Path(state["pki"]))
@@ -1070,7 +1063,7 @@ def cmd_restart(args) -> int:
                 if time.monotonic() > deadline:
                     raise ClusterError("kube-apiserver not ready 120s after restart")
                 time.sleep(0.2)
-        log(f"restarted {args.component} (pid {p.pid})")
+        log(f"restarted {args.component} (pid {pid})")
     return 0
 
 
