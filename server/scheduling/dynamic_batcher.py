@@ -29,7 +29,7 @@ from ..vocabulary.types import InferenceRequest
 from .base import Scheduler
 from .instance_pool import InstancePool
 from .queue_policy import Entry, PriorityQueue, ShapeKey
-from .results import unwrap
+from .results import answer
 
 
 def _shape_key(request: InferenceRequest, batching: bool) -> ShapeKey:
@@ -248,11 +248,5 @@ def _resolve(entry: Entry, result: RequestResult | ServerError | _Streamed | Non
     if result is _STREAMED:
         entry.future.set_result(None)
         return
-    if isinstance(result, Exception):
-        try:
-            unwrap(result)
-        except ServerError as err:
-            entry.future.set_exception(err)
-        return
-    assert isinstance(result, dict)
-    entry.future.set_result(result)
+    assert isinstance(result, (dict, Exception))
+    answer(entry.future, result)

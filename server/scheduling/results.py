@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from concurrent.futures import Future
+from typing import Any
 
 import numpy as np
 
@@ -28,3 +29,17 @@ async def settle(result: RequestResult) -> dict[str, np.ndarray] | None:
     if isinstance(result, Future):
         result = await asyncio.wrap_future(result)
     return unwrap(result)
+
+
+def answer(future: asyncio.Future[Any], result: RequestResult | ServerError) -> None:
+    """Give a queued request its outputs, or its client-facing error, unless it was answered already
+    (cancelled, timed out); how the dynamic and the sequence batcher hand back each request's share."""
+    if future.done():
+        return
+    if isinstance(result, Exception):
+        try:
+            unwrap(result)
+        except ServerError as err:
+            future.set_exception(err)
+        return
+    future.set_result(result)

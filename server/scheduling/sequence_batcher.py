@@ -45,12 +45,12 @@ from ..backends.base import Batch, RequestResult
 from ..config import pb
 from ..config.sequence import control_spec
 from ..vocabulary import datatypes
-from ..vocabulary.errors import InternalError, InvalidArgument, ServerError, Unavailable
+from ..vocabulary.errors import InternalError, InvalidArgument, Unavailable
 from ..vocabulary.sequence import Sequence, sequence_of
 from ..vocabulary.types import InferenceRequest
 from .base import Scheduler
 from .instance_pool import InstancePool
-from .results import unwrap
+from .results import answer
 
 log = logging.getLogger(__name__)
 
@@ -425,7 +425,7 @@ class SequenceBatcher(Scheduler):
                     slot.state = state
                     keep = asked if asked is not None else self.config_outputs
                     result = {n: a for n, a in result.items() if n in keep}
-            _resolve(entry, result)
+            answer(entry.future, result)
             if entry.seq.end:
                 self._release(slot)
 
@@ -521,15 +521,3 @@ async def _settled(result: RequestResult) -> RequestResult:
         return await asyncio.wrap_future(result)
     except Exception as exc:  # the request's own failure, answered to it
         return exc
-
-
-def _resolve(entry: _Entry, result: RequestResult | ServerError) -> None:
-    if entry.future.done():
-        return
-    if isinstance(result, Exception):
-        try:
-            unwrap(result)
-        except ServerError as err:
-            entry.future.set_exception(err)
-        return
-    entry.future.set_result(result)
