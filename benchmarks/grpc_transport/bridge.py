@@ -1,0 +1,133 @@
+"""The Python half of the Rust gRPC transport: queued calls → InferenceServicer → bytes back.
+
+``Transport`` (rust/src/lib.rs) owns HTTP/2 and gRPC framing on its own threads and never takes the GIL;
+the event loop watches its eventfd and drains every queued call at once. Each call runs the existing
+``server/grpc/servicer.py`` handler unchanged: the request parsed with the generated pb class (a malformed
+one becomes INVALID_ARGUMENT as in ``errors.deserializer``), the response serialized, an exception mapped
+by ``errors.status_of`` — the same statuses and messages as the grpc.aio server.
+
+``start_rust_grpc_server`` has ``start_grpc_server``'s signature, so ``serve.py`` can swap it in under the
+real ``kubeinfer-server`` wiring. Unary RPCs only (no ModelStreamInfer), no TLS, no bearer token, no
+max connection age: a measured prototype, see README.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from kubeinfer.server.grpc import grpc_service_pb2 as pb
+from kubeinfer.server.grpc.errors import check_parsed, deserializer, status_of
+from kubeinfer.server.grpc.server import SERVICE_NAME
+from kubeinfer.server.grpc.servicer import UNIMPLEMENTED, InferenceServicer, unimplemented
+from kubeinfer.server.runtime.auth import BearerToken, TlsFiles
+from kubeinfer.server.runtime.service import InferenceService
+from kubeinfer.server.sharedmemory import SharedMemoryRegistry
+from kubeinfer.server.vocabulary.limits import DEFAULT_LIMITS, Limits
+
+log = logging.getLogger(__name__)
+
+#: (parse bytes → request, handler(request, context) → awaitable response, serialize it)
+Handler = tuple[Callable[[bytes], Any], Callable[[Any, Any], Any], Callable[[Any], bytes] | None]
+
+
+def unary_handlers(servicer: InferenceServicer) -> dict[str, Handler]:
+    """Every unary RPC of our service descriptor, by its full path (``/inference.GRPCInferenceService/X``)."""
+    handlers: dict[str, Handler] = {}
+    for method in pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods:
+        if method.client_streaming or method.server_streaming:
+            continue  # ModelStreamInfer: not in the prototype (the transport answers UNIMPLEMENTED)
+        request_cls: Any = getattr(pb, method.input_type.name)
+        handlers[f"/{SERVICE_NAME}/{method.name}"] = (
+            deserializer(request_cls),
+            getattr(servicer, method.name),
+            None,
+        )
+    for name in UNIMPLEMENTED:
+        handlers[f"/{SERVICE_NAME}/{name}"] = (bytes, unimplemented(name), bytes)
+    return handlers
+
+
+class RustGrpcServer:
+    """Duck-types what app.serve uses of a grpc.aio server: ``await stop(grace)``."""
+
+    def __init__(
+        self,
+        servicer: InferenceServicer,
+        host: str,
+        port: int,
+        limits: Limits,
+        threads: int,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        from kubeinfer_grpc_transport import Transport  # built by build.py into build/
+
+        handlers = unary_handlers(servicer)
+        self.paths = list(handlers)
+        self.handlers = [handlers[p] for p in self.paths]
+        self.loop = loop
+        self.transport = Transport(host, port, self.paths, threads, limits.grpc_max_message_bytes)
+        self.port: int = self.transport.port
+        self.inflight: set[asyncio.Task[None]] = set()
+        loop.add_reader(self.transport.fd, self._drain)
+
+    def _drain(self) -> None:
+        """All calls queued since the last wake-up: each one's handler starts as a task."""
+        create_task = self.loop.create_task
+        handlers = self.handlers
+        inflight = self.inflight
+        for call, index, payload in self.transport.take():
+            task = create_task(self._run(call, handlers[index], payload))
+            inflight.add(task)
+            task.add_done_callback(inflight.discard)
+
+    @staticmethod
+    async def _run(call: Any, handler: Handler, payload: bytes) -> None:
+        parse, fn, serialize = handler
+        try:
+            request = parse(payload)
+            check_parsed(request)
+            response = await fn(request, call)
+            call.reply(response.SerializeToString() if serialize is None else serialize(response))
+        except Exception as exc:  # mapped to a status, as errors.unary does for grpc.aio
+            code, message = status_of(exc)
+            call.abort(code.value[0], message)
+
+    def stats(self) -> tuple[int, int]:
+        """(calls, event-loop wake-ups) since start: how many calls one wake-up drained."""
+        calls, wakeups = self.transport.stats()
+        return int(calls), int(wakeups)
+
+    async def stop(self, grace: float | None = None) -> None:
+        self.transport.close()  # new calls UNAVAILABLE, GOAWAY to every connection
+        if self.inflight:
+            await asyncio.wait(set(self.inflight), timeout=grace)
+        await asyncio.sleep(0.05)  # the last answers leave the tokio threads
+        self.loop.remove_reader(self.transport.fd)
+        calls, wakeups = self.stats()
+        log.info("rust gRPC transport: %d calls in %d event-loop wake-ups", calls, wakeups)
+        await asyncio.to_thread(self.transport.shutdown, 2.0)
+
+
+def starter(threads: int) -> Callable[..., Any]:
+    async def start_rust_grpc_server(
+        service: InferenceService,
+        host: str,
+        port: int,
+        limits: Limits = DEFAULT_LIMITS,
+        token: BearerToken | None = None,
+        tls: TlsFiles | None = None,
+        shm: SharedMemoryRegistry | None = None,
+        max_connection_age_ms: int = 0,
+    ) -> RustGrpcServer:
+        if token is not None or tls is not None or max_connection_age_ms > 0:
+            raise SystemExit("the Rust gRPC transport prototype has no bearer token, TLS or max connection age")
+        server = RustGrpcServer(
+            InferenceServicer(service, limits, shm), host, port, limits, threads, asyncio.get_running_loop()
+        )
+        log.info("gRPC (Rust transport, %d thread(s)) listening on %s:%d", threads, host, server.port)
+        return server
+
+    return start_rust_grpc_server

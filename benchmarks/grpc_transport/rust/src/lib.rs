@@ -1,0 +1,419 @@
+//! A gRPC transport for Python: HTTP/2 and gRPC framing in Rust (hyper on a tokio runtime in
+//! background threads), each unary call handed to Python's event loop as raw bytes.
+//!
+//! The hand-off is where the CPU goes, so it is built to be cheap:
+//! - tokio threads never take the GIL. A call (method index, message bytes, headers, timeout, a oneshot
+//!   sender) goes into a mutex-guarded queue; an eventfd is written only when the queue goes from empty
+//!   to non-empty, so a busy event loop is woken once for many calls.
+//! - Python (`Transport.take`, registered with `loop.add_reader` on `Transport.fd`) drains the whole
+//!   queue in one GIL acquisition and gets `(call, method_index, payload)` tuples.
+//! - `PendingCall.reply(bytes)` / `.abort(code, message)` complete the oneshot without blocking; the
+//!   tokio task that waits on it writes the response (one DATA frame and the trailers, or trailers-only).
+//! - Deadlines (`grpc-timeout`) are enforced here: DEADLINE_EXCEEDED at the deadline, whatever Python
+//!   does. A client that resets its stream drops the waiting task; `PendingCall.cancelled()` says so.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::os::fd::RawFd;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
+use http_body::{Body, Frame};
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use pyo3::exceptions::{PyOSError, PyRuntimeError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyList, PyTuple};
+use tokio::sync::{oneshot, watch};
+
+// gRPC status codes used by the transport itself
+const INTERNAL: u32 = 13;
+const UNIMPLEMENTED: u32 = 12;
+const RESOURCE_EXHAUSTED: u32 = 8;
+const DEADLINE_EXCEEDED: u32 = 4;
+const UNAVAILABLE: u32 = 14;
+
+enum Reply {
+    /// the serialized response message, already framed (5-byte prefix)
+    Ok(Bytes),
+    Err(u32, String),
+}
+
+struct Call {
+    method: usize,
+    payload: Bytes,
+    headers: HeaderMap,
+    timeout: Option<f64>,
+    tx: oneshot::Sender<Reply>,
+}
+
+struct Shared {
+    methods: HashMap<String, usize>,
+    queue: Mutex<Vec<Call>>,
+    efd: RawFd,
+    max_message: usize,
+    accepting: AtomicBool,
+    calls: AtomicU64,
+    wakeups: AtomicU64,
+}
+
+impl Shared {
+    fn push(&self, call: Call) {
+        let was_empty = {
+            let mut q = self.queue.lock().unwrap();
+            let empty = q.is_empty();
+            q.push(call);
+            empty
+        };
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        if was_empty {
+            self.wakeups.fetch_add(1, Ordering::Relaxed);
+            let one: u64 = 1;
+            // an eventfd write only fails when the counter would overflow: then it is already readable
+            unsafe { libc::write(self.efd, &one as *const u64 as *const libc::c_void, 8) };
+        }
+    }
+}
+
+/// The response body: at most one DATA frame, then the trailers (none at all for a trailers-only reply).
+struct GrpcBody {
+    data: Option<Bytes>,
+    trailers: Option<HeaderMap>,
+}
+
+impl Body for GrpcBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(mut self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        if let Some(data) = self.data.take() {
+            return Poll::Ready(Some(Ok(Frame::data(data))));
+        }
+        if let Some(trailers) = self.trailers.take() {
+            return Poll::Ready(Some(Ok(Frame::trailers(trailers))));
+        }
+        Poll::Ready(None)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.data.is_none() && self.trailers.is_none()
+    }
+}
+
+/// grpc-message is percent-encoded (gRPC's PROTOCOL-HTTP2.md): bytes outside 0x20..=0x7E and '%'.
+fn percent_encode(message: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    for b in message.bytes() {
+        if (0x20..=0x7e).contains(&b) && b != b'%' {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{:02X}", b));
+        }
+    }
+    out
+}
+
+fn status_headers(headers: &mut HeaderMap, code: u32, message: &str) {
+    headers.insert("grpc-status", HeaderValue::from(code));
+    if !message.is_empty() {
+        if let Ok(v) = HeaderValue::from_str(&percent_encode(message)) {
+            headers.insert("grpc-message", v);
+        }
+    }
+}
+
+fn content_type() -> HeaderValue {
+    HeaderValue::from_static("application/grpc")
+}
+
+fn error_response(code: u32, message: &str) -> Response<GrpcBody> {
+    let mut response = Response::new(GrpcBody { data: None, trailers: None });
+    let headers = response.headers_mut();
+    headers.insert(http::header::CONTENT_TYPE, content_type());
+    status_headers(headers, code, message);
+    response
+}
+
+fn ok_response(framed: Bytes) -> Response<GrpcBody> {
+    let mut trailers = HeaderMap::with_capacity(1);
+    trailers.insert("grpc-status", HeaderValue::from_static("0"));
+    let mut response = Response::new(GrpcBody { data: Some(framed), trailers: Some(trailers) });
+    response.headers_mut().insert(http::header::CONTENT_TYPE, content_type());
+    response
+}
+
+/// grpc-timeout: up to 8 digits and a unit (H M S m u n).
+fn parse_timeout(value: &HeaderValue) -> Option<f64> {
+    let s = value.to_str().ok()?;
+    if s.len() < 2 {
+        return None;
+    }
+    let (digits, unit) = s.split_at(s.len() - 1);
+    let n: f64 = digits.parse::<u64>().ok()? as f64;
+    let scale = match unit {
+        "H" => 3600.0,
+        "M" => 60.0,
+        "S" => 1.0,
+        "m" => 1e-3,
+        "u" => 1e-6,
+        "n" => 1e-9,
+        _ => return None,
+    };
+    Some(n * scale)
+}
+
+async fn handle(request: Request<Incoming>, shared: Arc<Shared>) -> Result<Response<GrpcBody>, Infallible> {
+    if request.method() != http::Method::POST {
+        let mut r = error_response(INTERNAL, "gRPC requires POST");
+        *r.status_mut() = StatusCode::METHOD_NOT_ALLOWED;
+        return Ok(r);
+    }
+    let Some(&method) = shared.methods.get(request.uri().path()) else {
+        let message = format!("Method not found: {}", request.uri().path().trim_start_matches('/'));
+        return Ok(error_response(UNIMPLEMENTED, &message));
+    };
+    if !shared.accepting.load(Ordering::Relaxed) {
+        return Ok(error_response(UNAVAILABLE, "the server is shutting down"));
+    }
+    let (parts, body) = request.into_parts();
+    let timeout = parts.headers.get("grpc-timeout").and_then(parse_timeout);
+    let body = match Limited::new(body, shared.max_message + 5).collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(e) => {
+            if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() {
+                let message =
+                    format!("Received message larger than max ({} vs. {})", "more", shared.max_message);
+                return Ok(error_response(RESOURCE_EXHAUSTED, &message));
+            }
+            return Ok(error_response(INTERNAL, &format!("reading the request failed: {e}")));
+        }
+    };
+    if body.len() < 5 {
+        return Ok(error_response(INTERNAL, "the request has no gRPC message"));
+    }
+    if body[0] != 0 {
+        return Ok(error_response(UNIMPLEMENTED, "compressed requests are not supported by this transport"));
+    }
+    let length = u32::from_be_bytes([body[1], body[2], body[3], body[4]]) as usize;
+    if length > shared.max_message {
+        let message = format!("Received message larger than max ({} vs. {})", length, shared.max_message);
+        return Ok(error_response(RESOURCE_EXHAUSTED, &message));
+    }
+    if body.len() != 5 + length {
+        return Ok(error_response(UNIMPLEMENTED, "one request message per unary call"));
+    }
+    let payload = body.slice(5..);
+    let (tx, rx) = oneshot::channel();
+    shared.push(Call { method, payload, headers: parts.headers, timeout, tx });
+    let reply = match timeout {
+        Some(t) => match tokio::time::timeout(Duration::from_secs_f64(t), rx).await {
+            Ok(r) => r,
+            Err(_) => return Ok(error_response(DEADLINE_EXCEEDED, "Deadline Exceeded")),
+        },
+        None => rx.await,
+    };
+    Ok(match reply {
+        Ok(Reply::Ok(framed)) => ok_response(framed),
+        Ok(Reply::Err(code, message)) => error_response(code, &message),
+        Err(_) => error_response(INTERNAL, "the handler ended without a response"),
+    })
+}
+
+async fn serve(listener: tokio::net::TcpListener, shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
+    loop {
+        let (stream, _) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(_) => continue,
+            },
+            _ = stop.changed() => return,
+        };
+        let _ = stream.set_nodelay(true);
+        let shared = shared.clone();
+        let mut stop = stop.clone();
+        tokio::spawn(async move {
+            let service = service_fn(move |req| handle(req, shared.clone()));
+            let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+            builder.timer(TokioTimer::new()).max_concurrent_streams(1024);
+            let conn = builder.serve_connection(TokioIo::new(stream), service);
+            tokio::pin!(conn);
+            tokio::select! {
+                _ = conn.as_mut() => return,
+                _ = stop.changed() => {}
+            }
+            // graceful: GOAWAY, the streams already open finish
+            conn.as_mut().graceful_shutdown();
+            let _ = conn.await;
+        });
+    }
+}
+
+/// One call waiting for Python's answer.
+#[pyclass(frozen, module = "kubeinfer_grpc_transport")]
+struct PendingCall {
+    tx: Mutex<Option<oneshot::Sender<Reply>>>,
+    headers: HeaderMap,
+    #[pyo3(get)]
+    timeout: Option<f64>,
+}
+
+#[pymethods]
+impl PendingCall {
+    /// Answer with a serialized response message. False if the call is already gone (cancelled, timed out).
+    fn reply(&self, message: &[u8]) -> bool {
+        let Some(tx) = self.tx.lock().unwrap().take() else { return false };
+        let mut framed = BytesMut::with_capacity(5 + message.len());
+        framed.put_u8(0);
+        framed.put_u32(message.len() as u32);
+        framed.put_slice(message);
+        tx.send(Reply::Ok(framed.freeze())).is_ok()
+    }
+
+    /// Answer with a gRPC status (code as an int) and its message.
+    fn abort(&self, code: u32, message: &str) -> bool {
+        let Some(tx) = self.tx.lock().unwrap().take() else { return false };
+        tx.send(Reply::Err(code, message.to_owned())).is_ok()
+    }
+
+    /// True when nobody waits for the answer any more (client reset the stream, deadline passed).
+    fn cancelled(&self) -> bool {
+        match self.tx.lock().unwrap().as_ref() {
+            Some(tx) => tx.is_closed(),
+            None => true,
+        }
+    }
+
+    /// The request's metadata as (key, value) pairs, gRPC's reserved and HTTP/2 headers left out.
+    fn metadata(&self) -> Vec<(String, String)> {
+        self.headers
+            .iter()
+            .filter(|(k, _)| {
+                let k = k.as_str();
+                !(k.starts_with("grpc-") || k == "te" || k == "content-type" || k == "user-agent")
+            })
+            .map(|(k, v)| (k.as_str().to_owned(), String::from_utf8_lossy(v.as_bytes()).into_owned()))
+            .collect()
+    }
+}
+
+/// The listener and its runtime; `fd` becomes readable when calls are queued.
+#[pyclass(frozen, module = "kubeinfer_grpc_transport")]
+struct Transport {
+    shared: Arc<Shared>,
+    stop: watch::Sender<bool>,
+    runtime: Mutex<Option<tokio::runtime::Runtime>>,
+    #[pyo3(get)]
+    port: u16,
+    #[pyo3(get)]
+    fd: RawFd,
+}
+
+#[pymethods]
+impl Transport {
+    #[new]
+    #[pyo3(signature = (host, port, methods, threads=1, max_message_bytes=64 * 1024 * 1024))]
+    fn new(host: &str, port: u16, methods: Vec<String>, threads: usize, max_message_bytes: usize) -> PyResult<Self> {
+        let efd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if efd < 0 {
+            return Err(PyOSError::new_err("eventfd failed"));
+        }
+        let shared = Arc::new(Shared {
+            methods: methods.into_iter().enumerate().map(|(i, m)| (m, i)).collect(),
+            queue: Mutex::new(Vec::with_capacity(64)),
+            efd,
+            max_message: max_message_bytes,
+            accepting: AtomicBool::new(true),
+            calls: AtomicU64::new(0),
+            wakeups: AtomicU64::new(0),
+        });
+        let addr: SocketAddr = if host.contains(':') {
+            format!("[{host}]:{port}")
+        } else {
+            format!("{host}:{port}")
+        }
+        .parse()
+        .map_err(|e| PyOSError::new_err(format!("bad address {host}:{port}: {e}")))?;
+        let std_listener = std::net::TcpListener::bind(addr)
+            .map_err(|e| PyOSError::new_err(format!("gRPC listener on {addr} failed to start: {e}")))?;
+        std_listener.set_nonblocking(true).map_err(|e| PyOSError::new_err(e.to_string()))?;
+        let bound = std_listener.local_addr().map_err(|e| PyOSError::new_err(e.to_string()))?.port();
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads.max(1))
+            .thread_name("grpc-transport")
+            .enable_all()
+            .build()
+            .map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
+        let (stop, stop_rx) = watch::channel(false);
+        {
+            let shared = shared.clone();
+            let _guard = runtime.enter();
+            let listener = tokio::net::TcpListener::from_std(std_listener)
+                .map_err(|e| PyOSError::new_err(e.to_string()))?;
+            runtime.spawn(serve(listener, shared, stop_rx));
+        }
+        Ok(Transport { shared, stop, runtime: Mutex::new(Some(runtime)), port: bound, fd: efd })
+    }
+
+    /// Every queued call as (call, method_index, payload) — one GIL acquisition for all of them.
+    fn take<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let mut counter: u64 = 0;
+        unsafe { libc::read(self.shared.efd, &mut counter as *mut u64 as *mut libc::c_void, 8) };
+        let calls = std::mem::take(&mut *self.shared.queue.lock().unwrap());
+        let list = PyList::empty(py);
+        for call in calls {
+            let pending = Bound::new(
+                py,
+                PendingCall { tx: Mutex::new(Some(call.tx)), headers: call.headers, timeout: call.timeout },
+            )?;
+            let item: Bound<'py, PyTuple> =
+                (pending, call.method, PyBytes::new(py, &call.payload)).into_pyobject(py)?;
+            list.append(item)?;
+        }
+        Ok(list)
+    }
+
+    /// (calls handed to Python, event-loop wake-ups) since start.
+    fn stats(&self) -> (u64, u64) {
+        (self.shared.calls.load(Ordering::Relaxed), self.shared.wakeups.load(Ordering::Relaxed))
+    }
+
+    /// New calls answer UNAVAILABLE; connections get a GOAWAY (open streams finish); the listener closes.
+    fn close(&self) {
+        self.shared.accepting.store(false, Ordering::Relaxed);
+        let _ = self.stop.send(true);
+    }
+
+    /// Stop the runtime (after `close` and the grace the caller chose), waiting up to `timeout` seconds.
+    fn shutdown(&self, py: Python<'_>, timeout: f64) {
+        self.close();
+        let runtime = self.runtime.lock().unwrap().take();
+        if let Some(rt) = runtime {
+            py.detach(|| rt.shutdown_timeout(Duration::from_secs_f64(timeout)));
+        }
+    }
+}
+
+impl Drop for Transport {
+    fn drop(&mut self) {
+        // the runtime's tasks write the eventfd: stop them before it is closed
+        if let Some(rt) = self.runtime.lock().unwrap().take() {
+            rt.shutdown_timeout(Duration::from_secs(1));
+        }
+        unsafe { libc::close(self.shared.efd) };
+    }
+}
+
+#[pymodule]
+fn kubeinfer_grpc_transport(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<Transport>()?;
+    m.add_class::<PendingCall>()?;
+    Ok(())
+}
