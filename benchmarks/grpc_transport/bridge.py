@@ -26,6 +26,7 @@ from kubeinfer.server.runtime.auth import BearerToken, TlsFiles
 from kubeinfer.server.runtime.service import InferenceService
 from kubeinfer.server.sharedmemory import SharedMemoryRegistry
 from kubeinfer.server.vocabulary.limits import DEFAULT_LIMITS, Limits
+from kubeinfer_grpc_transport import PendingCall, Transport  # built by build.py into build/
 
 log = logging.getLogger(__name__)
 
@@ -62,29 +63,30 @@ class RustGrpcServer:
         threads: int,
         loop: asyncio.AbstractEventLoop,
     ) -> None:
-        from kubeinfer_grpc_transport import Transport  # built by build.py into build/
-
         handlers = unary_handlers(servicer)
         self.paths = list(handlers)
         self.handlers = [handlers[p] for p in self.paths]
         self.loop = loop
         self.transport = Transport(host, port, self.paths, threads, limits.grpc_max_message_bytes)
         self.port: int = self.transport.port
-        self.inflight: set[asyncio.Task[None]] = set()
+        #: call id → its task, so that a call its client gave up on is cancelled as grpc.aio does
+        self.inflight: dict[int, asyncio.Task[None]] = {}
         loop.add_reader(self.transport.fd, self._drain)
 
     def _drain(self) -> None:
-        """All calls queued since the last wake-up: each one's handler starts as a task."""
+        """All calls queued since the last wake-up start as tasks; calls their clients gave up are cancelled."""
         create_task = self.loop.create_task
         handlers = self.handlers
         inflight = self.inflight
-        for call, index, payload in self.transport.take():
-            task = create_task(self._run(call, handlers[index], payload))
-            inflight.add(task)
-            task.add_done_callback(inflight.discard)
+        calls, cancelled = self.transport.take()
+        for call, index, payload, call_id in calls:
+            inflight[call_id] = create_task(self._run(call, handlers[index], payload, call_id))
+        for call_id in cancelled:
+            task = inflight.pop(call_id, None)  # popped here too: a task cancelled before it ran has no finally
+            if task is not None:
+                task.cancel()
 
-    @staticmethod
-    async def _run(call: Any, handler: Handler, payload: bytes) -> None:
+    async def _run(self, call: PendingCall, handler: Handler, payload: bytes, call_id: int) -> None:
         parse, fn, serialize = handler
         try:
             request = parse(payload)
@@ -94,6 +96,8 @@ class RustGrpcServer:
         except Exception as exc:  # mapped to a status, as errors.unary does for grpc.aio
             code, message = status_of(exc)
             call.abort(code.value[0], message)
+        finally:
+            self.inflight.pop(call_id, None)
 
     def stats(self) -> tuple[int, int]:
         """(calls, event-loop wake-ups) since start: how many calls one wake-up drained."""
@@ -103,7 +107,7 @@ class RustGrpcServer:
     async def stop(self, grace: float | None = None) -> None:
         self.transport.close()  # new calls UNAVAILABLE, GOAWAY to every connection
         if self.inflight:
-            await asyncio.wait(set(self.inflight), timeout=grace)
+            await asyncio.wait(set(self.inflight.values()), timeout=grace)
         await asyncio.sleep(0.05)  # the last answers leave the tokio threads
         self.loop.remove_reader(self.transport.fd)
         calls, wakeups = self.stats()

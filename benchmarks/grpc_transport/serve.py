@@ -14,7 +14,6 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-import bridge  # noqa: E402
 import build  # noqa: E402
 
 
@@ -25,6 +24,7 @@ def main(argv: list[str]) -> int:
         threads = int(argv[at + 1])
         del argv[at : at + 2]
     build.importable()
+    import bridge
     from kubeinfer.server import cli
     from kubeinfer.server.grpc import server as grpc_server
 

@@ -48,6 +48,7 @@ enum Reply {
 }
 
 struct Call {
+    id: u64,
     method: usize,
     payload: Bytes,
     headers: HeaderMap,
@@ -58,6 +59,8 @@ struct Call {
 struct Shared {
     methods: HashMap<String, usize>,
     queue: Mutex<Vec<Call>>,
+    /// ids of calls whose client went away (stream reset, deadline) before Python answered
+    cancelled: Mutex<Vec<u64>>,
     efd: RawFd,
     max_message: usize,
     accepting: AtomicBool,
@@ -66,6 +69,13 @@ struct Shared {
 }
 
 impl Shared {
+    fn wake(&self) {
+        self.wakeups.fetch_add(1, Ordering::Relaxed);
+        let one: u64 = 1;
+        // an eventfd write only fails when the counter would overflow: then it is already readable
+        unsafe { libc::write(self.efd, &one as *const u64 as *const libc::c_void, 8) };
+    }
+
     fn push(&self, call: Call) {
         let was_empty = {
             let mut q = self.queue.lock().unwrap();
@@ -73,12 +83,28 @@ impl Shared {
             q.push(call);
             empty
         };
-        self.calls.fetch_add(1, Ordering::Relaxed);
         if was_empty {
-            self.wakeups.fetch_add(1, Ordering::Relaxed);
-            let one: u64 = 1;
-            // an eventfd write only fails when the counter would overflow: then it is already readable
-            unsafe { libc::write(self.efd, &one as *const u64 as *const libc::c_void, 8) };
+            self.wake();
+        }
+    }
+
+    fn cancel(&self, id: u64) {
+        self.cancelled.lock().unwrap().push(id);
+        self.wake();
+    }
+}
+
+/// Tells Python a call was given up (its tokio task dropped: stream reset, deadline) unless it was answered.
+struct Unanswered<'a> {
+    id: u64,
+    shared: &'a Shared,
+    answered: bool,
+}
+
+impl Drop for Unanswered<'_> {
+    fn drop(&mut self) {
+        if !self.answered {
+            self.shared.cancel(self.id);
         }
     }
 }
@@ -212,7 +238,9 @@ async fn handle(request: Request<Incoming>, shared: Arc<Shared>) -> Result<Respo
     }
     let payload = body.slice(5..);
     let (tx, rx) = oneshot::channel();
-    shared.push(Call { method, payload, headers: parts.headers, timeout, tx });
+    let id = shared.calls.fetch_add(1, Ordering::Relaxed);
+    shared.push(Call { id, method, payload, headers: parts.headers, timeout, tx });
+    let mut guard = Unanswered { id, shared: &shared, answered: false };
     let reply = match timeout {
         Some(t) => match tokio::time::timeout(Duration::from_secs_f64(t), rx).await {
             Ok(r) => r,
@@ -220,6 +248,7 @@ async fn handle(request: Request<Incoming>, shared: Arc<Shared>) -> Result<Respo
         },
         None => rx.await,
     };
+    guard.answered = true;
     Ok(match reply {
         Ok(Reply::Ok(framed)) => ok_response(framed),
         Ok(Reply::Err(code, message)) => error_response(code, &message),
@@ -328,6 +357,7 @@ impl Transport {
         let shared = Arc::new(Shared {
             methods: methods.into_iter().enumerate().map(|(i, m)| (m, i)).collect(),
             queue: Mutex::new(Vec::with_capacity(64)),
+            cancelled: Mutex::new(Vec::new()),
             efd,
             max_message: max_message_bytes,
             accepting: AtomicBool::new(true),
@@ -362,10 +392,21 @@ impl Transport {
         Ok(Transport { shared, stop, runtime: Mutex::new(Some(runtime)), port: bound, fd: efd })
     }
 
-    /// Every queued call as (call, method_index, payload) — one GIL acquisition for all of them.
-    fn take<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+    /// `(calls, cancelled)`: every queued call as `(call, method_index, payload, call_id)`, and the ids of
+    /// calls given up by their client (stream reset, deadline) — one GIL acquisition for all of them.
+    /// The eventfd is read first, then the cancellations, then the calls: a call always comes out no later
+    /// than its cancellation, and anything queued after the read writes the eventfd again.
+    fn take<'py>(&self, py: Python<'py>) -> PyResult<(Bound<'py, PyList>, Bound<'py, PyAny>)> {
         let mut counter: u64 = 0;
         unsafe { libc::read(self.shared.efd, &mut counter as *mut u64 as *mut libc::c_void, 8) };
+        let cancelled = {
+            let mut c = self.shared.cancelled.lock().unwrap();
+            if c.is_empty() {
+                PyTuple::empty(py).into_any()
+            } else {
+                std::mem::take(&mut *c).into_pyobject(py)?.into_any()
+            }
+        };
         let calls = std::mem::take(&mut *self.shared.queue.lock().unwrap());
         let list = PyList::empty(py);
         for call in calls {
@@ -374,10 +415,10 @@ impl Transport {
                 PendingCall { tx: Mutex::new(Some(call.tx)), headers: call.headers, timeout: call.timeout },
             )?;
             let item: Bound<'py, PyTuple> =
-                (pending, call.method, PyBytes::new(py, &call.payload)).into_pyobject(py)?;
+                (pending, call.method, PyBytes::new(py, &call.payload), call.id).into_pyobject(py)?;
             list.append(item)?;
         }
-        Ok(list)
+        Ok((list, cancelled))
     }
 
     /// (calls handed to Python, event-loop wake-ups) since start.
