@@ -161,7 +161,10 @@ fn content_type() -> HeaderValue {
 }
 
 fn error_response(code: u32, message: &str) -> Response<GrpcBody> {
-    let mut response = Response::new(GrpcBody { data: None, trailers: None });
+    let mut response = Response::new(GrpcBody {
+        data: None,
+        trailers: None,
+    });
     let headers = response.headers_mut();
     headers.insert(http::header::CONTENT_TYPE, content_type());
     status_headers(headers, code, message);
@@ -171,8 +174,13 @@ fn error_response(code: u32, message: &str) -> Response<GrpcBody> {
 fn ok_response(framed: Bytes) -> Response<GrpcBody> {
     let mut trailers = HeaderMap::with_capacity(1);
     trailers.insert("grpc-status", HeaderValue::from_static("0"));
-    let mut response = Response::new(GrpcBody { data: Some(framed), trailers: Some(trailers) });
-    response.headers_mut().insert(http::header::CONTENT_TYPE, content_type());
+    let mut response = Response::new(GrpcBody {
+        data: Some(framed),
+        trailers: Some(trailers),
+    });
+    response
+        .headers_mut()
+        .insert(http::header::CONTENT_TYPE, content_type());
     response
 }
 
@@ -215,8 +223,7 @@ async fn handle(request: Request<Incoming>, shared: Arc<Shared>) -> Result<Respo
         Ok(collected) => collected.to_bytes(),
         Err(e) => {
             if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() {
-                let message =
-                    format!("Received message larger than max ({} vs. {})", "more", shared.max_message);
+                let message = format!("Received message larger than max (over {} bytes)", shared.max_message);
                 return Ok(error_response(RESOURCE_EXHAUSTED, &message));
             }
             return Ok(error_response(INTERNAL, &format!("reading the request failed: {e}")));
@@ -226,11 +233,17 @@ async fn handle(request: Request<Incoming>, shared: Arc<Shared>) -> Result<Respo
         return Ok(error_response(INTERNAL, "the request has no gRPC message"));
     }
     if body[0] != 0 {
-        return Ok(error_response(UNIMPLEMENTED, "compressed requests are not supported by this transport"));
+        return Ok(error_response(
+            UNIMPLEMENTED,
+            "compressed requests are not supported by this transport",
+        ));
     }
     let length = u32::from_be_bytes([body[1], body[2], body[3], body[4]]) as usize;
     if length > shared.max_message {
-        let message = format!("Received message larger than max ({} vs. {})", length, shared.max_message);
+        let message = format!(
+            "Received message larger than max ({} vs. {})",
+            length, shared.max_message
+        );
         return Ok(error_response(RESOURCE_EXHAUSTED, &message));
     }
     if body.len() != 5 + length {
@@ -239,8 +252,19 @@ async fn handle(request: Request<Incoming>, shared: Arc<Shared>) -> Result<Respo
     let payload = body.slice(5..);
     let (tx, rx) = oneshot::channel();
     let id = shared.calls.fetch_add(1, Ordering::Relaxed);
-    shared.push(Call { id, method, payload, headers: parts.headers, timeout, tx });
-    let mut guard = Unanswered { id, shared: &shared, answered: false };
+    shared.push(Call {
+        id,
+        method,
+        payload,
+        headers: parts.headers,
+        timeout,
+        tx,
+    });
+    let mut guard = Unanswered {
+        id,
+        shared: &shared,
+        answered: false,
+    };
     let reply = match timeout {
         Some(t) => match tokio::time::timeout(Duration::from_secs_f64(t), rx).await {
             Ok(r) => r,
@@ -298,7 +322,9 @@ struct PendingCall {
 impl PendingCall {
     /// Answer with a serialized response message. False if the call is already gone (cancelled, timed out).
     fn reply(&self, message: &[u8]) -> bool {
-        let Some(tx) = self.tx.lock().unwrap().take() else { return false };
+        let Some(tx) = self.tx.lock().unwrap().take() else {
+            return false;
+        };
         let mut framed = BytesMut::with_capacity(5 + message.len());
         framed.put_u8(0);
         framed.put_u32(message.len() as u32);
@@ -308,7 +334,9 @@ impl PendingCall {
 
     /// Answer with a gRPC status (code as an int) and its message.
     fn abort(&self, code: u32, message: &str) -> bool {
-        let Some(tx) = self.tx.lock().unwrap().take() else { return false };
+        let Some(tx) = self.tx.lock().unwrap().take() else {
+            return false;
+        };
         tx.send(Reply::Err(code, message.to_owned())).is_ok()
     }
 
@@ -328,7 +356,12 @@ impl PendingCall {
                 let k = k.as_str();
                 !(k.starts_with("grpc-") || k == "te" || k == "content-type" || k == "user-agent")
             })
-            .map(|(k, v)| (k.as_str().to_owned(), String::from_utf8_lossy(v.as_bytes()).into_owned()))
+            .map(|(k, v)| {
+                (
+                    k.as_str().to_owned(),
+                    String::from_utf8_lossy(v.as_bytes()).into_owned(),
+                )
+            })
             .collect()
     }
 }
@@ -373,8 +406,13 @@ impl Transport {
         .map_err(|e| PyOSError::new_err(format!("bad address {host}:{port}: {e}")))?;
         let std_listener = std::net::TcpListener::bind(addr)
             .map_err(|e| PyOSError::new_err(format!("gRPC listener on {addr} failed to start: {e}")))?;
-        std_listener.set_nonblocking(true).map_err(|e| PyOSError::new_err(e.to_string()))?;
-        let bound = std_listener.local_addr().map_err(|e| PyOSError::new_err(e.to_string()))?.port();
+        std_listener
+            .set_nonblocking(true)
+            .map_err(|e| PyOSError::new_err(e.to_string()))?;
+        let bound = std_listener
+            .local_addr()
+            .map_err(|e| PyOSError::new_err(e.to_string()))?
+            .port();
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(threads.max(1))
             .thread_name("grpc-transport")
@@ -385,11 +423,17 @@ impl Transport {
         {
             let shared = shared.clone();
             let _guard = runtime.enter();
-            let listener = tokio::net::TcpListener::from_std(std_listener)
-                .map_err(|e| PyOSError::new_err(e.to_string()))?;
+            let listener =
+                tokio::net::TcpListener::from_std(std_listener).map_err(|e| PyOSError::new_err(e.to_string()))?;
             runtime.spawn(serve(listener, shared, stop_rx));
         }
-        Ok(Transport { shared, stop, runtime: Mutex::new(Some(runtime)), port: bound, fd: efd })
+        Ok(Transport {
+            shared,
+            stop,
+            runtime: Mutex::new(Some(runtime)),
+            port: bound,
+            fd: efd,
+        })
     }
 
     /// `(calls, cancelled)`: every queued call as `(call, method_index, payload, call_id)`, and the ids of
@@ -412,7 +456,11 @@ impl Transport {
         for call in calls {
             let pending = Bound::new(
                 py,
-                PendingCall { tx: Mutex::new(Some(call.tx)), headers: call.headers, timeout: call.timeout },
+                PendingCall {
+                    tx: Mutex::new(Some(call.tx)),
+                    headers: call.headers,
+                    timeout: call.timeout,
+                },
             )?;
             let item: Bound<'py, PyTuple> =
                 (pending, call.method, PyBytes::new(py, &call.payload), call.id).into_pyobject(py)?;
@@ -423,7 +471,10 @@ impl Transport {
 
     /// (calls handed to Python, event-loop wake-ups) since start.
     fn stats(&self) -> (u64, u64) {
-        (self.shared.calls.load(Ordering::Relaxed), self.shared.wakeups.load(Ordering::Relaxed))
+        (
+            self.shared.calls.load(Ordering::Relaxed),
+            self.shared.wakeups.load(Ordering::Relaxed),
+        )
     }
 
     /// New calls answer UNAVAILABLE; connections get a GOAWAY (open streams finish); the listener closes.
