@@ -58,8 +58,8 @@ def _flag(data: dict[str, Any], key: str) -> bool:
 
 
 def _parameters(body: dict[str, Any]) -> dict[str, Any]:
-    params = body.get("parameters") or {}
-    if not isinstance(params, dict):
+    params = body.get("parameters", {})
+    if not isinstance(params, dict):  # false, 0, [] and null too: not an object
         raise InvalidArgument("'parameters' must be a JSON object")
     return params
 

@@ -26,7 +26,7 @@ from ..config.version_policy import select_versions
 from ..observability.stats import StatsListener
 from ..repository import scan
 from ..repository.layout import check_model_name
-from ..vocabulary.errors import InvalidArgument, NotFound, ServerError
+from ..vocabulary.errors import InvalidArgument, ServerError
 from ..vocabulary.registry_view import RegistryView
 from . import devices
 from .cache import ResponseCache
@@ -120,6 +120,13 @@ class ModelLifecycle:
             failures = await self._reconcile(entry)
         if not entry.serving and (not entry.states or not (self.repository_path / name).is_dir()):
             self.models.pop(name, None)  # nothing to show in the index for a folder that does not exist
+            if not (self.repository_path / name).is_dir():
+                # Triton 2.51's words, with the reason it writes only to its log; 400, not its 500: a name
+                # the repository does not hold is the client's mistake, not the server's failure
+                raise InvalidArgument(
+                    f"failed to load '{name}', failed to poll from model repository: "
+                    "model not found in any model repository"
+                )
         if failures or not entry.serving:
             kept = f"; still serving version {', '.join(map(str, sorted(entry.serving)))}" if entry.serving else ""
             raise InvalidArgument(
@@ -243,7 +250,7 @@ class ModelLifecycle:
         check_model_name(name)
         entry = self.models.get(name)
         if entry is None:
-            raise NotFound(f"failed to unload '{name}': model is not loaded")
+            return  # Triton 2.51 answers an unload of a model it does not know with success
         async with entry.lock:
             retiring = list(entry.serving.values())
             entry.serving = {}

@@ -109,14 +109,24 @@ def test_load_and_unload_over_both_protocols(server: ServerProcess, grpc_client,
     )
 
 
-def test_unload_unknown_model(server: ServerProcess, grpc_client) -> None:
+def test_unknown_models_answer_as_triton(server: ServerProcess, grpc_client, http_client) -> None:
+    """Checked against Triton 2.51 in explicit mode: unloading a model it does not know succeeds; loading one
+    the repository does not hold says "failed to load 'X', failed to poll from model repository" (its log
+    says why; we add it) — Triton answers 500 / INTERNAL, we 400 / INVALID_ARGUMENT (a client's mistake)."""
     r = post(server, "/v2/repository/models/never_loaded/unload")
-    assert r.status_code == 404 and "never_loaded" in r.json()["error"]
-    with pytest.raises(InferenceServerException) as info:
-        grpc_client.unload_model("never_loaded")
-    assert info.value.status() == "StatusCode.NOT_FOUND"
+    assert (r.status_code, r.content) == (200, b"")
+    grpc_client.unload_model("never_loaded")
+    message = (
+        "failed to load 'not_in_repo', failed to poll from model repository: model not found in any model repository"
+    )
     r = post(server, "/v2/repository/models/not_in_repo/load")
-    assert r.status_code == 400 and "not_in_repo" in r.json()["error"]
+    assert (r.status_code, r.json()) == (400, {"error": message})
+    with pytest.raises(InferenceServerException) as info:
+        grpc_client.load_model("not_in_repo")
+    assert (info.value.status(), info.value.message()) == ("StatusCode.INVALID_ARGUMENT", message)
+    with pytest.raises(InferenceServerException) as info:
+        http_client.load_model("not_in_repo")
+    assert (info.value.status(), info.value.message()) == ("400", message)
     assert "not_in_repo" not in {name for name, _, _ in index(server)}
 
 

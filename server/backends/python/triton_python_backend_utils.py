@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ...vocabulary.errors import NotFound, ServerError
+from ...vocabulary.errors import ServerError
 from ...vocabulary.registry_view import ModelControl
 from . import context
 from .pb_metrics import Metric, MetricFamily
@@ -181,13 +181,7 @@ def unload_model(model_name: str, unload_dependents: bool = False) -> None:
     """Stop serving ``model_name`` (explicit model control mode only). Returns without waiting for it to
     drain and unload, as Triton's, so a model may unload itself; a model that is not loaded is no error."""
 
-    async def unload(control: ModelControl) -> None:
-        try:
-            await control.unload_model(model_name, unload_dependents, wait=False)
-        except NotFound:
-            pass  # Triton answers an unload of a model it does not serve with success
-
-    _model_control("unload", unload)
+    _model_control("unload", lambda control: control.unload_model(model_name, unload_dependents, wait=False))
 
 
 def _model_control(action: str, call: Callable[[ModelControl], Awaitable[None]]) -> None:
