@@ -73,6 +73,8 @@ class ServerSettings:
     connection_drain_seconds: float = 0.0
     #: milliseconds after which gRPC connections get a graceful GOAWAY (0: never; see start_grpc_server)
     grpc_max_connection_age_ms: int = 0
+    #: what serves the gRPC listener: "rust", "grpcio" or "auto" (see grpc/transport.py)
+    grpc_transport: str = "grpcio"
     limits: Limits = DEFAULT_LIMITS
     #: bearer token file checked on HTTP and gRPC (None: no authentication)
     auth_token_file: Path | None = None
@@ -188,9 +190,10 @@ async def serve(settings: ServerSettings) -> int:
     for server in servers:
         tasks.append(asyncio.create_task(server.serve()))
     if settings.grpc_port is not None:
-        from .grpc.server import start_grpc_server
+        from .grpc.transport import start_grpc_listener
 
-        grpc_server = await start_grpc_server(
+        grpc_server = await start_grpc_listener(
+            settings.grpc_transport,
             service,
             settings.grpc_host or settings.host,
             settings.grpc_port,

@@ -25,6 +25,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .app import ServerSettings, run
+from .grpc.transport import ENV as GRPC_TRANSPORT_ENV
+from .grpc.transport import TRANSPORTS as GRPC_TRANSPORTS
+from .grpc.transport import default_transport as default_grpc_transport
 from .observability.logsettings import LogControl, LogSettings
 from .observability.trace import parse_trace_config
 from .runtime.auth import TlsFiles
@@ -325,6 +328,15 @@ def build_parser(triton: bool = False) -> argparse.ArgumentParser:
     net.add_argument("--http-port", type=int, default=8000)
     net.add_argument("--grpc-port", type=int, default=8001)
     net.add_argument("--metrics-port", type=int, default=8002)
+    net.add_argument(
+        "--grpc-transport",
+        choices=GRPC_TRANSPORTS,
+        default=None,
+        help="what serves the gRPC listener: 'rust' (the Rust HTTP/2 transport, a third of grpc.aio's CPU per "
+        "call; refuses to start if it cannot serve the configuration), 'grpcio' (grpc.aio), 'auto' (rust when "
+        f"it is built and serves the configuration, else grpcio, logged). Default: ${GRPC_TRANSPORT_ENV}, else "
+        "grpcio",
+    )
     net.add_argument("--allow-http", type=_bool, default=True)
     net.add_argument("--allow-grpc", type=_bool, default=True)
     net.add_argument("--allow-metrics", type=_bool, default=True)
@@ -510,6 +522,7 @@ def settings_from_args(args: argparse.Namespace, triton: bool) -> ServerSettings
         shutdown_timeout=args.shutdown_timeout,
         connection_drain_seconds=args.connection_drain_seconds,
         grpc_max_connection_age_ms=args.grpc_max_connection_age,
+        grpc_transport=args.grpc_transport or default_grpc_transport(),
         limits=_limits(args),
         auth_token_file=args.auth_token_file,
         http_tls=http_tls,

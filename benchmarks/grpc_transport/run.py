@@ -1,13 +1,12 @@
 """gRPC front ends compared in one run: grpc.aio (the product's), the Rust transport, real Triton 2.51.
 
-    .venv/bin/python benchmarks/grpc_transport/run.py               # builds the crate if needed, ~6 min
+    .venv/bin/python benchmarks/grpc_transport/run.py               # builds the transport if needed, ~6 min
     .venv/bin/python benchmarks/grpc_transport/run.py --rounds 1 --window-ms 1000   # a quick look
     .venv/bin/python benchmarks/grpc_transport/run.py --from benchmarks/results/grpc-transport-X.json
 
 Servers, all up at once, same add_sub ONNX file and config (benchmarks/peers/peers.py):
-- ``aio``: ``kubeinfer-server`` as shipped (gRPC on grpc.aio);
-- ``rust``: the same server (serve.py) with the gRPC listener on the Rust transport, 1 tokio thread;
-  ``rust2`` the same with 2 tokio threads (``--servers`` picks);
+- ``aio``: ``kubeinfer-server --grpc-transport grpcio`` (gRPC on grpc.aio);
+- ``rust``: ``kubeinfer-server --grpc-transport rust`` (server/grpc/rust_server.py, 1 tokio thread);
 - ``triton``: the real tritonserver 2.51 from the nvidia-pytriton wheel (python backend + onnxruntime).
 
 Each point is ``kubeinfer perf -i grpc`` (closed loop, batch-1, the server's process-tree CPU per
@@ -25,6 +24,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -35,9 +35,7 @@ HERE = Path(__file__).resolve().parent
 BENCH = HERE.parent
 sys.path.insert(0, str(BENCH / "peers"))
 sys.path.insert(0, str(BENCH))
-sys.path.insert(0, str(HERE))
 
-import build  # noqa: E402
 import peers  # noqa: E402
 
 _spec = importlib.util.spec_from_file_location("peers_run", BENCH / "peers" / "run.py")
@@ -49,22 +47,22 @@ SERVERS = ("aio", "rust", "triton")
 MODEL = "add_sub"
 
 
-def start_rust(repo: Path, logs: Path, threads: int) -> peers.Peer:
+def start_kubeinfer(repo: Path, logs: Path, transport: str, name: str) -> peers.Peer:
     http, grpc, metrics = peers.free_port(), peers.free_port(), peers.free_port()
-    log = logs / f"rust{threads}.log"
-    command = [sys.executable, str(HERE / "serve.py"), "--transport-threads", str(threads)]
+    log = logs / f"{name}.log"
+    command = [sys.executable, "-m", "kubeinfer.server", "--grpc-transport", transport]
     command += ["--model-repository", str(repo), "--host", "127.0.0.1", "--http-port", str(http)]
     command += ["--grpc-port", str(grpc), "--metrics-port", str(metrics)]
-    return peers.Peer(f"rust{threads}", http, grpc, peers._spawn("rust", command, log), log)
+    return peers.Peer(name, http, grpc, peers._spawn(name, command, log), log)
 
 
 def start(name: str, repos: dict[str, Path], logs: Path) -> peers.Peer:
     if name == "aio":
-        return peers.start_kubeinfer(repos["kubeinfer"], logs)
+        return start_kubeinfer(repos["kubeinfer"], logs, "grpcio", name)
+    if name == "rust":
+        return start_kubeinfer(repos["kubeinfer"], logs, "rust", name)
     if name == "triton":
         return peers.start_triton(repos["triton"], logs)
-    if name.startswith("rust"):
-        return start_rust(repos["kubeinfer"], logs, int(name[4:] or 1))
     raise SystemExit(f"unknown server {name!r}")
 
 
@@ -169,7 +167,7 @@ def targets(rows: list[dict[str, Any]]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--servers", default=",".join(SERVERS), help="of aio, rust (1 tokio thread), rust2, triton")
+    p.add_argument("--servers", default=",".join(SERVERS), help="of aio, rust, triton")
     p.add_argument("--concurrency", default="1,16")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--window-ms", type=int, default=2000)
@@ -187,8 +185,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     servers = args.servers.split(",")
     concurrency = [int(c) for c in args.concurrency.split(",")]
-    if any(s.startswith("rust") for s in servers):
-        build.build()
+    if "rust" in servers:
+        subprocess.run(
+            [sys.executable, str(BENCH.parent / "scripts" / "build_grpc_transport"), "--python", sys.executable],
+            check=True,
+        )
     if "triton" in servers:
         peers.venv("triton")
     from kubeinfer.server.examples import models as examples

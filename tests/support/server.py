@@ -9,6 +9,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import httpx
 
@@ -148,3 +149,14 @@ def start_server(
             server.terminate(10)
             raise
     return server
+
+
+def grpc_transports() -> list[Any]:
+    """``--grpc-transport`` values to run a gRPC test module against: grpcio always, rust when its module is
+    built (scripts/build_grpc_transport; CI builds it), else skipped saying so."""
+    import pytest
+    from kubeinfer.server.grpc.transport import rust_missing
+
+    missing = rust_missing()
+    rust = pytest.param("rust", marks=pytest.mark.skipif(missing is not None, reason=f"Rust transport: {missing}"))
+    return [pytest.param("grpcio"), rust]

@@ -1,4 +1,4 @@
-"""Type stub of the Rust extension module (rust/src/lib.rs), built by build.py into build/."""
+"""Type stub of the Rust gRPC transport (rust/src/lib.rs), built by scripts/build_grpc_transport beside it."""
 
 class PendingCall:
     """One call waiting for Python's answer."""

@@ -1,14 +1,13 @@
-"""The Python half of the Rust gRPC transport: queued calls → InferenceServicer → bytes back.
+"""The gRPC listener on the Rust transport: queued calls → InferenceServicer → bytes back.
 
-``Transport`` (rust/src/lib.rs) owns HTTP/2 and gRPC framing on its own threads and never takes the GIL;
-the event loop watches its eventfd and drains every queued call at once. Each call runs the existing
-``server/grpc/servicer.py`` handler unchanged: the request parsed with the generated pb class (a malformed
-one becomes INVALID_ARGUMENT as in ``errors.deserializer``), the response serialized, an exception mapped
-by ``errors.status_of`` — the same statuses and messages as the grpc.aio server.
-
-``start_rust_grpc_server`` has ``start_grpc_server``'s signature, so ``serve.py`` can swap it in under the
-real ``kubeinfer-server`` wiring. Unary RPCs only (no ModelStreamInfer), no TLS, no bearer token, no
-max connection age: a measured prototype, see README.md.
+``Transport`` (rust/src/lib.rs, built by ``scripts/build_grpc_transport`` into
+``kubeinfer_grpc_transport.so`` beside this file) owns HTTP/2 and gRPC framing on its own thread and never
+takes the GIL; the event loop watches its eventfd and drains every queued call at once. Each call runs the
+``servicer.py`` handler grpc.aio runs: the request parsed with the generated pb class (a malformed one is
+INVALID_ARGUMENT, as in ``errors.deserializer``), the response serialized, an exception mapped by
+``errors.status_of`` — the same statuses and messages as the grpc.aio server (server.py), which stays the
+fallback for what this transport does not serve yet (transport.py decides). Measured against grpc.aio and
+Triton in benchmarks/grpc_transport/.
 """
 
 from __future__ import annotations
@@ -18,20 +17,23 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from kubeinfer.server.grpc import grpc_service_pb2 as pb
-from kubeinfer.server.grpc.errors import check_parsed, deserializer, status_of
-from kubeinfer.server.grpc.server import SERVICE_NAME
-from kubeinfer.server.grpc.servicer import UNIMPLEMENTED, InferenceServicer, unimplemented
-from kubeinfer.server.runtime.auth import BearerToken, TlsFiles
-from kubeinfer.server.runtime.service import InferenceService
-from kubeinfer.server.sharedmemory import SharedMemoryRegistry
-from kubeinfer.server.vocabulary.limits import DEFAULT_LIMITS, Limits
-from kubeinfer_grpc_transport import PendingCall, Transport  # built by build.py into build/
+from ..runtime.auth import BearerToken, TlsFiles
+from ..runtime.service import InferenceService
+from ..sharedmemory import SharedMemoryRegistry
+from ..vocabulary.limits import DEFAULT_LIMITS, Limits
+from . import grpc_service_pb2 as pb
+from .errors import check_parsed, deserializer, status_of
+from .kubeinfer_grpc_transport import PendingCall, Transport
+from .server import SERVICE_NAME
+from .servicer import UNIMPLEMENTED, InferenceServicer, unimplemented
 
 log = logging.getLogger(__name__)
 
 #: (parse bytes → request, handler(request, context) → awaitable response, serialize it)
 Handler = tuple[Callable[[bytes], Any], Callable[[Any, Any], Any], Callable[[Any], bytes] | None]
+
+#: tokio worker threads: a second one bought nothing on 2 cores and cost CPU per request (README measurement)
+THREADS = 1
 
 
 def unary_handlers(servicer: InferenceServicer) -> dict[str, Handler]:
@@ -39,7 +41,7 @@ def unary_handlers(servicer: InferenceServicer) -> dict[str, Handler]:
     handlers: dict[str, Handler] = {}
     for method in pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods:
         if method.client_streaming or method.server_streaming:
-            continue  # ModelStreamInfer: not in the prototype (the transport answers UNIMPLEMENTED)
+            continue  # ModelStreamInfer: not served yet (the transport answers UNIMPLEMENTED)
         request_cls: Any = getattr(pb, method.input_type.name)
         handlers[f"/{SERVICE_NAME}/{method.name}"] = (
             deserializer(request_cls),
@@ -52,7 +54,7 @@ def unary_handlers(servicer: InferenceServicer) -> dict[str, Handler]:
 
 
 class RustGrpcServer:
-    """Duck-types what app.serve uses of a grpc.aio server: ``await stop(grace)``."""
+    """What app.serve uses of a grpc.aio server: ``await stop(grace)``."""
 
     def __init__(
         self,
@@ -60,8 +62,8 @@ class RustGrpcServer:
         host: str,
         port: int,
         limits: Limits,
-        threads: int,
         loop: asyncio.AbstractEventLoop,
+        threads: int = THREADS,
     ) -> None:
         handlers = unary_handlers(servicer)
         self.paths = list(handlers)
@@ -108,30 +110,43 @@ class RustGrpcServer:
         self.transport.close()  # new calls UNAVAILABLE, GOAWAY to every connection
         if self.inflight:
             await asyncio.wait(set(self.inflight.values()), timeout=grace)
-        await asyncio.sleep(0.05)  # the last answers leave the tokio threads
         self.loop.remove_reader(self.transport.fd)
         calls, wakeups = self.stats()
-        log.info("rust gRPC transport: %d calls in %d event-loop wake-ups", calls, wakeups)
+        log.info("gRPC (Rust transport): %d calls in %d event-loop wake-ups", calls, wakeups)
+        # the runtime's tasks write the answers already given, then it stops (connections closed)
         await asyncio.to_thread(self.transport.shutdown, 2.0)
 
 
-def starter(threads: int) -> Callable[..., Any]:
-    async def start_rust_grpc_server(
-        service: InferenceService,
-        host: str,
-        port: int,
-        limits: Limits = DEFAULT_LIMITS,
-        token: BearerToken | None = None,
-        tls: TlsFiles | None = None,
-        shm: SharedMemoryRegistry | None = None,
-        max_connection_age_ms: int = 0,
-    ) -> RustGrpcServer:
-        if token is not None or tls is not None or max_connection_age_ms > 0:
-            raise SystemExit("the Rust gRPC transport prototype has no bearer token, TLS or max connection age")
-        server = RustGrpcServer(
-            InferenceServicer(service, limits, shm), host, port, limits, threads, asyncio.get_running_loop()
-        )
-        log.info("gRPC (Rust transport, %d thread(s)) listening on %s:%d", threads, host, server.port)
-        return server
+def unsupported(
+    token: BearerToken | None = None, tls: TlsFiles | None = None, max_connection_age_ms: int = 0
+) -> str | None:
+    """What of this configuration the Rust transport cannot serve yet (None: all of it)."""
+    if tls is not None:
+        return "TLS (--grpc-use-ssl) is served by grpc.aio only"
+    if token is not None:
+        return "the bearer token (--auth-token-file) is checked by grpc.aio only"
+    if max_connection_age_ms > 0:
+        return "--grpc-max-connection-age is served by grpc.aio only"
+    return None
 
-    return start_rust_grpc_server
+
+async def start_rust_grpc_server(
+    service: InferenceService,
+    host: str,
+    port: int,
+    limits: Limits = DEFAULT_LIMITS,
+    token: BearerToken | None = None,
+    tls: TlsFiles | None = None,
+    shm: SharedMemoryRegistry | None = None,
+    max_connection_age_ms: int = 0,
+) -> RustGrpcServer:
+    """``start_grpc_server``'s signature and contract, on the Rust transport."""
+    reason = unsupported(token, tls, max_connection_age_ms)
+    if reason is not None:
+        raise SystemExit(f"the Rust gRPC transport cannot serve this configuration: {reason}")
+    try:
+        server = RustGrpcServer(InferenceServicer(service, limits, shm), host, port, limits, asyncio.get_running_loop())
+    except OSError as exc:  # "gRPC listener on <address> failed to start: <why>", as server.py says it
+        raise SystemExit(str(exc)) from None
+    log.info("gRPC listening on %s (Rust transport)", f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
+    return server

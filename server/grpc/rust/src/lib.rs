@@ -17,7 +17,7 @@ use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -66,6 +66,8 @@ struct Shared {
     accepting: AtomicBool,
     calls: AtomicU64,
     wakeups: AtomicU64,
+    /// open connections: `shutdown` waits for them to finish their streams after the GOAWAY
+    connections: AtomicUsize,
 }
 
 impl Shared {
@@ -292,7 +294,9 @@ async fn serve(listener: tokio::net::TcpListener, shared: Arc<Shared>, mut stop:
         let _ = stream.set_nodelay(true);
         let shared = shared.clone();
         let mut stop = stop.clone();
+        shared.connections.fetch_add(1, Ordering::SeqCst);
         tokio::spawn(async move {
+            let _open = Open(shared.clone());
             let service = service_fn(move |req| handle(req, shared.clone()));
             let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
             builder.timer(TokioTimer::new()).max_concurrent_streams(1024);
@@ -306,6 +310,15 @@ async fn serve(listener: tokio::net::TcpListener, shared: Arc<Shared>, mut stop:
             conn.as_mut().graceful_shutdown();
             let _ = conn.await;
         });
+    }
+}
+
+/// Counts a connection as open until its task ends (however it ends).
+struct Open(Arc<Shared>);
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.0.connections.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -396,6 +409,7 @@ impl Transport {
             accepting: AtomicBool::new(true),
             calls: AtomicU64::new(0),
             wakeups: AtomicU64::new(0),
+            connections: AtomicUsize::new(0),
         });
         let addr: SocketAddr = if host.contains(':') {
             format!("[{host}]:{port}")
@@ -483,12 +497,24 @@ impl Transport {
         let _ = self.stop.send(true);
     }
 
-    /// Stop the runtime (after `close` and the grace the caller chose), waiting up to `timeout` seconds.
+    /// Stop the runtime (after `close` and the grace the caller chose): the connections get up to `timeout`
+    /// seconds to write the answers already given and end (GOAWAY sent), then whatever is left is dropped.
     fn shutdown(&self, py: Python<'_>, timeout: f64) {
         self.close();
         let runtime = self.runtime.lock().unwrap().take();
         if let Some(rt) = runtime {
-            py.detach(|| rt.shutdown_timeout(Duration::from_secs_f64(timeout)));
+            let shared = self.shared.clone();
+            py.detach(|| {
+                rt.block_on(async {
+                    let _ = tokio::time::timeout(Duration::from_secs_f64(timeout), async {
+                        while shared.connections.load(Ordering::SeqCst) > 0 {
+                            tokio::time::sleep(Duration::from_millis(5)).await;
+                        }
+                    })
+                    .await;
+                });
+                rt.shutdown_timeout(Duration::from_millis(100))
+            });
         }
     }
 }

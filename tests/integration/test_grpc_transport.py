@@ -1,0 +1,94 @@
+"""``--grpc-transport``: which transport serves gRPC, and what the server says when the Rust one cannot.
+
+The behaviour of each transport is tested by the gRPC modules themselves (parametrized over
+``grpc_transports()``); here: the choice, the refusal and the fallback, read from the server's log.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+import tritonclient.grpc as grpcclient
+from kubeinfer.server.grpc.transport import rust_missing
+
+from tests.support.server import ServerProcess, start_server
+
+RUST_LISTENING = "(Rust transport)"
+needs_rust = pytest.mark.skipif(rust_missing() is not None, reason=f"Rust transport: {rust_missing()}")
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    (tmp_path / "repo").mkdir()
+    return tmp_path / "repo"
+
+
+def token_file(tmp_path: Path) -> Path:
+    path = tmp_path / "token"
+    path.write_text("s3cret\n")
+    return path
+
+
+def exited(server: ServerProcess) -> tuple[int, str]:
+    try:
+        code = server.proc.wait(60)
+    except subprocess.TimeoutExpired:
+        server.terminate(10)
+        raise AssertionError(f"the server did not refuse to start:\n{server.log()}") from None
+    return code, server.log()
+
+
+def test_rust_refuses_a_configuration_it_cannot_serve(repo: Path, tmp_path: Path) -> None:
+    server = start_server(repo, "--grpc-transport", "rust", "--auth-token-file", str(token_file(tmp_path)), wait=False)
+    code, log = exited(server)
+    assert code != 0
+    reason = rust_missing() or "the bearer token (--auth-token-file) is checked by grpc.aio only"
+    assert f"--grpc-transport rust: the Rust gRPC transport cannot serve this server: {reason}" in log
+
+
+@needs_rust
+def test_auto_falls_back_to_grpcio_saying_why(repo: Path, tmp_path: Path) -> None:
+    token = token_file(tmp_path)
+    server = start_server(repo, "--grpc-transport", "auto", "--auth-token-file", str(token))
+    try:
+        log = server.log()
+        why = "gRPC served by grpc.aio, not the Rust transport: the bearer token (--auth-token-file) is checked"
+        assert log.count(why) == 1 and RUST_LISTENING not in log
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        assert client.is_server_live(headers={"authorization": "Bearer s3cret"})
+        client.close()
+    finally:
+        assert server.terminate() == 0
+
+
+@needs_rust
+@pytest.mark.parametrize("how", ["flag", "environment"])
+def test_auto_serves_with_rust_when_it_can(repo: Path, how: str) -> None:
+    if how == "flag":
+        server = start_server(repo, "--grpc-transport", "auto")
+    else:
+        server = start_server(repo, env={"KUBEINFER_GRPC_TRANSPORT": "auto"})
+    try:
+        assert RUST_LISTENING in server.log() and "served by grpc.aio" not in server.log()
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        assert client.is_server_ready()
+        client.close()
+    finally:
+        assert server.terminate() == 0
+
+
+def test_the_flag_wins_over_the_environment(repo: Path) -> None:
+    server = start_server(repo, "--grpc-transport", "grpcio", env={"KUBEINFER_GRPC_TRANSPORT": "rust"})
+    try:
+        assert RUST_LISTENING not in server.log() and "gRPC listening on" in server.log()
+    finally:
+        assert server.terminate() == 0
+
+
+def test_a_bad_environment_value_is_refused(repo: Path) -> None:
+    server = start_server(repo, env={"KUBEINFER_GRPC_TRANSPORT": "quic"}, wait=False)
+    code, log = exited(server)
+    assert code != 0
+    assert "KUBEINFER_GRPC_TRANSPORT='quic': expected one of auto, rust, grpcio" in log
