@@ -8,14 +8,22 @@ INVALID_ARGUMENT, as in ``errors.deserializer``), the response serialized, an ex
 ``errors.status_of`` — the same statuses and messages as the grpc.aio server (server.py), which stays the
 fallback for what this transport does not serve yet (transport.py decides). Measured against grpc.aio and
 Triton in benchmarks/grpc_transport/.
+
+ModelStreamInfer runs ``servicer.ModelStreamInfer`` (streaming.StreamSession) over ``Requests``, which lets
+the transport read one more request message each time the session asks for one: a session that stops
+reading (``--grpc-max-stream-inflight``) holds the client back by HTTP/2 flow control, as with grpc.aio.
+Responses are written as the session yields them; a client that cancels the stream cancels the task.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections import deque
+from collections.abc import AsyncIterator, Callable
 from typing import Any
+
+import grpc
 
 from ..runtime.auth import BearerToken, TlsFiles
 from ..runtime.service import InferenceService
@@ -36,21 +44,70 @@ Handler = tuple[Callable[[bytes], Any], Callable[[Any, Any], Any], Callable[[Any
 THREADS = 1
 
 
-def unary_handlers(servicer: InferenceServicer) -> dict[str, Handler]:
-    """Every unary RPC of our service descriptor, by its full path (``/inference.GRPCInferenceService/X``)."""
-    handlers: dict[str, Handler] = {}
+def method_handlers(servicer: InferenceServicer) -> tuple[dict[str, Handler], dict[str, Handler]]:
+    """Every RPC of our service descriptor by its full path (``/inference.GRPCInferenceService/X``): the
+    unary ones, and the bidirectional streaming one (ModelStreamInfer; its parse applies to each message)."""
+    unary: dict[str, Handler] = {}
+    streams: dict[str, Handler] = {}
     for method in pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods:
-        if method.client_streaming or method.server_streaming:
-            continue  # ModelStreamInfer: not served yet (the transport answers UNIMPLEMENTED)
         request_cls: Any = getattr(pb, method.input_type.name)
-        handlers[f"/{SERVICE_NAME}/{method.name}"] = (
-            deserializer(request_cls),
-            getattr(servicer, method.name),
-            None,
-        )
+        table = streams if method.client_streaming or method.server_streaming else unary
+        table[f"/{SERVICE_NAME}/{method.name}"] = (deserializer(request_cls), getattr(servicer, method.name), None)
     for name in UNIMPLEMENTED:
-        handlers[f"/{SERVICE_NAME}/{name}"] = (bytes, unimplemented(name), bytes)
-    return handlers
+        unary[f"/{SERVICE_NAME}/{name}"] = (bytes, unimplemented(name), bytes)
+    return unary, streams
+
+
+class _Aborted(Exception):
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        self.code = code
+        self.message = message
+
+
+class StreamContext:
+    """What streaming.StreamSession uses of grpc.aio's ServicerContext."""
+
+    def __init__(self, call: PendingCall) -> None:
+        self.call = call
+
+    def invocation_metadata(self) -> list[tuple[str, str]]:
+        return self.call.metadata()
+
+    async def abort(self, code: grpc.StatusCode, message: str) -> None:
+        raise _Aborted(code, message)
+
+
+class Requests:
+    """A stream's request messages; each ``__anext__`` lets the transport read one more (flow control)."""
+
+    def __init__(self, call: PendingCall, parse: Callable[[bytes], Any], loop: asyncio.AbstractEventLoop) -> None:
+        self.call = call
+        self.parse = parse
+        self.loop = loop
+        self.ready: deque[bytes | None] = deque()
+        self.waiter: asyncio.Future[None] | None = None
+        self.ended = False
+
+    def __aiter__(self) -> AsyncIterator[Any]:
+        return self
+
+    async def __anext__(self) -> Any:
+        if self.ended:
+            raise StopAsyncIteration
+        if not self.ready:
+            self.waiter = self.loop.create_future()
+            self.call.want()
+            await self.waiter
+        payload = self.ready.popleft()
+        if payload is None:  # the client ended its side
+            self.ended = True
+            raise StopAsyncIteration
+        return self.parse(payload)
+
+    def deliver(self, payload: bytes | None) -> None:
+        self.ready.append(payload)
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
 
 
 class RustGrpcServer:
@@ -65,14 +122,17 @@ class RustGrpcServer:
         loop: asyncio.AbstractEventLoop,
         threads: int = THREADS,
     ) -> None:
-        handlers = unary_handlers(servicer)
-        self.paths = list(handlers)
-        self.handlers = [handlers[p] for p in self.paths]
+        unary, streams = method_handlers(servicer)
+        self.handlers = [*unary.values(), *streams.values()]  # by the transport's method index
         self.loop = loop
-        self.transport = Transport(host, port, self.paths, threads, limits.grpc_max_message_bytes)
+        self.transport = Transport(
+            host, port, list(unary), list(streams), threads, limits.grpc_max_message_bytes, limits.max_header_bytes
+        )
         self.port: int = self.transport.port
         #: call id → its task, so that a call its client gave up on is cancelled as grpc.aio does
         self.inflight: dict[int, asyncio.Task[None]] = {}
+        #: call id → an open stream's request messages
+        self.streams: dict[int, Requests] = {}
         loop.add_reader(self.transport.fd, self._drain)
 
     def _drain(self) -> None:
@@ -80,10 +140,19 @@ class RustGrpcServer:
         create_task = self.loop.create_task
         handlers = self.handlers
         inflight = self.inflight
-        calls, cancelled = self.transport.take()
+        calls, cancelled, messages = self.transport.take()
         for call, index, payload, call_id in calls:
-            inflight[call_id] = create_task(self._run(call, handlers[index], payload, call_id))
+            if payload is None:  # a stream: its messages come one by one
+                requests = self.streams[call_id] = Requests(call, handlers[index][0], self.loop)
+                inflight[call_id] = create_task(self._stream(call, handlers[index], requests, call_id))
+            else:
+                inflight[call_id] = create_task(self._run(call, handlers[index], payload, call_id))
+        for call_id, message in messages:
+            stream = self.streams.get(call_id)
+            if stream is not None:
+                stream.deliver(message)
         for call_id in cancelled:
+            self.streams.pop(call_id, None)
             task = inflight.pop(call_id, None)  # popped here too: a task cancelled before it ran has no finally
             if task is not None:
                 task.cancel()
@@ -100,6 +169,21 @@ class RustGrpcServer:
             call.abort(code.value[0], message)
         finally:
             self.inflight.pop(call_id, None)
+
+    async def _stream(self, call: PendingCall, handler: Handler, requests: Requests, call_id: int) -> None:
+        fn = handler[1]
+        try:
+            async for reply in fn(requests, StreamContext(call)):
+                call.send(reply.SerializeToString())
+            call.finish()
+        except _Aborted as aborted:  # StreamSession closing the stream with a status (triton_grpc_error)
+            call.abort(aborted.code.value[0], aborted.message)
+        except Exception as exc:
+            code, message = status_of(exc)
+            call.abort(code.value[0], message)
+        finally:
+            self.inflight.pop(call_id, None)
+            self.streams.pop(call_id, None)
 
     def stats(self) -> tuple[int, int]:
         """(calls, event-loop wake-ups) since start: how many calls one wake-up drained."""

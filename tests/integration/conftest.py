@@ -3,11 +3,12 @@ and one shared server for the Python backend's models (tests/support/python_mode
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from kubeinfer.server.grpc.transport import default_transport
 
 from tests.support.repos import copy_python_models
 from tests.support.server import ServerProcess, start_server
@@ -34,3 +35,26 @@ def python_models_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S
     server = start_server(copy_python_models(root / "repo"), log_dir=root)
     yield server
     server.terminate()
+
+
+@pytest.fixture(scope="session")
+def python_models_server_on(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Callable[[str], ServerProcess]]:
+    """The Python-models server for a ``--grpc-transport``: the shared one for the default transport, one
+    more (started on first use, kept for the session) for another."""
+    started: dict[str, ServerProcess] = {}
+
+    def on(transport: str) -> ServerProcess:
+        if transport == default_transport():
+            server: ServerProcess = request.getfixturevalue("python_models_server")
+            return server
+        if transport not in started:
+            root = tmp_path_factory.mktemp(f"python_models_{transport}")
+            repo = copy_python_models(root / "repo")
+            started[transport] = start_server(repo, "--grpc-transport", transport, log_dir=root)
+        return started[transport]
+
+    yield on
+    for server in started.values():
+        server.terminate()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import socket
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -19,7 +20,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from tests.support.server import ServerProcess
+from tests.support.server import ServerProcess, grpc_transports
 from tests.support.waiting import wait_for
 
 
@@ -103,7 +104,11 @@ def test_a_closed_http_connection_cancels_the_request(server: ServerProcess) -> 
     wait_for("the model to see the closed connection", lambda: _logged(server, f"request {request_id} cancelled"))
 
 
-def test_stream_cancel_reaches_a_decoupled_model(server: ServerProcess) -> None:
+@pytest.mark.parametrize("transport", grpc_transports())
+def test_stream_cancel_reaches_a_decoupled_model(
+    transport: str, python_models_server_on: Callable[[str], ServerProcess]
+) -> None:
+    server = python_models_server_on(transport)
     request_id = f"stream-{uuid.uuid4().hex[:8]}"
     received: list[Any] = []
     client = grpcclient.InferenceServerClient(server.grpc_url)

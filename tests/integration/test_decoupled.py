@@ -9,7 +9,7 @@ record what a client sees; the expectations below are those observations: every 
 from __future__ import annotations
 
 import queue
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,13 +19,14 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.support.server import ServerProcess
+from tests.support.server import ServerProcess, grpc_transports
 from tests.support.waiting import wait_for
 
 
-@pytest.fixture(scope="module")
-def server(python_models_server: ServerProcess) -> ServerProcess:
-    return python_models_server
+@pytest.fixture(scope="module", params=grpc_transports())
+def server(request: pytest.FixtureRequest, python_models_server_on: Callable[[str], ServerProcess]) -> ServerProcess:
+    """Every test runs on each gRPC transport (--grpc-transport)."""
+    return python_models_server_on(str(request.param))
 
 
 class Stream:

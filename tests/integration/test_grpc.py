@@ -281,9 +281,7 @@ def test_max_message_flag(tmp_path: Path, repo: Path, transport: str) -> None:
         assert small.terminate() == 0
 
 
-def test_stream_infer(grpc_client, transport: str) -> None:
-    if transport == "rust":
-        pytest.skip("ModelStreamInfer is not served by the Rust transport yet (it answers UNIMPLEMENTED)")
+def test_stream_infer(grpc_client) -> None:
     results: queue.Queue = queue.Queue()
     grpc_client.start_stream(callback=lambda result, error: results.put((result, error)))
     try:

@@ -23,7 +23,7 @@ from tritonclient.utils import InferenceServerException
 
 from tests.support.models import binary, string_identity, unary
 from tests.support.repos import write_model
-from tests.support.server import ServerProcess, start_server
+from tests.support.server import ServerProcess, grpc_transports, start_server
 from tests.support.sleep_models import Gate, require_sleep_backend, wait_pending, write_sleep_model
 
 MAX_BODY = 1 << 20
@@ -40,8 +40,9 @@ LIMIT_FLAGS = [
 ]  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+@pytest.fixture(scope="module", params=grpc_transports())
+def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """Every test runs on each gRPC transport (--grpc-transport)."""
     require_sleep_backend()
     repo = tmp_path_factory.mktemp("limits") / "repo"
     cfg = 'platform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
@@ -50,7 +51,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     write_model(repo, "strings", cfg, {1: string_identity()})
     write_sleep_model(repo, "sleepy", 0, max_batch_size=0)  # one instance: the rest of the requests queue
     write_sleep_model(repo, "hang", 0, body="instance_group [ { count: 2 kind: KIND_CPU } ]\n", max_batch_size=0)
-    s = start_server(repo, *LIMIT_FLAGS)
+    s = start_server(repo, *LIMIT_FLAGS, "--grpc-transport", str(request.param))
     yield s
     assert s.terminate() == 0
 

@@ -11,9 +11,14 @@
 //!   tokio task that waits on it writes the response (one DATA frame and the trailers, or trailers-only).
 //! - Deadlines (`grpc-timeout`) are enforced here: DEADLINE_EXCEEDED at the deadline, whatever Python
 //!   does. A client that resets its stream drops the waiting task; `PendingCall.cancelled()` says so.
+//! - Bidirectional streams (ModelStreamInfer): the call is handed over at once with no payload; each
+//!   request message is read only when Python asks for one (`PendingCall.want`), so a handler that stops
+//!   reading holds the client back by HTTP/2 flow control, and comes out of `take` with the call's id.
+//!   Python writes messages (`send`) and ends with a status (`finish` / `abort`); they are written as sent.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
+use std::future::Future;
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
 use std::pin::Pin;
@@ -22,7 +27,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::{Buf, BufMut, Bytes, BytesMut};
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
 use http_body::{Body, Frame};
 use http_body_util::{BodyExt, Limited};
@@ -32,7 +37,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use pyo3::exceptions::{PyOSError, PyRuntimeError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyTuple};
-use tokio::sync::{oneshot, watch};
+use tokio::sync::{mpsc, oneshot, watch, Semaphore};
 
 // gRPC status codes used by the transport itself
 const INTERNAL: u32 = 13;
@@ -47,22 +52,45 @@ enum Reply {
     Err(u32, String),
 }
 
+/// What Python writes on a stream: a framed message, or the final status.
+enum Out {
+    Message(Bytes),
+    Status(u32, String),
+}
+
+/// How a call is answered: one reply (unary), or messages then a status (streaming).
+enum Answer {
+    Unary(oneshot::Sender<Reply>),
+    Stream {
+        out: mpsc::UnboundedSender<Out>,
+        /// one permit per request message Python asked for
+        permits: Arc<Semaphore>,
+    },
+}
+
 struct Call {
     id: u64,
     method: usize,
-    payload: Bytes,
+    /// the request message (None: a stream, whose messages come one by one)
+    payload: Option<Bytes>,
     headers: HeaderMap,
     timeout: Option<f64>,
-    tx: oneshot::Sender<Reply>,
+    answer: Answer,
 }
 
 struct Shared {
     methods: HashMap<String, usize>,
+    /// by method index: bidirectional streaming
+    streaming: Vec<bool>,
     queue: Mutex<Vec<Call>>,
+    /// request messages of streams, by call id (None: the client ended its side)
+    messages: Mutex<Vec<(u64, Option<Bytes>)>>,
     /// ids of calls whose client went away (stream reset, deadline) before Python answered
     cancelled: Mutex<Vec<u64>>,
     efd: RawFd,
     max_message: usize,
+    /// largest request metadata (HPACK size: name + value + 32 per entry, pseudo-headers too); 0: none
+    max_metadata: usize,
     accepting: AtomicBool,
     calls: AtomicU64,
     wakeups: AtomicU64,
@@ -83,6 +111,18 @@ impl Shared {
             let mut q = self.queue.lock().unwrap();
             let empty = q.is_empty();
             q.push(call);
+            empty
+        };
+        if was_empty {
+            self.wake();
+        }
+    }
+
+    fn deliver(&self, id: u64, message: Option<Bytes>) {
+        let was_empty = {
+            let mut q = self.messages.lock().unwrap();
+            let empty = q.is_empty();
+            q.push((id, message));
             empty
         };
         if was_empty {
@@ -111,28 +151,87 @@ impl Drop for Unanswered<'_> {
     }
 }
 
-/// The response body: at most one DATA frame, then the trailers (none at all for a trailers-only reply).
-struct GrpcBody {
-    data: Option<Bytes>,
-    trailers: Option<HeaderMap>,
+/// The response body: a unary call's (at most one DATA frame, then the trailers; none at all for a
+/// trailers-only reply), or a stream's.
+enum GrpcBody {
+    Unary {
+        data: Option<Bytes>,
+        trailers: Option<HeaderMap>,
+    },
+    Stream(StreamBody),
+}
+
+/// A stream's messages as Python sends them, then its status; DEADLINE_EXCEEDED at the deadline. Dropped
+/// before the status (the client reset the stream): Python is told to cancel the call.
+struct StreamBody {
+    rx: mpsc::UnboundedReceiver<Out>,
+    deadline: Option<Pin<Box<tokio::time::Sleep>>>,
+    done: bool,
+    id: u64,
+    shared: Arc<Shared>,
+    permits: Arc<Semaphore>,
+}
+
+impl StreamBody {
+    fn end(&mut self, code: u32, message: &str) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        self.done = true;
+        self.permits.close(); // the request reader stops
+        let mut trailers = HeaderMap::with_capacity(2);
+        status_headers(&mut trailers, code, message);
+        Poll::Ready(Some(Ok(Frame::trailers(trailers))))
+    }
+}
+
+impl Drop for StreamBody {
+    fn drop(&mut self) {
+        self.permits.close();
+        if !self.done {
+            self.shared.cancel(self.id);
+        }
+    }
 }
 
 impl Body for GrpcBody {
     type Data = Bytes;
     type Error = Infallible;
 
-    fn poll_frame(mut self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        if let Some(data) = self.data.take() {
-            return Poll::Ready(Some(Ok(Frame::data(data))));
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        match self.get_mut() {
+            GrpcBody::Unary { data, trailers } => {
+                if let Some(data) = data.take() {
+                    return Poll::Ready(Some(Ok(Frame::data(data))));
+                }
+                if let Some(trailers) = trailers.take() {
+                    return Poll::Ready(Some(Ok(Frame::trailers(trailers))));
+                }
+                Poll::Ready(None)
+            }
+            GrpcBody::Stream(stream) => {
+                if stream.done {
+                    return Poll::Ready(None);
+                }
+                match stream.rx.poll_recv(cx) {
+                    Poll::Ready(Some(Out::Message(data))) => return Poll::Ready(Some(Ok(Frame::data(data)))),
+                    Poll::Ready(Some(Out::Status(code, message))) => return stream.end(code, &message),
+                    Poll::Ready(None) => return stream.end(INTERNAL, "the handler ended without a status"),
+                    Poll::Pending => {}
+                }
+                if let Some(deadline) = stream.deadline.as_mut() {
+                    if deadline.as_mut().poll(cx).is_ready() {
+                        stream.shared.cancel(stream.id);
+                        return stream.end(DEADLINE_EXCEEDED, "Deadline Exceeded");
+                    }
+                }
+                Poll::Pending
+            }
         }
-        if let Some(trailers) = self.trailers.take() {
-            return Poll::Ready(Some(Ok(Frame::trailers(trailers))));
-        }
-        Poll::Ready(None)
     }
 
     fn is_end_stream(&self) -> bool {
-        self.data.is_none() && self.trailers.is_none()
+        match self {
+            GrpcBody::Unary { data, trailers } => data.is_none() && trailers.is_none(),
+            GrpcBody::Stream(stream) => stream.done,
+        }
     }
 }
 
@@ -163,7 +262,7 @@ fn content_type() -> HeaderValue {
 }
 
 fn error_response(code: u32, message: &str) -> Response<GrpcBody> {
-    let mut response = Response::new(GrpcBody {
+    let mut response = Response::new(GrpcBody::Unary {
         data: None,
         trailers: None,
     });
@@ -176,7 +275,7 @@ fn error_response(code: u32, message: &str) -> Response<GrpcBody> {
 fn ok_response(framed: Bytes) -> Response<GrpcBody> {
     let mut trailers = HeaderMap::with_capacity(1);
     trailers.insert("grpc-status", HeaderValue::from_static("0"));
-    let mut response = Response::new(GrpcBody {
+    let mut response = Response::new(GrpcBody::Unary {
         data: Some(framed),
         trailers: Some(trailers),
     });
@@ -206,6 +305,38 @@ fn parse_timeout(value: &HeaderValue) -> Option<f64> {
     Some(n * scale)
 }
 
+/// grpc-core's hard metadata limit and its message (RESOURCE_EXHAUSTED), so clients see what grpc.aio says.
+fn metadata_too_large(request: &Request<Incoming>, limit: usize) -> Option<String> {
+    let uri = request.uri();
+    let authority = uri.authority().map(|a| a.as_str().len()).unwrap_or(0);
+    let scheme = uri.scheme_str().map(|s| s.len()).unwrap_or(4);
+    let mut entries: Vec<(&str, usize)> = vec![
+        (":path", 5 + uri.path().len() + 32),
+        (":authority", 10 + authority + 32),
+        (":method", 7 + request.method().as_str().len() + 32),
+        (":scheme", 7 + scheme + 32),
+    ];
+    for (name, value) in request.headers() {
+        if value.len() > limit {
+            return Some(format!(
+                "received metadata size exceeds hard limit (value length {} vs. {})",
+                value.len(),
+                limit
+            ));
+        }
+        entries.push((name.as_str(), name.as_str().len() + value.len() + 32));
+    }
+    let size: usize = entries.iter().map(|(_, n)| n).sum();
+    if size <= limit {
+        return None;
+    }
+    let list: Vec<String> = entries.iter().map(|(k, n)| format!("{k}:{n}B")).collect();
+    Some(format!(
+        "received metadata size exceeds hard limit ({size} vs. {limit});  {}",
+        list.join(" ")
+    ))
+}
+
 async fn handle(request: Request<Incoming>, shared: Arc<Shared>) -> Result<Response<GrpcBody>, Infallible> {
     if request.method() != http::Method::POST {
         let mut r = error_response(INTERNAL, "gRPC requires POST");
@@ -216,8 +347,16 @@ async fn handle(request: Request<Incoming>, shared: Arc<Shared>) -> Result<Respo
         let message = format!("Method not found: {}", request.uri().path().trim_start_matches('/'));
         return Ok(error_response(UNIMPLEMENTED, &message));
     };
+    if shared.max_metadata > 0 {
+        if let Some(message) = metadata_too_large(&request, shared.max_metadata) {
+            return Ok(error_response(RESOURCE_EXHAUSTED, &message));
+        }
+    }
     if !shared.accepting.load(Ordering::Relaxed) {
         return Ok(error_response(UNAVAILABLE, "the server is shutting down"));
+    }
+    if shared.streaming[method] {
+        return Ok(stream_call(request, shared, method));
     }
     let (parts, body) = request.into_parts();
     let timeout = parts.headers.get("grpc-timeout").and_then(parse_timeout);
@@ -257,10 +396,10 @@ async fn handle(request: Request<Incoming>, shared: Arc<Shared>) -> Result<Respo
     shared.push(Call {
         id,
         method,
-        payload,
+        payload: Some(payload),
         headers: parts.headers,
         timeout,
-        tx,
+        answer: Answer::Unary(tx),
     });
     let mut guard = Unanswered {
         id,
@@ -282,6 +421,99 @@ async fn handle(request: Request<Incoming>, shared: Arc<Shared>) -> Result<Respo
     })
 }
 
+/// A bidirectional stream: handed to Python at once; its request messages are read as Python asks.
+fn stream_call(request: Request<Incoming>, shared: Arc<Shared>, method: usize) -> Response<GrpcBody> {
+    let (parts, body) = request.into_parts();
+    let timeout = parts.headers.get("grpc-timeout").and_then(parse_timeout);
+    let (out, rx) = mpsc::unbounded_channel();
+    let permits = Arc::new(Semaphore::new(0));
+    let id = shared.calls.fetch_add(1, Ordering::Relaxed);
+    tokio::spawn(read_messages(body, id, shared.clone(), permits.clone(), out.clone()));
+    shared.push(Call {
+        id,
+        method,
+        payload: None,
+        headers: parts.headers,
+        timeout,
+        answer: Answer::Stream {
+            out,
+            permits: permits.clone(),
+        },
+    });
+    let mut response = Response::new(GrpcBody::Stream(StreamBody {
+        rx,
+        deadline: timeout.map(|t| Box::pin(tokio::time::sleep(Duration::from_secs_f64(t)))),
+        done: false,
+        id,
+        shared,
+        permits,
+    }));
+    response
+        .headers_mut()
+        .insert(http::header::CONTENT_TYPE, content_type());
+    response
+}
+
+/// Reads a stream's request messages, one per permit (Python's `want`), and hands each to Python; a
+/// message the transport refuses ends the stream with that status.
+async fn read_messages(
+    mut body: Incoming,
+    id: u64,
+    shared: Arc<Shared>,
+    permits: Arc<Semaphore>,
+    out: mpsc::UnboundedSender<Out>,
+) {
+    let fail = |code: u32, message: String| {
+        let _ = out.send(Out::Status(code, message));
+        shared.cancel(id);
+    };
+    let mut buf = BytesMut::new();
+    loop {
+        match permits.acquire().await {
+            Ok(permit) => permit.forget(),
+            Err(_) => return, // the response has ended
+        }
+        let message = loop {
+            if buf.len() >= 5 {
+                if buf[0] != 0 {
+                    return fail(
+                        UNIMPLEMENTED,
+                        "compressed requests are not supported by this transport".into(),
+                    );
+                }
+                let length = u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]) as usize;
+                if length > shared.max_message {
+                    let message = format!(
+                        "Received message larger than max ({} vs. {})",
+                        length, shared.max_message
+                    );
+                    return fail(RESOURCE_EXHAUSTED, message);
+                }
+                if buf.len() >= 5 + length {
+                    let mut message = buf.split_to(5 + length);
+                    message.advance(5);
+                    break Some(message.freeze());
+                }
+            }
+            match body.frame().await {
+                Some(Ok(frame)) => {
+                    if let Ok(data) = frame.into_data() {
+                        buf.extend_from_slice(&data);
+                    }
+                }
+                Some(Err(_)) => return, // reset: the response body is dropped too, which cancels the call
+                None if buf.is_empty() => break None,
+                None => return fail(INTERNAL, "the request stream ended inside a message".into()),
+            }
+        };
+        let end = message.is_none();
+        shared.deliver(id, message);
+        if end {
+            return;
+        }
+    }
+}
+
 async fn serve(listener: tokio::net::TcpListener, shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
     loop {
         let (stream, _) = tokio::select! {
@@ -297,9 +529,14 @@ async fn serve(listener: tokio::net::TcpListener, shared: Arc<Shared>, mut stop:
         shared.connections.fetch_add(1, Ordering::SeqCst);
         tokio::spawn(async move {
             let _open = Open(shared.clone());
+            // hyper's own header limit (16 KiB) stays above ours, so that our check answers with a gRPC status
+            let header_list = (shared.max_metadata.saturating_mul(4)).clamp(64 * 1024, u32::MAX as usize) as u32;
             let service = service_fn(move |req| handle(req, shared.clone()));
             let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
-            builder.timer(TokioTimer::new()).max_concurrent_streams(1024);
+            builder
+                .timer(TokioTimer::new())
+                .max_concurrent_streams(1024)
+                .max_header_list_size(header_list);
             let conn = builder.serve_connection(TokioIo::new(stream), service);
             tokio::pin!(conn);
             tokio::select! {
@@ -311,6 +548,15 @@ async fn serve(listener: tokio::net::TcpListener, shared: Arc<Shared>, mut stop:
             let _ = conn.await;
         });
     }
+}
+
+/// A message with gRPC's 5-byte prefix (uncompressed, big-endian length).
+fn frame(message: &[u8]) -> Bytes {
+    let mut framed = BytesMut::with_capacity(5 + message.len());
+    framed.put_u8(0);
+    framed.put_u32(message.len() as u32);
+    framed.put_slice(message);
+    framed.freeze()
 }
 
 /// Counts a connection as open until its task ends (however it ends).
@@ -325,7 +571,11 @@ impl Drop for Open {
 /// One call waiting for Python's answer.
 #[pyclass(frozen, module = "kubeinfer_grpc_transport")]
 struct PendingCall {
+    /// a unary call's answer
     tx: Mutex<Option<oneshot::Sender<Reply>>>,
+    /// a stream's messages and status
+    out: Mutex<Option<mpsc::UnboundedSender<Out>>>,
+    permits: Option<Arc<Semaphore>>,
     headers: HeaderMap,
     #[pyo3(get)]
     timeout: Option<f64>,
@@ -333,30 +583,53 @@ struct PendingCall {
 
 #[pymethods]
 impl PendingCall {
-    /// Answer with a serialized response message. False if the call is already gone (cancelled, timed out).
+    /// Answer a unary call with a serialized response message. False if the call is already gone
+    /// (cancelled, timed out).
     fn reply(&self, message: &[u8]) -> bool {
         let Some(tx) = self.tx.lock().unwrap().take() else {
             return false;
         };
-        let mut framed = BytesMut::with_capacity(5 + message.len());
-        framed.put_u8(0);
-        framed.put_u32(message.len() as u32);
-        framed.put_slice(message);
-        tx.send(Reply::Ok(framed.freeze())).is_ok()
+        tx.send(Reply::Ok(frame(message))).is_ok()
     }
 
-    /// Answer with a gRPC status (code as an int) and its message.
+    /// Write one serialized message on a stream. False if the stream is gone or finished.
+    fn send(&self, message: &[u8]) -> bool {
+        match self.out.lock().unwrap().as_ref() {
+            Some(out) => out.send(Out::Message(frame(message))).is_ok(),
+            None => false,
+        }
+    }
+
+    /// End a stream with status OK.
+    fn finish(&self) -> bool {
+        self.abort(0, "")
+    }
+
+    /// Answer with a gRPC status (code as an int) and its message; a stream ends with it.
     fn abort(&self, code: u32, message: &str) -> bool {
-        let Some(tx) = self.tx.lock().unwrap().take() else {
-            return false;
-        };
-        tx.send(Reply::Err(code, message.to_owned())).is_ok()
+        if let Some(tx) = self.tx.lock().unwrap().take() {
+            return tx.send(Reply::Err(code, message.to_owned())).is_ok();
+        }
+        if let Some(out) = self.out.lock().unwrap().take() {
+            return out.send(Out::Status(code, message.to_owned())).is_ok();
+        }
+        false
+    }
+
+    /// Let the transport read one more request message of this stream (it comes out of `take`).
+    fn want(&self) {
+        if let Some(permits) = &self.permits {
+            permits.add_permits(1);
+        }
     }
 
     /// True when nobody waits for the answer any more (client reset the stream, deadline passed).
     fn cancelled(&self) -> bool {
-        match self.tx.lock().unwrap().as_ref() {
-            Some(tx) => tx.is_closed(),
+        if let Some(tx) = self.tx.lock().unwrap().as_ref() {
+            return tx.is_closed();
+        }
+        match self.out.lock().unwrap().as_ref() {
+            Some(out) => out.is_closed(),
             None => true,
         }
     }
@@ -393,19 +666,44 @@ struct Transport {
 
 #[pymethods]
 impl Transport {
+    /// `methods`: the unary methods' paths, then `streams`: the bidirectional streaming ones'; a call's
+    /// method index counts through both.
     #[new]
-    #[pyo3(signature = (host, port, methods, threads=1, max_message_bytes=64 * 1024 * 1024))]
-    fn new(host: &str, port: u16, methods: Vec<String>, threads: usize, max_message_bytes: usize) -> PyResult<Self> {
+    #[pyo3(signature = (
+        host, port, methods, streams=Vec::new(), threads=1, max_message_bytes=64 * 1024 * 1024, max_metadata_bytes=0
+    ))]
+    fn new(
+        host: &str,
+        port: u16,
+        methods: Vec<String>,
+        streams: Vec<String>,
+        threads: usize,
+        max_message_bytes: usize,
+        max_metadata_bytes: usize,
+    ) -> PyResult<Self> {
         let efd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
         if efd < 0 {
             return Err(PyOSError::new_err("eventfd failed"));
         }
+        let streaming: Vec<bool> = methods
+            .iter()
+            .map(|_| false)
+            .chain(streams.iter().map(|_| true))
+            .collect();
         let shared = Arc::new(Shared {
-            methods: methods.into_iter().enumerate().map(|(i, m)| (m, i)).collect(),
+            methods: methods
+                .into_iter()
+                .chain(streams)
+                .enumerate()
+                .map(|(i, m)| (m, i))
+                .collect(),
+            streaming,
             queue: Mutex::new(Vec::with_capacity(64)),
+            messages: Mutex::new(Vec::new()),
             cancelled: Mutex::new(Vec::new()),
             efd,
             max_message: max_message_bytes,
+            max_metadata: max_metadata_bytes,
             accepting: AtomicBool::new(true),
             calls: AtomicU64::new(0),
             wakeups: AtomicU64::new(0),
@@ -450,11 +748,14 @@ impl Transport {
         })
     }
 
-    /// `(calls, cancelled)`: every queued call as `(call, method_index, payload, call_id)`, and the ids of
-    /// calls given up by their client (stream reset, deadline) — one GIL acquisition for all of them.
-    /// The eventfd is read first, then the cancellations, then the calls: a call always comes out no later
-    /// than its cancellation, and anything queued after the read writes the eventfd again.
-    fn take<'py>(&self, py: Python<'py>) -> PyResult<(Bound<'py, PyList>, Bound<'py, PyAny>)> {
+    /// `(calls, cancelled, messages)`: every queued call as `(call, method_index, payload, call_id)`
+    /// (payload None for a stream), the ids of calls given up by their client (stream reset, deadline),
+    /// and streams' request messages as `(call_id, payload)` (None: the client ended its side) — one GIL
+    /// acquisition for all of them. The eventfd is read first, then the cancellations, the calls and the
+    /// messages: a call always comes out no later than its cancellation (a stream's messages come only
+    /// after Python asked, so after its call), and anything queued after the read writes the eventfd again.
+    #[allow(clippy::type_complexity)]
+    fn take<'py>(&self, py: Python<'py>) -> PyResult<(Bound<'py, PyList>, Bound<'py, PyAny>, Bound<'py, PyList>)> {
         let mut counter: u64 = 0;
         unsafe { libc::read(self.shared.efd, &mut counter as *mut u64 as *mut libc::c_void, 8) };
         let cancelled = {
@@ -468,19 +769,31 @@ impl Transport {
         let calls = std::mem::take(&mut *self.shared.queue.lock().unwrap());
         let list = PyList::empty(py);
         for call in calls {
+            let (tx, out, permits) = match call.answer {
+                Answer::Unary(tx) => (Some(tx), None, None),
+                Answer::Stream { out, permits } => (None, Some(out), Some(permits)),
+            };
             let pending = Bound::new(
                 py,
                 PendingCall {
-                    tx: Mutex::new(Some(call.tx)),
+                    tx: Mutex::new(tx),
+                    out: Mutex::new(out),
+                    permits,
                     headers: call.headers,
                     timeout: call.timeout,
                 },
             )?;
-            let item: Bound<'py, PyTuple> =
-                (pending, call.method, PyBytes::new(py, &call.payload), call.id).into_pyobject(py)?;
+            let payload = call.payload.map(|p| PyBytes::new(py, &p));
+            let item: Bound<'py, PyTuple> = (pending, call.method, payload, call.id).into_pyobject(py)?;
             list.append(item)?;
         }
-        Ok((list, cancelled))
+        let messages = std::mem::take(&mut *self.shared.messages.lock().unwrap());
+        let delivered = PyList::empty(py);
+        for (id, message) in messages {
+            let item: Bound<'py, PyTuple> = (id, message.map(|m| PyBytes::new(py, &m))).into_pyobject(py)?;
+            delivered.append(item)?;
+        }
+        Ok((list, cancelled, delivered))
     }
 
     /// (calls handed to Python, event-loop wake-ups) since start.
