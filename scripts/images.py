@@ -14,12 +14,15 @@
 
 Every step is keyed by a hash of its inputs (the base recipe; the Dockerfile, the base and every file of
 the build context), so an unchanged image is neither rebuilt nor re-imported: a warm run takes seconds.
+The server's Rust gRPC transport (``server/grpc/rust``) is built on this host first (``scripts/build_grpc_transport``)
+and travels into the image with ``server/`` (see ``build_grpc_transport`` for why here and not in a build stage).
 The last two lines printed are the two image references. Options: ``--no-load`` (build only),
 ``--json`` (print a JSON document instead, for tests). Needs root (buildah, mmdebstrap, containerd).
 
 Images live in buildah's storage (/var/lib/containers); older builds of an image are removed after a
 new one (the disk is shared). Environment: ``KUBEINFER_IMAGE_CACHE`` (lock file and scratch space,
-default ``~/.cache/kubeinfer-images``), ``KUBEINFER_DEBIAN_MIRROR`` (default ``http://deb.debian.org``).
+default ``~/.cache/kubeinfer-images``), ``KUBEINFER_DEBIAN_MIRROR`` (default ``http://deb.debian.org``),
+``KUBEINFER_REQUIRE_GRPC_TRANSPORT=1`` (CI: a server image without the Rust gRPC transport is an error).
 """
 
 from __future__ import annotations
@@ -72,6 +75,15 @@ SMOKE = {
     "server": "import kubeinfer.server.cli, onnxruntime, onnx, grpc, fastapi, uvicorn, orjson, numpy",
     "operator": "import kubeinfer.operator.cli, kopf, kubernetes, onnx, httpx, yaml",
 }
+
+#: The server's Rust gRPC transport: built here by this script, shipped inside ``server/`` (the build context)
+#: as ``kubeinfer_grpc_transport<EXT_SUFFIX>`` (one per interpreter built for; the image's python3 picks its own).
+GRPC_TRANSPORT_BUILD = ROOT / "scripts" / "build_grpc_transport"
+GRPC_TRANSPORT_DIR = ROOT / "server" / "grpc"
+GRPC_TRANSPORT_GLOB = "kubeinfer_grpc_transport*.so"
+GRPC_TRANSPORT_MODULE = "kubeinfer.server.grpc.kubeinfer_grpc_transport"
+#: set by CI (.ci/run): a server image without the transport fails the build instead of serving grpc.aio
+REQUIRE_GRPC_TRANSPORT = "KUBEINFER_REQUIRE_GRPC_TRANSPORT"
 
 
 def log(msg: str) -> None:
@@ -133,6 +145,44 @@ def inputs_hash(
 
 def base_hash() -> str:
     return hashlib.sha256(json.dumps(BASE_RECIPE, sort_keys=True).encode()).hexdigest()[:12]
+
+
+# ----------------------------------------------------------------------------- the Rust gRPC transport
+
+
+def grpc_transport() -> bool:
+    """Build the server's Rust gRPC transport on this host (``scripts/build_grpc_transport``); True when the
+    server image will carry it (its smoke test then imports it).
+
+    Why on the host and COPY'd with ``server/`` rather than a Rust stage in Dockerfile.server: no container
+    registry is reachable here (no ``rust:`` image to build FROM), and Debian bookworm's packaged rustc (1.63)
+    is too old for tokio/hyper 1.x and PyO3 0.27. The host is the image's platform: Debian 12 (glibc 2.36; the
+    library asks for GLIBC_2.34 at most) and CPython 3.11, whose extension suffix bookworm's python3 (3.11.2)
+    shares; the smoke import in the built image proves both, so a mismatch fails the build, not a pod. Its
+    inputs are hashed with the context: the crate (``server/grpc/rust``) and the library are both under
+    ``server/``, so a crate change builds a new image. Without cargo the image serves gRPC with grpc.aio,
+    unless ``KUBEINFER_REQUIRE_GRPC_TRANSPORT=1`` (CI), which makes that an error.
+    """
+    required = os.environ.get(REQUIRE_GRPC_TRANSPORT) == "1"
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, str(GRPC_TRANSPORT_BUILD), "--optional"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    if proc.returncode != 0:
+        raise ImageError(f"scripts/build_grpc_transport exited {proc.returncode}:\n{proc.stdout[-4000:]}")
+    built = sorted(GRPC_TRANSPORT_DIR.glob(GRPC_TRANSPORT_GLOB))
+    if not built:
+        why = f"{proc.stdout.strip()[-2000:]}\nno {GRPC_TRANSPORT_DIR.relative_to(ROOT)}/{GRPC_TRANSPORT_GLOB}"
+        if required:
+            raise ImageError(f"{why} and {REQUIRE_GRPC_TRANSPORT}=1: the server image must carry the Rust transport")
+        log(f"{why}: the server image serves gRPC with grpc.aio")
+        return False
+    names = ", ".join(f.name for f in built)
+    log(f"Rust gRPC transport ready in {time.monotonic() - t0:.1f}s: {names}")
+    return True
 
 
 # ----------------------------------------------------------------------------- buildah
@@ -214,7 +264,7 @@ def host_ca_volume() -> list[str]:
     return [f"--volume={bundle}:/etc/ssl/certs/ca-certificates.crt:ro"] if bundle.is_file() else []
 
 
-def build_image(role: str, base: str, extra_args: dict[str, str]) -> dict:
+def build_image(role: str, base: str, extra_args: dict[str, str], smoke_imports: str = "") -> dict:
     version = project_version()
     dockerfile = IMAGES[role]
     args = {"BASE": base, **extra_args}
@@ -233,7 +283,7 @@ def build_image(role: str, base: str, extra_args: dict[str, str]) -> dict:
         if not image_exists(deps):
             run("buildah", "bud", "-q", *flags, "--target", "deps", "-t", deps, ".", cwd=ROOT)
         run("buildah", "bud", "-q", *flags, "-t", local, "-t", f"localhost/{name}:{version}", ".", cwd=ROOT)
-        smoke(local, SMOKE[role])
+        smoke(local, SMOKE[role] + smoke_imports)
         built = True
         prune(name, keep=(local, deps))
     else:
@@ -363,12 +413,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         subprocess.run([str(SYSTEM_PACKAGES)], check=True)
         cache_dir().mkdir(parents=True, exist_ok=True)
+        # outside the lock: it writes only this checkout's server/grpc/ (cargo locks its own target folder)
+        transport = grpc_transport()
         with cluster_script().flock(cache_dir() / ".build.lock"):
             base = build_base()
-            images = [
-                build_image("server", base, {"EXTRAS": args.server_extras}),
-                build_image("operator", base, {}),
-            ]
+            server = build_image(
+                "server", base, {"EXTRAS": args.server_extras}, f", {GRPC_TRANSPORT_MODULE}" if transport else ""
+            )
+            images = [{**server, "grpc_transport": transport}, build_image("operator", base, {})]
         loaded_into = None
         if not args.no_load:
             node = cluster_node()

@@ -6,10 +6,12 @@ e2e/test_user_path.py); these checks keep the files they are built from consiste
 
 from __future__ import annotations
 
+import fnmatch
 import importlib.util
 import re
 import subprocess
 import sys
+from importlib.machinery import SourceFileLoader
 from pathlib import Path
 
 import pytest
@@ -20,8 +22,8 @@ tomllib = pytest.importorskip("tomllib", reason="reading pyproject.toml needs Py
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _load(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
+def _load(name: str, path: Path, loader: SourceFileLoader | None = None):
+    spec = importlib.util.spec_from_file_location(name, path, loader=loader)
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -145,3 +147,41 @@ def test_inputs_hash_follows_the_context(tmp_path: Path) -> None:
 def test_containerd_names_short_references_as_the_kubelet_does() -> None:
     assert images.normalized("kubeinfer-server:0.1.0") == "docker.io/library/kubeinfer-server:0.1.0"
     assert images.normalized("registry.example.com/ml/x:1") == "registry.example.com/ml/x:1"
+
+
+def test_the_server_image_carries_the_rust_grpc_transport_and_hashes_its_inputs(tmp_path: Path) -> None:
+    """scripts/images builds the transport on the host and ships it inside server/: the name the build script
+    gives the library is the one scripts/images looks for and the wheel ships, and both the crate and the
+    library change the server image's content hash (a crate change builds a new image)."""
+    script = ROOT / "scripts" / "build_grpc_transport"  # a stdlib script without a .py suffix
+    build = _load(
+        "kubeinfer_build_grpc_transport", script, SourceFileLoader("kubeinfer_build_grpc_transport", str(script))
+    )
+    name = build.module_path(sys.executable).name
+    assert build.module_path(sys.executable).parent == images.GRPC_TRANSPORT_DIR
+    assert fnmatch.fnmatch(name, images.GRPC_TRANSPORT_GLOB), name
+    package_data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    assert any(fnmatch.fnmatch(name, pattern) for pattern in package_data["kubeinfer.server.grpc"]), package_data
+    context = images.context_files()
+    for src in build.sources():
+        assert src.relative_to(ROOT) in context, f"{src} is not in the server image's hashed context"
+
+    for entry in images.CONTEXT:  # a small copy of the context: the crate, then the library built from it
+        dst = tmp_path / entry
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if (ROOT / entry).is_file():
+            dst.write_bytes((ROOT / entry).read_bytes())
+    (tmp_path / ".dockerignore").write_bytes((ROOT / ".dockerignore").read_bytes())
+    (tmp_path / "Dockerfile.server").write_text("FROM scratch\n")
+    crate = tmp_path / "server" / "grpc" / "rust" / "src"
+    crate.mkdir(parents=True)
+    (crate / "lib.rs").write_text("// v1\n")
+
+    def digest() -> str:
+        return images.inputs_hash("Dockerfile.server", "base:1", {"EXTRAS": ""}, root=tmp_path)
+
+    first = digest()
+    (crate / "lib.rs").write_text("// v2\n")
+    second = digest()
+    (tmp_path / "server" / "grpc" / name).write_bytes(b"\x7fELF built from v2")
+    assert len({first, second, digest()}) == 3
