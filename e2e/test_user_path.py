@@ -342,6 +342,20 @@ def test_3_tritonclient_http_and_grpc_through_the_cluster_ip(path: UserPath) -> 
     assert out.shape == (4, 10) and np.isfinite(out).all()
 
 
+def test_3b_the_server_pods_image_carries_the_rust_grpc_transport(path: UserPath) -> None:
+    """scripts/images builds the Rust gRPC transport on the host and ships it in the server image (CI requires
+    it): the pod's python3 loads it. Which transport serves is the server's choice (``--grpc-transport``; its
+    log names it)."""
+    server = next(i for i in path.images["info"]["images"] if i["role"] == "server")
+    if not server.get("grpc_transport"):
+        pytest.skip("the server image was built without the Rust gRPC transport (no cargo; scripts/images said why)")
+    pod = path.server_pods()[0]["metadata"]["name"]
+    code = "import kubeinfer.server.grpc.kubeinfer_grpc_transport as m; print(m.__file__)"
+    probe = path.kubectl("exec", pod, "--", "python3", "-c", code, check=False)
+    assert probe.returncode == 0, (probe.stdout, probe.stderr)
+    assert probe.stdout.strip().startswith("/opt/kubeinfer/") and probe.stdout.strip().endswith(".so"), probe.stdout
+
+
 def test_4_version_2_from_the_volume_under_load(path: UserPath) -> None:
     # the user puts version 2 on the volume, under the namespace's folder, owned by the operator's user
     uploads = path.volume / path.ns / "uploads"
