@@ -157,8 +157,9 @@ def test_the_server_image_carries_the_rust_grpc_transport_and_hashes_its_inputs(
     build = _load(
         "kubeinfer_build_grpc_transport", script, SourceFileLoader("kubeinfer_build_grpc_transport", str(script))
     )
-    name = build.module_path(sys.executable).name
-    assert build.module_path(sys.executable).parent == images.GRPC_TRANSPORT_DIR
+    module, _ = build.interpreter(sys.executable)
+    name = module.name
+    assert module.parent == images.GRPC_TRANSPORT_DIR
     assert fnmatch.fnmatch(name, images.GRPC_TRANSPORT_GLOB), name
     package_data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
     assert any(fnmatch.fnmatch(name, pattern) for pattern in package_data["kubeinfer.server.grpc"]), package_data
