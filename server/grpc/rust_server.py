@@ -25,14 +25,14 @@ from typing import Any
 
 import grpc
 
-from ..runtime.auth import BearerToken, TlsFiles
+from ..runtime.auth import PROBE_RPCS, BearerToken, TlsFiles
 from ..runtime.service import InferenceService
 from ..sharedmemory import SharedMemoryRegistry
 from ..vocabulary.limits import DEFAULT_LIMITS, Limits
 from . import grpc_service_pb2 as pb
 from .errors import check_parsed, deserializer, status_of
 from .kubeinfer_grpc_transport import PendingCall, Transport
-from .server import SERVICE_NAME
+from .server import SERVICE_NAME, BearerInterceptor
 from .servicer import UNIMPLEMENTED, InferenceServicer, unimplemented
 
 log = logging.getLogger(__name__)
@@ -120,13 +120,26 @@ class RustGrpcServer:
         port: int,
         limits: Limits,
         loop: asyncio.AbstractEventLoop,
+        token: BearerToken | None = None,
+        max_connection_age_ms: int = 0,
         threads: int = THREADS,
     ) -> None:
         unary, streams = method_handlers(servicer)
-        self.handlers = [*unary.values(), *streams.values()]  # by the transport's method index
+        paths = [*unary, *streams]  # the transport's method index
+        self.handlers = [*unary.values(), *streams.values()]
         self.loop = loop
+        self.token = token
+        #: the method indexes every caller may call (the probes), with --auth-token-file
+        self.open = {i for i, path in enumerate(paths) if path.rsplit("/", 1)[-1] in PROBE_RPCS}
         self.transport = Transport(
-            host, port, list(unary), list(streams), threads, limits.grpc_max_message_bytes, limits.max_header_bytes
+            host,
+            port,
+            list(unary),
+            list(streams),
+            threads,
+            limits.grpc_max_message_bytes,
+            limits.max_header_bytes,
+            max_connection_age_ms,
         )
         self.port: int = self.transport.port
         #: call id → its task, so that a call its client gave up on is cancelled as grpc.aio does
@@ -141,8 +154,11 @@ class RustGrpcServer:
         handlers = self.handlers
         inflight = self.inflight
         calls, cancelled, messages = self.transport.take()
+        token = self.token
         for call, index, payload, call_id in calls:
-            if payload is None:  # a stream: its messages come one by one
+            if token is not None and index not in self.open and not token.accepts(call.header("authorization")):
+                call.abort(grpc.StatusCode.UNAUTHENTICATED.value[0], BearerInterceptor.MESSAGE)  # as grpc.aio's
+            elif payload is None:  # a stream: its messages come one by one
                 requests = self.streams[call_id] = Requests(call, handlers[index][0], self.loop)
                 inflight[call_id] = create_task(self._stream(call, handlers[index], requests, call_id))
             else:
@@ -201,16 +217,10 @@ class RustGrpcServer:
         await asyncio.to_thread(self.transport.shutdown, 2.0)
 
 
-def unsupported(
-    token: BearerToken | None = None, tls: TlsFiles | None = None, max_connection_age_ms: int = 0
-) -> str | None:
+def unsupported(tls: TlsFiles | None = None) -> str | None:
     """What of this configuration the Rust transport cannot serve yet (None: all of it)."""
     if tls is not None:
         return "TLS (--grpc-use-ssl) is served by grpc.aio only"
-    if token is not None:
-        return "the bearer token (--auth-token-file) is checked by grpc.aio only"
-    if max_connection_age_ms > 0:
-        return "--grpc-max-connection-age is served by grpc.aio only"
     return None
 
 
@@ -225,11 +235,19 @@ async def start_rust_grpc_server(
     max_connection_age_ms: int = 0,
 ) -> RustGrpcServer:
     """``start_grpc_server``'s signature and contract, on the Rust transport."""
-    reason = unsupported(token, tls, max_connection_age_ms)
+    reason = unsupported(tls)
     if reason is not None:
         raise SystemExit(f"the Rust gRPC transport cannot serve this configuration: {reason}")
     try:
-        server = RustGrpcServer(InferenceServicer(service, limits, shm), host, port, limits, asyncio.get_running_loop())
+        server = RustGrpcServer(
+            InferenceServicer(service, limits, shm),
+            host,
+            port,
+            limits,
+            asyncio.get_running_loop(),
+            token,
+            max_connection_age_ms,
+        )
     except OSError as exc:  # "gRPC listener on <address> failed to start: <why>", as server.py says it
         raise SystemExit(str(exc)) from None
     log.info("gRPC listening on %s (Rust transport)", f"[{host}]:{port}" if ":" in host else f"{host}:{port}")

@@ -62,7 +62,7 @@ def choose(
     if reason is None:
         from .rust_server import unsupported
 
-        reason = unsupported(token, tls, max_connection_age_ms)
+        reason = unsupported(tls)
     if reason is None:
         return "rust"
     if requested == "rust":

@@ -28,7 +28,7 @@ from tritonclient.utils import InferenceServerException
 
 from tests.support.models import unary
 from tests.support.repos import write_model
-from tests.support.server import ServerProcess, start_server
+from tests.support.server import ServerProcess, grpc_transports, start_server
 
 GOOD = {"inputs": [{"name": "IN", "datatype": "FP32", "shape": [1, 4], "data": [1.0, -1.0, 2.0, -2.0]}]}
 
@@ -95,9 +95,10 @@ def token_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
-def token_server(repo: Path, token_file: Path) -> Iterator[ServerProcess]:
-    s = start_server(repo, "--auth-token-file", str(token_file))
+@pytest.fixture(scope="module", params=grpc_transports())
+def token_server(request: pytest.FixtureRequest, repo: Path, token_file: Path) -> Iterator[ServerProcess]:
+    """On each gRPC transport (--grpc-transport): the token is checked by both."""
+    s = start_server(repo, "--auth-token-file", str(token_file), "--grpc-transport", str(request.param))
     yield s
     assert s.terminate() == 0
 

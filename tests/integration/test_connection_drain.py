@@ -21,7 +21,7 @@ import tritonclient.grpc as grpcclient
 from onnx import TensorProto
 
 from tests.support.models import unary
-from tests.support.server import start_server
+from tests.support.server import grpc_transports, start_server
 from tests.support.waiting import wait_for
 
 MODEL = "relu"
@@ -40,8 +40,12 @@ def repo(tmp_path: Path) -> Path:
     return tmp_path / "repo"
 
 
-def test_stopping_server_answers_and_sends_keep_alive_clients_away(repo: Path, tmp_path: Path) -> None:
-    server = start_server(repo, "--connection-drain-seconds", "3", "--shutdown-timeout", "5", log_dir=tmp_path)
+@pytest.mark.parametrize("transport", grpc_transports())
+def test_stopping_server_answers_and_sends_keep_alive_clients_away(repo: Path, tmp_path: Path, transport: str) -> None:
+    server = start_server(
+        repo, "--connection-drain-seconds", "3", "--shutdown-timeout", "5", "--grpc-transport", transport,
+        log_dir=tmp_path,
+    )  # fmt: skip
     try:
         grpc = grpcclient.InferenceServerClient(server.grpc_url)
         inp = grpcclient.InferInput("IN", [1, 4], "FP32")
@@ -89,11 +93,12 @@ def _client_ports(server_port: int) -> set[int]:
     return ports
 
 
-def test_grpc_connections_are_recycled_gracefully_at_the_max_age(repo: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("transport", grpc_transports())
+def test_grpc_connections_are_recycled_gracefully_at_the_max_age(repo: Path, tmp_path: Path, transport: str) -> None:
     """--grpc-max-connection-age (Triton's flag, milliseconds): each connection gets a graceful GOAWAY after that long and the channels
     reconnect (behind a Service: to any replica) without a failed call; the server keeps accepting calls
     meanwhile, unlike a stopping server (whose not-yet-dispatched calls end CANCELLED)."""
-    server = start_server(repo, "--grpc-max-connection-age", "1000", log_dir=tmp_path)
+    server = start_server(repo, "--grpc-max-connection-age", "1000", "--grpc-transport", transport, log_dir=tmp_path)
     port = int(server.grpc_url.rsplit(":", 1)[1])
     failures: list[str] = []
     calls = [0]

@@ -13,6 +13,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 from kubeinfer.server.grpc.transport import rust_missing
 
+from tests.support.https import make_ca_and_cert
 from tests.support.server import ServerProcess, start_server
 
 RUST_LISTENING = "(Rust transport)"
@@ -25,10 +26,9 @@ def repo(tmp_path: Path) -> Path:
     return tmp_path / "repo"
 
 
-def token_file(tmp_path: Path) -> Path:
-    path = tmp_path / "token"
-    path.write_text("s3cret\n")
-    return path
+def tls_flags(tmp_path: Path) -> list[str]:
+    _, cert, key = make_ca_and_cert(tmp_path)
+    return ["--grpc-use-ssl", "true", "--grpc-server-cert", str(cert), "--grpc-server-key", str(key)]
 
 
 def exited(server: ServerProcess) -> tuple[int, str]:
@@ -41,24 +41,20 @@ def exited(server: ServerProcess) -> tuple[int, str]:
 
 
 def test_rust_refuses_a_configuration_it_cannot_serve(repo: Path, tmp_path: Path) -> None:
-    server = start_server(repo, "--grpc-transport", "rust", "--auth-token-file", str(token_file(tmp_path)), wait=False)
+    server = start_server(repo, "--grpc-transport", "rust", *tls_flags(tmp_path), wait=False)
     code, log = exited(server)
     assert code != 0
-    reason = rust_missing() or "the bearer token (--auth-token-file) is checked by grpc.aio only"
+    reason = rust_missing() or "TLS (--grpc-use-ssl) is served by grpc.aio only"
     assert f"--grpc-transport rust: the Rust gRPC transport cannot serve this server: {reason}" in log
 
 
 @needs_rust
 def test_auto_falls_back_to_grpcio_saying_why(repo: Path, tmp_path: Path) -> None:
-    token = token_file(tmp_path)
-    server = start_server(repo, "--grpc-transport", "auto", "--auth-token-file", str(token))
+    server = start_server(repo, "--grpc-transport", "auto", *tls_flags(tmp_path))
     try:
         log = server.log()
-        why = "gRPC served by grpc.aio, not the Rust transport: the bearer token (--auth-token-file) is checked"
-        assert log.count(why) == 1 and RUST_LISTENING not in log
-        client = grpcclient.InferenceServerClient(server.grpc_url)
-        assert client.is_server_live(headers={"authorization": "Bearer s3cret"})
-        client.close()
+        why = "gRPC served by grpc.aio, not the Rust transport: TLS (--grpc-use-ssl) is served by grpc.aio only"
+        assert log.count(why) == 1 and RUST_LISTENING not in log and "gRPC listening on" in log
     finally:
         assert server.terminate() == 0
 

@@ -91,6 +91,8 @@ struct Shared {
     max_message: usize,
     /// largest request metadata (HPACK size: name + value + 32 per entry, pseudo-headers too); 0: none
     max_metadata: usize,
+    /// each connection gets a graceful GOAWAY after this long (+-10% jitter), as grpc's max_connection_age
+    max_connection_age: Option<Duration>,
     accepting: AtomicBool,
     calls: AtomicU64,
     wakeups: AtomicU64,
@@ -526,7 +528,8 @@ async fn serve(listener: tokio::net::TcpListener, shared: Arc<Shared>, mut stop:
         let _ = stream.set_nodelay(true);
         let shared = shared.clone();
         let mut stop = stop.clone();
-        shared.connections.fetch_add(1, Ordering::SeqCst);
+        let opened = shared.connections.fetch_add(1, Ordering::SeqCst) as u64;
+        let age = shared.max_connection_age.map(|age| jitter(age, opened));
         tokio::spawn(async move {
             let _open = Open(shared.clone());
             // hyper's own header limit (16 KiB) stays above ours, so that our check answers with a gRPC status
@@ -539,11 +542,18 @@ async fn serve(listener: tokio::net::TcpListener, shared: Arc<Shared>, mut stop:
                 .max_header_list_size(header_list);
             let conn = builder.serve_connection(TokioIo::new(stream), service);
             tokio::pin!(conn);
+            let aged = async {
+                match age {
+                    Some(age) => tokio::time::sleep(age).await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 _ = conn.as_mut() => return,
                 _ = stop.changed() => {}
+                _ = aged => {}
             }
-            // graceful: GOAWAY, the streams already open finish
+            // graceful: GOAWAY, the streams already open finish (no grace limit, as grpc's default)
             conn.as_mut().graceful_shutdown();
             let _ = conn.await;
         });
@@ -557,6 +567,21 @@ fn frame(message: &[u8]) -> Bytes {
     framed.put_u32(message.len() as u32);
     framed.put_slice(message);
     framed.freeze()
+}
+
+/// `age` +-10%, so that connections opened together are not all sent away at once (grpc's jitter).
+fn jitter(age: Duration, seed: u64) -> Duration {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos() as u64)
+        .unwrap_or(0);
+    // splitmix64 of the seed and the clock: cheap, and good enough to spread reconnections
+    let mut x = seed.wrapping_add(nanos).wrapping_add(0x9E37_79B9_7F4A_7C15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^= x >> 31;
+    let factor = 0.9 + 0.2 * (x % 10_001) as f64 / 10_000.0;
+    age.mul_f64(factor)
 }
 
 /// Counts a connection as open until its task ends (however it ends).
@@ -634,6 +659,13 @@ impl PendingCall {
         }
     }
 
+    /// One metadata value (the first, as text), or None.
+    fn header(&self, name: &str) -> Option<String> {
+        self.headers
+            .get(name)
+            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+    }
+
     /// The request's metadata as (key, value) pairs, gRPC's reserved and HTTP/2 headers left out.
     fn metadata(&self) -> Vec<(String, String)> {
         self.headers
@@ -670,7 +702,8 @@ impl Transport {
     /// method index counts through both.
     #[new]
     #[pyo3(signature = (
-        host, port, methods, streams=Vec::new(), threads=1, max_message_bytes=64 * 1024 * 1024, max_metadata_bytes=0
+        host, port, methods, streams=Vec::new(), threads=1, max_message_bytes=64 * 1024 * 1024, max_metadata_bytes=0,
+        max_connection_age_ms=0
     ))]
     fn new(
         host: &str,
@@ -680,6 +713,7 @@ impl Transport {
         threads: usize,
         max_message_bytes: usize,
         max_metadata_bytes: usize,
+        max_connection_age_ms: u64,
     ) -> PyResult<Self> {
         let efd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
         if efd < 0 {
@@ -704,6 +738,7 @@ impl Transport {
             efd,
             max_message: max_message_bytes,
             max_metadata: max_metadata_bytes,
+            max_connection_age: (max_connection_age_ms > 0).then(|| Duration::from_millis(max_connection_age_ms)),
             accepting: AtomicBool::new(true),
             calls: AtomicU64::new(0),
             wakeups: AtomicU64::new(0),
