@@ -74,7 +74,7 @@ class ServerSettings:
     #: milliseconds after which gRPC connections get a graceful GOAWAY (0: never; see start_grpc_server)
     grpc_max_connection_age_ms: int = 0
     #: what serves the gRPC listener: "rust", "grpcio" or "auto" (see grpc/transport.py)
-    grpc_transport: str = "grpcio"
+    grpc_transport: str = "auto"
     limits: Limits = DEFAULT_LIMITS
     #: bearer token file checked on HTTP and gRPC (None: no authentication)
     auth_token_file: Path | None = None

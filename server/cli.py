@@ -335,7 +335,7 @@ def build_parser(triton: bool = False) -> argparse.ArgumentParser:
         help="what serves the gRPC listener: 'rust' (the Rust HTTP/2 transport, a third of grpc.aio's CPU per "
         "call; refuses to start if it cannot serve the configuration), 'grpcio' (grpc.aio), 'auto' (rust when "
         f"it is built and serves the configuration, else grpcio, logged). Default: ${GRPC_TRANSPORT_ENV}, else "
-        "grpcio",
+        "auto",
     )
     net.add_argument("--allow-http", type=_bool, default=True)
     net.add_argument("--allow-grpc", type=_bool, default=True)

@@ -210,6 +210,8 @@ class RustGrpcServer:
         self.transport.close()  # new calls UNAVAILABLE, GOAWAY to every connection
         if self.inflight:
             await asyncio.wait(set(self.inflight.values()), timeout=grace)
+        for task in list(self.inflight.values()):  # past the grace: cancelled, as grpc.aio's stop does
+            task.cancel()
         self.loop.remove_reader(self.transport.fd)
         calls, wakeups = self.stats()
         log.info("gRPC (Rust transport): %d calls in %d event-loop wake-ups", calls, wakeups)

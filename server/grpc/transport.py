@@ -1,6 +1,6 @@
 """Which transport serves the gRPC listener: the Rust one (rust_server.py) or grpc.aio (server.py).
 
-``--grpc-transport`` (default from ``KUBEINFER_GRPC_TRANSPORT``, else ``grpcio``):
+``--grpc-transport`` (default from ``KUBEINFER_GRPC_TRANSPORT``, else ``auto``):
 
 * ``rust``: the Rust transport, or the server refuses to start saying why (module not built, or a setting
   it does not serve yet);
@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 
 TRANSPORTS = ("auto", "rust", "grpcio")
 ENV = "KUBEINFER_GRPC_TRANSPORT"
-DEFAULT = "grpcio"
+DEFAULT = "auto"
 
 
 class GrpcListener(Protocol):
@@ -57,6 +57,7 @@ def choose(
 ) -> str:
     """``rust`` or ``grpcio`` for ``requested`` (one of TRANSPORTS) and this configuration."""
     if requested == "grpcio":
+        log.debug("gRPC served by grpc.aio (--grpc-transport grpcio)")
         return "grpcio"
     reason = rust_missing()
     if reason is None:
@@ -64,6 +65,7 @@ def choose(
 
         reason = unsupported(tls)
     if reason is None:
+        log.debug("gRPC served by the Rust transport (--grpc-transport %s)", requested)
         return "rust"
     if requested == "rust":
         raise SystemExit(f"--grpc-transport rust: the Rust gRPC transport cannot serve this server: {reason}")

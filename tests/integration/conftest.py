@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from kubeinfer.server.grpc.transport import default_transport
+from kubeinfer.server.grpc.transport import default_transport, rust_missing
 
 from tests.support.repos import copy_python_models
 from tests.support.server import ServerProcess, start_server
@@ -44,9 +44,11 @@ def python_models_server_on(
     """The Python-models server for a ``--grpc-transport``: the shared one for the default transport, one
     more (started on first use, kept for the session) for another."""
     started: dict[str, ServerProcess] = {}
+    default = default_transport()
+    served_by_default = default if default != "auto" else "grpcio" if rust_missing() else "rust"
 
     def on(transport: str) -> ServerProcess:
-        if transport == default_transport():
+        if transport == served_by_default:
             server: ServerProcess = request.getfixturevalue("python_models_server")
             return server
         if transport not in started:

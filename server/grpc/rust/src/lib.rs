@@ -19,7 +19,7 @@
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
-use std::net::SocketAddr;
+use std::net::{SocketAddr, ToSocketAddrs};
 use std::os::fd::RawFd;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -744,13 +744,17 @@ impl Transport {
             wakeups: AtomicU64::new(0),
             connections: AtomicUsize::new(0),
         });
-        let addr: SocketAddr = if host.contains(':') {
+        // an IP address, or a name resolved as grpc resolves it (the first address)
+        let shown = if host.contains(':') {
             format!("[{host}]:{port}")
         } else {
             format!("{host}:{port}")
-        }
-        .parse()
-        .map_err(|e| PyOSError::new_err(format!("bad address {host}:{port}: {e}")))?;
+        };
+        let addr: SocketAddr = (host, port)
+            .to_socket_addrs()
+            .ok()
+            .and_then(|mut addrs| addrs.next())
+            .ok_or_else(|| PyOSError::new_err(format!("gRPC listener on {shown} failed to start: unknown address")))?;
         let std_listener = std::net::TcpListener::bind(addr)
             .map_err(|e| PyOSError::new_err(format!("gRPC listener on {addr} failed to start: {e}")))?;
         std_listener
