@@ -52,9 +52,7 @@ def rust_missing() -> str | None:
     return None
 
 
-def choose(
-    requested: str, token: BearerToken | None = None, tls: TlsFiles | None = None, max_connection_age_ms: int = 0
-) -> str:
+def choose(requested: str, tls: TlsFiles | None = None) -> str:
     """``rust`` or ``grpcio`` for ``requested`` (one of TRANSPORTS) and this configuration."""
     if requested == "grpcio":
         log.debug("gRPC served by grpc.aio (--grpc-transport grpcio)")
@@ -85,7 +83,7 @@ async def start_grpc_listener(
     max_connection_age_ms: int = 0,
 ) -> GrpcListener:
     """The gRPC listener on the transport ``choose`` picks, started."""
-    if choose(requested, token, tls, max_connection_age_ms) == "rust":
+    if choose(requested, tls) == "rust":
         from .rust_server import start_rust_grpc_server
 
         return await start_rust_grpc_server(service, host, port, limits, token, tls, shm, max_connection_age_ms)
