@@ -36,6 +36,9 @@ from .vocabulary.limits import DEFAULT_LIMITS, Limits
 
 log = logging.getLogger("kubeinfer.server")
 
+#: keepalive and ping policy are left to the gRPC transport serving the port
+_TRANSPORT_DEFAULTS = "the gRPC transport's defaults apply (hyper's on the Rust transport, grpc-core's on grpc.aio)"
+
 #: Triton flags accepted for compatibility that change nothing here, with the reason
 IGNORED: dict[str, str] = {
     "--http-thread-count": "HTTP is served by one asyncio event loop",
@@ -48,13 +51,13 @@ IGNORED: dict[str, str] = {
     "--grpc-infer-thread-count": "gRPC is served by the asyncio event loop",
     "--grpc-max-response-pool-size": "gRPC responses are not pooled",
     "--grpc-response-compression-level": "gRPC response compression is not configured",
-    "--grpc-keepalive-time": "grpc defaults apply",
-    "--grpc-keepalive-timeout": "grpc defaults apply",
-    "--grpc-keepalive-permit-without-calls": "grpc defaults apply",
-    "--grpc-http2-max-pings-without-data": "grpc defaults apply",
-    "--grpc-http2-min-recv-ping-interval-without-data": "grpc defaults apply",
-    "--grpc-http2-max-ping-strikes": "grpc defaults apply",
-    "--grpc-max-connection-age-grace": "grpc defaults apply",
+    "--grpc-keepalive-time": _TRANSPORT_DEFAULTS,
+    "--grpc-keepalive-timeout": _TRANSPORT_DEFAULTS,
+    "--grpc-keepalive-permit-without-calls": _TRANSPORT_DEFAULTS,
+    "--grpc-http2-max-pings-without-data": _TRANSPORT_DEFAULTS,
+    "--grpc-http2-min-recv-ping-interval-without-data": _TRANSPORT_DEFAULTS,
+    "--grpc-http2-max-ping-strikes": _TRANSPORT_DEFAULTS,
+    "--grpc-max-connection-age-grace": _TRANSPORT_DEFAULTS,
     "--grpc-restricted-protocol": "protocol restriction by header is not implemented",
     "--allow-gpu-metrics": "GPU gauges are exported whenever NVML finds a GPU",
     "--allow-cpu-metrics": "CPU gauges are always exported",
