@@ -15,10 +15,15 @@
 //!   request message is read only when Python asks for one (`PendingCall.want`), so a handler that stops
 //!   reading holds the client back by HTTP/2 flow control, and comes out of `take` with the call's id.
 //!   Python writes messages (`send`) and ends with a status (`finish` / `abort`); they are written as sent.
+//! - Compressed requests (`grpc-encoding: gzip | deflate`, flag byte 1) are decompressed here, the size limit
+//!   applying to the message as sent and again as decompressed, with grpc-core's statuses and texts;
+//!   answers with headers advertise `grpc-accept-encoding`. Responses are never compressed, which gRPC
+//!   allows (an answer without `grpc-encoding` is identity to the client).
 
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
+use std::io::Read;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::os::fd::RawFd;
 use std::pin::Pin;
@@ -28,6 +33,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
+use flate2::read::{GzDecoder, ZlibDecoder};
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
 use http_body::{Body, Frame};
 use http_body_util::{BodyExt, Limited};
@@ -45,6 +51,82 @@ const UNIMPLEMENTED: u32 = 12;
 const RESOURCE_EXHAUSTED: u32 = 8;
 const DEADLINE_EXCEEDED: u32 = 4;
 const UNAVAILABLE: u32 = 14;
+
+/// The request encodings this transport decodes, as grpc-core lists them.
+const ACCEPT_ENCODING: &str = "identity, deflate, gzip";
+/// Compressed messages larger than this are inflated on tokio's blocking pool, not the (one) worker thread.
+const INFLATE_INLINE: usize = 64 * 1024;
+
+/// A call's `grpc-encoding`: how its compressed messages (flag byte 1) are decoded.
+#[derive(Clone, Copy)]
+enum Encoding {
+    Identity,
+    Gzip,
+    /// gRPC's "deflate" is the zlib format (RFC 1950), as grpc-core writes it
+    Deflate,
+}
+
+impl Encoding {
+    /// None: an encoding this transport does not decode (grpc-core answers INTERNAL while parsing metadata).
+    fn of(headers: &HeaderMap) -> Option<Encoding> {
+        match headers.get("grpc-encoding").map(|v| v.as_bytes()) {
+            None | Some(b"identity") => Some(Encoding::Identity),
+            Some(b"gzip") => Some(Encoding::Gzip),
+            Some(b"deflate") => Some(Encoding::Deflate),
+            Some(_) => None,
+        }
+    }
+}
+
+/// A refusal: a gRPC status and its message.
+type Refusal = (u32, String);
+
+fn too_large(length: usize, max: usize) -> Refusal {
+    (
+        RESOURCE_EXHAUSTED,
+        format!("SERVER: Received message larger than max ({length} vs. {max})"),
+    )
+}
+
+/// A message's 5-byte prefix, once `buf` holds it: (compressed flag, length), the length checked against
+/// the limit before the message is read (grpc-core's check of the size on the wire).
+fn prefix(buf: &[u8], max: usize) -> Result<Option<(u8, usize)>, Refusal> {
+    if buf.len() < 5 {
+        return Ok(None);
+    }
+    let length = u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]) as usize;
+    if length > max {
+        return Err(too_large(length, max));
+    }
+    Ok(Some((buf[0], length)))
+}
+
+/// The message as the handler gets it: decompressed when its flag says so, at most `max` bytes either way.
+async fn decode(flag: u8, message: Bytes, encoding: Encoding, max: usize) -> Result<Bytes, Refusal> {
+    match (flag, encoding) {
+        (0, _) => Ok(message),
+        (1, Encoding::Identity) => Err((INTERNAL, "Compression bit set but no encoding configured".into())),
+        (1, _) if message.len() <= INFLATE_INLINE => inflate(&message, encoding, max),
+        (1, _) => tokio::task::spawn_blocking(move || inflate(&message, encoding, max))
+            .await
+            .unwrap_or_else(|e| Err((INTERNAL, format!("decompressing the request failed: {e}")))),
+        (flag, _) => Err((INTERNAL, format!("Bad gRPC message flag 0x{flag:02x}"))),
+    }
+}
+
+fn inflate(message: &[u8], encoding: Encoding, max: usize) -> Result<Bytes, Refusal> {
+    let reader: Box<dyn Read + '_> = match encoding {
+        Encoding::Gzip => Box::new(GzDecoder::new(message)),
+        _ => Box::new(ZlibDecoder::new(message)),
+    };
+    // one byte past the limit tells "too large" from "exactly the limit" without inflating a bomb further
+    let mut out = Vec::with_capacity((message.len() * 4).min(max + 1));
+    match reader.take(max as u64 + 1).read_to_end(&mut out) {
+        Ok(_) if out.len() > max => Err((RESOURCE_EXHAUSTED, "Decompressed message larger than max".into())),
+        Ok(_) => Ok(Bytes::from(out)),
+        Err(_) => Err((INTERNAL, "Decompression failed due to zlib error".into())),
+    }
+}
 
 enum Reply {
     /// the serialized response message, already framed (5-byte prefix)
@@ -281,9 +363,9 @@ fn ok_response(framed: Bytes) -> Response<GrpcBody> {
         data: Some(framed),
         trailers: Some(trailers),
     });
-    response
-        .headers_mut()
-        .insert(http::header::CONTENT_TYPE, content_type());
+    let headers = response.headers_mut();
+    headers.insert(http::header::CONTENT_TYPE, content_type());
+    headers.insert("grpc-accept-encoding", HeaderValue::from_static(ACCEPT_ENCODING));
     response
 }
 
@@ -354,45 +436,30 @@ async fn handle(request: Request<Incoming>, shared: Arc<Shared>) -> Result<Respo
             return Ok(error_response(RESOURCE_EXHAUSTED, &message));
         }
     }
+    let Some(encoding) = Encoding::of(request.headers()) else {
+        if !shared.streaming[method] {
+            // read (up to the limit) before answering, so the client is not reset while it is still sending
+            let _ = Limited::new(request.into_body(), shared.max_message + 5)
+                .collect()
+                .await;
+        }
+        let mut refused = error_response(INTERNAL, "Error parsing 'grpc-encoding' metadata");
+        let headers = refused.headers_mut();
+        headers.insert("grpc-accept-encoding", HeaderValue::from_static(ACCEPT_ENCODING));
+        return Ok(refused);
+    };
     if !shared.accepting.load(Ordering::Relaxed) {
         return Ok(error_response(UNAVAILABLE, "the server is shutting down"));
     }
     if shared.streaming[method] {
-        return Ok(stream_call(request, shared, method));
+        return Ok(stream_call(request, shared, method, encoding));
     }
     let (parts, body) = request.into_parts();
     let timeout = parts.headers.get("grpc-timeout").and_then(parse_timeout);
-    let body = match Limited::new(body, shared.max_message + 5).collect().await {
-        Ok(collected) => collected.to_bytes(),
-        Err(e) => {
-            if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() {
-                let message = format!("Received message larger than max (over {} bytes)", shared.max_message);
-                return Ok(error_response(RESOURCE_EXHAUSTED, &message));
-            }
-            return Ok(error_response(INTERNAL, &format!("reading the request failed: {e}")));
-        }
+    let payload = match read_unary(body, encoding, shared.max_message).await {
+        Ok(payload) => payload,
+        Err((code, message)) => return Ok(error_response(code, &message)),
     };
-    if body.len() < 5 {
-        return Ok(error_response(INTERNAL, "the request has no gRPC message"));
-    }
-    if body[0] != 0 {
-        return Ok(error_response(
-            UNIMPLEMENTED,
-            "compressed requests are not supported by this transport",
-        ));
-    }
-    let length = u32::from_be_bytes([body[1], body[2], body[3], body[4]]) as usize;
-    if length > shared.max_message {
-        let message = format!(
-            "Received message larger than max ({} vs. {})",
-            length, shared.max_message
-        );
-        return Ok(error_response(RESOURCE_EXHAUSTED, &message));
-    }
-    if body.len() != 5 + length {
-        return Ok(error_response(UNIMPLEMENTED, "one request message per unary call"));
-    }
-    let payload = body.slice(5..);
     let (tx, rx) = oneshot::channel();
     let id = shared.calls.fetch_add(1, Ordering::Relaxed);
     shared.push(Call {
@@ -423,14 +490,63 @@ async fn handle(request: Request<Incoming>, shared: Arc<Shared>) -> Result<Respo
     })
 }
 
+/// A unary call's one request message, decoded. Its length is checked as soon as its prefix arrives; a
+/// body of one DATA frame (the usual case) is not copied.
+async fn read_unary(mut body: Incoming, encoding: Encoding, max: usize) -> Result<Bytes, Refusal> {
+    let mut first: Option<Bytes> = None;
+    let mut buf = BytesMut::new();
+    let mut header: Option<(u8, usize)> = None;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| (INTERNAL, format!("reading the request failed: {e}")))?;
+        let Ok(data) = frame.into_data() else { continue };
+        if first.is_none() && buf.is_empty() {
+            first = Some(data);
+        } else {
+            if let Some(first) = first.take() {
+                buf.extend_from_slice(&first);
+            }
+            buf.extend_from_slice(&data);
+        }
+        let received: &[u8] = first.as_deref().unwrap_or(&buf[..]);
+        if header.is_none() {
+            header = prefix(received, max)?;
+        }
+        if let Some((_, length)) = header {
+            if received.len() > 5 + length {
+                return Err((UNIMPLEMENTED, "one request message per unary call".into()));
+            }
+        }
+    }
+    let body = first.unwrap_or_else(|| buf.freeze());
+    let Some((flag, length)) = header else {
+        return Err((INTERNAL, "the request has no gRPC message".into()));
+    };
+    if body.len() != 5 + length {
+        return Err((INTERNAL, "the request ended inside its gRPC message".into()));
+    }
+    decode(flag, body.slice(5..), encoding, max).await
+}
+
 /// A bidirectional stream: handed to Python at once; its request messages are read as Python asks.
-fn stream_call(request: Request<Incoming>, shared: Arc<Shared>, method: usize) -> Response<GrpcBody> {
+fn stream_call(
+    request: Request<Incoming>,
+    shared: Arc<Shared>,
+    method: usize,
+    encoding: Encoding,
+) -> Response<GrpcBody> {
     let (parts, body) = request.into_parts();
     let timeout = parts.headers.get("grpc-timeout").and_then(parse_timeout);
     let (out, rx) = mpsc::unbounded_channel();
     let permits = Arc::new(Semaphore::new(0));
     let id = shared.calls.fetch_add(1, Ordering::Relaxed);
-    tokio::spawn(read_messages(body, id, shared.clone(), permits.clone(), out.clone()));
+    tokio::spawn(read_messages(
+        body,
+        encoding,
+        id,
+        shared.clone(),
+        permits.clone(),
+        out.clone(),
+    ));
     shared.push(Call {
         id,
         method,
@@ -450,9 +566,9 @@ fn stream_call(request: Request<Incoming>, shared: Arc<Shared>, method: usize) -
         shared,
         permits,
     }));
-    response
-        .headers_mut()
-        .insert(http::header::CONTENT_TYPE, content_type());
+    let headers = response.headers_mut();
+    headers.insert(http::header::CONTENT_TYPE, content_type());
+    headers.insert("grpc-accept-encoding", HeaderValue::from_static(ACCEPT_ENCODING));
     response
 }
 
@@ -460,6 +576,7 @@ fn stream_call(request: Request<Incoming>, shared: Arc<Shared>, method: usize) -
 /// message the transport refuses ends the stream with that status.
 async fn read_messages(
     mut body: Incoming,
+    encoding: Encoding,
     id: u64,
     shared: Arc<Shared>,
     permits: Arc<Semaphore>,
@@ -476,26 +593,17 @@ async fn read_messages(
             Err(_) => return, // the response has ended
         }
         let message = loop {
-            if buf.len() >= 5 {
-                if buf[0] != 0 {
-                    return fail(
-                        UNIMPLEMENTED,
-                        "compressed requests are not supported by this transport".into(),
-                    );
-                }
-                let length = u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]) as usize;
-                if length > shared.max_message {
-                    let message = format!(
-                        "Received message larger than max ({} vs. {})",
-                        length, shared.max_message
-                    );
-                    return fail(RESOURCE_EXHAUSTED, message);
-                }
-                if buf.len() >= 5 + length {
+            match prefix(&buf, shared.max_message) {
+                Err((code, message)) => return fail(code, message),
+                Ok(Some((flag, length))) if buf.len() >= 5 + length => {
                     let mut message = buf.split_to(5 + length);
                     message.advance(5);
-                    break Some(message.freeze());
+                    match decode(flag, message.freeze(), encoding, shared.max_message).await {
+                        Ok(message) => break Some(message),
+                        Err((code, message)) => return fail(code, message),
+                    }
                 }
+                Ok(_) => {}
             }
             match body.frame().await {
                 Some(Ok(frame)) => {

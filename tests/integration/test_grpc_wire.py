@@ -1,0 +1,187 @@
+"""gRPC on the wire, the same on both transports (--grpc-transport): compressed requests and the message
+size limit (--grpc-max-message-bytes) both ways, with grpc.aio's (grpc-core's) statuses and texts.
+
+tritonclient compresses requests with ``compression_algorithm="gzip"|"deflate"``; what a client cannot send
+(an unknown ``grpc-encoding``, a compressed flag without an encoding) is sent with curl's HTTP/2 (raw gRPC
+framing). Responses are never compressed (legal in gRPC: the client learns it from the missing grpc-encoding).
+"""
+
+from __future__ import annotations
+
+import gzip
+import queue
+import shutil
+import subprocess
+import zlib
+from collections.abc import Iterator
+
+import numpy as np
+import onnx
+import pytest
+import tritonclient.grpc as grpcclient
+from onnx import TensorProto, helper
+from tritonclient.utils import InferenceServerException
+
+from tests.support.models import unary
+from tests.support.repos import write_model
+from tests.support.server import ServerProcess, grpc_transports, start_server
+
+MAX = 64 * 1024
+#: tile's output is this many times its input
+TILES = 64
+LIVE = "/inference.GRPCInferenceService/ServerLive"
+
+
+def tile() -> onnx.ModelProto:
+    """OUT = IN repeated TILES times: a small request with a large response."""
+    repeats = helper.make_tensor("repeats", TensorProto.INT64, [1], [TILES])
+    graph = helper.make_graph(
+        [helper.make_node("Tile", ["IN", "repeats"], ["OUT"])],
+        "tile",
+        [helper.make_tensor_value_info("IN", TensorProto.FLOAT, ["n"])],
+        [helper.make_tensor_value_info("OUT", TensorProto.FLOAT, ["m"])],
+        initializer=[repeats],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.fixture(scope="module", params=grpc_transports())
+def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    repo = tmp_path_factory.mktemp("wire") / "repo"
+    cfg = 'platform: "onnxruntime_onnx"\nmax_batch_size: 0\n'
+    write_model(repo, "relu", cfg, {1: unary("relu", "Relu", TensorProto.FLOAT, ["n"])})
+    write_model(repo, "tile", cfg, {1: tile()})
+    s = start_server(repo, "--grpc-max-message-bytes", str(MAX), "--grpc-transport", str(request.param))
+    yield s
+    assert s.terminate() == 0
+
+
+@pytest.fixture
+def client(server: ServerProcess) -> Iterator[grpcclient.InferenceServerClient]:
+    c = grpcclient.InferenceServerClient(server.grpc_url)
+    yield c
+    c.close()
+
+
+def _input(values: np.ndarray) -> grpcclient.InferInput:
+    inp = grpcclient.InferInput("IN", list(values.shape), "FP32")
+    inp.set_data_from_numpy(values)
+    return inp
+
+
+def _refused(call: object, *args: object, **kwargs: object) -> InferenceServerException:
+    with pytest.raises(InferenceServerException) as info:
+        call(*args, **kwargs)  # type: ignore[operator]
+    return info.value
+
+
+def _good(client: grpcclient.InferenceServerClient) -> None:
+    """The server goes on serving after a refusal."""
+    out = client.infer("relu", [_input(np.array([-1.0, 2.0], np.float32))]).as_numpy("OUT")
+    np.testing.assert_array_equal(out, [0.0, 2.0])
+
+
+# ------------------------------------------------------------------------------------ compression
+
+
+@pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
+def test_compressed_requests_are_served(client: grpcclient.InferenceServerClient, algorithm: str) -> None:
+    values = np.linspace(-1, 1, 4000, dtype=np.float32)  # 16 KB: large enough that grpc does compress it
+    out = client.infer("relu", [_input(values)], compression_algorithm=algorithm).as_numpy("OUT")
+    np.testing.assert_array_equal(out, np.maximum(values, 0))
+
+
+@pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
+def test_compressed_stream_requests_are_served(client: grpcclient.InferenceServerClient, algorithm: str) -> None:
+    results: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: results.put((result, error)), compression_algorithm=algorithm)
+    try:
+        for i in range(3):
+            values = np.full(4000, i - 1, np.float32)
+            client.async_stream_infer("relu", [_input(values)], request_id=str(i))
+        answers = [results.get(timeout=60) for _ in range(3)]
+    finally:
+        client.stop_stream()
+    assert [error for _, error in answers] == [None] * 3
+    for result, _ in answers:
+        i = int(result.get_response().id)
+        np.testing.assert_array_equal(result.as_numpy("OUT"), np.full(4000, max(i - 1, 0), np.float32))
+
+
+@pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
+def test_the_limit_holds_for_the_decompressed_size(client: grpcclient.InferenceServerClient, algorithm: str) -> None:
+    """A request id of 2 * MAX bytes compresses to a few hundred: refused once decompressed, as grpc does."""
+    values = np.ones(4, np.float32)
+    error = _refused(client.infer, "relu", [_input(values)], request_id="x" * 2 * MAX, compression_algorithm=algorithm)
+    assert error.status() == "StatusCode.RESOURCE_EXHAUSTED", error
+    assert error.message() == "Decompressed message larger than max", error
+    _good(client)
+
+
+def _curl_grpc(server: ServerProcess, body: bytes, *headers: str) -> dict[str, str]:
+    """One raw gRPC call to ServerLive with curl's HTTP/2: the response's headers and trailers by name."""
+    if (
+        shutil.which("curl") is None
+        or "HTTP2" not in subprocess.run(["curl", "-V"], capture_output=True, text=True).stdout
+    ):
+        pytest.skip("curl with HTTP/2 is needed to send a gRPC request grpc's client refuses to write")
+    command = ["curl", "-sS", "--http2-prior-knowledge", "-D", "-", "-o", "/dev/null", "--data-binary", "@-"]
+    for header in ("content-type: application/grpc", "te: trailers", *headers):
+        command += ["-H", header]
+    done = subprocess.run([*command, f"http://{server.grpc_url}{LIVE}"], input=body, capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    fields: dict[str, str] = {}
+    for line in done.stdout.decode().splitlines():
+        name, colon, value = line.partition(":")
+        if colon and not name.startswith("HTTP/"):
+            fields[name.strip().lower()] = value.strip()
+    return fields
+
+
+def _framed(message: bytes, flag: int = 0) -> bytes:
+    return bytes([flag]) + len(message).to_bytes(4, "big") + message
+
+
+def test_compressed_raw_messages_and_the_accepted_encodings(server: ServerProcess) -> None:
+    """gzip and deflate (zlib) both decode; the answer advertises what the server accepts."""
+    for encoding, compressed in (("gzip", gzip.compress(b"")), ("deflate", zlib.compress(b""))):
+        fields = _curl_grpc(server, _framed(compressed, 1), f"grpc-encoding: {encoding}")
+        assert fields["grpc-status"] == "0", fields
+        assert {e.strip() for e in fields["grpc-accept-encoding"].split(",")} == {"identity", "deflate", "gzip"}
+
+
+@pytest.mark.parametrize(
+    ("headers", "flag", "status", "message"),
+    [
+        # grpc-core refuses an encoding it does not know while parsing the metadata
+        (["grpc-encoding: snappy"], 1, "13", "Error parsing 'grpc-encoding' metadata"),
+        ([], 1, "13", "Compression bit set but no encoding configured"),
+        (["grpc-encoding: identity"], 1, "13", "Compression bit set but no encoding configured"),
+        (["grpc-encoding: deflate"], 1, "13", "Decompression failed due to zlib error"),  # gzip bytes, not zlib
+    ],
+)
+def test_requests_the_server_cannot_decode_are_refused(
+    server: ServerProcess,
+    client: grpcclient.InferenceServerClient,
+    headers: list[str],
+    flag: int,
+    status: str,
+    message: str,
+) -> None:
+    fields = _curl_grpc(server, _framed(gzip.compress(b""), flag), *headers)
+    assert (fields["grpc-status"], fields.get("grpc-message")) == (status, message), fields
+    _good(client)
+
+
+# ---------------------------------------------------------------------------------- message sizes
+
+
+def test_an_uncompressed_request_over_the_limit_is_refused(client: grpcclient.InferenceServerClient) -> None:
+    values = np.ones(MAX // 4 + 100, np.float32)
+    error = _refused(client.infer, "relu", [_input(values)])
+    assert error.status() == "StatusCode.RESOURCE_EXHAUSTED", error
+    assert error.message().startswith("SERVER: Received message larger than max (")
+    assert error.message().endswith(f" vs. {MAX})"), error
+    _good(client)
