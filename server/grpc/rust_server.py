@@ -18,6 +18,7 @@ Responses are written as the session yields them; a client that cancels the stre
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import deque
 from collections.abc import AsyncIterator, Callable
@@ -187,10 +188,12 @@ class RustGrpcServer:
             self.inflight.pop(call_id, None)
 
     async def _stream(self, call: PendingCall, handler: Handler, requests: Requests, call_id: int) -> None:
-        fn = handler[1]
+        replies = handler[1](requests, StreamContext(call))
         try:
-            async for reply in fn(requests, StreamContext(call)):
-                call.send(reply.SerializeToString())
+            async with contextlib.aclosing(replies):  # the session's cleanup runs before the task ends
+                async for reply in replies:
+                    if not call.send(reply.SerializeToString()):
+                        return  # the stream has ended: its client left, or the reply was over the limit
             call.finish()
         except _Aborted as aborted:  # StreamSession closing the stream with a status (triton_grpc_error)
             call.abort(aborted.code.value[0], aborted.message)

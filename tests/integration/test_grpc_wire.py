@@ -185,3 +185,31 @@ def test_an_uncompressed_request_over_the_limit_is_refused(client: grpcclient.In
     assert error.message().startswith("SERVER: Received message larger than max (")
     assert error.message().endswith(f" vs. {MAX})"), error
     _good(client)
+
+
+def test_a_response_over_the_limit_fails_the_call(client: grpcclient.InferenceServerClient) -> None:
+    n = MAX // 4 // TILES + 100  # the request is ~6 KB, its response ~ MAX + 25 KB
+    out = client.infer("tile", [_input(np.ones(n // 2, np.float32))]).as_numpy("OUT")  # under the limit: served
+    assert out.shape == (n // 2 * TILES,)
+    error = _refused(client.infer, "tile", [_input(np.ones(n, np.float32))])
+    assert error.status() == "StatusCode.RESOURCE_EXHAUSTED", error
+    assert error.message().startswith("SERVER: Sent message larger than max ("), error
+    assert error.message().endswith(f" vs. {MAX})"), error
+    _good(client)
+
+
+def test_a_stream_response_over_the_limit_ends_the_stream(client: grpcclient.InferenceServerClient) -> None:
+    n = MAX // 4 // TILES + 100
+    results: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: results.put((result, error)))
+    try:
+        client.async_stream_infer("tile", [_input(np.ones(8, np.float32))], request_id="small")
+        result, error = results.get(timeout=60)
+        assert error is None and result.as_numpy("OUT").shape == (8 * TILES,)
+        client.async_stream_infer("tile", [_input(np.ones(n, np.float32))], request_id="big")
+        _, error = results.get(timeout=60)
+    finally:
+        client.stop_stream()
+    assert error is not None and error.status() == "StatusCode.RESOURCE_EXHAUSTED", error
+    assert error.message().startswith("SERVER: Sent message larger than max ("), error
+    _good(client)

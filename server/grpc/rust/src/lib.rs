@@ -81,6 +81,11 @@ impl Encoding {
 /// A refusal: a gRPC status and its message.
 type Refusal = (u32, String);
 
+/// grpc-core's refusal of a response over the limit: the call fails, the message is not sent.
+fn sent_too_large(length: usize, max: usize) -> String {
+    format!("SERVER: Sent message larger than max ({length} vs. {max})")
+}
+
 fn too_large(length: usize, max: usize) -> Refusal {
     (
         RESOURCE_EXHAUSTED,
@@ -712,22 +717,43 @@ struct PendingCall {
     headers: HeaderMap,
     #[pyo3(get)]
     timeout: Option<f64>,
+    /// --grpc-max-message-bytes: a larger response fails the call (RESOURCE_EXHAUSTED) instead
+    max_message: usize,
 }
 
 #[pymethods]
 impl PendingCall {
-    /// Answer a unary call with a serialized response message. False if the call is already gone
-    /// (cancelled, timed out).
+    /// Answer a unary call with a serialized response message (one over the limit: RESOURCE_EXHAUSTED
+    /// instead). False if the call is already gone (cancelled, timed out).
     fn reply(&self, message: &[u8]) -> bool {
         let Some(tx) = self.tx.lock().unwrap().take() else {
             return false;
         };
+        if message.len() > self.max_message {
+            return tx
+                .send(Reply::Err(
+                    RESOURCE_EXHAUSTED,
+                    sent_too_large(message.len(), self.max_message),
+                ))
+                .is_ok();
+        }
         tx.send(Reply::Ok(frame(message))).is_ok()
     }
 
-    /// Write one serialized message on a stream. False if the stream is gone or finished.
+    /// Write one serialized message on a stream. False if the stream is gone or finished — or if the
+    /// message is over the limit: then the stream ends with RESOURCE_EXHAUSTED, as grpc ends it.
     fn send(&self, message: &[u8]) -> bool {
-        match self.out.lock().unwrap().as_ref() {
+        let mut out = self.out.lock().unwrap();
+        if message.len() > self.max_message {
+            if let Some(out) = out.take() {
+                let _ = out.send(Out::Status(
+                    RESOURCE_EXHAUSTED,
+                    sent_too_large(message.len(), self.max_message),
+                ));
+            }
+            return false;
+        }
+        match out.as_ref() {
             Some(out) => out.send(Out::Message(frame(message))).is_ok(),
             None => false,
         }
@@ -928,6 +954,7 @@ impl Transport {
                     permits,
                     headers: call.headers,
                     timeout: call.timeout,
+                    max_message: self.shared.max_message,
                 },
             )?;
             let payload = call.payload.map(|p| PyBytes::new(py, &p));
