@@ -26,6 +26,7 @@ class Transport:
         max_message_bytes: int = 67108864,
         max_metadata_bytes: int = 0,
         max_connection_age_ms: int = 0,
+        unknown_to_python: bool = False,
     ) -> None: ...
     def take(
         self,

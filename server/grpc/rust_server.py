@@ -41,6 +41,9 @@ log = logging.getLogger(__name__)
 #: (parse bytes → request, handler(request, context) → awaitable response, serialize it)
 Handler = tuple[Callable[[bytes], Any], Callable[[Any, Any], Any], Callable[[Any], bytes] | None]
 
+#: grpc's answer to a method the server does not have (the transport's own when there is no token)
+METHOD_NOT_FOUND = "Method not found!"
+
 #: tokio worker threads: a second one bought nothing on 2 cores and cost CPU per request (README measurement)
 THREADS = 1
 
@@ -132,6 +135,8 @@ class RustGrpcServer:
         self.token = token
         #: the method indexes every caller may call (the probes), with --auth-token-file
         self.open = {i for i, path in enumerate(paths) if path.rsplit("/", 1)[-1] in PROBE_RPCS}
+        #: with a token, calls to unknown methods come to _drain with this index: the token is checked first
+        self.unknown = len(paths)
         self.transport = Transport(
             host,
             port,
@@ -141,6 +146,7 @@ class RustGrpcServer:
             limits.grpc_max_message_bytes,
             limits.max_header_bytes,
             max_connection_age_ms,
+            token is not None,
         )
         self.port: int = self.transport.port
         #: call id → its task, so that a call its client gave up on is cancelled as grpc.aio does
@@ -159,6 +165,8 @@ class RustGrpcServer:
         for call, index, payload, call_id in calls:
             if token is not None and index not in self.open and not token.accepts(call.header("authorization")):
                 call.abort(grpc.StatusCode.UNAUTHENTICATED.value[0], BearerInterceptor.MESSAGE)  # as grpc.aio's
+            elif index == self.unknown:
+                call.abort(grpc.StatusCode.UNIMPLEMENTED.value[0], METHOD_NOT_FOUND)
             elif payload is None:  # a stream: its messages come one by one
                 requests = self.streams[call_id] = Requests(call, handlers[index][0], self.loop)
                 inflight[call_id] = create_task(self._stream(call, handlers[index], requests, call_id))

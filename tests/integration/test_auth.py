@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import httpx
 import numpy as np
 import pytest
@@ -23,6 +24,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from kubeinfer.server.grpc.server import BearerInterceptor
 from onnx import TensorProto
 from tritonclient.utils import InferenceServerException
 
@@ -156,6 +158,22 @@ def test_grpc_requests_need_the_token_but_probes_do_not(token_server: ServerProc
         assert error is not None and "UNAUTHENTICATED" in str(error.status())
     finally:
         client.close()
+
+
+@pytest.mark.parametrize("path", ["/inference.GRPCInferenceService/NoSuchRpc", "/other.Service/Method"])
+def test_an_unknown_method_asks_for_the_token_first(token_server: ServerProcess, path: str) -> None:
+    """As grpc.aio's interceptor runs before its method lookup: UNAUTHENTICATED without the token,
+    UNIMPLEMENTED (grpc's "Method not found!") with it."""
+    with grpc.insecure_channel(token_server.grpc_url) as channel:
+        call = channel.unary_unary(path)
+        for metadata, code, message in (
+            (None, grpc.StatusCode.UNAUTHENTICATED, BearerInterceptor.MESSAGE),
+            ([("authorization", "Bearer wrong")], grpc.StatusCode.UNAUTHENTICATED, BearerInterceptor.MESSAGE),
+            ([("authorization", "Bearer s3cret-token")], grpc.StatusCode.UNIMPLEMENTED, "Method not found!"),
+        ):
+            with pytest.raises(grpc.RpcError) as info:
+                call(b"", metadata=metadata, timeout=30)
+            assert (info.value.code(), info.value.details()) == (code, message)  # type: ignore[attr-defined]
 
 
 def test_a_rotated_token_takes_effect_without_a_restart(token_server: ServerProcess, token_file: Path) -> None:

@@ -15,6 +15,7 @@ import subprocess
 import zlib
 from collections.abc import Iterator
 
+import grpc
 import numpy as np
 import onnx
 import pytest
@@ -213,3 +214,10 @@ def test_a_stream_response_over_the_limit_ends_the_stream(client: grpcclient.Inf
     assert error is not None and error.status() == "StatusCode.RESOURCE_EXHAUSTED", error
     assert error.message().startswith("SERVER: Sent message larger than max ("), error
     _good(client)
+
+
+def test_an_unknown_method_is_unimplemented(server: ServerProcess) -> None:
+    with grpc.insecure_channel(server.grpc_url) as channel:
+        with pytest.raises(grpc.RpcError) as info:
+            channel.unary_unary("/inference.GRPCInferenceService/NoSuchRpc")(b"", timeout=30)
+    assert (info.value.code(), info.value.details()) == (grpc.StatusCode.UNIMPLEMENTED, "Method not found!")  # type: ignore[attr-defined]

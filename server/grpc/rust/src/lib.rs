@@ -52,6 +52,9 @@ const RESOURCE_EXHAUSTED: u32 = 8;
 const DEADLINE_EXCEEDED: u32 = 4;
 const UNAVAILABLE: u32 = 14;
 
+/// grpc-core's answer to a method the server does not have (UNIMPLEMENTED).
+const METHOD_NOT_FOUND: &str = "Method not found!";
+
 /// The request encodings this transport decodes, as grpc-core lists them.
 const ACCEPT_ENCODING: &str = "identity, deflate, gzip";
 /// Compressed messages larger than this are inflated on tokio's blocking pool, not the (one) worker thread.
@@ -169,6 +172,9 @@ struct Shared {
     methods: HashMap<String, usize>,
     /// by method index: bidirectional streaming
     streaming: Vec<bool>,
+    /// calls to unknown methods go to Python as method index `streaming.len()` (it checks the bearer token
+    /// before answering UNIMPLEMENTED, as grpc.aio's interceptor runs before its method lookup)
+    unknown_to_python: bool,
     queue: Mutex<Vec<Call>>,
     /// request messages of streams, by call id (None: the client ended its side)
     messages: Mutex<Vec<(u64, Option<Bytes>)>>,
@@ -433,8 +439,17 @@ async fn handle(request: Request<Incoming>, shared: Arc<Shared>) -> Result<Respo
         return Ok(r);
     }
     let Some(&method) = shared.methods.get(request.uri().path()) else {
-        let message = format!("Method not found: {}", request.uri().path().trim_start_matches('/'));
-        return Ok(error_response(UNIMPLEMENTED, &message));
+        if shared.unknown_to_python {
+            if !shared.accepting.load(Ordering::Relaxed) {
+                return Ok(error_response(UNAVAILABLE, "the server is shutting down"));
+            }
+            // its body is never read: Python only answers (UNAUTHENTICATED or UNIMPLEMENTED)
+            let (parts, _) = request.into_parts();
+            let timeout = parts.headers.get("grpc-timeout").and_then(parse_timeout);
+            let unknown = shared.streaming.len();
+            return Ok(dispatch(shared, unknown, Bytes::new(), parts.headers, timeout).await);
+        }
+        return Ok(error_response(UNIMPLEMENTED, METHOD_NOT_FOUND));
     };
     if shared.max_metadata > 0 {
         if let Some(message) = metadata_too_large(&request, shared.max_metadata) {
@@ -465,13 +480,24 @@ async fn handle(request: Request<Incoming>, shared: Arc<Shared>) -> Result<Respo
         Ok(payload) => payload,
         Err((code, message)) => return Ok(error_response(code, &message)),
     };
+    Ok(dispatch(shared, method, payload, parts.headers, timeout).await)
+}
+
+/// A unary call handed to Python: its answer, or DEADLINE_EXCEEDED at the deadline.
+async fn dispatch(
+    shared: Arc<Shared>,
+    method: usize,
+    payload: Bytes,
+    headers: HeaderMap,
+    timeout: Option<f64>,
+) -> Response<GrpcBody> {
     let (tx, rx) = oneshot::channel();
     let id = shared.calls.fetch_add(1, Ordering::Relaxed);
     shared.push(Call {
         id,
         method,
         payload: Some(payload),
-        headers: parts.headers,
+        headers,
         timeout,
         answer: Answer::Unary(tx),
     });
@@ -483,16 +509,16 @@ async fn handle(request: Request<Incoming>, shared: Arc<Shared>) -> Result<Respo
     let reply = match timeout {
         Some(t) => match tokio::time::timeout(Duration::from_secs_f64(t), rx).await {
             Ok(r) => r,
-            Err(_) => return Ok(error_response(DEADLINE_EXCEEDED, "Deadline Exceeded")),
+            Err(_) => return error_response(DEADLINE_EXCEEDED, "Deadline Exceeded"),
         },
         None => rx.await,
     };
     guard.answered = true;
-    Ok(match reply {
+    match reply {
         Ok(Reply::Ok(framed)) => ok_response(framed),
         Ok(Reply::Err(code, message)) => error_response(code, &message),
         Err(_) => error_response(INTERNAL, "the handler ended without a response"),
-    })
+    }
 }
 
 /// A unary call's one request message, decoded. Its length is checked as soon as its prefix arrives; a
@@ -833,11 +859,13 @@ struct Transport {
 #[pymethods]
 impl Transport {
     /// `methods`: the unary methods' paths, then `streams`: the bidirectional streaming ones'; a call's
-    /// method index counts through both.
+    /// method index counts through both. `unknown_to_python`: a call to any other path comes out of `take`
+    /// as a unary call with the index one past the last (no payload read), for Python to answer; else the
+    /// transport answers it UNIMPLEMENTED.
     #[new]
     #[pyo3(signature = (
         host, port, methods, streams=Vec::new(), threads=1, max_message_bytes=64 * 1024 * 1024, max_metadata_bytes=0,
-        max_connection_age_ms=0
+        max_connection_age_ms=0, unknown_to_python=false
     ))]
     fn new(
         host: &str,
@@ -848,6 +876,7 @@ impl Transport {
         max_message_bytes: usize,
         max_metadata_bytes: usize,
         max_connection_age_ms: u64,
+        unknown_to_python: bool,
     ) -> PyResult<Self> {
         let efd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
         if efd < 0 {
@@ -866,6 +895,7 @@ impl Transport {
                 .map(|(i, m)| (m, i))
                 .collect(),
             streaming,
+            unknown_to_python,
             queue: Mutex::new(Vec::with_capacity(64)),
             messages: Mutex::new(Vec::new()),
             cancelled: Mutex::new(Vec::new()),
