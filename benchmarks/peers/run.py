@@ -218,6 +218,7 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
             1.05,
         )
     limit = {b: [v for r in report["limits"] if (v := _limit(r, "resnet18", b)) is not None] for b in LIMIT_BATCHES}
+    one_call = one_call_limits(report, "resnet18")
     for protocol in ("grpc", "http"):
         for c, batch in ((16, 16), (1, 1)):
             values = limit[batch]
@@ -227,7 +228,24 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
                 statistics.median(values) if values else None,
                 0.95,
             )
+        # shown beside the target, never instead of it: what one caller reaches in-process
+        ratio(
+            f"ResNet-18 c=1 {protocol}: throughput × in-process batch 1, one call at a time",
+            k("resnet18", protocol, 1),
+            statistics.median(one_call) if one_call else None,
+            0.95,
+        )
     return rows
+
+
+def one_call_limits(report: dict[str, Any], model: str) -> list[float]:
+    """Each round's in-process batch-1 limit with one session (all threads), the only layout a client at
+    concurrency 1 can use: it waits for each answer, so two sessions never run at once for it."""
+    return [
+        max(p["throughput"] for p in layout["points"] if p["sessions"] == 1 and p["batch"] == 1)
+        for layout in report.get("limit_layouts", [])
+        if layout["model"] == model and any(p["sessions"] == 1 and p["batch"] == 1 for p in layout["points"])
+    ]
 
 
 def targets_table(rows: list[dict[str, Any]]) -> str:

@@ -250,3 +250,61 @@ def test_load_requests_carrying_model_files_are_refused(server: ServerProcess, g
         grpc_client.load_model("good", config="{}", files={"file:1/model.onnx": b"AAAA"})
     assert info.value.status() == "StatusCode.UNIMPLEMENTED"
     _still_serving(server)
+
+
+def _external_data_model(location: str) -> bytes:
+    """``OUT = IN + W`` with the initializer W (4 floats) stored outside the .onnx file, at ``location``."""
+    from onnx import helper, numpy_helper
+
+    weight = numpy_helper.from_array(np.zeros(4, np.float32), "W")
+    weight.ClearField("raw_data")
+    weight.data_location = TensorProto.EXTERNAL
+    for key, value in (("location", location), ("offset", "0"), ("length", "16")):
+        entry = weight.external_data.add()
+        entry.key, entry.value = key, value
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["IN", "W"], ["OUT"])],
+        "external",
+        [helper.make_tensor_value_info("IN", TensorProto.FLOAT, ["batch", 4])],
+        [helper.make_tensor_value_info("OUT", TensorProto.FLOAT, ["batch", 4])],
+        [weight],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+
+def test_onnx_external_data_inside_the_version_folder_is_served(server: ServerProcess, layout: dict[str, Path]) -> None:
+    """Large ONNX models keep their weights in files beside model.onnx (ONNX's external data): served."""
+    folder = _write(layout["repo"], "external-inside")
+    (folder / "1" / "model.onnx").write_bytes(_external_data_model("weights.bin"))
+    (folder / "1" / "weights.bin").write_bytes(np.array([1, 2, 3, 4], np.float32).tobytes())
+    r = httpx.post(f"{server.base_url}/v2/repository/models/external-inside/load", json={}, timeout=60)
+    assert r.status_code == 200, r.text
+    body = {"inputs": [{"name": "IN", "datatype": "FP32", "shape": [1, 4], "data": [10, 20, 30, 40]}]}
+    r = httpx.post(f"{server.base_url}/v2/models/external-inside/infer", json=body, timeout=30)
+    assert r.status_code == 200 and r.json()["outputs"][0]["data"] == [11, 22, 33, 44], r.text
+
+
+@pytest.mark.parametrize("how", ["dot-dot", "absolute", "symlink"])
+def test_onnx_external_data_outside_the_model_folder_is_refused(
+    server: ServerProcess, layout: dict[str, Path], how: str
+) -> None:
+    """An ONNX file's external-data ``location`` is a path the model author chose: onnxruntime (1.17+) refuses
+    one that leads out of the model file's folder, '..', absolute or through a symlink; the load fails with that
+    reason and the other tenant's bytes are never read into a model."""
+    secret = layout["outside"] / "weights.bin"
+    secret.write_bytes(np.array([7, 7, 7, 7], np.float32).tobytes())
+    name = f"external-{how}"
+    folder = _write(layout["repo"], name)
+    location = {"dot-dot": "../../../other-tenant/weights.bin", "absolute": str(secret), "symlink": "w.bin"}[how]
+    if how == "symlink":
+        os.symlink(secret, folder / "1" / "w.bin")
+    (folder / "1" / "model.onnx").write_bytes(_external_data_model(location))
+    r = httpx.post(f"{server.base_url}/v2/repository/models/{name}/load", json={}, timeout=60)
+    assert r.status_code == 400, r.text
+    assert "External data path" in r.json()["error"], r.text
+    (row,) = _index(server)[name]
+    assert row["state"] == "UNAVAILABLE" and "External data path" in row["reason"], row
+    body = {"inputs": [{"name": "IN", "datatype": "FP32", "shape": [1, 4], "data": [0, 0, 0, 0]}]}
+    r = httpx.post(f"{server.base_url}/v2/models/{name}/infer", json=body, timeout=30)
+    assert r.status_code != 200, r.text
+    _still_serving(server)
