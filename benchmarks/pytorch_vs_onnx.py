@@ -20,9 +20,7 @@ The machine is shared: compare numbers within one run. This is a measurement, ne
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import sys
 import tempfile
 import textwrap
@@ -41,6 +39,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
+import results_file  # noqa: E402
 import serving  # noqa: E402
 from inprocess import measure as measure_onnx  # noqa: E402
 from loadgen import Tensor  # noqa: E402
@@ -192,11 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     cores = os.cpu_count() or 1
     batches = tuple(int(b) for b in args.batches.split(","))
     report: dict[str, Any] = {
-        "when": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        "machine": platform.platform(),
-        "cpus": cores,
+        **results_file.header(),
         "torch": torch.__version__,
-        "load_average_start": os.getloadavg(),
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "limit": {},
         "served": [],
@@ -273,13 +269,10 @@ def main(argv: list[str] | None = None) -> int:
                         )
         finally:
             server.terminate()
-    report["load_average_end"] = os.getloadavg()
     report["summary"] = summarize(report)
     for line in report["summary"]:
         print(line)
-    out = args.output or HERE / "results" / f"pytorch-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1))
+    out = results_file.write(report, "pytorch", args.output)
     print(f"wrote {out}")
     return 0
 

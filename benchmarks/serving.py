@@ -17,13 +17,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import subprocess
 import sys
 import tempfile
 import textwrap
-import time
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +30,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))  # tests.support.server: the same real-process launcher the tests use
 
+import results_file  # noqa: E402
 from inprocess import measure, measure_one  # noqa: E402
 from loadgen import Tensor  # noqa: E402
 
@@ -148,10 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     bases = args.models.split(",")
 
     report: dict[str, Any] = {
-        "when": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        "machine": platform.platform(),
-        "cpus": os.cpu_count(),
-        "load_average_start": os.getloadavg(),
+        **results_file.header(),
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "limit": {},
         "served": [],
@@ -199,13 +194,10 @@ def main(argv: list[str] | None = None) -> int:
                             )
         finally:
             server.terminate()
-    report["load_average_end"] = os.getloadavg()
     report["summary"] = summarize(report, max(concurrencies))
     for line in report["summary"]["lines"]:
         print(line)
-    out = args.output or HERE / "results" / f"serving-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1))
+    out = results_file.write(report, "serving", args.output)
     print(f"wrote {out}")
     return 0
 

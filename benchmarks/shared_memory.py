@@ -18,18 +18,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))  # tests.support: the same real-process launcher the tests use
 
+import results_file  # noqa: E402
 from onnx import TensorProto, helper  # noqa: E402
 
 from tests.support.server import ServerProcess, start_server  # noqa: E402
@@ -141,17 +141,14 @@ def main(argv: list[str] | None = None) -> int:
                 f"{(ratio or 0):8.2f}x {wire['p50_ms']:9} {sm['p50_ms']:8}"
             )
     report = {
-        "when": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        **results_file.header(),
+        "python": platform.python_version(),
         "concurrency": args.concurrency,
         "seconds": args.seconds,
         "summary": summary,
         "runs": runs,
     }
-    out_dir = HERE / "results"
-    out_dir.mkdir(exist_ok=True)
-    path = out_dir / f"shared-memory-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(json.dumps(report, indent=2))
+    path = results_file.write(report, "shared-memory", indent=2)
     print(f"\nwrote {path}")
     return 0
 

@@ -21,8 +21,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -37,6 +35,7 @@ sys.path.insert(0, str(BENCH / "peers"))
 sys.path.insert(0, str(BENCH))
 
 import peers  # noqa: E402
+import results_file  # noqa: E402
 
 _spec = importlib.util.spec_from_file_location("peers_run", BENCH / "peers" / "run.py")
 assert _spec is not None and _spec.loader is not None
@@ -195,10 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     from kubeinfer.server.examples import models as examples
 
     report: dict[str, Any] = {
-        "when": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        "machine": platform.platform(),
-        "cpus": os.cpu_count(),
-        "load_average_start": os.getloadavg(),
+        **results_file.header(),
         "settings": {
             **{k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "output"},
             "servers": servers,
@@ -247,7 +243,6 @@ def main(argv: list[str] | None = None) -> int:
             if name.startswith("rust"):
                 lines = (root / f"{running[name].name}.log").read_text().splitlines()
                 report.setdefault("wakeups", {})[name] = [ln for ln in lines if "wake-ups" in ln]
-    report["load_average_end"] = os.getloadavg()
     rows = summarize(report)
     report["summary"] = rows
     report["targets"] = targets(rows)
@@ -256,9 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(report["targets"]))
     for name, lines in report.get("wakeups", {}).items():
         print(f"{name}: {' '.join(lines)[-120:]}")
-    out = args.output or BENCH / "results" / f"grpc-transport-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1))
+    out = results_file.write(report, "grpc-transport", args.output)
     print(f"wrote {out}")
     return 0
 

@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -35,6 +33,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
 import peers  # noqa: E402
+import results_file  # noqa: E402
 from inprocess import measure  # noqa: E402
 from loadgen import Tensor  # noqa: E402
 
@@ -323,10 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     from kubeinfer.server.examples import models as examples
 
     report: dict[str, Any] = {
-        "when": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        "machine": platform.platform(),
-        "cpus": os.cpu_count(),
-        "load_average_start": os.getloadavg(),
+        **results_file.header(),
         "settings": {
             **{k: v for k, v in vars(args).items() if k != "output"},
             "models": models,
@@ -395,7 +391,6 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             for peer in running.values():
                 peer.stop()
-    report["load_average_end"] = os.getloadavg()
     rows = summarize(report)
     report["summary"] = rows
     report["targets"] = targets(report)
@@ -403,9 +398,7 @@ def main(argv: list[str] | None = None) -> int:
     print(table(rows))
     print()
     print(targets_table(report["targets"]))
-    out = args.output or HERE.parent / "results" / f"peers-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1))
+    out = results_file.write(report, "peers", args.output)
     chart(out.with_suffix(".png"), rows, servers)
     print(f"wrote {out} and {out.with_suffix('.png')}")
     return 0
