@@ -11,7 +11,7 @@ import httpx
 import pytest
 from kubeinfer.operator.leader import LeaseElector, _Record
 from kubeinfer.operator.liveness import FollowerLiveness, parse_url
-from kubeinfer.operator.logs import UNLOAD_WAIT, ExpectedRetries
+from kubeinfer.operator.logs import RESYNC_TICK, UNLOAD_WAIT, ExpectedRetries
 from kubernetes.client import V1Lease, V1LeaseSpec, V1ObjectMeta
 from kubernetes.client.exceptions import ApiException
 
@@ -108,6 +108,27 @@ def test_unload_waits_are_not_errors():
     assert ExpectedRetries().filter(rec) and rec.levelno == logging.INFO
     other = logging.LogRecord("kopf.objects", logging.ERROR, "", 0, "Handler failed: boom", None, None)
     assert ExpectedRetries().filter(other) and other.levelno == logging.ERROR
+
+
+def test_resync_ticks_are_debug_lines() -> None:
+    from types import SimpleNamespace
+
+    from kopf._core.intents.handlers import TimerHandler
+
+    # the line kopf writes after each tick of the handler registered as id="model-resync" (kopf's own format)
+    assert f"{TimerHandler.__str__(SimpleNamespace(id='model-resync'))} succeeded." == RESYNC_TICK  # type: ignore[arg-type]
+    logger = logging.getLogger("kopf.objects")
+    before = logger.level
+    try:
+        for level, shown in ((logging.INFO, False), (logging.DEBUG, True)):
+            logger.setLevel(level)
+            tick = logging.LogRecord("kopf.objects", logging.INFO, "", 0, RESYNC_TICK, None, None)
+            assert ExpectedRetries().filter(tick) is shown and tick.levelno == logging.DEBUG
+        other = logging.LogRecord("kopf.objects", logging.INFO, "", 0, "Handler 'model-create' succeeded.", None, None)
+        logger.setLevel(logging.INFO)
+        assert ExpectedRetries().filter(other) and other.levelno == logging.INFO
+    finally:
+        logger.setLevel(before)
 
 
 # ---- losing the lease: the leader stops (lost + stop set) before a follower may take over -----------------
