@@ -19,6 +19,8 @@
 //!   applying to the message as sent and again as decompressed, with grpc-core's statuses and texts;
 //!   answers with headers advertise `grpc-accept-encoding`. Responses are never compressed, which gRPC
 //!   allows (an answer without `grpc-encoding` is identity to the client).
+//! - Connections end gracefully (max connection age, stop): GOAWAY, the streams open finish, then a lingering
+//!   close (`Socket`). h2 is vendored with a fix for a WINDOW_UPDATE that races the GOAWAY (vendor/README.md).
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -189,7 +191,8 @@ struct Shared {
     accepting: AtomicBool,
     calls: AtomicU64,
     wakeups: AtomicU64,
-    /// open connections: `shutdown` waits for them to finish their streams after the GOAWAY
+    /// open connections (a closed one's socket until its lingering close ends): `shutdown` waits for them to
+    /// finish their streams after the GOAWAY
     connections: AtomicUsize,
 }
 
@@ -669,8 +672,11 @@ async fn serve(listener: tokio::net::TcpListener, shared: Arc<Shared>, mut stop:
         let mut stop = stop.clone();
         let opened = shared.connections.fetch_add(1, Ordering::SeqCst) as u64;
         let age = shared.max_connection_age.map(|age| jitter(age, opened));
+        let socket = Socket {
+            stream: Some(stream),
+            open: Some(Open(shared.clone())),
+        };
         tokio::spawn(async move {
-            let _open = Open(shared.clone());
             // hyper's own header limit (16 KiB) stays above ours, so that our check answers with a gRPC status
             let header_list = (shared.max_metadata.saturating_mul(4)).clamp(64 * 1024, u32::MAX as usize) as u32;
             let service = service_fn(move |req| handle(req, shared.clone()));
@@ -679,7 +685,7 @@ async fn serve(listener: tokio::net::TcpListener, shared: Arc<Shared>, mut stop:
                 .timer(TokioTimer::new())
                 .max_concurrent_streams(1024)
                 .max_header_list_size(header_list);
-            let conn = builder.serve_connection(TokioIo::new(stream), service);
+            let conn = builder.serve_connection(TokioIo::new(socket), service);
             tokio::pin!(conn);
             let aged = async {
                 match age {
@@ -697,6 +703,97 @@ async fn serve(listener: tokio::net::TcpListener, shared: Arc<Shared>, mut stop:
             let _ = conn.await;
         });
     }
+}
+
+/// How long a finished connection's socket is drained before it is closed (`Socket`).
+const LINGER: Duration = Duration::from_secs(1);
+
+/// A connection's socket, closed with a lingering close when hyper is done with it.
+///
+/// After the last GOAWAY the client may still be sending: calls it opened before it read the GOAWAY (the
+/// server ignores them, the client retries them on a new connection), pings, window updates. Closing a socket
+/// with unread data makes the kernel answer with a TCP RST instead of the FIN, and the RST throws away what
+/// the client has not read yet: the last responses and the GOAWAY itself, so those calls fail UNAVAILABLE
+/// ("Connection reset by peer"). So, as nginx's lingering close and Go's closeWriteAndWait do, the socket's
+/// write side is shut (FIN, normally sent by h2 already) and what still comes is read and dropped until the
+/// client closes its side, for at most `LINGER`; the connection counts as open until then.
+struct Socket {
+    stream: Option<tokio::net::TcpStream>,
+    open: Option<Open>,
+}
+
+impl Socket {
+    fn stream(&mut self) -> Pin<&mut tokio::net::TcpStream> {
+        Pin::new(self.stream.as_mut().expect("the socket is open until dropped"))
+    }
+}
+
+impl tokio::io::AsyncRead for Socket {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        self.get_mut().stream().poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for Socket {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        self.get_mut().stream().poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        self.get_mut().stream().poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        true
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        self.get_mut().stream().poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        self.get_mut().stream().poll_shutdown(cx)
+    }
+}
+
+impl Drop for Socket {
+    fn drop(&mut self) {
+        let (Some(stream), Some(open)) = (self.stream.take(), self.open.take()) else {
+            return;
+        };
+        // a runtime that is shutting down drops the task at once: the socket is closed then
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(linger(stream, open));
+        }
+    }
+}
+
+async fn linger(mut stream: tokio::net::TcpStream, _open: Open) {
+    use tokio::io::AsyncWrite;
+    let _ = std::future::poll_fn(|cx| Pin::new(&mut stream).poll_shutdown(cx)).await;
+    let mut scratch = [0u8; 4096];
+    let _ = tokio::time::timeout(LINGER, async {
+        loop {
+            if stream.readable().await.is_err() {
+                return;
+            }
+            match stream.try_read(&mut scratch) {
+                Ok(0) => return, // the client closed its side
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(_) => return,
+            }
+        }
+    })
+    .await;
 }
 
 /// A message with gRPC's 5-byte prefix (uncompressed, big-endian length).
@@ -723,7 +820,7 @@ fn jitter(age: Duration, seed: u64) -> Duration {
     age.mul_f64(factor)
 }
 
-/// Counts a connection as open until its task ends (however it ends).
+/// Counts a connection as open until its socket is closed (however its task ends).
 struct Open(Arc<Shared>);
 
 impl Drop for Open {
