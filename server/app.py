@@ -190,19 +190,19 @@ async def serve(settings: ServerSettings) -> int:
     for server in servers:
         tasks.append(asyncio.create_task(server.serve()))
     if settings.grpc_port is not None:
+        from .grpc.settings import GrpcSettings
         from .grpc.transport import start_grpc_listener
 
-        grpc_server = await start_grpc_listener(
-            settings.grpc_transport,
-            service,
+        grpc_settings = GrpcSettings(
             settings.grpc_host or settings.host,
             settings.grpc_port,
             settings.limits,
             token,
             settings.grpc_tls,
             shm,
-            max_connection_age_ms=settings.grpc_max_connection_age_ms,
+            settings.grpc_max_connection_age_ms,
         )
+        grpc_server = await start_grpc_listener(settings.grpc_transport, service, grpc_settings)
     await asyncio.sleep(0)
     for server, task in zip(servers, tasks, strict=True):
         while not server.started and not task.done():

@@ -26,15 +26,14 @@ from typing import Any
 
 import grpc
 
-from ..runtime.auth import PROBE_RPCS, BearerToken, TlsFiles
+from ..runtime.auth import PROBE_RPCS, TlsFiles
 from ..runtime.service import InferenceService
-from ..sharedmemory import SharedMemoryRegistry
-from ..vocabulary.limits import DEFAULT_LIMITS, Limits
 from . import grpc_service_pb2 as pb
 from .errors import check_parsed, deserializer, status_of
 from .kubeinfer_grpc_transport import PendingCall, Transport
 from .server import SERVICE_NAME, BearerInterceptor
 from .servicer import UNIMPLEMENTED, InferenceServicer, unimplemented
+from .settings import GrpcSettings
 
 log = logging.getLogger(__name__)
 
@@ -120,33 +119,29 @@ class RustGrpcServer:
     def __init__(
         self,
         servicer: InferenceServicer,
-        host: str,
-        port: int,
-        limits: Limits,
+        settings: GrpcSettings,
         loop: asyncio.AbstractEventLoop,
-        token: BearerToken | None = None,
-        max_connection_age_ms: int = 0,
         threads: int = THREADS,
     ) -> None:
         unary, streams = method_handlers(servicer)
         paths = [*unary, *streams]  # the transport's method index
         self.handlers = [*unary.values(), *streams.values()]
         self.loop = loop
-        self.token = token
+        self.token = settings.token
         #: the method indexes every caller may call (the probes), with --auth-token-file
         self.open = {i for i, path in enumerate(paths) if path.rsplit("/", 1)[-1] in PROBE_RPCS}
         #: with a token, calls to unknown methods come to _drain with this index: the token is checked first
         self.unknown = len(paths)
         self.transport = Transport(
-            host,
-            port,
+            settings.host,
+            settings.port,
             list(unary),
             list(streams),
             threads,
-            limits.grpc_max_message_bytes,
-            limits.max_header_bytes,
-            max_connection_age_ms,
-            token is not None,
+            settings.limits.grpc_max_message_bytes,
+            settings.limits.max_header_bytes,
+            settings.max_connection_age_ms,
+            settings.token is not None,
         )
         self.port: int = self.transport.port
         #: call id → its task, so that a call its client gave up on is cancelled as grpc.aio does
@@ -237,31 +232,13 @@ def unsupported(tls: TlsFiles | None = None) -> str | None:
     return None
 
 
-async def start_rust_grpc_server(
-    service: InferenceService,
-    host: str,
-    port: int,
-    limits: Limits = DEFAULT_LIMITS,
-    token: BearerToken | None = None,
-    tls: TlsFiles | None = None,
-    shm: SharedMemoryRegistry | None = None,
-    max_connection_age_ms: int = 0,
-) -> RustGrpcServer:
-    """``start_grpc_server``'s signature and contract, on the Rust transport."""
-    reason = unsupported(tls)
-    if reason is not None:
-        raise SystemExit(f"the Rust gRPC transport cannot serve this configuration: {reason}")
+async def start_rust_grpc_server(service: InferenceService, settings: GrpcSettings) -> RustGrpcServer:
+    """``start_grpc_server``'s contract, on the Rust transport, for settings ``unsupported`` accepts
+    (transport.choose has asked it)."""
     try:
-        server = RustGrpcServer(
-            InferenceServicer(service, limits, shm),
-            host,
-            port,
-            limits,
-            asyncio.get_running_loop(),
-            token,
-            max_connection_age_ms,
-        )
+        servicer = InferenceServicer(service, settings.limits, settings.shm)
+        server = RustGrpcServer(servicer, settings, asyncio.get_running_loop())
     except OSError as exc:  # "gRPC listener on <address> failed to start: <why>", as server.py says it
         raise SystemExit(str(exc)) from None
-    log.info("gRPC listening on %s (Rust transport)", f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
+    log.info("gRPC listening on %s (Rust transport)", settings.address)
     return server

@@ -29,11 +29,10 @@ import grpc
 
 from ..runtime.auth import PROBE_RPCS, BearerToken, TlsFiles
 from ..runtime.service import InferenceService
-from ..sharedmemory import SharedMemoryRegistry
-from ..vocabulary.limits import DEFAULT_LIMITS, Limits
 from . import grpc_service_pb2 as pb
 from .errors import deserializer, unary
 from .servicer import UNIMPLEMENTED, InferenceServicer, unimplemented
+from .settings import GrpcSettings
 
 log = logging.getLogger(__name__)
 
@@ -96,16 +95,8 @@ def server_credentials(tls: TlsFiles) -> grpc.ServerCredentials:
     )
 
 
-async def start_grpc_server(
-    service: InferenceService,
-    host: str,
-    port: int,
-    limits: Limits = DEFAULT_LIMITS,
-    token: BearerToken | None = None,
-    tls: TlsFiles | None = None,
-    shm: SharedMemoryRegistry | None = None,
-    max_connection_age_ms: int = 0,
-) -> grpc.aio.Server:
+async def start_grpc_server(service: InferenceService, settings: GrpcSettings) -> grpc.aio.Server:
+    limits, max_connection_age_ms = settings.limits, settings.max_connection_age_ms
     options: list[tuple[str, int]] = [
         # oversized messages and metadata are refused by gRPC itself (RESOURCE_EXHAUSTED) before decoding
         ("grpc.max_send_message_length", limits.grpc_max_message_bytes),
@@ -117,14 +108,14 @@ async def start_grpc_server(
         # grpc's own graceful GOAWAY: the server keeps accepting calls meanwhile (a stopping server's
         # not-yet-dispatched calls end CANCELLED, grpc/grpc#41785); open streams finish (no age grace limit)
         options.append(("grpc.max_connection_age_ms", max_connection_age_ms))
-    interceptors = [BearerInterceptor(token)] if token is not None else []
+    interceptors = [BearerInterceptor(settings.token)] if settings.token is not None else []
     server = grpc.aio.server(options=options, interceptors=interceptors)
-    servicer = InferenceServicer(service, limits, shm)
+    servicer = InferenceServicer(service, limits, settings.shm)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, method_handlers(servicer)),))
-    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    address = settings.address
     try:
-        if tls is not None:
-            bound = server.add_secure_port(address, server_credentials(tls))
+        if settings.tls is not None:
+            bound = server.add_secure_port(address, server_credentials(settings.tls))
         else:
             bound = server.add_insecure_port(address)
     except RuntimeError as exc:  # newer grpcio raises instead of returning 0

@@ -19,10 +19,9 @@ import logging
 import os
 from typing import Any, Protocol
 
-from ..runtime.auth import BearerToken, TlsFiles
+from ..runtime.auth import TlsFiles
 from ..runtime.service import InferenceService
-from ..sharedmemory import SharedMemoryRegistry
-from ..vocabulary.limits import DEFAULT_LIMITS, Limits
+from .settings import GrpcSettings
 
 log = logging.getLogger(__name__)
 
@@ -71,22 +70,12 @@ def choose(requested: str, tls: TlsFiles | None = None) -> str:
     return "grpcio"
 
 
-async def start_grpc_listener(
-    requested: str,
-    service: InferenceService,
-    host: str,
-    port: int,
-    limits: Limits = DEFAULT_LIMITS,
-    token: BearerToken | None = None,
-    tls: TlsFiles | None = None,
-    shm: SharedMemoryRegistry | None = None,
-    max_connection_age_ms: int = 0,
-) -> GrpcListener:
+async def start_grpc_listener(requested: str, service: InferenceService, settings: GrpcSettings) -> GrpcListener:
     """The gRPC listener on the transport ``choose`` picks, started."""
-    if choose(requested, tls) == "rust":
+    if choose(requested, settings.tls) == "rust":
         from .rust_server import start_rust_grpc_server
 
-        return await start_rust_grpc_server(service, host, port, limits, token, tls, shm, max_connection_age_ms)
+        return await start_rust_grpc_server(service, settings)
     from .server import start_grpc_server
 
-    return await start_grpc_server(service, host, port, limits, token, tls, shm, max_connection_age_ms)
+    return await start_grpc_server(service, settings)
