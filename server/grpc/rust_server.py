@@ -12,7 +12,10 @@ Triton in benchmarks/grpc_transport/.
 ModelStreamInfer runs ``servicer.ModelStreamInfer`` (streaming.StreamSession) over ``Requests``, which lets
 the transport read one more request message each time the session asks for one: a session that stops
 reading (``--grpc-max-stream-inflight``) holds the client back by HTTP/2 flow control, as with grpc.aio.
-Responses are written as the session yields them; a client that cancels the stream cancels the task.
+Responses are written as the session yields them, at most ``BACKLOG`` (rust/src/lib.rs) waiting for a client
+that reads slowly: then the task waits for room (``PendingCall.full``), so the session stops taking responses
+and, its requests' slots not freed, stops reading requests (streaming.py). A client that cancels the stream
+cancels the task.
 """
 
 from __future__ import annotations
@@ -148,6 +151,8 @@ class RustGrpcServer:
         self.inflight: dict[int, asyncio.Task[None]] = {}
         #: call id → an open stream's request messages
         self.streams: dict[int, Requests] = {}
+        #: call id → a stream waiting for room for its next response
+        self.writable: dict[int, asyncio.Future[None]] = {}
         loop.add_reader(self.transport.fd, self._drain)
 
     def _drain(self) -> None:
@@ -155,7 +160,7 @@ class RustGrpcServer:
         create_task = self.loop.create_task
         handlers = self.handlers
         inflight = self.inflight
-        calls, cancelled, messages = self.transport.take()
+        calls, cancelled, messages, writable = self.transport.take()
         token = self.token
         for call, index, payload, call_id in calls:
             if token is not None and index not in self.open and not token.accepts(call.header("authorization")):
@@ -171,6 +176,10 @@ class RustGrpcServer:
             stream = self.streams.get(call_id)
             if stream is not None:
                 stream.deliver(message)
+        for call_id in writable:
+            waiter = self.writable.pop(call_id, None)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(None)
         for call_id in cancelled:
             self.streams.pop(call_id, None)
             task = inflight.pop(call_id, None)  # popped here too: a task cancelled before it ran has no finally
@@ -197,6 +206,9 @@ class RustGrpcServer:
                 async for reply in replies:
                     if not call.send(reply.SerializeToString()):
                         return  # the stream has ended: its client left, or the reply was over the limit
+                    if call.full():  # the client reads slowly: wait for room (cancelled if it leaves)
+                        waiter = self.writable[call_id] = self.loop.create_future()
+                        await waiter
             call.finish()
         except _Aborted as aborted:  # StreamSession closing the stream with a status (triton_grpc_error)
             call.abort(aborted.code.value[0], aborted.message)
@@ -206,6 +218,7 @@ class RustGrpcServer:
         finally:
             self.inflight.pop(call_id, None)
             self.streams.pop(call_id, None)
+            self.writable.pop(call_id, None)
 
     def stats(self) -> tuple[int, int]:
         """(calls, event-loop wake-ups) since start: how many calls one wake-up drained."""

@@ -16,7 +16,10 @@ Semantics (server/src/grpc/stream_infer_handler.cc, checked against Triton 2.51 
   a request still queued never executes).
 
 At most ``--grpc-max-stream-inflight`` requests of one stream run at once: beyond that the stream is
-not read until one finishes, so gRPC flow control holds the client back.
+not read until one finishes and its responses are handed to the transport (``run`` takes the next only
+when the transport took the last: grpc.aio once it wrote it, the Rust transport while few wait for the
+client), so gRPC flow control holds back a client that sends faster than the models answer or than it
+reads the answers. (A decoupled model's responses to one request are not held back: they wait here.)
 """
 
 from __future__ import annotations
@@ -53,6 +56,8 @@ class _Abort:
 
 
 _END = object()
+#: in ``out`` after a request's last response: its place is freed once everything before it was taken
+_RELEASE = object()
 Outgoing = pb.ModelStreamInferResponse | _Abort
 
 
@@ -86,6 +91,9 @@ class StreamSession:
         reader = asyncio.create_task(self._read(requests))
         try:
             while (item := await self.out.get()) is not _END:
+                if item is _RELEASE:
+                    self.slots.release()
+                    continue
                 if isinstance(item, _Abort):
                     await context.abort(item.code, item.message)
                 yield item
@@ -157,11 +165,12 @@ class StreamSession:
             self._finished()
 
     def _finished(self) -> None:
-        """One request is complete: write what is due in order, free its place, end when all are done."""
+        """One request is complete: write what is due in order, free its place once that is taken, end when
+        all are done."""
         while self.ordered and self.ordered[0].message is not None:
             self.out.put_nowait(self.ordered.popleft().message)
         self.inflight -= 1
-        self.slots.release()
+        self.out.put_nowait(_RELEASE)
         self._maybe_end()
 
     def _maybe_end(self) -> None:

@@ -21,11 +21,14 @@ import onnx
 import pytest
 import tritonclient.grpc as grpcclient
 from onnx import TensorProto, helper
+from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from tests.support.models import unary
 from tests.support.repos import write_model
 from tests.support.server import ServerProcess, grpc_transports, start_server
+from tests.support.sleep_models import stats
+from tests.support.waiting import wait_for
 
 MAX = 64 * 1024
 #: tile's output is this many times its input
@@ -54,7 +57,8 @@ def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     cfg = 'platform: "onnxruntime_onnx"\nmax_batch_size: 0\n'
     write_model(repo, "relu", cfg, {1: unary("relu", "Relu", TensorProto.FLOAT, ["n"])})
     write_model(repo, "tile", cfg, {1: tile()})
-    s = start_server(repo, "--grpc-max-message-bytes", str(MAX), "--grpc-transport", str(request.param))
+    flags = ["--grpc-max-message-bytes", str(MAX), "--grpc-max-stream-inflight", "2"]
+    s = start_server(repo, *flags, "--grpc-transport", str(request.param))
     yield s
     assert s.terminate() == 0
 
@@ -221,3 +225,41 @@ def test_an_unknown_method_is_unimplemented(server: ServerProcess) -> None:
         with pytest.raises(grpc.RpcError) as info:
             channel.unary_unary("/inference.GRPCInferenceService/NoSuchRpc")(b"", timeout=30)
     assert (info.value.code(), info.value.details()) == (grpc.StatusCode.UNIMPLEMENTED, "Method not found!")  # type: ignore[attr-defined]
+
+
+# ---------------------------------------------------------------------------------- back-pressure
+
+
+def _executed(server: ServerProcess, model: str) -> int:
+    return int(stats(server.base_url, model)["inference_stats"]["success"]["count"])
+
+
+def test_a_stream_client_that_does_not_read_is_held_back(server: ServerProcess) -> None:
+    """60 requests, each answered with ~60 KB; the client reads no answer. The server runs a few (the
+    stream's inflight slots, the answers the transport holds, what HTTP/2 windows hold) and then stops
+    reading the stream until the client reads; then every answer comes, in order."""
+    count, n = 60, (MAX - 4096) // 4 // TILES
+    before = _executed(server, "tile")
+
+    def requests() -> Iterator[service_pb2.ModelInferRequest]:
+        for i in range(count):
+            request = service_pb2.ModelInferRequest(model_name="tile", id=str(i))
+            tensor = request.inputs.add(name="IN", datatype="FP32")
+            tensor.shape.append(n)
+            request.raw_input_contents.append(np.full(n, i, np.float32).tobytes())
+            yield request
+
+    # the client's window stays at HTTP/2's default (no BDP probing): its buffer is not what holds it back
+    with grpc.insecure_channel(server.grpc_url, options=[("grpc.http2.bdp_probe", 0)]) as channel:
+        answers = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer(requests())
+        seen: list[int] = []
+
+        def settled() -> bool:  # no request executed during the last second
+            seen.append(_executed(server, "tile") - before)
+            return len(seen) > 10 and seen[-1] > 0 and len(set(seen[-11:])) == 1
+
+        wait_for("the stream to stop running requests", settled, interval=0.1, describe=lambda: seen[-11:])
+        assert seen[-1] < count // 2, seen[-11:]
+        replies = [next(answers) for _ in range(count)]
+    assert [reply.error_message for reply in replies] == [""] * count
+    assert [reply.infer_response.id for reply in replies] == [str(i) for i in range(count)]

@@ -15,6 +15,8 @@
 //!   request message is read only when Python asks for one (`PendingCall.want`), so a handler that stops
 //!   reading holds the client back by HTTP/2 flow control, and comes out of `take` with the call's id.
 //!   Python writes messages (`send`) and ends with a status (`finish` / `abort`); they are written as sent.
+//!   At most `BACKLOG` of a stream's messages wait here for the client to read them: beyond that `full()`
+//!   says so and Python waits until the stream's id comes out of `take` as writable.
 //! - Compressed requests (`grpc-encoding: gzip | deflate`, flag byte 1) are decompressed here, the size limit
 //!   applying to the message as sent and again as decompressed, with grpc-core's statuses and texts;
 //!   answers with headers advertise `grpc-accept-encoding`. Responses are never compressed, which gRPC
@@ -56,6 +58,11 @@ const UNAVAILABLE: u32 = 14;
 
 /// grpc-core's answer to a method the server does not have (UNIMPLEMENTED).
 const METHOD_NOT_FOUND: &str = "Method not found!";
+
+/// A stream's messages sent by Python and not yet taken by HTTP/2 (which takes them as the client's flow
+/// control window allows): past this many, Python waits (`PendingCall.full`). A reader that keeps up never
+/// lets them pile up; one that reads slowly holds at most this many here, as grpc.aio holds one per write.
+const BACKLOG: usize = 8;
 
 /// The request encodings this transport decodes, as grpc-core lists them.
 const ACCEPT_ENCODING: &str = "identity, deflate, gzip";
@@ -157,7 +164,15 @@ enum Answer {
         out: mpsc::UnboundedSender<Out>,
         /// one permit per request message Python asked for
         permits: Arc<Semaphore>,
+        backlog: Arc<Backlog>,
     },
+}
+
+/// How many of a stream's messages wait in its channel, and whether Python waits for room.
+#[derive(Default)]
+struct Backlog {
+    queued: AtomicUsize,
+    waiting: AtomicBool,
 }
 
 struct Call {
@@ -182,6 +197,8 @@ struct Shared {
     messages: Mutex<Vec<(u64, Option<Bytes>)>>,
     /// ids of calls whose client went away (stream reset, deadline) before Python answered
     cancelled: Mutex<Vec<u64>>,
+    /// ids of streams whose backlog went below BACKLOG while Python waited for room
+    writable: Mutex<Vec<u64>>,
     efd: RawFd,
     max_message: usize,
     /// largest request metadata (HPACK size: name + value + 32 per entry, pseudo-headers too); 0: none
@@ -232,6 +249,11 @@ impl Shared {
         self.cancelled.lock().unwrap().push(id);
         self.wake();
     }
+
+    fn writable(&self, id: u64) {
+        self.writable.lock().unwrap().push(id);
+        self.wake();
+    }
 }
 
 /// Tells Python a call was given up (its tokio task dropped: stream reset, deadline) unless it was answered.
@@ -268,6 +290,7 @@ struct StreamBody {
     id: u64,
     shared: Arc<Shared>,
     permits: Arc<Semaphore>,
+    backlog: Arc<Backlog>,
 }
 
 impl StreamBody {
@@ -309,7 +332,13 @@ impl Body for GrpcBody {
                     return Poll::Ready(None);
                 }
                 match stream.rx.poll_recv(cx) {
-                    Poll::Ready(Some(Out::Message(data))) => return Poll::Ready(Some(Ok(Frame::data(data)))),
+                    Poll::Ready(Some(Out::Message(data))) => {
+                        let before = stream.backlog.queued.fetch_sub(1, Ordering::SeqCst);
+                        if before <= BACKLOG && stream.backlog.waiting.swap(false, Ordering::SeqCst) {
+                            stream.shared.writable(stream.id);
+                        }
+                        return Poll::Ready(Some(Ok(Frame::data(data))));
+                    }
                     Poll::Ready(Some(Out::Status(code, message))) => return stream.end(code, &message),
                     Poll::Ready(None) => return stream.end(INTERNAL, "the handler ended without a status"),
                     Poll::Pending => {}
@@ -572,6 +601,7 @@ fn stream_call(
     let timeout = parts.headers.get("grpc-timeout").and_then(parse_timeout);
     let (out, rx) = mpsc::unbounded_channel();
     let permits = Arc::new(Semaphore::new(0));
+    let backlog = Arc::new(Backlog::default());
     let id = shared.calls.fetch_add(1, Ordering::Relaxed);
     tokio::spawn(read_messages(
         body,
@@ -590,6 +620,7 @@ fn stream_call(
         answer: Answer::Stream {
             out,
             permits: permits.clone(),
+            backlog: backlog.clone(),
         },
     });
     let mut response = Response::new(GrpcBody::Stream(StreamBody {
@@ -599,6 +630,7 @@ fn stream_call(
         id,
         shared,
         permits,
+        backlog,
     }));
     let headers = response.headers_mut();
     headers.insert(http::header::CONTENT_TYPE, content_type());
@@ -837,6 +869,7 @@ struct PendingCall {
     /// a stream's messages and status
     out: Mutex<Option<mpsc::UnboundedSender<Out>>>,
     permits: Option<Arc<Semaphore>>,
+    backlog: Option<Arc<Backlog>>,
     headers: HeaderMap,
     #[pyo3(get)]
     timeout: Option<f64>,
@@ -876,10 +909,26 @@ impl PendingCall {
             }
             return false;
         }
-        match out.as_ref() {
-            Some(out) => out.send(Out::Message(frame(message))).is_ok(),
-            None => false,
+        let (Some(out), Some(backlog)) = (out.as_ref(), &self.backlog) else {
+            return false;
+        };
+        backlog.queued.fetch_add(1, Ordering::SeqCst);
+        out.send(Out::Message(frame(message))).is_ok()
+    }
+
+    /// True when BACKLOG of this stream's messages wait for the client: send no more until the stream's
+    /// id comes out of `take` as writable (or the call is cancelled).
+    fn full(&self) -> bool {
+        let Some(backlog) = &self.backlog else {
+            return false;
+        };
+        if backlog.queued.load(Ordering::SeqCst) < BACKLOG {
+            return false;
         }
+        backlog.waiting.store(true, Ordering::SeqCst);
+        // read again after announcing the wait: a message taken in between did not see it (a notice for a
+        // wait that did not happen is harmless)
+        backlog.queued.load(Ordering::SeqCst) >= BACKLOG
     }
 
     /// End a stream with status OK.
@@ -996,6 +1045,7 @@ impl Transport {
             queue: Mutex::new(Vec::with_capacity(64)),
             messages: Mutex::new(Vec::new()),
             cancelled: Mutex::new(Vec::new()),
+            writable: Mutex::new(Vec::new()),
             efd,
             max_message: max_message_bytes,
             max_metadata: max_metadata_bytes,
@@ -1048,30 +1098,41 @@ impl Transport {
         })
     }
 
-    /// `(calls, cancelled, messages)`: every queued call as `(call, method_index, payload, call_id)`
+    /// `(calls, cancelled, messages, writable)`: every queued call as `(call, method_index, payload, call_id)`
     /// (payload None for a stream), the ids of calls given up by their client (stream reset, deadline),
-    /// and streams' request messages as `(call_id, payload)` (None: the client ended its side) — one GIL
+    /// streams' request messages as `(call_id, payload)` (None: the client ended its side), and the ids of
+    /// streams with room again after `full()` said True — one GIL
     /// acquisition for all of them. The eventfd is read first, then the cancellations, the calls and the
     /// messages: a call always comes out no later than its cancellation (a stream's messages come only
     /// after Python asked, so after its call), and anything queued after the read writes the eventfd again.
     #[allow(clippy::type_complexity)]
-    fn take<'py>(&self, py: Python<'py>) -> PyResult<(Bound<'py, PyList>, Bound<'py, PyAny>, Bound<'py, PyList>)> {
+    fn take<'py>(
+        &self,
+        py: Python<'py>,
+    ) -> PyResult<(
+        Bound<'py, PyList>,
+        Bound<'py, PyAny>,
+        Bound<'py, PyList>,
+        Bound<'py, PyAny>,
+    )> {
         let mut counter: u64 = 0;
         unsafe { libc::read(self.shared.efd, &mut counter as *mut u64 as *mut libc::c_void, 8) };
-        let cancelled = {
-            let mut c = self.shared.cancelled.lock().unwrap();
-            if c.is_empty() {
+        let ids = |list: &Mutex<Vec<u64>>| -> PyResult<Bound<'py, PyAny>> {
+            let mut c = list.lock().unwrap();
+            Ok(if c.is_empty() {
                 PyTuple::empty(py).into_any()
             } else {
                 std::mem::take(&mut *c).into_pyobject(py)?.into_any()
-            }
+            })
         };
+        let cancelled = ids(&self.shared.cancelled)?;
+        let writable = ids(&self.shared.writable)?;
         let calls = std::mem::take(&mut *self.shared.queue.lock().unwrap());
         let list = PyList::empty(py);
         for call in calls {
-            let (tx, out, permits) = match call.answer {
-                Answer::Unary(tx) => (Some(tx), None, None),
-                Answer::Stream { out, permits } => (None, Some(out), Some(permits)),
+            let (tx, out, permits, backlog) = match call.answer {
+                Answer::Unary(tx) => (Some(tx), None, None, None),
+                Answer::Stream { out, permits, backlog } => (None, Some(out), Some(permits), Some(backlog)),
             };
             let pending = Bound::new(
                 py,
@@ -1079,6 +1140,7 @@ impl Transport {
                     tx: Mutex::new(tx),
                     out: Mutex::new(out),
                     permits,
+                    backlog,
                     headers: call.headers,
                     timeout: call.timeout,
                     max_message: self.shared.max_message,
@@ -1094,7 +1156,7 @@ impl Transport {
             let item: Bound<'py, PyTuple> = (id, message.map(|m| PyBytes::new(py, &m))).into_pyobject(py)?;
             delivered.append(item)?;
         }
-        Ok((list, cancelled, delivered))
+        Ok((list, cancelled, delivered, writable))
     }
 
     /// (calls handed to Python, event-loop wake-ups) since start.
