@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -130,6 +131,12 @@ class Backend(ABC):
     name: ClassVar[str]
     #: model file name for a backend the platform table (``config.platforms``) does not know
     default_filename: ClassVar[str] = ""
+    #: whether the backend loads ``model_operations.op_library_filename`` (Triton: onnxruntime only); the
+    #: runtime warns that the field is ignored for every other backend
+    loads_op_libraries: ClassVar[bool] = False
+    #: those libraries, resolved and checked (``repository.layout.op_library_path``); set by the runtime
+    #: before the first ``create_instance``
+    op_libraries: Sequence[Path] = ()
 
     def __init__(
         self, config: pb.ModelConfig, version_path: Path, version: int, context: RegistryView | None = None

@@ -8,6 +8,10 @@ Config ``parameters`` read (as Triton's onnxruntime backend): ``intra_op_thread_
 ``inter_op_thread_count``, ``execution_mode`` (0 sequential, 1 parallel), ``allow_spinning`` (default 0,
 see below). Graph optimization from
 ``optimization.graph.level``: -1 basic, 1 extended, anything else all (ORT's default).
+``model_operations { op_library_filename }``: each library is registered with ORT's
+``register_custom_ops_library`` before the session is created (Triton's "Custom Operations"), resolved and
+checked by the runtime (``repository.layout.op_library_path``); one that ORT cannot load fails the load
+with the entry and ORT's reason.
 When ``intra_op_thread_count`` is unset, CPU instances split the machine's cores between them so
 that ``count: 2`` on 2 cores does not oversubscribe.
 """
@@ -15,6 +19,7 @@ that ``count: 2`` on 2 cores does not oversubscribe.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar, cast
 
@@ -68,6 +73,7 @@ def _graph_signature(model_file: Path) -> tuple[list[tuple[str, str, list[int]]]
 
 class OnnxRuntimeBackend(Backend):
     name: ClassVar[str] = "onnxruntime"
+    loads_op_libraries: ClassVar[bool] = True
 
     @classmethod
     def auto_complete_config(cls, config: pb.ModelConfig, version_path: Path) -> None:
@@ -146,7 +152,7 @@ class OnnxRuntimeBackend(Backend):
             )
 
     def create_instance(self, spec: InstanceSpec) -> BackendInstance:
-        return OnnxRuntimeInstance(self.config, self.model_file(), spec)
+        return OnnxRuntimeInstance(self.config, self.model_file(), spec, self.op_libraries)
 
 
 def _param(config: pb.ModelConfig, key: str) -> str | None:
@@ -164,10 +170,19 @@ def _accelerator(config: pb.ModelConfig, name: str) -> Accelerator | None:
     return None
 
 
-def session_options_and_providers(config: pb.ModelConfig, spec: InstanceSpec, cache_dir: Path) -> tuple[Any, list[Any]]:
+def session_options_and_providers(
+    config: pb.ModelConfig, spec: InstanceSpec, cache_dir: Path, op_libraries: Sequence[Path] = ()
+) -> tuple[Any, list[Any]]:
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
+    for entry, library in zip(config.model_operations.op_library_filename, op_libraries, strict=True):
+        try:
+            opts.register_custom_ops_library(str(library))
+        except Exception as exc:  # ORT's Fail: dlopen's reason, or no RegisterCustomOps in the library
+            raise ConfigError(
+                f"model_operations op_library_filename '{entry}': onnxruntime cannot load {library}: {exc}"
+            ) from None
     intra = _param(config, "intra_op_thread_count")
     if intra is not None:
         opts.intra_op_num_threads = int(intra)
@@ -222,11 +237,13 @@ class OnnxRuntimeInstance(TensorBackendInstance):
     # a session run never calls back into the server
     may_run_on_loop = True
 
-    def __init__(self, config: pb.ModelConfig, model_file: Path, spec: InstanceSpec) -> None:
+    def __init__(
+        self, config: pb.ModelConfig, model_file: Path, spec: InstanceSpec, op_libraries: Sequence[Path] = ()
+    ) -> None:
         import onnxruntime as ort
 
         cache_dir = model_file.parent / ".trt_cache"  # dot-name: invisible to the repository scan
-        opts, providers = session_options_and_providers(config, spec, cache_dir)
+        opts, providers = session_options_and_providers(config, spec, cache_dir, op_libraries)
         if spec.kind == "GPU":
             missing = {p[0] if isinstance(p, tuple) else p for p in providers} - set(ort.get_available_providers())
             if "CUDAExecutionProvider" in missing:
@@ -239,7 +256,13 @@ class OnnxRuntimeInstance(TensorBackendInstance):
         try:
             self.session = ort.InferenceSession(str(model_file), sess_options=opts, providers=providers)
         except Exception as exc:  # ORT raises its own Fail/InvalidGraph types
-            raise ConfigError(f"onnxruntime cannot load {model_file.name}: {exc}") from None
+            hint = ""
+            if "is not a registered function/op" in str(exc):
+                hint = (
+                    " (an operator from a custom-op library: list the library in the config, "
+                    'model_operations { op_library_filename: "libcustomops.so" })'
+                )
+            raise ConfigError(f"onnxruntime cannot load {model_file.name}: {exc}{hint}") from None
         self.batching = config.max_batch_size > 0
         self.output_names = [o.name for o in config.output] or [o.name for o in self.session.get_outputs()]
         # implicit state: the sequence batcher reads the state outputs of every step

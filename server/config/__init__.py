@@ -17,7 +17,13 @@ from .codec import (
 from .normalize import check_instance_groups, normalize_config
 from .platforms import KNOWN_PLATFORMS
 from .triton_json import config_to_triton_json
-from .validate import MAX_FILE_NAME_BYTES, check_file_name, check_file_names, validate_config
+from .validate import (
+    MAX_FILE_NAME_BYTES,
+    check_file_name,
+    check_file_names,
+    check_op_library_filename,
+    validate_config,
+)
 
 ModelConfig = pb.ModelConfig
 
@@ -30,6 +36,7 @@ __all__ = [
     "check_file_name",
     "check_file_names",
     "check_instance_groups",
+    "check_op_library_filename",
     "config_from_dict",
     "config_from_json",
     "config_to_dict",

@@ -19,14 +19,15 @@ MAX_FILE_NAME_BYTES = 255
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
-def check_file_name(value: str, field: str) -> None:
+def check_file_name(value: str, field: str, alternative: str = "") -> None:
     """A file name from a config must name one file inside its folder, never a path.
 
-    The one rule for every file name a config carries (model file, label file, warmup data), used by
-    the server (config.pbtxt and the load API's overrides) and the operator (InferenceModel specs,
-    mirrored as CEL rules in the CRD): one path component, no leading ``.`` (so no ``..`` and no
-    hidden names, which the repository contract reserves for staging), no separators, no control
-    characters, at most 255 bytes.
+    The one rule for every file name a config carries (model file, label file, warmup data, a relative
+    op library), used by the server (config.pbtxt and the load API's overrides) and the operator
+    (InferenceModel specs, mirrored as CEL rules in the CRD): one path component, no leading ``.`` (so
+    no ``..`` and no hidden names, which the repository contract reserves for staging), no separators,
+    no control characters, at most 255 bytes. ``alternative`` ends the message with what else the field
+    takes (an op library may also be an absolute path).
     """
     problem = ""
     if not value:
@@ -43,8 +44,29 @@ def check_file_name(value: str, field: str) -> None:
         shown = value if len(value) <= 80 else value[:80] + "..."
         raise ConfigError(
             f"{field} {shown!r} {problem}: it must be a single file name inside the model's folder "
-            "(no '/', '\\' or control characters, not starting with '.', at most 255 bytes)"
+            f"(no '/', '\\' or control characters, not starting with '.', at most 255 bytes){alternative}"
         )
+
+
+#: what ``op_library_filename`` takes besides a file name (the end of ``check_file_name``'s message)
+OP_LIBRARY_ALTERNATIVE = ", or an absolute path to a library outside the model repository (e.g. one in the image)"
+
+
+def check_op_library_filename(value: str, field: str = "model_operations op_library_filename") -> None:
+    """``model_operations.op_library_filename``: a file name in the model's folder, or an absolute path.
+
+    Triton hands the string to ONNX Runtime unchanged, so a relative one resolves against the server's
+    working directory, an accident of how the server was started. Here a relative entry is a single file
+    name (``check_file_name``) in the model's folder (the folder holding config.pbtxt, shared by every
+    version, as ``label_filename``), and an absolute one (Triton's usual form: a library shipped in the
+    server image) is taken as written. Where either leads on disk (symlinks, the repository's other
+    models) is checked at load time: ``kubeinfer.server.repository.layout.op_library_path``.
+    """
+    if value.startswith("/"):
+        if _CONTROL.search(value):
+            raise ConfigError(f"{field} {value[:80]!r} contains a control character")
+        return
+    check_file_name(value, field, OP_LIBRARY_ALTERNATIVE)
 
 
 def check_file_names(config: pb.ModelConfig) -> None:
@@ -64,6 +86,8 @@ def check_file_names(config: pb.ModelConfig) -> None:
         for initial in state.initial_state:
             if initial.data_file:
                 check_file_name(initial.data_file, f"sequence_batching state '{state.input_name}' data_file")
+    for library in config.model_operations.op_library_filename:
+        check_op_library_filename(library)
 
 
 def _check_tensor(kind: str, t: pb.ModelInput | pb.ModelOutput, max_batch_size: int) -> None:

@@ -75,3 +75,39 @@ def resolve_inside(root: Path, path: Path, what: str, inside: str = "the model r
             shown = path.name
         raise PathEscape(f"{what} '{shown}' leads outside {inside} through a symlink; symlinks must stay inside it")
     return real
+
+
+def op_library_path(model_dir: Path, entry: str) -> Path:
+    """Where one ``model_operations.op_library_filename`` entry leads: the real file to load.
+
+    A library is code the server runs, so it must be either this model's own file or one from outside
+    the repository (the server image), never another model's (on a shared volume, another tenant's):
+
+    * a file name (``check_op_library_filename`` has checked its form) names a file in the model's
+      folder; symlinks must stay inside that folder;
+    * an absolute path (symlinks resolved) must not lead into the repository, except into this model's
+      own folder (Triton users write ``/models/<model>/libcustom.so``).
+
+    Raises ConfigError (``PathEscape`` for a symlink leading out) with the entry in the message.
+    """
+    field = f"model_operations op_library_filename '{entry}'"
+    if entry.startswith("/"):
+        try:
+            real = Path(entry).resolve()
+            real_model = model_dir.resolve()
+            real_repo = model_dir.parent.resolve()
+        except (OSError, RuntimeError) as exc:  # a symlink loop
+            raise ConfigError(f"{field} cannot be resolved: {exc}") from None
+        if real.is_relative_to(real_repo) and not real.is_relative_to(real_model):
+            raise ConfigError(
+                f"{field} leads into the model repository outside this model's folder: a library must be "
+                "this model's own file (name it without a path, in the model's folder) or one outside the "
+                "repository (e.g. in the server image)"
+            )
+    else:
+        what = "model_operations op_library_filename"
+        real = resolve_inside(model_dir, model_dir / entry, what, inside="the model's folder")
+    if not real.is_file():
+        where = "in the model's folder" if not entry.startswith("/") else "on the server"
+        raise ConfigError(f"{field}: no such file {where}")
+    return real

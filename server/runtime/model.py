@@ -11,7 +11,7 @@ from ..backends.base import Backend, InstanceSpec
 from ..backends.loader import load_backend_class
 from ..config import pb
 from ..observability.stats import ModelStats, StatsListener
-from ..repository.layout import resolve_inside
+from ..repository.layout import op_library_path, resolve_inside
 from ..scheduling.base import Scheduler
 from ..scheduling.factory import make_scheduler
 from ..scheduling.instance_pool import InstancePool
@@ -253,6 +253,7 @@ async def build_model_version(
         for t in config.output
         if t.label_filename and model_dir is not None
     }
+    op_libraries = _op_libraries(config, backend_cls, model_dir)
     pool = None
     if backend_cls is not None:
         assert version_path is not None
@@ -260,6 +261,7 @@ async def build_model_version(
 
         def load() -> InstancePool:
             backend = backend_cls(config, version_path, version, registry)
+            backend.op_libraries = op_libraries
             instances = []
             try:
                 for spec in specs:
@@ -284,6 +286,26 @@ async def build_model_version(
     scheduler = make_scheduler(config, pool, registry, model_dir)
     await scheduler.start()
     return ModelVersion(config, version, scheduler, pool, stats, digest, labels, _cache_for(config, cache))
+
+
+def _op_libraries(config: pb.ModelConfig, backend_cls: type[Backend] | None, model_dir: Path | None) -> list[Path]:
+    """``model_operations.op_library_filename`` resolved (``layout.op_library_path``) for a backend that loads
+    custom-op libraries (onnxruntime); any other backend ignores the field, as Triton does (its TensorRT
+    and PyTorch custom ops are LD_PRELOADed into the server), with one warning."""
+    entries = list(config.model_operations.op_library_filename)
+    if not entries:
+        return []
+    if backend_cls is None or not backend_cls.loads_op_libraries:
+        served_by = f"platform '{config.platform}'" if config.platform else f"backend '{config.backend}'"
+        log.warning(
+            "model '%s': model_operations op_library_filename is ignored for %s: as in Triton, only the "
+            "onnxruntime backend loads op libraries (load other custom ops into the server with LD_PRELOAD)",
+            config.name,
+            served_by,
+        )
+        return []
+    assert model_dir is not None
+    return [op_library_path(model_dir, entry) for entry in entries]
 
 
 def _cache_for(config: pb.ModelConfig, cache: ResponseCache | None) -> ResponseCache | None:

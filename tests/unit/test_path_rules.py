@@ -6,8 +6,14 @@ import os
 from pathlib import Path
 
 import pytest
-from kubeinfer.server.config import ConfigError, check_file_name, parse_config_text, validate_config
-from kubeinfer.server.repository.layout import PathEscape, check_model_name, resolve_inside
+from kubeinfer.server.config import (
+    ConfigError,
+    check_file_name,
+    check_op_library_filename,
+    parse_config_text,
+    validate_config,
+)
+from kubeinfer.server.repository.layout import PathEscape, check_model_name, op_library_path, resolve_inside
 from kubeinfer.server.repository.scan import read_model
 from kubeinfer.server.vocabulary.errors import InvalidArgument
 
@@ -60,6 +66,7 @@ def test_names_that_are_not_one_plain_component_fail(name: str, problem: str) ->
             'initial_state [ { data_type: TYPE_FP32 dims: [1] data_file: "/etc/shadow" name: "i" } ] } ] }',
             "sequence_batching state 's' data_file",
         ),
+        ('model_operations { op_library_filename: "../lib.so" }', "model_operations op_library_filename"),
     ],
 )
 def test_validate_config_checks_every_file_name_field(text: str, field: str) -> None:
@@ -104,3 +111,55 @@ def test_read_model_reports_an_escape_and_offers_no_version(tmp_path: Path) -> N
     source = read_model(repo, "m")
     assert source.config is None and not source.versions
     assert "version 1 model file 'm/1/model.py' leads outside" in source.error
+
+
+@pytest.mark.parametrize("name", ["libcustom.so", "/opt/lib/libcustom.so", "/models/m/libcustom.so", "/a/../b.so"])
+def test_op_libraries_are_a_file_name_or_an_absolute_path(name: str) -> None:
+    check_op_library_filename(name)
+
+
+@pytest.mark.parametrize(
+    ("name", "problem"),
+    [
+        ("lib/custom.so", "contains a path separator"),
+        ("../custom.so", "contains a path separator"),
+        (".custom.so", "starts with '.'"),
+        ("", "is empty"),
+        ("/opt/lib\ncustom.so", "contains a control character"),
+    ],
+)
+def test_op_library_names_that_are_neither_fail(name: str, problem: str) -> None:
+    with pytest.raises(ConfigError, match="model_operations op_library_filename") as info:
+        check_op_library_filename(name)
+    assert problem in str(info.value)
+    if not name.startswith("/"):
+        assert "or an absolute path to a library outside the model repository" in str(info.value)
+
+
+def test_op_library_path(tmp_path: Path) -> None:
+    """The model's own files and files outside the repository; never another model's, through any symlink."""
+    real_repo = tmp_path / "volume"
+    for model in ("m", "other"):
+        (real_repo / model).mkdir(parents=True)
+        (real_repo / model / "lib.so").write_bytes(b"")
+    (tmp_path / "image").mkdir()
+    (tmp_path / "image" / "lib.so").write_bytes(b"")
+    os.symlink(real_repo / "other" / "lib.so", tmp_path / "image" / "into-repo.so")
+    os.symlink("../other/lib.so", real_repo / "m" / "theirs.so")
+    repo = tmp_path / "models"  # the server's --model-repository is a symlink to the volume
+    os.symlink(real_repo, repo)
+    model = repo / "m"
+    own = (real_repo / "m" / "lib.so").resolve()
+    assert op_library_path(model, "lib.so") == own
+    assert op_library_path(model, str(model / "lib.so")) == own
+    assert op_library_path(model, str(real_repo / "m" / "lib.so")) == own
+    assert op_library_path(model, str(tmp_path / "image" / "lib.so")) == (tmp_path / "image" / "lib.so").resolve()
+    with pytest.raises(PathEscape, match="'theirs.so' leads outside the model's folder"):
+        op_library_path(model, "theirs.so")
+    for entry in (repo / "other" / "lib.so", real_repo / "other" / "lib.so", tmp_path / "image" / "into-repo.so"):
+        with pytest.raises(ConfigError, match="leads into the model repository outside this model's folder"):
+            op_library_path(model, str(entry))
+    with pytest.raises(ConfigError, match="'missing.so': no such file in the model's folder"):
+        op_library_path(model, "missing.so")
+    with pytest.raises(ConfigError, match="no such file on the server"):
+        op_library_path(model, str(tmp_path / "image"))
