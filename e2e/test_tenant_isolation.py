@@ -198,6 +198,7 @@ def _victim_path(t: Tenants) -> str:
         ("absolute", "must be one file name in the model's folder"),
         ("dotdot", "must be one file name in the model's folder"),
         ("label", "must be one file name in the model's folder"),
+        ("op-library", "must be one file name in the model's folder"),
         ("source-path", "must not contain '..'"),
         ("subpath", "must not contain '.', '..' or hidden"),
     ],
@@ -213,6 +214,8 @@ def test_escapes_in_the_spec_are_refused_by_the_apiserver(tenants: Tenants, kind
     elif kind == "label":
         obj = python_model("attack", "uploads/model.py")
         obj["spec"]["outputs"][0]["labelFilename"] = f"../../{t.b}/uploads/model.py"
+    elif kind == "op-library":
+        obj = python_model("attack", "uploads/model.py", modelOperations={"opLibraryFilename": [f"../../{t.b}/lib.so"]})
     elif kind == "source-path":
         obj = python_model("attack", f"../{t.b}/uploads/model.py")
     else:
@@ -220,6 +223,26 @@ def test_escapes_in_the_spec_are_refused_by_the_apiserver(tenants: Tenants, kind
     proc = t.apply(t.a, obj, check=False)
     assert proc.returncode != 0 and message in proc.stderr, proc.stderr
     t.assert_victim_intact()
+
+
+def test_op_libraries_in_the_spec_are_a_file_name_or_an_absolute_path(tenants: Tenants) -> None:
+    """The CRD's rule for modelOperations.opLibraryFilename, checked by the API server (server-side dry run)."""
+    t = tenants
+    cases = [
+        (["/opt/custom/libcustomops.so", "libmine.so"], True),
+        (["sub/libcustomops.so"], False),
+        ([".hidden.so"], False),
+        (["/opt/custom/lib\ncustomops.so"], False),
+    ]
+    for libraries, accepted in cases:
+        obj = python_model("ops", "uploads/model.py", modelOperations={"opLibraryFilename": libraries})
+        proc = t.kubectl(t.a, "apply", "--dry-run=server", "-f", "-", input=json.dumps(obj), check=False)
+        if accepted:
+            assert proc.returncode == 0, proc.stderr
+        else:
+            assert proc.returncode != 0, libraries
+            assert "or an absolute path to a library outside the model repository" in proc.stderr, proc.stderr
+    assert not t.get(t.a, "inferencemodel", "ops")
 
 
 def test_a_subpath_naming_another_namespace_stays_inside_its_own(tenants: Tenants) -> None:

@@ -141,6 +141,15 @@ CONFIG_FIELDS: dict[str, str] = {
         "--cache-config local,size=N)."
     ),
     "ModelResponseCache.enable": "Cache this model's responses.",
+    # custom operations
+    "ModelConfig.model_operations": (
+        "Custom-op libraries the onnxruntime backend registers before it loads the model (other backends "
+        "ignore the field, as Triton does)."
+    ),
+    "ModelOperations.op_library_filename": (
+        "ONNX Runtime custom-op libraries: an absolute path to one outside the model repository (e.g. in the "
+        "server image), or a file name in the model's folder."
+    ),
     # sequence batching
     "ModelConfig.sequence_batching": (
         "Enables the sequence batcher for stateful models: every request of a sequence (request parameters "

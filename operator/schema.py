@@ -13,6 +13,7 @@ from typing import Any
 
 from google.protobuf import descriptor
 from kubeinfer.server.config import MAX_FILE_NAME_BYTES, pb
+from kubeinfer.server.config.validate import OP_LIBRARY_ALTERNATIVE
 from kubeinfer.server.vocabulary import datatypes
 
 from .descriptions import CONFIG_FIELDS
@@ -36,6 +37,7 @@ CONFIG_TOP_FIELDS = (
     "model_warmup",
     "response_cache",
     "default_model_filename",
+    "model_operations",
 )
 V2_DATA_TYPES = list(datatypes.BY_V2)
 MAX_TENSORS = 128
@@ -83,6 +85,7 @@ _MAX_ITEMS = {
     "ModelSequenceBatching.State.initial_state": 1,
     "ModelSequenceBatching.InitialState.dims": MAX_DIMS,
     "ModelSequenceBatching.StrategyOldest.preferred_batch_size": MAX_VERSIONS,
+    "ModelOperations.op_library_filename": 16,
 }
 _NAME_FIELDS = {"ModelInput.name", "ModelOutput.name", "ModelEnsembling.Step.model_name"}
 #: file names joined to a model's folder: CEL mirror of ``kubeinfer.server.config.check_file_name``
@@ -98,6 +101,19 @@ FILE_NAME_RULES = [
         "rule": "self.matches('^[^./\\\\\\\\\\\\x00-\\\\x1f\\\\x7f][^/\\\\\\\\\\\\x00-\\\\x1f\\\\x7f]*$')",
         "message": "must be one file name in the model's folder: no '/', '\\' or control characters, "
         "not starting with '.'",
+    },
+]
+#: ``model_operations.op_library_filename``: CEL mirror of ``kubeinfer.server.config.check_op_library_filename``
+#: (where an entry leads on disk is the server's check, at load)
+OP_LIBRARY_FIELD = "ModelOperations.op_library_filename"
+PATH_MAX = 4096
+OP_LIBRARY_RULES = [
+    {
+        "rule": "self.startsWith('/') ? !self.matches('[\\\\x00-\\\\x1f\\\\x7f]') : size(self) <= "
+        + str(MAX_FILE_NAME_BYTES)
+        + " && "
+        + FILE_NAME_RULES[0]["rule"],
+        "message": FILE_NAME_RULES[0]["message"] + OP_LIBRARY_ALTERNATIVE,
     },
 ]
 #: extra rules on messages that span fields
@@ -149,6 +165,8 @@ def _scalar_schema(fd: descriptor.FieldDescriptor, key: str) -> dict[str, Any]:
             schema.update(minLength=1, maxLength=NAME_MAX)
         if key in _FILE_NAME_FIELDS:
             schema.update(minLength=1, maxLength=MAX_FILE_NAME_BYTES, **{"x-kubernetes-validations": FILE_NAME_RULES})
+        if key == OP_LIBRARY_FIELD:
+            schema.update(minLength=1, maxLength=PATH_MAX, **{"x-kubernetes-validations": OP_LIBRARY_RULES})
         return schema
     raise TypeError(f"no CRD schema for proto field {key} (type {fd.type})")
 

@@ -106,6 +106,23 @@ def test_ensemble_has_no_model_file():
     assert parse_config_text(rendered.config_text).ensemble_scheduling.step[0].input_map == {"x": "IN"}
 
 
+def test_model_operations_render_and_follow_the_servers_rule(model_spec):
+    """An op library in the image by absolute path (what an operator user can ship); a relative entry is held to
+    the server's file-name rule, in the server's words."""
+    model_spec["modelOperations"] = {"opLibraryFilename": ["/opt/custom/libcustomops.so", "libmine.so"]}
+    rendered = render_model("m", model_spec)
+    parsed = parse_config_text(rendered.config_text)
+    assert list(parsed.model_operations.op_library_filename) == ["/opt/custom/libcustomops.so", "libmine.so"]
+    assert config_to_spec(parsed)["modelOperations"] == model_spec["modelOperations"]
+    model_spec["modelOperations"] = {"opLibraryFilename": ["../other/libcustomops.so"]}
+    with pytest.raises(ConfigError) as info:
+        render_model("m", model_spec)
+    assert "model_operations op_library_filename '../other/libcustomops.so' contains a path separator" in str(
+        info.value
+    )
+    assert "or an absolute path to a library outside the model repository" in str(info.value)
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [
