@@ -245,6 +245,27 @@ def test_op_libraries_in_the_spec_are_a_file_name_or_an_absolute_path(tenants: T
     assert not t.get(t.a, "inferencemodel", "ops")
 
 
+def test_file_names_in_the_spec_are_limited_in_bytes_not_characters(tenants: Tenants) -> None:
+    """255 is the file system's limit in bytes (NAME_MAX) and the server's; 128 'é' are 128 characters but
+    256 bytes: refused by the API server (dry run), where 127 of them (254 bytes) pass."""
+    t = tenants
+    for name, accepted in (("é" * 127, True), ("é" * 128, False)):
+        for where in ("label", "op-library"):
+            obj = python_model("bytes", "uploads/model.py")
+            if where == "label":
+                obj["spec"]["outputs"][0]["labelFilename"] = name
+            else:
+                obj["spec"]["modelOperations"] = {"opLibraryFilename": [name]}
+            proc = t.kubectl(t.a, "apply", "--dry-run=server", "-f", "-", input=json.dumps(obj), check=False)
+            if accepted:
+                assert proc.returncode == 0, (where, proc.stderr)
+            else:
+                assert proc.returncode != 0, where
+                expected = "at most 255 bytes long in UTF-8" if where == "label" else "absolute path to a library"
+                assert expected in proc.stderr, (where, proc.stderr)
+    assert not t.get(t.a, "inferencemodel", "bytes")
+
+
 def test_a_subpath_naming_another_namespace_stays_inside_its_own(tenants: Tenants) -> None:
     """subPath is relative to the namespace's folder: 'B/gpu-pool' written from A lands in A/B/gpu-pool."""
     t = tenants

@@ -102,6 +102,11 @@ FILE_NAME_RULES = [
         "message": "must be one file name in the model's folder: no '/', '\\' or control characters, "
         "not starting with '.'",
     },
+    {
+        # maxLength counts characters; file systems (and the server's check) count UTF-8 bytes
+        "rule": f"size(bytes(self)) <= {MAX_FILE_NAME_BYTES}",
+        "message": f"must be at most {MAX_FILE_NAME_BYTES} bytes long in UTF-8",
+    },
 ]
 #: ``model_operations.op_library_filename``: CEL mirror of ``kubeinfer.server.config.check_op_library_filename``
 #: (where an entry leads on disk is the server's check, at load)
@@ -109,7 +114,7 @@ OP_LIBRARY_FIELD = "ModelOperations.op_library_filename"
 PATH_MAX = 4096
 OP_LIBRARY_RULES = [
     {
-        "rule": "self.startsWith('/') ? !self.matches('[\\\\x00-\\\\x1f\\\\x7f]') : size(self) <= "
+        "rule": "self.startsWith('/') ? !self.matches('[\\\\x00-\\\\x1f\\\\x7f]') : size(bytes(self)) <= "
         + str(MAX_FILE_NAME_BYTES)
         + " && "
         + FILE_NAME_RULES[0]["rule"],
