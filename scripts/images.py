@@ -77,7 +77,8 @@ SMOKE = {
 }
 
 #: The server's Rust gRPC transport: built here by this script, shipped inside ``server/`` (the build context)
-#: as ``kubeinfer_grpc_transport<EXT_SUFFIX>`` (one per interpreter built for; the image's python3 picks its own).
+#: as ``kubeinfer_grpc_transport.abi3.so`` (CPython's stable ABI: the image's python3, 3.11 or a CUDA base's 3.12,
+#: loads it).
 GRPC_TRANSPORT_BUILD = ROOT / "scripts" / "build_grpc_transport"
 GRPC_TRANSPORT_DIR = ROOT / "server" / "grpc"
 GRPC_TRANSPORT_GLOB = "kubeinfer_grpc_transport*.so"
@@ -157,8 +158,8 @@ def grpc_transport() -> bool:
     Why on the host and COPY'd with ``server/`` rather than a Rust stage in Dockerfile.server: no container
     registry is reachable here (no ``rust:`` image to build FROM), and Debian bookworm's packaged rustc (1.63)
     is too old for tokio/hyper 1.x and PyO3 0.27. The host is the image's platform: Debian 12 (glibc 2.36; the
-    library asks for GLIBC_2.34 at most) and CPython 3.11, whose extension suffix bookworm's python3 (3.11.2)
-    shares; the smoke import in the built image proves both, so a mismatch fails the build, not a pod. Its
+    library asks for GLIBC_2.34 at most); the library is built against CPython's stable ABI, so any python3 >= 3.10
+    loads it; the smoke import in the built image proves both, so a mismatch fails the build, not a pod. Its
     inputs are hashed with the context: the crate (``server/grpc/rust``) and the library are both under
     ``server/``, so a crate change builds a new image. Without cargo the image serves gRPC with grpc.aio,
     unless ``KUBEINFER_REQUIRE_GRPC_TRANSPORT=1`` (CI), which makes that an error.

@@ -1,7 +1,7 @@
 """The gRPC listener on the Rust transport: queued calls → InferenceServicer → bytes back.
 
 ``Transport`` (rust/src/lib.rs, built by ``scripts/build_grpc_transport`` into
-``kubeinfer_grpc_transport<EXT_SUFFIX>`` beside this file) owns HTTP/2 and gRPC framing on its own thread and never
+``kubeinfer_grpc_transport.abi3.so`` beside this file) owns HTTP/2 and gRPC framing on its own thread and never
 takes the GIL; the event loop watches its eventfd and drains every queued call at once. Each call runs the
 ``servicer.py`` handler grpc.aio runs: the request parsed with the generated pb class (a malformed one is
 INVALID_ARGUMENT, as in ``errors.deserializer``), the response serialized, an exception mapped by

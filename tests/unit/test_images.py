@@ -157,8 +157,9 @@ def test_the_server_image_carries_the_rust_grpc_transport_and_hashes_its_inputs(
     build = _load(
         "kubeinfer_build_grpc_transport", script, SourceFileLoader("kubeinfer_build_grpc_transport", str(script))
     )
-    module, _ = build.interpreter(sys.executable)
+    module = build.MODULE
     name = module.name
+    assert name == "kubeinfer_grpc_transport.abi3.so"  # CPython's stable ABI: one file for every python3 >= 3.10
     assert module.parent == images.GRPC_TRANSPORT_DIR
     assert fnmatch.fnmatch(name, images.GRPC_TRANSPORT_GLOB), name
     package_data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
@@ -186,3 +187,32 @@ def test_the_server_image_carries_the_rust_grpc_transport_and_hashes_its_inputs(
     second = digest()
     (tmp_path / "server" / "grpc" / name).write_bytes(b"\x7fELF built from v2")
     assert len({first, second, digest()}) == 3
+
+
+def test_the_grpc_transport_build_removes_per_version_copies_that_would_shadow_it(tmp_path: Path) -> None:
+    """Python tries the version-specific suffix before ``.abi3.so``: a ``.cpython-311-*.so`` left by an older
+    build would be imported instead of the new abi3 build on 3.11, so the build script removes it."""
+    import importlib.machinery
+
+    script = ROOT / "scripts" / "build_grpc_transport"
+    build = _load(
+        "kubeinfer_build_grpc_transport", script, SourceFileLoader("kubeinfer_build_grpc_transport", str(script))
+    )
+    suffixes = importlib.machinery.EXTENSION_SUFFIXES
+    assert suffixes.index(".abi3.so") > 0 and suffixes[0].startswith(".cpython-"), suffixes  # why it matters
+    package = tmp_path / "server" / "grpc"
+    package.mkdir(parents=True)
+    stale = [
+        package / "kubeinfer_grpc_transport.cpython-311-x86_64-linux-gnu.so",
+        package / "kubeinfer_grpc_transport.so",
+    ]
+    kept = [
+        package / "kubeinfer_grpc_transport.abi3.so",
+        package / "kubeinfer_grpc_transport.pyi",
+        package / "other.so",
+    ]
+    for f in stale + kept:
+        f.write_bytes(b"x")
+    build.ROOT, build.PACKAGE, build.MODULE = tmp_path, package, package / "kubeinfer_grpc_transport.abi3.so"
+    build.remove_stale()
+    assert sorted(package.iterdir()) == sorted(kept)
