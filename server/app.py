@@ -94,9 +94,10 @@ class _Uvicorn(uvicorn.Server):
 
 def _uvicorn(app: Any, host: str, port: int, log_level: str, limits: Limits, tls: TlsFiles | None = None) -> _Uvicorn:
     try:
+        from .http.infer_route import InferRoute
         from .http.protocol import bounded_protocol
 
-        http: Any = bounded_protocol(limits.max_header_bytes)
+        http: Any = bounded_protocol(limits.max_header_bytes, app if isinstance(app, InferRoute) else None)
     except ImportError:  # no httptools: uvicorn's h11 protocol, bounded by h11_max_incomplete_event_size
         http = "h11"
     config = uvicorn.Config(

@@ -12,7 +12,7 @@ import asyncio
 import logging
 import re
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+from typing import Any, Protocol
 
 from ..runtime.auth import PROBE_PATHS, BearerToken
 from ..runtime.service import InferenceService
@@ -104,7 +104,27 @@ class InferRoute:
         except ServerError as exc:
             await _respond(send, exc.http_status, error_body(exc.message), None, True)
             return
-        watch = None
+        answer = await self.answer(
+            name, version, header_length, body, lambda request: _DisconnectWatch(request, receive)
+        )
+        if answer is not None:
+            await _respond(send, *answer)
+
+    async def answer(
+        self,
+        name: str,
+        version: str,
+        header_length: str | None,
+        body: bytes,
+        watch: Callable[[InferenceRequest], Watch],
+    ) -> tuple[int, bytes, int | None] | None:
+        """(status, payload, JSON header length when binary parts follow) for one inference request's body;
+        None when the client went away. ``watch`` starts watching the decoded request for a closed connection.
+
+        Both ways in use it: this ASGI route and the protocol's direct path (``fast_infer``), so the two answer
+        every request, error texts included, the same way.
+        """
+        guard = None
         try:
             if header_length is not None and header_length.strip() == "0" and body:
                 # raw binary request: the body is the one input's bytes, outputs come back binary
@@ -112,27 +132,32 @@ class InferRoute:
                 options: dict[str, Any] = {"__default_binary__": True}
             else:
                 request, options = decode_request(body, header_length, name, version, self.limits, self.shm)
-            watch = _DisconnectWatch(request, receive)
+            guard = watch(request)
             response = await self.service.infer(request)
             payload, json_length = encode_response(response, options, self.shm)
         except DecoupledModelCall:
-            await _respond(send, 501, error_body(DecoupledModelCall.HTTP_MESSAGE), None)
-            return
+            return 501, error_body(DecoupledModelCall.HTTP_MESSAGE), None
         except asyncio.CancelledError:
-            if watch is not None and watch.gone:
-                return  # the client closed the connection: nobody to answer
+            if guard is not None and guard.gone:
+                return None  # the client closed the connection: nobody to answer
             raise
         except ServerError as exc:
-            await _respond(send, exc.http_status, error_body(exc.message), None)
-            return
+            return exc.http_status, error_body(exc.message), None
         except Exception as exc:  # a bug must answer 500, never drop the connection
             log.exception("inference request failed")
-            await _respond(send, 500, error_body(internal_error_message(exc)), None)
-            return
+            return 500, error_body(internal_error_message(exc)), None
         finally:
-            if watch is not None:
-                watch.stop()
-        await _respond(send, 200, payload, json_length)
+            if guard is not None:
+                guard.stop()
+        return 200, payload, json_length
+
+
+class Watch(Protocol):
+    """What ``InferRoute.answer`` needs from a disconnect watch."""
+
+    gone: bool
+
+    def stop(self) -> None: ...
 
 
 class _DisconnectWatch:

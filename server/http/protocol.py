@@ -12,11 +12,15 @@ the same purpose; ``app`` sets both.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from .codec import error_body
+from .fast_infer import InferCycle, direct_cycle
+
+if TYPE_CHECKING:
+    from .infer_route import InferRoute
 
 
 class _HeadTooLarge(Exception):
@@ -72,6 +76,8 @@ class OneWriteResponses:
 
 class BoundedHttpToolsProtocol(HttpToolsProtocol):
     max_header_bytes = 16 * 1024
+    #: the inference route answered straight from the parser's callbacks (fast_infer); None: ASGI only
+    infer_route: InferRoute | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -79,6 +85,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._raw_head = 0  # bytes received since the head began
         self._head = 0  # URL and header bytes parsed
         self._too_large = False
+        self.direct: InferCycle | None = None  # the last request answered by the direct path
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -97,15 +104,38 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             self._too_large = True
             raise _HeadTooLarge  # stops the parser; uvicorn then calls send_400_response
         self._in_head = False
+        if self.infer_route is not None:
+            direct = direct_cycle(self, self.infer_route)
+            if direct is not None:
+                self.cycle = self.direct = direct  # type: ignore[assignment]
+                return
         super().on_headers_complete()
         # HEAD: uvicorn writes no body at all, so nothing would release a held head
-        if self.cycle is not None and COALESCE and self.cycle.scope["method"] != "HEAD":
-            self.cycle.transport = OneWriteResponses(self.transport)  # type: ignore[assignment]
+        cycle: Any = self.cycle  # uvicorn's RequestResponseCycle, or an InferCycle kept there (fast_infer)
+        if cycle is not None and type(cycle) is not InferCycle and COALESCE and cycle.scope["method"] != "HEAD":
+            cycle.transport = OneWriteResponses(self.transport)
+
+    def on_body(self, body: bytes) -> None:
+        cycle: Any = self.cycle
+        if type(cycle) is InferCycle:
+            cycle.chunks.append(body)
+        else:
+            super().on_body(body)
 
     def on_message_complete(self) -> None:
-        super().on_message_complete()
+        cycle: Any = self.cycle
+        if type(cycle) is InferCycle:
+            cycle.start()
+        else:
+            super().on_message_complete()
         self._in_head = True  # what arrives next on this connection is the next request's head
         self._raw_head = 0
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        # self.direct, not self.cycle: a pipelined request's cycle may have replaced it there
+        if self.direct is not None:
+            self.direct.client_gone()
+        super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
         if self._in_head:
@@ -132,5 +162,6 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self.transport.close()
 
 
-def bounded_protocol(max_header_bytes: int) -> type[BoundedHttpToolsProtocol]:
-    return type("BoundedHttpToolsProtocol", (BoundedHttpToolsProtocol,), {"max_header_bytes": max_header_bytes})
+def bounded_protocol(max_header_bytes: int, infer_route: InferRoute | None = None) -> type[BoundedHttpToolsProtocol]:
+    attributes = {"max_header_bytes": max_header_bytes, "infer_route": infer_route}
+    return type("BoundedHttpToolsProtocol", (BoundedHttpToolsProtocol,), attributes)

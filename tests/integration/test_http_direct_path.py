@@ -1,0 +1,167 @@
+"""The inference route's two ways in answer alike: the direct path (``server/http/fast_infer.py``, plain
+``POST .../infer`` requests answered from the protocol's callbacks) and the ASGI route (everything else:
+query strings, chunked bodies, ``Expect``, HTTP/1.0). Raw sockets, so that pipelining, ``Connection: close``
+and the exact headers are visible."""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+from onnx import TensorProto
+
+from tests.support import models as test_models
+from tests.support.repos import write_model
+from tests.support.server import ServerProcess, start_server
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    repo = tmp_path_factory.mktemp("direct") / "repo"
+    write_model(
+        repo,
+        "neg",
+        'backend: "onnxruntime"\nmax_batch_size: 8\n'
+        'input [ { name: "IN" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+        'output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+        "dynamic_batching { }\n",
+        {1: test_models.unary("neg", "Neg", TensorProto.FLOAT, ["batch", 4])},
+    )
+    server = start_server(repo)
+    yield server
+    server.terminate()
+
+
+def _json_request(target: str, values: list[float], extra: str = "", version: str = "1.1") -> bytes:
+    body = json.dumps({"inputs": [{"name": "IN", "shape": [1, len(values)], "datatype": "FP32", "data": values}]})
+    return (
+        f"POST {target} HTTP/{version}\r\nHost: t\r\nContent-Type: application/json\r\n{extra}"
+        f"Content-Length: {len(body)}\r\n\r\n{body}"
+    ).encode()
+
+
+def _binary_request(target: str, values: list[float]) -> bytes:
+    header = json.dumps(
+        {
+            "inputs": [{"name": "IN", "shape": [1, 4], "datatype": "FP32", "parameters": {"binary_data_size": 16}}],
+            "outputs": [{"name": "OUT", "parameters": {"binary_data": True}}],
+        }
+    ).encode()
+    body = header + np.array(values, np.float32).tobytes()
+    return (
+        f"POST {target} HTTP/1.1\r\nHost: t\r\nInference-Header-Content-Length: {len(header)}\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+
+
+class _Reader:
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.buffer = b""
+
+    def _fill(self) -> bool:
+        data = self.sock.recv(65536)
+        self.buffer += data
+        return bool(data)
+
+    def response(self) -> tuple[int, dict[str, str], bytes]:
+        while b"\r\n\r\n" not in self.buffer:
+            assert self._fill(), f"connection closed before a response head; got {self.buffer!r}"
+        head, self.buffer = self.buffer.split(b"\r\n\r\n", 1)
+        lines = head.decode("latin-1").split("\r\n")
+        headers: dict[str, str] = {}
+        for line in lines[1:]:
+            name, _, value = line.partition(":")
+            assert name.lower() not in headers, f"header {name} sent twice: {head!r}"
+            headers[name.lower()] = value.strip()
+        length = int(headers.get("content-length", "0"))  # none on "100 Continue"
+        while len(self.buffer) < length:
+            assert self._fill(), "connection closed inside a response body"
+        body, self.buffer = self.buffer[:length], self.buffer[length:]
+        return int(lines[0].split()[1]), headers, body
+
+    def closed(self) -> bool:
+        return self.buffer == b"" and not self._fill()
+
+
+def _exchange(server: ServerProcess, raw: bytes, answers: int = 1) -> list[tuple[int, dict[str, str], bytes]]:
+    with socket.create_connection(("127.0.0.1", server.http_port), timeout=30) as sock:
+        sock.sendall(raw)
+        reader = _Reader(sock)
+        return [reader.response() for _ in range(answers)]
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        pytest.param(lambda target: _json_request(target, [1, 2, 3, 4]), id="json"),
+        pytest.param(lambda target: _binary_request(target, [1, 2, 3, 4]), id="binary"),
+        pytest.param(lambda target: _json_request(target, [1, 2, 3]), id="wrong-shape-400"),
+        pytest.param(lambda target: _json_request(target.replace("neg", "nope"), [1, 2, 3, 4]), id="unknown-404"),
+        pytest.param(lambda target: _json_request(target.replace("neg", "neg/versions/7"), [1, 2, 3, 4]), id="v7-404"),
+    ],
+)
+def test_direct_path_and_asgi_route_answer_alike(server: ServerProcess, make: object) -> None:
+    direct = _exchange(server, make("/v2/models/neg/infer"))[0]  # type: ignore[operator]
+    # a query string sends the same request through the ASGI route (the direct path takes plain targets only)
+    routed = _exchange(server, make("/v2/models/neg/infer?via=asgi"))[0]  # type: ignore[operator]
+    assert direct[0] == routed[0]
+    assert direct[2] == routed[2]
+    assert {k: v for k, v in direct[1].items() if k != "date"} == {k: v for k, v in routed[1].items() if k != "date"}
+    if direct[0] == 200:
+        assert direct[1]["content-type"] in ("application/json", "application/octet-stream")
+    else:
+        assert "error" in json.loads(direct[2])
+
+
+def test_pipelined_requests_are_answered_in_order(server: ServerProcess) -> None:
+    raw = (
+        _json_request("/v2/models/neg/infer", [1, 2, 3, 4])
+        + b"GET /v2/health/ready HTTP/1.1\r\nHost: t\r\n\r\n"
+        + _binary_request("/v2/models/neg/infer", [5, 6, 7, 8])
+        + _json_request("/v2/models/neg/infer", [9, 10, 11, 12])
+    )
+    answers = _exchange(server, raw, 4)
+    assert [a[0] for a in answers] == [200, 200, 200, 200]
+    assert json.loads(answers[0][2])["outputs"][0]["data"] == [-1, -2, -3, -4]
+    split = int(answers[2][1]["inference-header-content-length"])
+    assert np.frombuffer(answers[2][2][split:], np.float32).tolist() == [-5, -6, -7, -8]
+    assert json.loads(answers[3][2])["outputs"][0]["data"] == [-9, -10, -11, -12]
+
+
+def test_connection_close_from_the_client_is_honoured(server: ServerProcess) -> None:
+    with socket.create_connection(("127.0.0.1", server.http_port), timeout=30) as sock:
+        sock.sendall(_json_request("/v2/models/neg/infer", [1, 2, 3, 4], extra="Connection: close\r\n"))
+        reader = _Reader(sock)
+        status, headers, _ = reader.response()
+        assert status == 200
+        assert headers["connection"] == "close"
+        assert reader.closed()
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        pytest.param(_json_request("/v2/models/neg/infer", [1, 2, 3, 4], version="1.0"), id="http-1.0"),
+        pytest.param(
+            _json_request("/v2/models/neg/infer", [1, 2, 3, 4], extra="Expect: 100-continue\r\n"), id="expect"
+        ),
+        pytest.param(
+            b"POST /v2/models/neg/infer HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
+            + b"%x\r\n" % len(_json_request("", [1, 2, 3, 4]).split(b"\r\n\r\n", 1)[1])
+            + _json_request("", [1, 2, 3, 4]).split(b"\r\n\r\n", 1)[1]
+            + b"\r\n0\r\n\r\n",
+            id="chunked",
+        ),
+    ],
+)
+def test_requests_the_direct_path_leaves_to_the_asgi_route_are_served(server: ServerProcess, raw: bytes) -> None:
+    answers = _exchange(server, raw, 2 if b"Expect" in raw else 1)
+    if b"Expect" in raw:
+        assert answers[0][0] == 100  # the ASGI route asked for the body
+    final = answers[-1]
+    assert final[0] == 200
+    assert json.loads(final[2])["outputs"][0]["data"] == [-1, -2, -3, -4]
