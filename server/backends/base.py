@@ -45,10 +45,16 @@ class Batch:
     timings: ExecutionTimings = field(default_factory=ExecutionTimings)
     #: indices of filler requests (the sequence batcher's idle slots): executed, never answered or counted
     fillers: frozenset[int] = frozenset()
+    #: rows of each request (``InferenceRequest.batch_size``), given by a scheduler that counted them already
+    rows: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.rows:
+            self.rows = [r.batch_size(self.max_batch_size) for r in self.requests]
 
     @property
     def size(self) -> int:
-        return sum(r.batch_size(self.max_batch_size) for r in self.requests)
+        return sum(self.rows)
 
 
 #: result for one request: its outputs, or the error that request alone failed with; ``None`` when
@@ -104,8 +110,7 @@ class TensorBackendInstance(BackendInstance):
         else:
             results = []
             start = 0
-            for r in requests:
-                rows = r.batch_size(batch.max_batch_size)
+            for rows in batch.rows:
                 # views into the batched output: no copy per request
                 results.append({n: a[start : start + rows] for n, a in outputs.items()})
                 start += rows

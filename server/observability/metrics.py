@@ -202,15 +202,16 @@ class TritonMetrics(Collector):
         timings: ExecutionTimings | None,
         reason: str,
     ) -> None:
-        s = self._get(model, version)
+        s = self._series.get((model, version)) or self._get(model, version)
         total_us = total_ns / 1000
         with self._lock:
             s.request_us += total_us
             s.request_hist.observe(total_us)
             if success:
+                queue_us = queue_ns / 1000
                 s.success += 1
-                s.queue_us += queue_ns / 1000
-                s.queue_hist.observe(queue_ns / 1000)
+                s.queue_us += queue_us
+                s.queue_hist.observe(queue_us)
                 if timings is not None:
                     s.input_us += timings.compute_input_ns / 1000
                     s.infer_us += timings.compute_infer_ns / 1000

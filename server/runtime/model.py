@@ -117,8 +117,9 @@ class ModelVersion:
             raise Unavailable(f"model '{self.name}' version {self.version} is unloading")
         if self.decoupled:
             raise DecoupledModelCall(f"model '{self.name}' is decoupled: it answers through a response stream")
+        if not self.inflight:  # only the first request in flight un-sets "idle" (no Event call per request)
+            self._idle.clear()
         self.inflight += 1
-        self._idle.clear()
         try:
             try:
                 self.validator.validate(request)
@@ -156,8 +157,9 @@ class ModelVersion:
         stream = ResponseStream(request, self.name, self.version_str)
         if self.decoupled:
             request.stream = stream
+        if not self.inflight:
+            self._idle.clear()
         self.inflight += 1
-        self._idle.clear()
         task = asyncio.get_running_loop().create_task(self._run_stream(request, stream))
 
         def cancel_if_queued() -> None:

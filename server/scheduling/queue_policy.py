@@ -11,6 +11,7 @@ import asyncio
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -19,7 +20,7 @@ from ..vocabulary.errors import InvalidArgument, QueueRejected
 from ..vocabulary.types import InferenceRequest
 
 #: (input name, dtype, shape without the batch dim) of every input, sorted
-ShapeKey = tuple[tuple[str, str, tuple[int, ...]], ...]
+ShapeKey = tuple[tuple[str, np.dtype[Any], tuple[int, ...]], ...]
 
 
 @dataclass(slots=True)
