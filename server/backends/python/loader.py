@@ -93,8 +93,9 @@ class ModelModule:
         for name in list(sys.modules):
             top = name.partition(".")[0]
             if top in self._owned:
-                module = sys.modules.pop(name)
-                self.siblings[name] = module
+                module = sys.modules.pop(name, None)  # None: another thread took it out meanwhile
+                if module is not None:
+                    self.siblings[name] = module
 
     def find(self, fullname: str) -> importlib.machinery.ModuleSpec | None:
         """A spec for ``fullname`` if it is (or may become) one of this instance's siblings."""
@@ -122,8 +123,10 @@ class ModelModule:
     def unload(self) -> None:
         """Forget every module of this instance (its package, ``model``, relative imports)."""
         prefix = self.package + "."
-        for name in [n for n in sys.modules if n == self.package or n.startswith(prefix)]:
-            del sys.modules[name]
+        # list() copies the keys in one step: another model's load thread may be importing meanwhile, and
+        # iterating sys.modules itself then failed with "dictionary changed size during iteration"
+        for name in [n for n in list(sys.modules) if n == self.package or n.startswith(prefix)]:
+            sys.modules.pop(name, None)
         self.siblings.clear()
 
 
