@@ -53,8 +53,18 @@ def _shm(shm: SharedMemoryRegistry | None) -> SharedMemoryRegistry:
     return shm
 
 
+def _params(fields: Any) -> dict[str, Any]:
+    """The plain values of a protobuf ``parameters`` map.
+
+    An empty map (the usual case) answers {} at once: the map's ``items()`` is a Python-level view,
+    about 0.7 us per tensor on the add_sub request.
+    """
+    return {k: param_value(v) for k, v in fields.items()} if fields else {}
+
+
 def _input_ref(item: Any) -> ShmRef | None:
-    return shm_ref({k: param_value(v) for k, v in item.parameters.items()}, f"input '{item.name}'")
+    fields = item.parameters
+    return shm_ref(_params(fields), f"input '{item.name}'") if fields else None
 
 
 def request_from_pb(
@@ -68,13 +78,12 @@ def request_from_pb(
     budget = RequestBudget(limits)
     budget.check_input_count(len(msg.inputs))
     raw = msg.raw_input_contents
-    refs = [
-        shm_ref({k: param_value(v) for k, v in item.parameters.items()}, f"input '{item.name}'") for item in msg.inputs
-    ]
-    inline = sum(1 for r in refs if r is None)
-    if raw and len(raw) != inline:
+    refs = [_input_ref(item) for item in msg.inputs]
+    inline = refs.count(None)
+    raw_count = len(raw)  # each use of the repeated field costs ~0.3 us: read its length once
+    if raw_count and raw_count != inline:
         raise InvalidArgument(
-            f"expected {inline} raw_input_contents entries (one per input not in shared memory) but got {len(raw)}"
+            f"expected {inline} raw_input_contents entries (one per input not in shared memory) but got {raw_count}"
         )
     inputs = {}
     next_raw = 0
@@ -91,7 +100,7 @@ def request_from_pb(
                     f"for model '{msg.model_name}'"
                 )
             inputs[name] = _shm(shm).read_input(name, item.datatype, shape, ref, budget)
-        elif raw:
+        elif raw_count:
             if item.HasField("contents"):
                 raise InvalidArgument(
                     f"contents field must not be specified when using raw_input_contents for '{name}' "
@@ -107,14 +116,16 @@ def request_from_pb(
                     f"input '{name}': datatype '{item.datatype}' needs raw_input_contents (no typed contents field)"
                 )
             inputs[name] = tensors.from_typed(name, item.datatype, shape, getattr(item.contents, field), budget)
-    params = {k: param_value(v) for k, v in msg.parameters.items()}
+    params = _params(msg.parameters)
     requested = None
     options: dict[str, OutputOptions] = {}
     if msg.outputs:
         requested = []
         for out in msg.outputs:
             requested.append(out.name)
-            oparams = {k: param_value(v) for k, v in out.parameters.items()}
+            if not out.parameters:
+                continue  # no classification, no shared memory: the default options
+            oparams = _params(out.parameters)
             classification = int_parameter(oparams, "classification", f"output '{out.name}'") or 0
             oref = shm_ref(oparams, f"output '{out.name}'")
             if oref is not None:
@@ -129,8 +140,8 @@ def request_from_pb(
         requested_outputs=requested,
         id=msg.id,
         parameters=params,
-        priority=int_parameter(params, "priority", "request") or 0,
-        timeout_us=int_parameter(params, "timeout", "request") or 0,
+        priority=(int_parameter(params, "priority", "request") or 0) if params else 0,
+        timeout_us=(int_parameter(params, "timeout", "request") or 0) if params else 0,
     )
     return request, options
 
