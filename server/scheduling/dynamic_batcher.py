@@ -16,6 +16,7 @@ differ. Results are views into the batch outputs (TensorBackendInstance slices, 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from concurrent.futures import Future
 from typing import Any
@@ -30,6 +31,8 @@ from .base import Scheduler
 from .instance_pool import InstancePool
 from .queue_policy import Entry, PriorityQueue, ShapeKey
 from .results import answer
+
+log = logging.getLogger(__name__)
 
 
 def _shape_key(request: InferenceRequest, batching: bool) -> ShapeKey:
@@ -150,10 +153,23 @@ class DynamicBatcher(Scheduler):
                     return reason_wait
                 continue  # cancelled requests were dropped: look again
             entries = self.queue.pop(take)
-            slot = await self.pool.acquire()  # free: returns at once
+            slot = self.pool.take_free()
             self._running += 1
-            self._event_loop.create_task(self._execute(slot, entries))
+            if self.pool.runs_inline:
+                # a short execution on this thread anyway: run it here rather than in a task of its own
+                # (a task and two loop turns less per batch: add_sub one request at a time, service.infer
+                # 45 -> 37 us CPU per request)
+                await self._execute_here(slot, entries)
+            else:
+                self._event_loop.create_task(self._execute(slot, entries))
         return 0
+
+    async def _execute_here(self, slot: int, entries: list[Entry]) -> None:
+        """``_execute`` inside the batching loop, which must outlive whatever a batch raises."""
+        try:
+            await self._execute(slot, entries)
+        except Exception:  # the batch's requests have their answer; _execute re-raised for the task's log
+            log.exception("model '%s': a batch failed", entries[0].request.model_name)
 
     def _choose(self, now: int) -> tuple[int, int]:
         """(number of queued entries to send now, 0) or (0, ns to wait until the oldest request's delay)."""

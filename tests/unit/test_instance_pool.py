@@ -68,6 +68,30 @@ def test_short_executions_move_to_the_loop_and_back_when_they_get_slow() -> None
     pool.close()
 
 
+class Sleepy(Timed):
+    """Takes long by the wall clock but hardly any CPU, like a run that waited for a core."""
+
+    def execute(self, batch: Batch) -> list[RequestResult]:
+        self.threads.append(threading.current_thread().name)
+        time.sleep(self.took_ns / 1e9)
+        return [{"OUT": np.zeros(1)} for _ in batch.requests]
+
+
+def test_a_long_wall_time_without_cpu_time_stays_on_the_loop() -> None:
+    instance = Sleepy()
+    pool = InstancePool([instance], Recorder(), "m")
+
+    async def scenario() -> None:
+        await _run(pool, instance_pool._LEARN)
+        instance.took_ns = 3 * instance_pool.INLINE_BELOW_NS  # slow by the clock only (a busy machine)
+        instance.threads.clear()
+        await _run(pool, 6)
+        assert instance.threads == [threading.current_thread().name] * 6
+
+    asyncio.run(scenario())
+    pool.close()
+
+
 def test_instances_that_may_not_run_on_the_loop_never_do() -> None:
     instance = Unsafe()
     pool = InstancePool([instance], Recorder(), "m")
