@@ -76,9 +76,10 @@ def request_from_pb(
     (as tritonclient sends them and Triton reads them); shared-memory inputs are read through ``shm``.
     """
     budget = RequestBudget(limits)
-    budget.check_input_count(len(msg.inputs))
+    items = list(msg.inputs)  # walking the repeated field costs ~0.4 us a message: once, not twice
+    budget.check_input_count(len(items))
     raw = msg.raw_input_contents
-    refs = [_input_ref(item) for item in msg.inputs]
+    refs = [_input_ref(item) for item in items]
     inline = refs.count(None)
     raw_count = len(raw)  # each use of the repeated field costs ~0.3 us: read its length once
     if raw_count and raw_count != inline:
@@ -87,11 +88,11 @@ def request_from_pb(
         )
     inputs = {}
     next_raw = 0
-    for item, ref in zip(msg.inputs, refs, strict=True):
+    for item, ref in zip(items, refs, strict=True):
         name = item.name
         if name in inputs:
             raise InvalidArgument(f"input '{name}' appears twice in the request")
-        shape = tensors.check_shape(name, list(item.shape))
+        shape = tensors.check_shape(name, item.shape[:])  # a list; half the cost of list(item.shape)
         budget.add_input(name, shape)
         if ref is not None:
             if item.HasField("contents"):
