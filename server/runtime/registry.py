@@ -60,7 +60,7 @@ class ModelRegistry:
             load_threads=load_threads,
             response_cache=response_cache,
         )
-        self._shutdown = GracefulShutdown()
+        self._shutdown = GracefulShutdown(self.loop)
 
     @property
     def on_load_failure(self) -> list[Callable[[str, str, str], None]]:

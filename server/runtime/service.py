@@ -18,6 +18,7 @@ from ..vocabulary import datatypes
 from ..vocabulary.errors import DeadlineExceeded, InvalidArgument, NotFound, Unavailable, Unsupported
 from ..vocabulary.streaming import ResponseStream
 from ..vocabulary.types import InferenceRequest, InferenceResponse
+from .deadlines import RequestDeadlines
 from .registry import ModelRegistry
 from .validation import raw_binary_inputs
 
@@ -103,6 +104,8 @@ class InferenceService:
         #: stopping: responses send their connections away (see close_connections)
         self.closing_connections = False
         self._poller: asyncio.Task[None] | None = None
+        #: --request-timeout of the requests in flight
+        self._deadlines = RequestDeadlines()
         #: --load-model names that failed in explicit mode (the registry forgets unknown names)
         self._startup_errors: list[str] = []
 
@@ -223,33 +226,23 @@ class InferenceService:
         if not self.started:
             raise Unavailable("server is not ready: models are still loading")
         timeout = self.options.request_timeout
-        if not timeout:
+        # not asyncio.wait_for (a task per request) nor a timer per request: see runtime.deadlines
+        deadline = self._deadlines.start(timeout) if timeout else None
+        if deadline is None:
             return await self.registry.infer(request)
-        task = asyncio.current_task()
-        if task is None:
-            return await self.registry.infer(request)
-        expired = False
-
-        def expire() -> None:
-            nonlocal expired
-            expired = True
-            task.cancel()
-
-        # a timer, not asyncio.wait_for: no extra task per request on the hot path
-        handle = asyncio.get_running_loop().call_later(timeout, expire)
         try:
             return await self.registry.infer(request)
         except asyncio.CancelledError:
-            if not expired:
+            if not deadline.expired:
                 raise
-            if hasattr(task, "uncancel"):  # Python 3.11+: this cancellation is handled here
-                task.uncancel()
+            if hasattr(deadline.task, "uncancel"):  # Python 3.11+: this cancellation is handled here
+                deadline.task.uncancel()
             raise DeadlineExceeded(
                 f"request for model '{request.model_name}' did not finish within the server's request timeout "
                 f"of {timeout:g}s (--request-timeout)"
             ) from None
         finally:
-            handle.cancel()
+            self._deadlines.finish(deadline)
 
     def infer_stream(self, request: InferenceRequest) -> ResponseStream:
         """Start ``request`` on any model; its responses (one for a non-decoupled model) come on the stream."""
