@@ -12,10 +12,10 @@ from typing import Any
 from google.protobuf import json_format
 
 from ..sharedmemory import SharedMemoryRegistry, ShmRef, shm_ref
-from ..sharedmemory.registry import DISABLED as SHM_DISABLED
+from ..sharedmemory.outputs import output_options, require
 from ..vocabulary import datatypes, tensors
 from ..vocabulary.classification import classify
-from ..vocabulary.errors import InvalidArgument, Unsupported
+from ..vocabulary.errors import InvalidArgument
 from ..vocabulary.limits import DEFAULT_LIMITS, Limits, RequestBudget
 from ..vocabulary.parameters import int_parameter
 from ..vocabulary.types import InferenceRequest, InferenceResponse
@@ -45,12 +45,6 @@ class OutputOptions:
 
     classification: int = 0
     shm: ShmRef | None = None
-
-
-def _shm(shm: SharedMemoryRegistry | None) -> SharedMemoryRegistry:
-    if shm is None:
-        raise Unsupported(SHM_DISABLED)
-    return shm
 
 
 def _params(fields: Any) -> dict[str, Any]:
@@ -100,7 +94,7 @@ def request_from_pb(
                     f"contents field must not be specified when using shared memory for '{name}' "
                     f"for model '{msg.model_name}'"
                 )
-            inputs[name] = _shm(shm).read_input(name, item.datatype, shape, ref, budget)
+            inputs[name] = require(shm).read_input(name, item.datatype, shape, ref, budget)
         elif raw_count:
             if item.HasField("contents"):
                 raise InvalidArgument(
@@ -127,12 +121,7 @@ def request_from_pb(
             if not out.parameters:
                 continue  # no classification, no shared memory: the default options
             oparams = _params(out.parameters)
-            classification = int_parameter(oparams, "classification", f"output '{out.name}'") or 0
-            oref = shm_ref(oparams, f"output '{out.name}'")
-            if oref is not None:
-                if classification:
-                    raise InvalidArgument(f"output '{out.name}': shared memory can't be set on classification output")
-                _shm(shm).check_output(oref)
+            classification, oref = output_options(oparams, out.name, shm)
             options[out.name] = OutputOptions(classification, oref)
     request = InferenceRequest(
         model_name=msg.model_name,
@@ -164,7 +153,7 @@ def response_to_pb(
             array = classify(array, opt.classification, response.labels.get(name))
         msg.outputs.add(name=name, datatype=tensors.v2_datatype(array), shape=array.shape)
         if opt.shm is not None:
-            _shm(shm).write_output(name, array, opt.shm)
+            require(shm).write_output(name, array, opt.shm)
             msg.raw_output_contents.append(b"")
         else:
             msg.raw_output_contents.append(bytes(tensors.to_raw(array)))

@@ -12,10 +12,10 @@ import numpy as np
 import orjson
 
 from ..sharedmemory import SharedMemoryRegistry, shm_ref
-from ..sharedmemory.registry import DISABLED
+from ..sharedmemory.outputs import output_options, require
 from ..vocabulary import tensors
 from ..vocabulary.classification import classify
-from ..vocabulary.errors import InvalidArgument, Unsupported
+from ..vocabulary.errors import InvalidArgument
 from ..vocabulary.limits import DEFAULT_LIMITS, Limits, RequestBudget
 from ..vocabulary.parameters import int_parameter
 from ..vocabulary.types import InferenceRequest, InferenceResponse
@@ -150,7 +150,7 @@ def _decode_input(
                 + ("'data'" if "data" in item else "binary_data_size")
                 + "; send its data one way"
             )
-        inputs[name] = _shm(shm).read_input(name, datatype, shape, ref, budget)
+        inputs[name] = require(shm).read_input(name, datatype, shape, ref, budget)
     elif size is not None:
         if "data" in item:
             raise InvalidArgument(f"input '{name}' has both 'data' and binary_data_size")
@@ -179,12 +179,7 @@ def _decode_output(out: Any, options: dict[str, Any], binary_default: bool, shm:
     classification = 0
     oref = None
     if len(oparams) > ("binary_data" in oparams):  # more than binary_data: classification, shared memory
-        classification = int_parameter(oparams, "classification", f"output '{name}'") or 0
-        oref = shm_ref(oparams, f"output '{name}'")
-        if oref is not None:
-            if classification:
-                raise InvalidArgument(f"output '{name}': shared memory can't be set on classification output")
-            _shm(shm).check_output(oref)
+        classification, oref = output_options(oparams, name, shm)
     options[name] = {
         "binary": bool(oparams.get("binary_data", binary_default)),
         "classification": classification,
@@ -216,12 +211,6 @@ _AS_BINARY: dict[str, Any] = {"binary": True, "classification": 0, "shm": None}
 _AS_JSON: dict[str, Any] = {"binary": False, "classification": 0, "shm": None}
 
 
-def _shm(shm: SharedMemoryRegistry | None) -> SharedMemoryRegistry:
-    if shm is None:
-        raise Unsupported(DISABLED)
-    return shm
-
-
 def encode_response(
     response: InferenceResponse, options: dict[str, Any], shm: SharedMemoryRegistry | None = None
 ) -> tuple[bytes, int | None]:
@@ -245,7 +234,7 @@ def encode_response(
         # orjson writes the shape tuple as a list: no copy
         entry: dict[str, Any] = {"name": name, "datatype": tensors.v2_datatype(array), "shape": array.shape}
         if opt.get("shm") is not None:
-            _shm(shm).write_output(name, array, opt["shm"])
+            require(shm).write_output(name, array, opt["shm"])
         elif opt["binary"]:
             raw = tensors.to_raw(array)
             entry["parameters"] = {"binary_data_size": len(raw)}
