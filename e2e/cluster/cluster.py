@@ -842,14 +842,28 @@ def start_node(net, paths: dict, bins: Path, api: Api, launch, wait, state: dict
     """containerd (+ the pause image), kubelet, kube-proxy, CoreDNS; then the default StorageClass."""
     node.make_cgroup_root(net)
     everything = tuple(COMPONENTS)
+    containerd_log = rd / "logs" / "containerd.log"
+    offset = containerd_log.stat().st_size if containerd_log.exists() else 0
     launch("containerd")
     everything += ("containerd",)
-    wait("containerd", lambda: node.containerd_ready(paths), everything)
+    wait(
+        "containerd and its CRI service",
+        lambda: node.containerd_ready(paths) and node.cri_serving(containerd_log, offset),
+        everything,
+    )
     pause = node.ensure_pause_image(paths, bins)
     log(f"containerd up; sandbox image {pause}")
-    launch("kubelet")
     everything += ("kubelet",)
-    wait(f"node {node.NODE_NAME} Ready", lambda: node_ready(api, node.NODE_NAME), everything)
+    for attempt in range(1, 4):
+        launch("kubelet")
+        try:
+            wait(f"node {node.NODE_NAME} Ready", lambda: node_ready(api, node.NODE_NAME), everything)
+            break
+        except ClusterError as exc:
+            if attempt == 3 or node.CRI_NOT_INITIALIZED not in str(exc):
+                raise
+            log(f"the kubelet reached containerd's CRI service before it was ready ({attempt}); starting it again")
+            time.sleep(1)
     launch("kube-proxy")
     everything += ("kube-proxy",)
     wait("kube-proxy /healthz", lambda: http_ok(f"http://{net.node_ip}:10256/healthz"), everything)

@@ -526,6 +526,23 @@ def containerd_ready(p: dict) -> bool:
     return Path(p["containerd_socket"]).exists() and ctr(p, "version", check=False).returncode == 0
 
 
+#: what containerd's CRI service logs once it has recovered its state, right before it marks itself initialized
+#: (containerd 2.x, internal/cri/server/service.go ``Run``). ``ctr version`` answers earlier: a kubelet started
+#: in between fails "validate CRI v1 runtime API ... server is not initialized yet" and exits (seen once, when
+#: recovering took 2 s instead of 20 ms).
+CRI_SERVING = b'msg="Start streaming server"'
+
+#: the kubelet's words when it reached the CRI service too early (it exits; starting it again is the cure)
+CRI_NOT_INITIALIZED = "server is not initialized yet"
+
+
+def cri_serving(log_path: Path, offset: int) -> bool:
+    """containerd's CRI service logged that it serves, after byte ``offset`` of its log (this start)."""
+    with open(log_path, "rb") as f:
+        f.seek(offset)
+        return CRI_SERVING in f.read()
+
+
 def ensure_pause_image(p: dict, bins: Path) -> str:
     ref, archive = pause_image(bins)
     if ref not in ctr(p, "images", "ls", "-q").stdout.decode().split():
