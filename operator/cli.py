@@ -23,6 +23,8 @@ from .handlers import OperatorConfig, Reconciler, register
 from .kube import Kube, load_config
 from .leader import LeaseElector
 from .liveness import FollowerLiveness
+from .network_policy import PolicyContext
+from .tenant_volumes import DEFAULT_CLAIM
 
 ENDPOINTS_ENV = "KUBEINFER_SERVER_ENDPOINTS"
 
@@ -32,6 +34,13 @@ def _endpoint(value: str) -> tuple[str, str]:
     if not sep or key.count("/") != 1 or not url.startswith(("http://", "https://")):
         raise argparse.ArgumentTypeError(f"expected NAMESPACE/SERVER=http(s)://HOST:PORT, got '{value}'")
     return key, url
+
+
+def _labels(value: str) -> dict[str, str]:
+    pairs = [p.partition("=") for p in value.split(",") if p]
+    if any(not sep or not k for k, sep, _ in pairs):
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE[,KEY=VALUE...], got '{value}'")
+    return {k: v for k, _, v in pairs}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -45,15 +54,43 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--claim-name",
-        help="the PVC mounted at --repository-root; InferenceServers whose claim is bound to other storage are refused",
+        help="the PVC mounted at --repository-root: the operator provides each namespace a claim on its folder of "
+        "it, and refuses servers' claims that reach beyond their namespace's folder (without it: nothing is "
+        "provided or checked, for development)",
     )
     p.add_argument(
         "--claim-namespace",
         default=os.environ.get("POD_NAMESPACE"),
-        help="namespace of --claim-name (default $POD_NAMESPACE; without it only claim names are compared)",
+        help="namespace of --claim-name and of the operator's pods (default $POD_NAMESPACE)",
     )
     p.add_argument(
         "--namespace", action="append", default=[], help="watch only this namespace (repeatable; default all)"
+    )
+    p.add_argument(
+        "--tenant-claim-name",
+        default=DEFAULT_CLAIM,
+        help="the PersistentVolumeClaim the operator provides in each namespace with InferenceServers that name "
+        "no claim: bound to a PersistentVolume it makes that reaches only <volume>/<namespace>/",
+    )
+    p.add_argument(
+        "--operator-pod-labels",
+        type=_labels,
+        default={},
+        metavar="K=V[,K=V]",
+        help="labels of the operator's pods; servers' NetworkPolicies let pods with them in --claim-namespace call "
+        "the servers (default: any pod of that namespace)",
+    )
+    p.add_argument(
+        "--monitoring-namespace",
+        action="append",
+        default=[],
+        help="namespace allowed to scrape the servers' metrics port through their NetworkPolicies (repeatable)",
+    )
+    p.add_argument(
+        "--server-image-prefix",
+        action="append",
+        default=[],
+        help="InferenceServers may run only images starting with this (repeatable; default any image)",
     )
     p.add_argument(
         "--resync-seconds", type=float, default=30.0, help="timer interval that repairs drift and refreshes status"
@@ -146,7 +183,17 @@ def main(argv: list[str] | None = None) -> int:
         unload_timeout=args.unload_timeout,
         namespaces=list(args.namespace),
         prometheus_url=args.prometheus_url,
+        tenant_claim=args.tenant_claim_name,
+        policy=PolicyContext(
+            operator_namespace=args.claim_namespace,
+            operator_labels=args.operator_pod_labels,
+            monitoring_namespaces=tuple(args.monitoring_namespace),
+        ),
+        server_image_prefixes=list(args.server_image_prefix),
     )
+    if args.claim_name and not args.claim_namespace:
+        print("kubeinfer-operator: --claim-name needs --claim-namespace (or $POD_NAMESPACE)", file=sys.stderr)
+        return 2
     stop = threading.Event()
     lost = threading.Event()
     elector: LeaseElector | None = None

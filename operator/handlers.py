@@ -23,11 +23,12 @@ from typing import Any, cast
 
 import kopf
 from kubeinfer.server.config import ConfigError
+from kubeinfer.server.config.platforms import backend_for
 from kubeinfer.server.config.version_policy import select_versions
 from kubeinfer.server.repository.layout import config_digest
 from kubernetes.client.exceptions import ApiException
 
-from . import manifests, status
+from . import manifests, network_policy, status
 from .api import GROUP, VERSION
 from .artifacts import DEFAULT_MAX_BYTES, ArtifactError, credential_headers, fetch_client
 from .autoscaling import Autoscaler
@@ -38,7 +39,11 @@ from .recheck import Rechecker
 from .render import DEFAULT_BACKENDS, render_model
 from .replicas import Endpoint, IndexReader, endpoints_from_slices
 from .repository_writer import Fetch, RepositoryWriter
+from .server_access import AccessBook, ServerAccess
+from .tenant_volumes import DEFAULT_CLAIM, TenantVolumes
 
+#: backends whose models are code run by the server
+CODE_BACKENDS = ("python", "pytorch")
 #: artifact failures that may go away by themselves (network); the rest wait for a spec change
 TEMPORARY_REASONS = {"FetchFailed"}
 #: (first, longest) seconds before the resync timer retries a render that failed for the same generation
@@ -70,6 +75,12 @@ class OperatorConfig:
     namespaces: list[str] = field(default_factory=list)
     #: Prometheus that KEDA ScaledObjects query when spec.autoscaling.prometheus.serverAddress is unset
     prometheus_url: str | None = None
+    #: the claim the operator provides in each namespace (servers that name none mount it)
+    tenant_claim: str = DEFAULT_CLAIM
+    #: who the servers' NetworkPolicies let in besides their own namespace
+    policy: network_policy.PolicyContext = field(default_factory=network_policy.PolicyContext)
+    #: image prefixes InferenceServers may run (empty: any)
+    server_image_prefixes: list[str] = field(default_factory=list)
 
     @property
     def index_max_age(self) -> float:
@@ -130,6 +141,8 @@ class Reconciler:
         )
         self.reader = IndexReader(config.index_timeout)
         self.claims = ClaimCheck(lambda *a: self.kube.read_core(*a), config.claim_name, config.claim_namespace)
+        self.volumes = TenantVolumes(kube, self.claims, config.tenant_claim)
+        self.access = AccessBook(lambda ns, name: self.kube.read_core("Secret", name, ns))
         self.lookup = Lookup(kube)
         self.rechecker = Rechecker(self._recheck)
         self._locks: dict[str, threading.Lock] = {}
@@ -173,13 +186,22 @@ class Reconciler:
         return found, ""
 
     def observe(
-        self, server: str, endpoints: list[Endpoint], model: str, max_age: float, every: bool = False
+        self,
+        server: str,
+        endpoints: list[Endpoint],
+        model: str,
+        max_age: float,
+        every: bool = False,
+        access: ServerAccess | str | None = None,
     ) -> list[status.ReplicaView]:
         """This model's version states on each ready replica (on every one when none is ready, or ``every``)."""
         chosen = endpoints if every else [e for e in endpoints if e.ready] or endpoints
         views = []
         for endpoint in chosen:
-            read = self.reader.read(endpoint, max_age)
+            if isinstance(access, str):  # the pool's auth Secrets cannot be read: say so for every replica
+                views.append(status.ReplicaView(endpoint.name, endpoint.ready, None, access))
+                continue
+            read = self.reader.read(endpoint, max_age, access) if access else self.reader.read(endpoint, max_age)
             error = ""
             if read.rows is None:
                 error = (
@@ -210,9 +232,19 @@ class Reconciler:
         return lookup
 
     def _server_dir(self, namespace: str, server_name: str, spec: Mapping[str, Any]) -> tuple[str, Path]:
-        self.claims.check(namespace, server_name, (spec.get("repository") or {}).get("claimName"))
+        """The pool's folder on the volume (made if missing), after its claim is known to reach no further
+        than the namespace's folder."""
+        self._claim(namespace, server_name, spec)
         subpath = manifests.repository_subpath(namespace, server_name, spec)
         return subpath, self.writer.server_dir(namespace, subpath)
+
+    def _claim(self, namespace: str, server_name: str, spec: Mapping[str, Any]) -> str:
+        """The claim the pool's pods mount: the one it names (checked), else the operator's for the namespace."""
+        claim = (spec.get("repository") or {}).get("claimName")
+        if claim:
+            self.claims.check(namespace, server_name, claim)
+            return str(claim)
+        return self.volumes.provide(namespace)
 
     def _patch_status(
         self, plural: str, namespace: str, name: str, prev: Mapping[str, Any], new: dict[str, Any]
@@ -229,27 +261,49 @@ class Reconciler:
         ns, name = meta["namespace"], meta["name"]
         with self._lock(meta["uid"]):
             conds: list[status.Condition] = []
+            claim: str | None = None
             try:
                 subpath, _ = self._server_dir(ns, name, spec)
-                conds.append(status.Condition("RepositoryReady", True, "FolderReady", f"models go to {subpath}"))
+                claim = self._claim(ns, name, spec)
+                conds.append(
+                    status.Condition(
+                        "RepositoryReady", True, "FolderReady", f"models go to {subpath}; pods mount claim '{claim}'"
+                    )
+                )
             except (ArtifactError, OSError) as exc:
                 msg = exc.message if isinstance(exc, ArtifactError) else str(exc)
                 conds.append(status.Condition("RepositoryReady", False, "RepositoryUnusable", msg))
+            refused = self._refused_spec(spec)
+            if refused:
+                conds.append(status.Condition("SpecAccepted", False, refused[0], refused[1]))
             scaling: status.Condition | None = None
             scaling_status: dict[str, Any] | None = None
-            try:
-                dep = self.kube.apply(manifests.deployment(body))
-                self.kube.apply(manifests.service(body))
-                scaling, scaling_status = self.autoscaler.reconcile(body)
-            except ApiException as exc:
-                if is_temporary(exc):
-                    raise kopf.TemporaryError(f"applying owned objects: {exc.reason}", delay=5) from None
-                message = (
-                    f"the API server refused the pods' spec: {exc.body or exc.reason}; fix the InferenceServer spec"
+            dep = None
+            if claim is None or refused:
+                conds.append(
+                    status.Condition(
+                        "Available",
+                        False,
+                        "NotApplied",
+                        "the pods' spec was not applied: "
+                        + ("the InferenceServer spec is refused" if refused else "no usable repository claim"),
+                    )
                 )
-                kopf.warn(_ref(body), reason="ApplyFailed", message=message)
-                conds.append(status.Condition("Available", False, "ApplyFailed", message))
-                dep = None
+            else:
+                try:
+                    dep = self.kube.apply(manifests.deployment(body, claim))
+                    self.kube.apply(manifests.service(body))
+                    self._apply_network_policy(body)
+                    scaling, scaling_status = self.autoscaler.reconcile(body)
+                except ApiException as exc:
+                    if is_temporary(exc):
+                        raise kopf.TemporaryError(f"applying owned objects: {exc.reason}", delay=5) from None
+                    message = (
+                        f"the API server refused the pods' spec: {exc.body or exc.reason}; fix the InferenceServer spec"
+                    )
+                    kopf.warn(_ref(body), reason="ApplyFailed", message=message)
+                    conds.append(status.Condition("Available", False, "ApplyFailed", message))
+                    dep = None
             replicas = ready = 0
             if dep is not None:
                 replicas = dep.status.replicas or 0
@@ -291,9 +345,43 @@ class Reconciler:
                     "selector": manifests.selector_string(name),
                     "models": models,
                     "endpoint": manifests.service_endpoint(ns, name, spec)["http"],
+                    "repositoryClaim": claim,
                     "autoscaling": scaling_status,
                 },
             )
+
+    def _refused_spec(self, spec: Mapping[str, Any]) -> tuple[str, str] | None:
+        """(reason, message) when the operator will not run this pool as specified (the CRD's CEL rules refuse
+        most of it first; this holds for objects admitted by an older CRD, and for the operator's own flags)."""
+        reserved = manifests.reserved_extra_args(spec)
+        if reserved:
+            return (
+                "ExtraArgsRefused",
+                f"server.extraArgs {reserved} set flags the operator sets; use the InferenceServer's own fields",
+            )
+        prefixes = self.config.server_image_prefixes
+        if prefixes and not any(str(spec.get("image", "")).startswith(p) for p in prefixes):
+            return (
+                "ImageRefused",
+                f"image '{spec.get('image')}' is not one this operator runs (--server-image-prefix: "
+                f"{', '.join(prefixes)})",
+            )
+        return None
+
+    def _apply_network_policy(self, body: Mapping[str, Any]) -> None:
+        spec, name = body["spec"], body["metadata"]["name"]
+        if network_policy.enabled(spec):
+            self.kube.apply(
+                network_policy.network_policy(
+                    body,
+                    manifests.ports(spec),
+                    manifests.selector_labels(name),
+                    manifests.metadata(body),
+                    self.config.policy,
+                )
+            )
+        else:
+            self.kube.delete_owned("NetworkPolicy", body["metadata"]["namespace"], name, body["metadata"]["uid"])
 
     def reconcile_server_named(self, namespace: str, name: str) -> None:
         body = self.lookup.server(namespace, name)
@@ -339,6 +427,7 @@ class Reconciler:
                 try:
                     subpath, server_dir = self._server_dir(ns, server_name, sspec)
                     rendered = render_model(name, spec, sspec.get("backends") or DEFAULT_BACKENDS, server_name)
+                    _check_backend_allowed(rendered, server_name, sspec)
                     obs.target = select_versions(rendered.config, rendered.versions)
                     obs.config_digest = config_digest(rendered.config_text.encode("utf-8"))
                     if held:
@@ -367,7 +456,8 @@ class Reconciler:
                     obs.rendered = self.writer.versions_on_disk(server_dir, name)
                 endpoints, obs.index_error = self.endpoints(ns, server_name)
                 age = self.config.index_max_age if max_age is None else max_age
-                obs.replicas = self.observe(server_name, endpoints, name, age)
+                access = self.access.for_server(ns, server_name, sspec)
+                obs.replicas = self.observe(server_name, endpoints, name, age, access=access)
             new = status.model_status(obs, prev)
             self._post_events(body, prev, new)
             self._patch_status(MODELS, ns, name, prev, new)
@@ -507,13 +597,27 @@ class Reconciler:
             self._forget_old_location(ns, name, recorded, "")
             if server is not None:
                 endpoints, _ = self.endpoints(ns, spec["server"])
-                views = self.observe(spec["server"], endpoints, name, max_age=0.5, every=True)
+                access = self.access.for_server(ns, spec["server"], server["spec"])
+                views = self.observe(spec["server"], endpoints, name, max_age=0.5, every=True, access=access)
                 loaded = sorted(
                     {s.version for v in views for s in v.states or () if s.state in ("READY", "LOADING", "UNLOADING")}
                 )
                 if loaded and runtime_seconds < self.config.unload_timeout:
                     raise kopf.TemporaryError(f"{UNLOAD_WAIT} versions {loaded}", delay=1)
         self._forget(meta["uid"])
+
+
+def _check_backend_allowed(model: Any, server: str, server_spec: Mapping[str, Any]) -> None:
+    """The pool's spec.allowedBackends (a platform team's rule): a model of another backend is not rendered."""
+    allowed = server_spec.get("allowedBackends")
+    needed = backend_for(model.config)
+    if allowed is not None and needed and needed not in allowed:
+        code = " (Python and TorchScript models are code that runs in the server)" if needed in CODE_BACKENDS else ""
+        raise ArtifactError(
+            "BackendNotAllowed",
+            f"InferenceServer '{server}' does not allow backend '{needed}'{code}: its spec.allowedBackends is "
+            f"[{', '.join(allowed)}]; serve the model on another pool or ask the pool's owners",
+        )
 
 
 def _condition(status_doc: Mapping[str, Any], ctype: str) -> Mapping[str, Any]:

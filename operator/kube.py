@@ -22,7 +22,15 @@ from typing import Any, TypeVar, cast
 
 import kubernetes
 import urllib3
-from kubernetes.client import ApiClient, AppsV1Api, AutoscalingV2Api, CoreV1Api, CustomObjectsApi, DiscoveryV1Api
+from kubernetes.client import (
+    ApiClient,
+    AppsV1Api,
+    AutoscalingV2Api,
+    CoreV1Api,
+    CustomObjectsApi,
+    DiscoveryV1Api,
+    NetworkingV1Api,
+)
 from kubernetes.client.exceptions import ApiException
 
 from .api import GROUP, VERSION
@@ -98,6 +106,7 @@ class Kube:
         self.autoscaling = AutoscalingV2Api(self.client)
         self.custom = CustomObjectsApi(self.client)
         self.discovery = DiscoveryV1Api(self.client)
+        self.networking = NetworkingV1Api(self.client)
 
     # ------------------------------------------------------------------------------ owned objects
     @retried
@@ -114,6 +123,7 @@ class Kube:
             "Deployment": self.apps.patch_namespaced_deployment,
             "Service": self.core.patch_namespaced_service,
             "HorizontalPodAutoscaler": self.autoscaling.patch_namespaced_horizontal_pod_autoscaler,
+            "NetworkPolicy": self.networking.patch_namespaced_network_policy,
         }.get(kind)
         if patch is None:
             raise ValueError(f"cannot apply {kind}")
@@ -123,6 +133,24 @@ class Kube:
     def delete_hpa(self, namespace: str, name: str) -> bool:
         try:
             self.autoscaling.delete_namespaced_horizontal_pod_autoscaler(name, namespace, **TIMEOUT)
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
+    @retried
+    def delete_owned(self, kind: str, namespace: str, name: str, owner_uid: str) -> bool:
+        """Delete a NetworkPolicy the operator made for ``owner_uid`` (switched off in the spec); another's
+        object of the same name is left alone."""
+        if kind != "NetworkPolicy":
+            raise ValueError(f"cannot delete {kind}")
+        try:
+            found = self.networking.read_namespaced_network_policy(name, namespace, **TIMEOUT)
+            refs = (found.metadata.owner_references if found.metadata else None) or ()
+            if not any(ref.uid == owner_uid for ref in refs):
+                return False
+            self.networking.delete_namespaced_network_policy(name, namespace, **TIMEOUT)
         except ApiException as exc:
             if exc.status == 404:
                 return False
@@ -230,6 +258,35 @@ class Kube:
                 return None
             raise
         return cast(dict[str, Any], self.client.sanitize_for_serialization(obj))
+
+    @retried
+    def create_core(self, manifest: Mapping[str, Any]) -> None:
+        """Create a PersistentVolume or PersistentVolumeClaim (made once, never patched: their specs are
+        immutable once bound); one that exists already is left as it is."""
+        kind, ns = manifest["kind"], manifest["metadata"].get("namespace")
+        try:
+            if kind == "PersistentVolume":
+                body: Any = dict(manifest)  # the client serializes plain dicts as they are
+                self.core.create_persistent_volume(body, field_manager=FIELD_MANAGER, **TIMEOUT)
+            elif kind == "PersistentVolumeClaim" and ns:
+                claim: Any = dict(manifest)
+                self.core.create_namespaced_persistent_volume_claim(ns, claim, field_manager=FIELD_MANAGER, **TIMEOUT)
+            else:
+                raise ValueError(f"cannot create {kind}")
+        except ApiException as exc:
+            if exc.status != 409 or "AlreadyExists" not in str(exc.body):
+                raise
+
+    @retried
+    def delete_core(self, kind: str, name: str) -> None:
+        """Delete a PersistentVolume (the operator's own, Released); absent is fine."""
+        if kind != "PersistentVolume":
+            raise ValueError(f"cannot delete {kind}")
+        try:
+            self.core.delete_persistent_volume(name, **TIMEOUT)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
 
     @retried
     def endpoint_slices(self, namespace: str, service: str) -> list[dict[str, Any]]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from . import server_auth
 from .api import API_VERSION
 
 MODEL_REPOSITORY_MOUNT = "/models"
@@ -47,13 +48,19 @@ def selector_string(name: str) -> str:
     return ",".join(f"{k}={v}" for k, v in selector_labels(name).items())
 
 
+def mount_subpath(name: str, spec: Mapping[str, Any]) -> str:
+    """Folder of this server's repository inside its namespace's folder (``spec.repository.subPath``, default
+    the server's name): the pods' claim reaches only ``<volume>/<namespace>/``, so this is their subPath."""
+    return str((spec.get("repository") or {}).get("subPath") or name)
+
+
 def repository_subpath(namespace: str, name: str, spec: Mapping[str, Any]) -> str:
-    """Folder of this server's repository inside the volume: ``<namespace>/<subPath>`` (default ``<namespace>/<name>``).
+    """Folder of this server's repository inside the whole volume (the operator's view): ``<namespace>/<subPath>``.
 
     ``spec.repository.subPath`` is relative to the namespace's own folder, so no object can name
     another namespace's models (tenant isolation on the shared volume).
     """
-    return f"{namespace}/{(spec.get('repository') or {}).get('subPath') or name}"
+    return f"{namespace}/{mount_subpath(name, spec)}"
 
 
 def ports(spec: Mapping[str, Any]) -> dict[str, int]:
@@ -88,6 +95,51 @@ def metadata(body: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+#: server flags the operator sets or that would defeat what it sets (repository, control mode, listeners,
+#: auth and TLS, drain timing, the platform team's pool policies): refused in spec.server.extraArgs, by a CEL
+#: rule in the CRD and again here
+RESERVED_FLAGS = (
+    "--model-repository",
+    "--model-store",
+    "--model-control-mode",
+    "--repository-poll-secs",
+    "--load-model",
+    "--host",
+    "--http-address",
+    "--grpc-address",
+    "--metrics-address",
+    "--http-port",
+    "--grpc-port",
+    "--metrics-port",
+    "--allow-http",
+    "--allow-grpc",
+    "--allow-metrics",
+    "--auth-token-file",
+    "--http-tls-cert",
+    "--http-tls-key",
+    "--http-tls-client-ca",
+    "--grpc-use-ssl",
+    "--grpc-use-ssl-mutual",
+    "--grpc-server-cert",
+    "--grpc-server-key",
+    "--grpc-root-cert",
+    "--shutdown-timeout",
+    "--exit-timeout-secs",
+    "--connection-drain-seconds",
+    "--grpc-max-connection-age",
+    "--allowed-backends",
+    "--allow-external-op-libraries",
+)
+#: an argument that sets a reserved flag (``--flag`` or ``--flag=value``), as a regular expression (RE2 and re)
+RESERVED_FLAG_PATTERN = "^(" + "|".join(f.replace("-", "[-]") for f in RESERVED_FLAGS) + ")(=.*)?$"
+
+
+def reserved_extra_args(spec: Mapping[str, Any]) -> list[str]:
+    """The extraArgs that set a flag the operator owns (empty when there are none)."""
+    extra = (spec.get("server") or {}).get("extraArgs") or []
+    return [a for a in extra if str(a).split("=", 1)[0] in RESERVED_FLAGS]
+
+
 def server_args(spec: Mapping[str, Any]) -> list[str]:
     flags = spec.get("server") or {}
     p = ports(spec)
@@ -106,7 +158,14 @@ def server_args(spec: Mapping[str, Any]) -> list[str]:
         args.append(f"--grpc-max-connection-age={age * 1000}")
     if flags.get("logLevel"):
         args.append(f"--log-level={flags['logLevel']}")
-    return args + list(flags.get("extraArgs") or [])
+    args += server_auth.server_flags(spec)
+    backends = spec.get("allowedBackends")
+    if backends is not None:
+        args.append(f"--allowed-backends={','.join(backends)}")
+    if not spec.get("allowExternalOpLibraries", True):
+        args.append("--allow-external-op-libraries=false")
+    reserved = set(reserved_extra_args(spec))
+    return args + [a for a in flags.get("extraArgs") or [] if a not in reserved]
 
 
 def grpc_max_connection_age_seconds(spec: Mapping[str, Any]) -> int:
@@ -141,7 +200,8 @@ def pod_annotations(spec: Mapping[str, Any]) -> dict[str, str]:
 
 def _probe(kind: str, path: str, spec: Mapping[str, Any]) -> dict[str, Any]:
     timing = {**PROBE_DEFAULTS[kind], **((spec.get("probes") or {}).get(kind) or {})}
-    return {"httpGet": {"path": path, "port": "http"}, **timing}
+    port, scheme = server_auth.probe_port_and_scheme(spec)
+    return {"httpGet": {"path": path, "port": port, "scheme": scheme}, **timing}
 
 
 def _resources(spec: Mapping[str, Any]) -> dict[str, Any]:
@@ -151,9 +211,12 @@ def _resources(spec: Mapping[str, Any]) -> dict[str, Any]:
     return {k: {n: str(q) for n, q in v.items()} for k, v in resources.items() if v}
 
 
-def deployment(body: Mapping[str, Any]) -> dict[str, Any]:
+def deployment(body: Mapping[str, Any], claim: str) -> dict[str, Any]:
+    """The pool's Deployment; its pods mount ``claim`` (which reaches only their namespace's folder of the
+    volume) at ``spec.repository.subPath``, read-only."""
     meta, spec = body["metadata"], body["spec"]
-    name, namespace = meta["name"], meta["namespace"]
+    name = meta["name"]
+    secret_volumes, secret_mounts = server_auth.volumes_and_mounts(spec)
     drain = int(spec.get("drainSeconds", DEFAULT_DRAIN_SECONDS))
     container: dict[str, Any] = {
         "name": "server",
@@ -169,11 +232,12 @@ def deployment(body: Mapping[str, Any]) -> dict[str, Any]:
             {
                 "name": "model-repository",
                 "mountPath": MODEL_REPOSITORY_MOUNT,
-                "subPath": repository_subpath(namespace, name, spec),
+                "subPath": mount_subpath(name, spec),
                 "readOnly": True,
             },
             {"name": "dshm", "mountPath": "/dev/shm"},
             {"name": "tmp", "mountPath": "/tmp"},
+            *secret_mounts,
         ],
         "livenessProbe": _probe("liveness", "/v2/health/live", spec),
         "readinessProbe": _probe("readiness", "/v2/health/ready", spec),
@@ -203,13 +267,14 @@ def deployment(body: Mapping[str, Any]) -> dict[str, Any]:
         "volumes": [
             {
                 "name": "model-repository",
-                "persistentVolumeClaim": {"claimName": spec["repository"]["claimName"], "readOnly": True},
+                "persistentVolumeClaim": {"claimName": claim, "readOnly": True},
             },
             {
                 "name": "dshm",
                 "emptyDir": {"medium": "Memory", "sizeLimit": str(spec.get("sharedMemorySize") or DEFAULT_SHM)},
             },
             {"name": "tmp", "emptyDir": {}},
+            *secret_volumes,
         ],
     }
     for key in ("nodeSelector", "tolerations", "affinity", "imagePullSecrets"):

@@ -21,6 +21,8 @@ from typing import Any
 
 import httpx
 
+from .server_access import PLAIN, ServerAccess
+
 #: cache entries beyond which endpoints unread for STALE_AFTER seconds are dropped
 PRUNE_ABOVE = 256
 STALE_AFTER = 600.0
@@ -70,9 +72,13 @@ class ReplicaIndex:
 class IndexReader:
     """Reads ``POST /v2/repository/index`` with one pooled client and a short shared cache."""
 
-    def __init__(self, timeout: float = 5.0, client: httpx.Client | None = None) -> None:
+    def __init__(self, timeout: float = 5.0, client: httpx.Client | None = None, workdir: str | None = None) -> None:
         # trust_env=False: no proxy or .netrc from the environment for in-cluster pod addresses
+        self.timeout = timeout
         self.client = client or httpx.Client(timeout=timeout, trust_env=False)
+        #: one client per distinct TLS set-up of the pools with spec.auth.tls (ServerAccess.tls_key)
+        self._tls_clients: dict[str, httpx.Client] = {}
+        self.workdir = workdir
         self._cache: dict[str, tuple[float, list[dict[str, Any]] | None, str]] = {}
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
@@ -82,9 +88,20 @@ class IndexReader:
         with self._guard:
             return self._locks.setdefault(url, threading.Lock())
 
-    def read(self, endpoint: Endpoint, max_age: float) -> ReplicaIndex:
+    def _client(self, access: ServerAccess) -> httpx.Client:
+        if not access.tls_key:
+            return self.client
+        with self._guard:
+            client = self._tls_clients.get(access.tls_key)
+            if client is None:
+                verify = access.ssl_context(self.workdir or "/tmp")
+                client = httpx.Client(timeout=self.timeout, trust_env=False, verify=verify)
+                self._tls_clients[access.tls_key] = client
+            return client
+
+    def read(self, endpoint: Endpoint, max_age: float, access: ServerAccess = PLAIN) -> ReplicaIndex:
         """The endpoint's index, at most ``max_age`` seconds old (failures are remembered as long)."""
-        url = endpoint.url
+        url = access.url(endpoint.url)
         with self._lock(url):
             hit = self._cache.get(url)
             if hit is not None and time.monotonic() - hit[0] <= max_age:
@@ -93,7 +110,9 @@ class IndexReader:
             error = ""
             try:
                 self.requests += 1
-                response = self.client.post(f"{url}/v2/repository/index", json={})
+                response = self._client(access).post(
+                    f"{url}/v2/repository/index", json={}, headers=dict(access.headers)
+                )
                 response.raise_for_status()
                 data = response.json()
                 if not isinstance(data, list):
@@ -122,3 +141,5 @@ class IndexReader:
 
     def close(self) -> None:
         self.client.close()
+        for client in self._tls_clients.values():
+            client.close()

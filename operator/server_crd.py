@@ -7,6 +7,7 @@ from typing import Any
 from kubeinfer.server.config.platforms import BUILTIN_BACKENDS
 
 from .api import CONDITIONS, crd
+from .manifests import RESERVED_FLAG_PATTERN
 
 
 def _s(description: str, **extra: Any) -> dict[str, Any]:
@@ -121,7 +122,7 @@ AUTOSCALING = {
 INFERENCE_SERVER_SPEC = {
     "type": "object",
     "description": "A pool of kubeinfer-server pods serving one model repository folder.",
-    "required": ["image", "repository"],
+    "required": ["image"],
     "properties": {
         "replicas": _i("Number of server pods (the scale subresource; an HPA writes it).", minimum=0, default=1),
         "image": _s("Server container image.", minLength=1),
@@ -186,10 +187,15 @@ INFERENCE_SERVER_SPEC = {
         },
         "repository": {
             "type": "object",
-            "description": "The model repository volume.",
-            "required": ["claimName"],
+            "description": "Where this pool's models live: <volume>/<namespace>/<subPath> of the operator's volume.",
             "properties": {
-                "claimName": _s("PersistentVolumeClaim holding the repository (ReadWriteMany).", minLength=1),
+                "claimName": _s(
+                    "A PersistentVolumeClaim in this namespace that reaches exactly this namespace's folder of the "
+                    "operator's repository volume (<volume>/<namespace>/). Default: the claim the operator provides "
+                    "(kubeinfer-repository, read-only, made on first use). A claim that reaches the whole volume, or "
+                    "other storage, is refused (condition RepositoryReady).",
+                    minLength=1,
+                ),
                 "subPath": _s(
                     "Folder of this server's repository inside this namespace's folder of the volume "
                     "(<volume>/<namespace>/<subPath>); default <name>.",
@@ -203,6 +209,88 @@ INFERENCE_SERVER_SPEC = {
                     "message": "repository.subPath must not contain '.', '..' or hidden (dot-named) components",
                 }
             ],
+        },
+        "allowedBackends": {
+            "type": "array",
+            "description": "Backends whose models this pool may serve, a platform team's rule (default: all). "
+            "Python and TorchScript models are code that runs in the server: leave python and pytorch out to "
+            "keep tenants' code off the pool. A model needing another backend gets a condition and is not "
+            "rendered; the servers refuse to load one (--allowed-backends).",
+            "items": {"type": "string", "enum": list(BUILTIN_BACKENDS)},
+            "x-kubernetes-list-type": "set",
+        },
+        "allowExternalOpLibraries": {
+            "type": "boolean",
+            "description": "Whether a model's modelOperations.opLibraryFilename may name an absolute path outside "
+            "the repository (Triton allows it; default true). false: only libraries in the model's own folder.",
+        },
+        "auth": {
+            "type": "object",
+            "description": "Authentication and TLS of the pool's HTTP and gRPC ports. The Secrets are mounted "
+            "into the pods (rotations apply without a restart); the operator reads tokenSecret and "
+            "operatorCertificateSecret for its own calls (grant it 'get' on Secrets in this namespace: the "
+            "chart's rbac.secretNamespaces).",
+            "properties": {
+                "tokenSecret": {
+                    "type": "object",
+                    "description": "Secret holding the bearer token every call except the health checks must send "
+                    "(Authorization: Bearer <token>). An emptied or deleted token refuses every call.",
+                    "required": ["name"],
+                    "properties": {
+                        "name": _s("Secret name.", minLength=1),
+                        "key": _s("Key holding the token (default token).", minLength=1),
+                    },
+                },
+                "tls": {
+                    "type": "object",
+                    "description": "HTTPS and gRPC TLS.",
+                    "required": ["certificateSecret"],
+                    "properties": {
+                        "certificateSecret": _s(
+                            "A kubernetes.io/tls Secret (tls.crt, tls.key) the server presents; its ca.crt, if any, "
+                            "is what the operator verifies the server with.",
+                            minLength=1,
+                        ),
+                        "clientCASecret": {
+                            "type": "object",
+                            "description": "Require client certificates signed by this CA (mTLS). Probes then ask "
+                            "the plain metrics port (the kubelet has no client certificate).",
+                            "required": ["name"],
+                            "properties": {
+                                "name": _s("Secret name.", minLength=1),
+                                "key": _s("Key holding the CA certificate (default ca.crt).", minLength=1),
+                            },
+                        },
+                        "operatorCertificateSecret": _s(
+                            "A kubernetes.io/tls Secret with the client certificate the operator presents "
+                            "(required with clientCASecret).",
+                            minLength=1,
+                        ),
+                    },
+                    "x-kubernetes-validations": [
+                        {
+                            "rule": "!has(self.clientCASecret) || has(self.operatorCertificateSecret)",
+                            "message": "auth.tls.clientCASecret needs auth.tls.operatorCertificateSecret "
+                            "(the operator reads every replica's repository index)",
+                        }
+                    ],
+                },
+            },
+        },
+        "networkPolicy": {
+            "type": "object",
+            "description": "The NetworkPolicy the operator puts in front of the pods: HTTP and gRPC from this "
+            "namespace, the operator and allowFrom; metrics from the monitoring namespaces the operator was told. "
+            "Enforced only where the cluster's network plugin enforces NetworkPolicies.",
+            "properties": {
+                "enabled": {"type": "boolean", "description": "Render the policy (default true)."},
+                "allowFrom": {
+                    "type": "array",
+                    "description": "More callers of the HTTP and gRPC ports (networking/v1 NetworkPolicyPeer: "
+                    "namespaceSelector, podSelector, ipBlock).",
+                    "items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+                },
+            },
         },
         "backends": {
             "type": "array",
@@ -229,8 +317,18 @@ INFERENCE_SERVER_SPEC = {
                 ),
                 "extraArgs": {
                     "type": "array",
-                    "description": "Extra command-line flags appended to the server's arguments.",
+                    "description": "Extra command-line flags appended to the server's arguments. Flags the operator "
+                    "sets (repository, control mode, listeners and ports, auth and TLS, drain timing, allowed "
+                    "backends and op libraries) are refused.",
                     "items": {"type": "string"},
+                    "x-kubernetes-validations": [
+                        {
+                            "rule": f"self.all(a, !a.matches('{RESERVED_FLAG_PATTERN}'))",
+                            "message": "server.extraArgs must not set a flag the operator sets (repository, control "
+                            "mode, listeners, ports, auth/TLS, drain timing, allowed backends, op libraries): use the "
+                            "InferenceServer's own fields",
+                        }
+                    ],
                 },
             },
             "x-kubernetes-validations": [
@@ -283,6 +381,7 @@ INFERENCE_SERVER_STATUS = {
             "items": {"type": "string"},
         },
         "endpoint": _s("host:port of the HTTP endpoint (the Service)."),
+        "repositoryClaim": _s("The PersistentVolumeClaim the pods mount (reaches only this namespace's folder)."),
         "autoscaling": {
             "type": "object",
             "description": "The autoscaler the operator owns for this pool and what its HPA last saw.",

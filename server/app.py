@@ -21,6 +21,7 @@ from typing import Any
 
 import uvicorn
 
+from .backends import loader as backend_loader
 from .backends import settings as backend_settings
 from .observability.logsettings import LogControl
 from .observability.metrics import TritonMetrics
@@ -58,6 +59,8 @@ class ServerSettings:
     load_threads: int = 4
     #: --backend-config, {backend or "": {setting: value}}
     backend_config: dict[str, dict[str, str]] = field(default_factory=dict)
+    #: --allowed-backends: the only backends models may use (None: all)
+    allowed_backends: tuple[str, ...] | None = None
     #: server metadata name (Triton's --id); None = "kubeinfer"
     server_name: str | None = None
     #: clients may register and use shared-memory regions (Triton's --allow-client-shm, default false)
@@ -124,6 +127,7 @@ def _uvicorn(app: Any, host: str, port: int, log_level: str, limits: Limits, tls
 
 async def serve(settings: ServerSettings) -> int:
     backend_settings.configure(settings.backend_config)
+    backend_loader.allow_only(list(settings.allowed_backends) if settings.allowed_backends is not None else None)
     shm = SharedMemoryRegistry(enabled=settings.allow_client_shm)
     extensions: tuple[str, ...] = ()
     if settings.allow_client_shm:
@@ -181,7 +185,7 @@ async def serve(settings: ServerSettings) -> int:
 
         servers.append(
             _uvicorn(
-                build_metrics_app(metrics, registry),
+                build_metrics_app(metrics, registry, service.live, service.ready),
                 settings.metrics_host or settings.host,
                 settings.metrics_port,
                 settings.log_level,

@@ -316,6 +316,14 @@ def build_parser(triton: bool = False) -> argparse.ArgumentParser:
         help="backend settings; 'default-max-batch-size=N' applies to auto-completed configs",
     )
     repo.add_argument(
+        "--allowed-backends",
+        type=lambda v: tuple(sorted({b.strip() for b in v.split(",") if b.strip()})),
+        default=None,
+        metavar="BACKEND[,BACKEND...]",
+        help="load only models of these backends (default: all); others are UNAVAILABLE with the reason -- "
+        "e.g. keep model code (python, pytorch) off a shared pool",
+    )
+    repo.add_argument(
         "--rate-limit",
         choices=["off", "execution_count"],
         default="off",
@@ -518,6 +526,7 @@ def settings_from_args(args: argparse.Namespace, triton: bool) -> ServerSettings
         auto_complete=auto_complete,
         load_threads=args.model_load_thread_count,
         backend_config=backend_config,
+        allowed_backends=args.allowed_backends,
         server_name=args.id,
         allow_client_shm=args.allow_client_shm,
         response_cache_bytes=_cache_bytes(args),

@@ -30,12 +30,28 @@ def _entry_points() -> dict[str, str]:
     return found
 
 
+#: --allowed-backends: the backends this process may load (None: all); set once at start by the CLI
+_allowed: frozenset[str] | None = None
+
+
+def allow_only(names: list[str] | None) -> None:
+    """Refuse every backend not in ``names`` (a platform team keeps model code, e.g. ``python`` and
+    ``pytorch``, off a shared pool); None allows all."""
+    global _allowed
+    _allowed = None if names is None else frozenset(names)
+
+
 def available_backends() -> list[str]:
     return sorted(_entry_points())
 
 
 def load_backend_class(config: pb.ModelConfig) -> type[Backend]:
     name = backend_for(config)
+    if _allowed is not None and name not in _allowed:
+        raise InvalidArgument(
+            f"backend '{name}' is not allowed on this server (--allowed-backends="
+            f"{','.join(sorted(_allowed)) or 'none'})"
+        )
     target = _entry_points().get(name)
     if target is None:
         raise InvalidArgument(

@@ -1,30 +1,41 @@
-"""The repository claim check compares the storage claims are bound to, not their names."""
+"""The repository claim check: a server's claim must reach exactly its namespace's folder of the operator's
+volume (compared by bound storage, not by claim names), and the per-namespace sources the operator provides."""
 
 from __future__ import annotations
 
 import pytest
 from kubeinfer.operator.artifacts import ArtifactError
-from kubeinfer.operator.claims import ClaimCheck, volume_identity
+from kubeinfer.operator.claims import (
+    NAMESPACE_ANNOTATION,
+    ClaimCheck,
+    namespace_source,
+    reaches_namespace,
+    volume_identity,
+)
 
 
-def pv(name: str, **source) -> dict:
-    return {"metadata": {"name": name}, "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["RWX"], **source}}
+def pv(name: str, annotations: dict | None = None, **source) -> dict:
+    meta = {"name": name, **({"annotations": annotations} if annotations else {})}
+    return {"metadata": meta, "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["RWX"], **source}}
 
 
 def pvc(volume: str | None, phase: str = "Bound") -> dict:
     return {"spec": {"volumeName": volume} if volume else {}, "status": {"phase": phase}}
 
 
+NFS = {"server": "nfs.local"}
 OBJECTS = {
-    ("PersistentVolumeClaim", "models", "ops"): pvc("pv-a"),
-    ("PersistentVolumeClaim", "models", "team-1"): pvc("pv-a2"),  # another PV, same NFS export
-    ("PersistentVolumeClaim", "models", "team-2"): pvc("pv-b"),  # same name, other storage
-    ("PersistentVolumeClaim", "shared", "team-3"): pvc("pv-a3"),  # another name, same CSI volume? no: same NFS
+    ("PersistentVolumeClaim", "models", "ops"): pvc("pv-root"),
+    ("PersistentVolumeClaim", "mine", "team-1"): pvc("pv-team-1"),
+    ("PersistentVolumeClaim", "whole", "team-1"): pvc("pv-root-again"),  # another PV on the same export
+    ("PersistentVolumeClaim", "root", "team-1"): pvc("pv-root"),
+    ("PersistentVolumeClaim", "elsewhere", "team-2"): pvc("pv-other"),
+    ("PersistentVolumeClaim", "neighbour", "team-2"): pvc("pv-team-1"),  # team-1's folder
     ("PersistentVolumeClaim", "pending", "team-1"): pvc(None, "Pending"),
-    ("PersistentVolume", "pv-a", None): pv("pv-a", nfs={"server": "nfs.local", "path": "/exports/models/"}),
-    ("PersistentVolume", "pv-a2", None): pv("pv-a2", nfs={"server": "nfs.local", "path": "/exports/models"}),
-    ("PersistentVolume", "pv-a3", None): pv("pv-a3", nfs={"server": "nfs.local", "path": "/exports//models"}),
-    ("PersistentVolume", "pv-b", None): pv("pv-b", nfs={"server": "nfs.local", "path": "/exports/other"}),
+    ("PersistentVolume", "pv-root", None): pv("pv-root", nfs={**NFS, "path": "/exports/models/"}),
+    ("PersistentVolume", "pv-root-again", None): pv("pv-root-again", nfs={**NFS, "path": "/exports//models"}),
+    ("PersistentVolume", "pv-team-1", None): pv("pv-team-1", nfs={**NFS, "path": "/exports/models/team-1"}),
+    ("PersistentVolume", "pv-other", None): pv("pv-other", nfs={**NFS, "path": "/exports/other"}),
 }
 
 
@@ -34,8 +45,16 @@ def read(kind: str, name: str, namespace: str | None = None):
 
 
 def test_volume_identity():
-    csi = {"csi": {"driver": "efs.csi.aws.com", "volumeHandle": "fs-1", "volumeAttributes": {"x": "y"}}}
-    assert volume_identity(pv("a", **csi)) == volume_identity(pv("b", **csi)) == ("csi", "efs.csi.aws.com", "fs-1")
+    efs = {"csi": {"driver": "efs.csi.aws.com", "volumeHandle": "fs-1:/models", "volumeAttributes": {"x": "y"}}}
+    assert (
+        volume_identity(pv("a", **efs))
+        == volume_identity(pv("b", **efs))
+        == ("csi", "efs.csi.aws.com", "fs-1", "/models")
+    )
+    other = {"csi": {"driver": "x.csi", "volumeHandle": "h-1"}}
+    assert volume_identity(pv("a", **other)) == ("csi", "x.csi", "h-1")
+    nfs_csi = {"driver": "nfs.csi.k8s.io", "volumeHandle": "s#/e#", "volumeAttributes": {"server": "s", "share": "/e"}}
+    assert volume_identity(pv("a", csi=nfs_csi)) == volume_identity(pv("b", nfs={"server": "s", "path": "/e/"}))
     assert volume_identity(pv("a", hostPath={"path": "/data/"})) == ("hostPath", "/data")
     assert volume_identity(pv("a", cephfs={"monitors": ["m"], "path": "/"}))[0] == "cephfs"
     assert volume_identity(pv("a", nfs={"server": "s", "path": "/x"})) != volume_identity(
@@ -43,35 +62,87 @@ def test_volume_identity():
     )
 
 
-def test_claims_are_compared_by_bound_storage():
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ({"hostPath": {"path": "/srv/models/"}}, {"hostPath": {"path": "/srv/models/team", "type": "Directory"}}),
+        ({"nfs": {**NFS, "path": "/e"}}, {"nfs": {**NFS, "path": "/e/team", "readOnly": True}}),
+        (
+            {"csi": {"driver": "nfs.csi.k8s.io", "volumeHandle": "h", "volumeAttributes": {"server": "s", "share": "/e", "subDir": "m"}}},
+            {"csi": {"driver": "nfs.csi.k8s.io", "volumeHandle": "h#kubeinfer#team", "readOnly": True,
+                     "volumeAttributes": {"server": "s", "share": "/e/m/team"}}},
+        ),
+        (
+            {"csi": {"driver": "cephfs.csi.ceph.com", "volumeHandle": "c", "volumeAttributes": {"fsName": "fs", "rootPath": "/v"}}},
+            {"csi": {"driver": "cephfs.csi.ceph.com", "volumeHandle": "c#kubeinfer#team", "readOnly": True,
+                     "volumeAttributes": {"fsName": "fs", "rootPath": "/v/team"}}},
+        ),
+        (
+            {"csi": {"driver": "efs.csi.aws.com", "volumeHandle": "fs-1"}},
+            {"csi": {"driver": "efs.csi.aws.com", "volumeHandle": "fs-1:/team", "readOnly": True, "volumeAttributes": {}}},
+        ),
+        ({"csi": {"driver": "disk.csi.example", "volumeHandle": "d"}}, None),
+        ({"azureFile": {"shareName": "s"}}, None),
+    ],
+)  # fmt: skip
+def test_namespace_source(source, expected):
+    assert namespace_source(pv("root", **source), "team") == expected
+
+
+def test_local_volumes_keep_their_node():
+    affinity = {
+        "required": {"nodeSelectorTerms": [{"matchExpressions": [{"key": "k", "operator": "In", "values": ["n"]}]}]}
+    }
+    root = {"metadata": {"name": "r"}, "spec": {"local": {"path": "/mnt/m"}, "nodeAffinity": affinity}}
+    assert namespace_source(root, "t") == {"local": {"path": "/mnt/m/t"}, "nodeAffinity": affinity}
+
+
+def test_a_claim_must_reach_exactly_its_namespace_folder():
     read.calls = 0  # type: ignore[attr-defined]
     check = ClaimCheck(read, "models", "ops")
-    check.check("team-1", "pool", "models")  # another PV on the same export
-    check.check("team-3", "pool", "shared")  # another claim name, same storage
+    check.check("team-1", "pool", "mine")  # /exports/models/team-1
+    for claim in ("whole", "root"):  # the whole volume, by another PV on the same export or the operator's own
+        with pytest.raises(ArtifactError) as err:
+            check.check("team-1", "pool", claim)
+        assert err.value.reason == "ClaimTooBroad"
+        assert "reaches the whole repository volume" in err.value.message
+        assert "leave spec.repository.claimName out" in err.value.message
     with pytest.raises(ArtifactError) as err:
-        check.check("team-2", "pool", "models")
+        check.check("team-2", "pool", "elsewhere")
     assert err.value.reason == "ClaimNotMounted"
-    assert "bound to volume 'pv-b' (NFS nfs.local:/exports/other)" in err.value.message
-    assert "operator writes to volume 'pv-a' (NFS nfs.local:/exports/models)" in err.value.message
+    assert "bound to volume 'pv-other' (NFS nfs.local:/exports/other)" in err.value.message
+    assert "this namespace's models are in NFS nfs.local:/exports/models/team-2" in err.value.message
+    with pytest.raises(ArtifactError) as err:  # another namespace's folder
+        check.check("team-2", "pool", "neighbour")
+    assert err.value.reason == "ClaimNotMounted"
     with pytest.raises(ArtifactError) as err:
-        check.check("pending", "pool", "team-1")
+        check.check("team-1", "pool", "pending")
     assert err.value.reason == "ClaimNotBound"
     with pytest.raises(ArtifactError, match="does not exist in namespace 'nowhere'"):
         check.check("nowhere", "pool", "models")
     calls = read.calls  # type: ignore[attr-defined]
-    check.check("team-1", "pool", "models")
+    check.check("team-1", "pool", "mine")
     assert read.calls == calls  # type: ignore[attr-defined]  # cached
 
 
-def test_without_the_operator_namespace_names_are_compared():
-    check = ClaimCheck(read, "models", None)
-    check.check("anywhere", "pool", "models")
-    with pytest.raises(ArtifactError, match="use that claim"):
-        check.check("anywhere", "pool", "other")
-    ClaimCheck(read, None, None).check("anywhere", "pool", "whatever")  # not configured: nothing checked
+def test_an_admin_annotation_vouches_only_for_sources_the_operator_cannot_divide():
+    own = pv("root", azureFile={"shareName": "models"})
+    vouched = pv("t1", {NAMESPACE_ANNOTATION: "team-1"}, azureFile={"shareName": "models-team-1"})
+    assert reaches_namespace(own, vouched, "team-1")
+    assert not reaches_namespace(own, vouched, "team-2")
+    nfs_root = pv("root", nfs={**NFS, "path": "/e"})  # a divisible source: the path decides, not the annotation
+    forged = pv("t1", {NAMESPACE_ANNOTATION: "team-1"}, nfs={**NFS, "path": "/e"})
+    assert not reaches_namespace(nfs_root, forged, "team-1")
+
+
+def test_not_configured_means_not_checked_and_nothing_provided():
+    ClaimCheck(read, None, None).check("anywhere", "pool", "whatever")
+    with pytest.raises(ArtifactError) as err:
+        ClaimCheck(read, None, None).own_volume()
+    assert err.value.reason == "ClaimRequired"
 
 
 def test_the_operator_claim_itself_must_be_bound():
     with pytest.raises(ArtifactError) as err:
-        ClaimCheck(read, "team-1", "pending").check("team-1", "pool", "models")
+        ClaimCheck(read, "pending", "team-1").check("team-1", "pool", "mine")
     assert err.value.reason == "OperatorClaimUnusable"

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from kubeinfer.operator import manifests
+import re
+
+from kubeinfer.operator import manifests, network_policy
 
 
 def _container(dep):
@@ -10,7 +12,7 @@ def _container(dep):
 
 
 def test_deployment_from_issue_example(server_body):
-    dep = manifests.deployment(server_body)
+    dep = manifests.deployment(server_body, "kubeinfer-repository")
     pod = dep["spec"]["template"]["spec"]
     c = _container(dep)
     assert dep["metadata"]["ownerReferences"][0] == {
@@ -31,14 +33,18 @@ def test_deployment_from_issue_example(server_body):
     assert repo_mount == {
         "name": "model-repository",
         "mountPath": "/models",
-        "subPath": "ml/gpu-pool",
+        "subPath": "gpu-pool",  # the claim reaches only <volume>/ml/
         "readOnly": True,
     }
     volumes = {v["name"]: v for v in pod["volumes"]}
-    assert volumes["model-repository"]["persistentVolumeClaim"]["claimName"] == "kubeinfer-models"
+    assert volumes["model-repository"]["persistentVolumeClaim"] == {
+        "claimName": "kubeinfer-repository",
+        "readOnly": True,
+    }
     assert volumes["dshm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "1Gi"}
-    assert c["livenessProbe"]["httpGet"] == {"path": "/v2/health/live", "port": "http"}
-    assert c["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": "http"}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/v2/health/live", "port": "http", "scheme": "HTTP"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": "http", "scheme": "HTTP"}
+    assert not [a for a in c["args"] if "auth" in a or "tls" in a or "ssl" in a]
     startup = c["startupProbe"]
     assert startup["periodSeconds"] * startup["failureThreshold"] >= 300
     assert c["securityContext"]["readOnlyRootFilesystem"] is True
@@ -74,7 +80,7 @@ def test_server_flags_ports_and_scheduling(server_body):
     spec["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
     spec["sharedMemorySize"] = "2Gi"
     spec["probes"] = {"startup": {"failureThreshold": 120}}
-    dep = manifests.deployment(server_body)
+    dep = manifests.deployment(server_body, "kubeinfer-repository")
     c = _container(dep)
     assert c["args"][1:] == [
         "--http-port=9000",
@@ -102,13 +108,16 @@ def test_server_flags_ports_and_scheduling(server_body):
 
 
 def test_subpath_is_inside_the_namespace_folder(server_body):
-    """Tenant isolation: repository.subPath is relative to <volume>/<namespace>/, default the server's name."""
+    """Tenant isolation: repository.subPath is relative to <volume>/<namespace>/ (what the pods' claim reaches),
+    default the server's name; the operator writes to <volume>/<namespace>/<subPath>."""
     server_body["spec"]["repository"]["subPath"] = "team/pool"
-    mount = _container(manifests.deployment(server_body))["volumeMounts"][0]
-    assert mount["subPath"] == "ml/team/pool"
+    mount = _container(manifests.deployment(server_body, "kubeinfer-repository"))["volumeMounts"][0]
+    assert mount["subPath"] == "team/pool"
+    assert manifests.repository_subpath("ml", "gpu-pool", server_body["spec"]) == "ml/team/pool"
     del server_body["spec"]["repository"]["subPath"]
-    mount = _container(manifests.deployment(server_body))["volumeMounts"][0]
-    assert mount["subPath"] == "ml/gpu-pool"
+    mount = _container(manifests.deployment(server_body, "kubeinfer-repository"))["volumeMounts"][0]
+    assert mount["subPath"] == "gpu-pool"
+    assert manifests.repository_subpath("ml", "gpu-pool", server_body["spec"]) == "ml/gpu-pool"
 
 
 def test_service_ports_are_named(server_body):
@@ -123,6 +132,102 @@ def test_service_ports_are_named(server_body):
 
 def test_no_prestop_drain_means_no_grpc_connection_age(server_body):
     server_body["spec"]["drainSeconds"] = 0
-    c = _container(manifests.deployment(server_body))
+    c = _container(manifests.deployment(server_body, "kubeinfer-repository"))
     assert not [a for a in c["args"] if a.startswith("--grpc-max-connection-age")]
     assert "lifecycle" not in c or c["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", "0"]
+
+
+def test_auth_mounts_the_secrets_and_turns_the_flags_on(server_body):
+    server_body["spec"]["auth"] = {
+        "tokenSecret": {"name": "pool-token", "key": "bearer"},
+        "tls": {"certificateSecret": "pool-tls"},
+    }
+    dep = manifests.deployment(server_body, "c")
+    c, pod = _container(dep), dep["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["auth-token"]["secret"] == {
+        "secretName": "pool-token",
+        "defaultMode": 0o440,
+        "items": [{"key": "bearer", "path": "token"}],
+    }
+    assert volumes["tls"]["secret"]["secretName"] == "pool-tls"
+    mounts = {m["name"]: m for m in c["volumeMounts"]}
+    assert mounts["auth-token"] == {"name": "auth-token", "mountPath": "/var/run/kubeinfer/auth", "readOnly": True}
+    assert "--auth-token-file=/var/run/kubeinfer/auth/token" in c["args"]
+    tls = "/var/run/kubeinfer/tls"
+    for flag in (f"--http-tls-cert={tls}/tls.crt", f"--http-tls-key={tls}/tls.key", "--grpc-use-ssl=true",
+                 f"--grpc-server-cert={tls}/tls.crt", f"--grpc-server-key={tls}/tls.key"):  # fmt: skip
+        assert flag in c["args"]
+    assert not [a for a in c["args"] if "client-ca" in a or "mutual" in a]
+    assert c["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": "http", "scheme": "HTTPS"}
+
+
+def test_client_certificates_move_the_probes_to_the_plain_metrics_port(server_body):
+    server_body["spec"]["auth"] = {
+        "tls": {"certificateSecret": "t", "clientCASecret": {"name": "ca"}, "operatorCertificateSecret": "op"}
+    }
+    c = _container(manifests.deployment(server_body, "c"))
+    ca = "/var/run/kubeinfer/client-ca/ca.crt"
+    assert {f"--http-tls-client-ca={ca}", "--grpc-use-ssl-mutual=true", f"--grpc-root-cert={ca}"} <= set(c["args"])
+    for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
+        assert c[probe]["httpGet"]["port"] == "metrics" and c[probe]["httpGet"]["scheme"] == "HTTP"
+
+
+def test_extra_args_may_not_set_what_the_operator_sets(server_body):
+    server_body["spec"]["server"] = {
+        "extraArgs": ["--model-repository=/", "--auth-token-file", "/dev/null", "--log-verbose=1", "--http-port=1"]
+    }
+    assert manifests.reserved_extra_args(server_body["spec"]) == [
+        "--model-repository=/",
+        "--auth-token-file",
+        "--http-port=1",
+    ]
+    pattern = re.compile(manifests.RESERVED_FLAG_PATTERN)  # the CRD's CEL rule uses the same expression
+    assert pattern.match("--grpc-use-ssl=false") and pattern.match("--allowed-backends")
+    assert not pattern.match("--grpc-use-ssl-mutualx") and not pattern.match("--model-repository-extra")
+    assert not pattern.match("--log-verbose=1")
+
+
+def test_pool_policies_become_server_flags(server_body):
+    server_body["spec"]["allowedBackends"] = ["onnxruntime", "tensorrt"]
+    server_body["spec"]["allowExternalOpLibraries"] = False
+    args = _container(manifests.deployment(server_body, "c"))["args"]
+    assert "--allowed-backends=onnxruntime,tensorrt" in args
+    assert "--allow-external-op-libraries=false" in args
+
+
+def test_network_policy(server_body):
+    context = network_policy.PolicyContext("kubeinfer-system", {"app.kubernetes.io/name": "op"}, ("monitoring",))
+    server_body["spec"]["networkPolicy"] = {"allowFrom": [{"namespaceSelector": {"matchLabels": {"team": "a"}}}]}
+    policy = network_policy.network_policy(
+        server_body,
+        manifests.ports(server_body["spec"]),
+        manifests.selector_labels("gpu-pool"),
+        manifests.metadata(server_body),
+        context,
+    )
+    assert policy["metadata"]["ownerReferences"][0]["uid"] == "1234-uid"
+    spec = policy["spec"]
+    assert spec["podSelector"] == {"matchLabels": manifests.selector_labels("gpu-pool")}
+    assert spec["policyTypes"] == ["Ingress"]
+    serving, metrics = spec["ingress"]
+    assert serving["from"] == [
+        {"podSelector": {}},
+        {
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kubeinfer-system"}},
+            "podSelector": {"matchLabels": {"app.kubernetes.io/name": "op"}},
+        },
+        {"namespaceSelector": {"matchLabels": {"team": "a"}}},
+    ]
+    assert [p["port"] for p in serving["ports"]] == [8000, 8001]
+    assert metrics == {
+        "from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}],
+        "ports": [{"protocol": "TCP", "port": 8002}],
+    }
+    no_monitoring = network_policy.network_policy(
+        server_body, manifests.ports(server_body["spec"]), {}, {}, network_policy.PolicyContext()
+    )
+    assert len(no_monitoring["spec"]["ingress"]) == 1  # metrics: nobody but the node's probes
+    assert network_policy.enabled(server_body["spec"])
+    server_body["spec"]["networkPolicy"]["enabled"] = False
+    assert not network_policy.enabled(server_body["spec"])

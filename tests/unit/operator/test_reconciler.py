@@ -37,6 +37,7 @@ class FakeKube:
         self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}  # (plural or kind, ns, name)
         self.core: dict[tuple[str, str, str | None], dict[str, Any]] = {}  # (kind, name, ns) → object
         self.applied: list[dict[str, Any]] = []
+        self.created: list[dict[str, Any]] = []
         self.deleted: list[tuple[str, str, str]] = []
         self.statuses: list[tuple[str, str, dict[str, Any]]] = []
         self.stop = SimpleNamespace(set=lambda: None)
@@ -55,6 +56,19 @@ class FakeKube:
 
     def read_core(self, kind: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
         return copy.deepcopy(self.core.get((kind, name, namespace)))
+
+    def create_core(self, manifest: Mapping[str, Any]) -> None:
+        body = copy.deepcopy(dict(manifest))
+        key = (body["kind"], body["metadata"]["name"], body["metadata"].get("namespace"))
+        self.core.setdefault(key, body)
+        self.created.append(body)
+
+    def delete_core(self, kind: str, name: str) -> None:
+        self.core.pop((kind, name, None), None)
+
+    def delete_owned(self, kind: str, namespace: str, name: str, owner_uid: str) -> bool:
+        self.deleted.append((kind, namespace, name))
+        return self.objects.pop((kind, namespace, name), None) is not None
 
     def endpoint_slices(self, namespace: str, service: str) -> list[dict[str, Any]]:
         return []  # no replica runs: the status says so, which is not what these tests look at
@@ -338,7 +352,7 @@ def test_an_hpa_the_server_does_not_own_is_left_alone(reconciler: Reconciler, ku
 def test_without_keda_auto_creates_nothing_and_says_what_is_missing(reconciler: Reconciler, kube: FakeKube) -> None:
     body = add_server(kube, "pool", autoscaling={**HPA_AUTOSCALING, "autoscaler": "Auto"})
     reconciler.reconcile_server(body)
-    assert [o["kind"] for o in kube.applied] == ["Deployment", "Service"]
+    assert [o["kind"] for o in kube.applied] == ["Deployment", "Service", "NetworkPolicy"]
     (_, _, status) = kube.statuses[-1]
     scaling = condition(status, "AutoscalingReady")
     assert (scaling["status"], scaling["reason"]) == ("False", "NoMetricsAdapter")
@@ -373,8 +387,9 @@ def test_a_server_on_other_storage_gets_no_models(claimed: Reconciler, kube: Fak
     (_, _, status) = kube.statuses[-1]
     repo = condition(status, "RepositoryReady")
     assert (repo["status"], repo["reason"]) == ("False", "RepositoryUnusable")
-    assert "/exports/other" in repo["message"] and "/exports/models" in repo["message"]
+    assert "/exports/other" in repo["message"] and f"/exports/models/{NS}" in repo["message"]
     assert condition(status, "Ready")["status"] == "False"
+    assert kube.applied == [], "pods were given a claim that does not reach their namespace's folder"
 
     status = claimed.reconcile_model(model("pool"), recheck=False)
     assert status is not None
@@ -382,24 +397,96 @@ def test_a_server_on_other_storage_gets_no_models(claimed: Reconciler, kube: Fak
     assert not (root / NS / "pool").exists(), "a model was written where the server's pods will never see it"
 
 
-def test_a_server_without_a_claim_or_with_an_unbound_one_gets_no_models(
+def test_a_claim_on_the_whole_volume_is_refused(claimed: Reconciler, kube: FakeKube, root: Path) -> None:
+    """The set-up SECURITY.md once described (a claim on the whole volume in each namespace) is refused."""
+    kube.core[("PersistentVolumeClaim", "models", NS)] = pvc("pv-models-2")  # another PV, same NFS export
+    kube.core[("PersistentVolume", "pv-models-2", None)] = pv("/exports/models/")
+    add_server(kube, "pool")
+    status = claimed.reconcile_model(model("pool"), recheck=False)
+    assert status is not None and condition(status, "Ready")["reason"] == "ClaimTooBroad"
+    assert not (root / NS / "pool").exists()
+
+
+def test_a_server_without_a_claim_gets_one_that_reaches_only_its_namespace(
     claimed: Reconciler, kube: FakeKube, root: Path
 ) -> None:
-    add_server(kube, "nameless", repository={"subPath": "nameless"})
+    body = add_server(kube, "nameless", repository={"subPath": "nameless"})
     status = claimed.reconcile_model(model("nameless"), recheck=False)
-    assert status is not None and condition(status, "Ready")["reason"] == "ClaimNotMounted"
+    assert status is not None and condition(status, "Rendered")["status"] == "True"
+    assert (root / NS / "nameless" / "m" / "1" / "model.onnx").is_file()
+    volume, claim = kube.created
+    assert volume["kind"] == "PersistentVolume" and claim["kind"] == "PersistentVolumeClaim"
+    assert volume["spec"]["nfs"] == {"server": "nfs.local", "path": f"/exports/models/{NS}", "readOnly": True}
+    assert volume["spec"]["accessModes"] == ["ReadOnlyMany"]
+    assert volume["spec"]["persistentVolumeReclaimPolicy"] == "Retain"
+    assert (
+        volume["spec"]["claimRef"]["namespace"] == NS
+        and volume["spec"]["claimRef"]["name"] == claim["metadata"]["name"]
+    )
+    assert claim["metadata"]["namespace"] == NS and claim["spec"]["volumeName"] == volume["metadata"]["name"]
+    claimed.reconcile_server(body)
+    deployment = next(o for o in kube.applied if o["kind"] == "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["volumes"][0]["persistentVolumeClaim"] == {"claimName": "kubeinfer-repository", "readOnly": True}
+    assert pod["containers"][0]["volumeMounts"][0]["subPath"] == "nameless"
+    assert len(kube.created) == 2  # made once
 
     kube.core[("PersistentVolumeClaim", "pending", NS)] = {"spec": {}, "status": {"phase": "Pending"}}
     add_server(kube, "waiting", repository={"claimName": "pending"})
     status = claimed.reconcile_model(model("waiting"), recheck=False)
     assert status is not None and condition(status, "Ready")["reason"] == "ClaimNotBound"
-    assert not (root / NS).joinpath("nameless").exists() and not (root / NS).joinpath("waiting").exists()
+    assert not (root / NS).joinpath("waiting").exists()
 
 
-def test_a_server_on_the_operators_storage_gets_its_models(claimed: Reconciler, kube: FakeKube, root: Path) -> None:
-    kube.core[("PersistentVolumeClaim", "models", NS)] = pvc("pv-models-2")  # another PV, same NFS export
-    kube.core[("PersistentVolume", "pv-models-2", None)] = pv("/exports/models/")
+def test_a_server_with_a_claim_on_its_namespace_folder_gets_its_models(
+    claimed: Reconciler, kube: FakeKube, root: Path
+) -> None:
+    kube.core[("PersistentVolumeClaim", "models", NS)] = pvc("pv-team")
+    kube.core[("PersistentVolume", "pv-team", None)] = pv(f"/exports/models/{NS}/")
     add_server(kube, "pool")
     status = claimed.reconcile_model(model("pool"), recheck=False)
     assert status is not None and condition(status, "Rendered")["status"] == "True"
     assert (root / NS / "pool" / "m" / "1" / "model.onnx").is_file()
+
+
+# ---- a platform team's pool rules ----------------------------------------------------------------------
+def test_a_model_of_a_backend_the_pool_does_not_allow_is_not_rendered(
+    reconciler: Reconciler, kube: FakeKube, root: Path
+) -> None:
+    add_server(kube, "pool", allowedBackends=["onnxruntime", "tensorrt"])
+    code = model("pool")
+    code["spec"] = {**code["spec"], "platform": None, "backend": "python"}
+    del code["spec"]["platform"]
+    status = reconciler.reconcile_model(code, recheck=False)
+    assert status is not None
+    ready = condition(status, "Ready")
+    assert ready["reason"] == "BackendNotAllowed"
+    assert "does not allow backend 'python'" in ready["message"] and "code" in ready["message"]
+    assert not (root / NS / "pool" / "m").exists()
+    status = reconciler.reconcile_model(model("pool"), recheck=False)  # an ONNX model on the same pool
+    assert status is not None and condition(status, "Rendered")["status"] == "True"
+
+
+def test_extra_args_that_defeat_the_operator_keep_the_pods_spec_unapplied(
+    reconciler: Reconciler, kube: FakeKube
+) -> None:
+    body = add_server(kube, "pool", server={"extraArgs": ["--log-verbose=1", "--model-control-mode=explicit"]})
+    reconciler.reconcile_server(body)
+    assert kube.applied == []
+    (_, _, status) = kube.statuses[-1]
+    refused = condition(status, "SpecAccepted")
+    assert (refused["status"], refused["reason"]) == ("False", "ExtraArgsRefused")
+    assert "--model-control-mode=explicit" in refused["message"]
+    assert condition(status, "Ready")["status"] == "False"
+
+
+def test_images_outside_the_allowed_prefixes_are_not_run(root: Path, kube: FakeKube, events: list[Any]) -> None:
+    r = Reconciler(OperatorConfig(repository_root=root, server_image_prefixes=["registry.internal/ml/"]), kube)  # type: ignore[arg-type]
+    try:
+        r.reconcile_server(add_server(kube, "pool", image="docker.io/evil/server:1"))
+        assert kube.applied == []
+        assert condition(kube.statuses[-1][2], "SpecAccepted")["reason"] == "ImageRefused"
+        r.reconcile_server(add_server(kube, "pool2", image="registry.internal/ml/kubeinfer-server:0.1.0"))
+        assert [o["kind"] for o in kube.applied] == ["Deployment", "Service", "NetworkPolicy"]
+    finally:
+        r.close()

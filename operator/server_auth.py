@@ -1,0 +1,93 @@
+"""``InferenceServer.spec.auth`` → what the server pods mount and the flags that turn auth and TLS on. Pure.
+
+The Secrets are mounted as files, so a rotated Secret reaches the running server without a restart (the
+server re-reads its token file when it changes, and refuses everything while it is empty or missing).
+
+* ``tokenSecret`` ({name, key=token}): ``--auth-token-file``; every call but the health checks needs
+  ``Authorization: Bearer <token>``.
+* ``tls.certificateSecret`` (a ``kubernetes.io/tls`` Secret): HTTPS and gRPC TLS with Triton's flags.
+* ``tls.clientCASecret`` ({name, key=ca.crt}): client certificates required on both (mTLS). The kubelet
+  cannot present one, so the probes then ask the plain metrics listener, which answers the health
+  checks too; the operator presents ``tls.operatorCertificateSecret`` for its own calls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+AUTH_DIR = "/var/run/kubeinfer/auth"
+TLS_DIR = "/var/run/kubeinfer/tls"
+CLIENT_CA_DIR = "/var/run/kubeinfer/client-ca"
+TOKEN_KEY = "token"
+CA_KEY = "ca.crt"
+
+
+def auth_spec(spec: Mapping[str, Any]) -> Mapping[str, Any]:
+    return spec.get("auth") or {}
+
+
+def token_secret(spec: Mapping[str, Any]) -> tuple[str, str] | None:
+    ref = auth_spec(spec).get("tokenSecret") or {}
+    return (ref["name"], ref.get("key") or TOKEN_KEY) if ref.get("name") else None
+
+
+def tls_secret(spec: Mapping[str, Any]) -> str | None:
+    return (auth_spec(spec).get("tls") or {}).get("certificateSecret") or None
+
+
+def client_ca_secret(spec: Mapping[str, Any]) -> tuple[str, str] | None:
+    ref = (auth_spec(spec).get("tls") or {}).get("clientCASecret") or {}
+    return (ref["name"], ref.get("key") or CA_KEY) if ref.get("name") else None
+
+
+def operator_certificate_secret(spec: Mapping[str, Any]) -> str | None:
+    return (auth_spec(spec).get("tls") or {}).get("operatorCertificateSecret") or None
+
+
+def server_flags(spec: Mapping[str, Any]) -> list[str]:
+    flags = []
+    if token_secret(spec):
+        flags.append(f"--auth-token-file={AUTH_DIR}/{TOKEN_KEY}")
+    if tls_secret(spec):
+        cert, key = f"{TLS_DIR}/tls.crt", f"{TLS_DIR}/tls.key"
+        flags += [f"--http-tls-cert={cert}", f"--http-tls-key={key}"]
+        flags += ["--grpc-use-ssl=true", f"--grpc-server-cert={cert}", f"--grpc-server-key={key}"]
+        if client_ca_secret(spec):
+            ca = f"{CLIENT_CA_DIR}/{CA_KEY}"
+            flags += [f"--http-tls-client-ca={ca}", "--grpc-use-ssl-mutual=true", f"--grpc-root-cert={ca}"]
+    return flags
+
+
+def _secret_volume(volume: str, secret: str, items: list[tuple[str, str]]) -> dict[str, Any]:
+    # 0440 + the pod's fsGroup: readable by the server's group only
+    return {
+        "name": volume,
+        "secret": {
+            "secretName": secret,
+            "defaultMode": 0o440,
+            "items": [{"key": key, "path": path} for key, path in items],
+        },
+    }
+
+
+def volumes_and_mounts(spec: Mapping[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    volumes, mounts = [], []
+    if token := token_secret(spec):
+        volumes.append(_secret_volume("auth-token", token[0], [(token[1], TOKEN_KEY)]))
+        mounts.append({"name": "auth-token", "mountPath": AUTH_DIR, "readOnly": True})
+    if tls := tls_secret(spec):
+        volumes.append(_secret_volume("tls", tls, [("tls.crt", "tls.crt"), ("tls.key", "tls.key")]))
+        mounts.append({"name": "tls", "mountPath": TLS_DIR, "readOnly": True})
+        if ca := client_ca_secret(spec):
+            volumes.append(_secret_volume("client-ca", ca[0], [(ca[1], CA_KEY)]))
+            mounts.append({"name": "client-ca", "mountPath": CLIENT_CA_DIR, "readOnly": True})
+    return volumes, mounts
+
+
+def probe_port_and_scheme(spec: Mapping[str, Any]) -> tuple[str, str]:
+    """(port name, scheme) the kubelet probes: the HTTP port (HTTPS with TLS), or the plain metrics port
+    when client certificates are required (the kubelet has none)."""
+    if tls_secret(spec) and client_ca_secret(spec):
+        return "metrics", "HTTP"
+    return "http", "HTTPS" if tls_secret(spec) else "HTTP"
