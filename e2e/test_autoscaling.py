@@ -45,12 +45,15 @@ class Namespace:
     def apply(self, obj: dict[str, Any]) -> None:
         self.kubectl("apply", "-f", "-", input=json.dumps(obj))
 
-    def start_operator(self, root: Path, prometheus_url: str) -> None:
+    def start_operator(self, root: Path, prometheus_url: str, claim: str | None = None) -> None:
+        """The operator as a host process; ``claim``: its own claim on ``root`` (in this namespace), from which
+        it provides the pods' claim on this namespace's folder."""
+        claim_args = ["--claim-name", claim, "--claim-namespace", self.name] if claim else []
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "kubeinfer.operator", "--kubeconfig", self.cluster.kubeconfig,
                  "--repository-root", str(root), "--namespace", self.name, "--resync-seconds", "3",
-                 "--prometheus-url", prometheus_url],
+                 "--prometheus-url", prometheus_url, *claim_args],
                 stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
             )  # fmt: skip
 
@@ -306,7 +309,8 @@ def test_pool_scales_up_under_load_and_back_without_failed_requests(
     from kubeinfer.server.examples.generate import default_repository
 
     # the repository volume: a claim bound to a host folder (the node's storage class), which the
-    # operator -- a host process here -- writes and the server pods mount read-only
+    # operator -- a host process here -- writes; the server pods mount, read-only, the claim the operator
+    # provides on this namespace's folder of it
     ns.kubectl("apply", "-f", "-", input=json.dumps({
         "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "kubeinfer-models"},
         "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}},
@@ -329,7 +333,6 @@ def test_pool_scales_up_under_load_and_back_without_failed_requests(
         "spec": {
             "image": images["server"],
             "imagePullPolicy": "IfNotPresent",
-            "repository": {"claimName": "kubeinfer-models"},
             "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}},
             "drainSeconds": 5,
             "probes": {"readiness": {"periodSeconds": 1}, "startup": {"periodSeconds": 1, "failureThreshold": 300}},
@@ -350,7 +353,7 @@ def test_pool_scales_up_under_load_and_back_without_failed_requests(
     }  # fmt: skip
     ns.apply(server)
     folder = wait_for("the claim bound to a host folder", bound_folder, 120, 0.5, lambda: ns.describe("pvc"))
-    ns.start_operator(folder, metrics_stack.prometheus_url)
+    ns.start_operator(folder, metrics_stack.prometheus_url, claim="kubeinfer-models")
     uploads = folder / ns.name / "uploads"
     uploads.mkdir(parents=True, exist_ok=True)
     (uploads / "resnet18.onnx").write_bytes(model_file.read_bytes())

@@ -40,6 +40,9 @@ EVERYTHING = [
     "--set", "tolerations[0].operator=Exists",
     "--set", "tolerations[0].effect=NoSchedule",
     "--set", "operator.extraArgs[0]=--log-level=debug",
+    "--set", "rbac.secretNamespaces={team-a}",
+    "--set", "networkPolicy.monitoringNamespaces={monitoring}",
+    "--set", "operator.serverImagePrefixes={registry.example.com/ml/}",
 ]  # fmt: skip
 NAMESPACED = ["--set", "operator.watchNamespaces={team-a,team-b}"]
 
@@ -82,7 +85,7 @@ def test_values_schema_refuses_bad_values(helm, values, message) -> None:
 def test_template_renders_operator_with_leader_election(helm) -> None:
     docs = _docs(helm("template", "ki", str(CHART), "-n", "ops", "--set", "replicaCount=2").stdout)
     assert _kinds(docs) == [
-        *["ClusterRole"] * 2, *["ClusterRoleBinding"] * 2, "Deployment", "PersistentVolumeClaim",
+        *["ClusterRole"] * 3, *["ClusterRoleBinding"] * 2, "Deployment", "PersistentVolumeClaim",
         *["Role"] * 2, *["RoleBinding"] * 2, "ServiceAccount",
     ]  # fmt: skip
     dep = next(d for d in docs if d["kind"] == "Deployment")
@@ -91,11 +94,19 @@ def test_template_renders_operator_with_leader_election(helm) -> None:
     assert dep["spec"]["replicas"] == 2
     assert "--leader-election" in c["args"] and "--lease-duration=15" in c["args"]
     assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"  # answered by waiting followers too
-    # the claim check: PersistentVolumes (cluster-scoped) and the operator's own claim, by name
+    # the claim check and the namespaces' claims: PersistentVolumes (cluster-scoped), the operator's own claim
     volumes_role = next(
         d for d in docs if d["metadata"]["name"] == "ki-kubeinfer-volumes" and d["kind"] == "ClusterRole"
     )
-    assert volumes_role["rules"] == [{"apiGroups": [""], "resources": ["persistentvolumes"], "verbs": ["get"]}]
+    assert volumes_role["rules"] == [
+        {"apiGroups": [""], "resources": ["persistentvolumes"], "verbs": ["get", "create", "delete"]}
+    ]
+    assert "--tenant-claim-name=kubeinfer-repository" in c["args"]
+    assert "--operator-pod-labels=app.kubernetes.io/name=kubeinfer-operator,app.kubernetes.io/instance=ki" in c["args"]
+    assert dep["spec"]["template"]["metadata"]["labels"] == {
+        "app.kubernetes.io/name": "kubeinfer-operator",
+        "app.kubernetes.io/instance": "ki",
+    }  # what --operator-pod-labels tells the servers' NetworkPolicies
     own = next(d for d in docs if d["metadata"]["name"] == "ki-kubeinfer-own-claim" and d["kind"] == "Role")
     assert own["metadata"]["namespace"] == "ops"
     assert own["rules"][0]["resourceNames"] == ["kubeinfer-models"] and own["rules"][0]["verbs"] == ["get"]
@@ -133,6 +144,8 @@ def test_every_option_renders(helm) -> None:
     assert set(by_kind) >= {"PersistentVolumeClaim", "PodMonitor", "ServiceMonitor", "ClusterRole"}
     args = by_kind["Deployment"]["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--prometheus-url=http://prometheus-server.monitoring.svc:9090" in args
+    assert "--monitoring-namespace=monitoring" in args
+    assert "--server-image-prefix=registry.example.com/ml/" in args
     role = next(d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "ki-kubeinfer-operator")
     keda_rules = [r for r in role["rules"] if r["apiGroups"] == ["keda.sh"]]
     assert keda_rules == [
@@ -144,16 +157,83 @@ def test_every_option_renders(helm) -> None:
     assert pm["spec"]["namespaceSelector"] == {"any": True}
     assert pm["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
     namespaced = _docs(helm("template", "ki", str(CHART), "-n", "ops", *EVERYTHING, *NAMESPACED).stdout)
-    # cluster scope only for reading PersistentVolumes (the claim check), nothing else
-    cluster_roles = [d for d in namespaced if d["kind"] == "ClusterRole"]
-    assert [r["rules"] for r in cluster_roles] == [
-        [{"apiGroups": [""], "resources": ["persistentvolumes"], "verbs": ["get"]}]
+    # cluster scope only for PersistentVolumes (the claim check, the namespaces' volumes) and the Secret reader
+    # that only RoleBindings in rbac.secretNamespaces bind
+    cluster_roles = {d["metadata"]["name"]: d["rules"] for d in namespaced if d["kind"] == "ClusterRole"}
+    assert cluster_roles == {
+        "ki-kubeinfer-volumes": [
+            {"apiGroups": [""], "resources": ["persistentvolumes"], "verbs": ["get", "create", "delete"]}
+        ],
+        "ki-kubeinfer-secret-reader": [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}],
+    }
+    cluster_bindings = [d["roleRef"]["name"] for d in namespaced if d["kind"] == "ClusterRoleBinding"]
+    assert cluster_bindings == ["ki-kubeinfer-volumes"]
+    secret_bindings = [
+        (d["metadata"]["namespace"], d["roleRef"]["name"])
+        for d in namespaced
+        if d["kind"] == "RoleBinding" and d["roleRef"]["kind"] == "ClusterRole"
     ]
+    assert secret_bindings == [("team-a", "ki-kubeinfer-secret-reader")]
     roles = {(d["metadata"]["namespace"], d["metadata"]["name"]) for d in namespaced if d["kind"] == "Role"}
     assert roles == {("team-a", "ki-kubeinfer-operator"), ("team-b", "ki-kubeinfer-operator"),
                      ("ops", "ki-kubeinfer-leader-election"), ("ops", "ki-kubeinfer-own-claim")}  # fmt: skip
     pm = next(d for d in namespaced if d["kind"] == "PodMonitor")
     assert pm["spec"]["namespaceSelector"] == {"matchNames": ["team-a", "team-b"]}
+
+
+#: every rule the operator's (Cluster)Role grants in a watched namespace, exactly (keda.enabled=false)
+NAMESPACED_RULES = [
+    {"apiGroups": ["serving.kubeinfer.io"], "resources": ["inferencemodels", "inferenceservers"],
+     "verbs": ["get", "list", "watch", "patch"]},
+    {"apiGroups": ["serving.kubeinfer.io"], "resources": ["inferencemodels/status", "inferenceservers/status"],
+     "verbs": ["patch"]},
+    {"apiGroups": ["serving.kubeinfer.io"], "resources": ["inferenceservers/finalizers"], "verbs": ["update"]},
+    {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["list", "watch", "create", "patch"]},
+    {"apiGroups": [""], "resources": ["services"], "verbs": ["list", "watch", "create", "patch"]},
+    {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list", "watch"]},
+    {"apiGroups": ["autoscaling"], "resources": ["horizontalpodautoscalers"],
+     "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
+    {"apiGroups": [""], "resources": ["persistentvolumeclaims"], "verbs": ["get", "create"]},
+    {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"],
+     "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("scope", ["cluster-wide", "namespaced"])
+def test_rbac_grants_exactly_these_verbs(helm, scope) -> None:
+    """Least privilege, rule by rule: no Secret in any namespace's Role, PersistentVolumes only in their own
+    ClusterRole, cluster scope beyond that only for kopf's namespace and CRD watches in a cluster-wide install."""
+    values = NAMESPACED if scope == "namespaced" else []
+    docs = _docs(helm("template", "ki", str(CHART), "-n", "ops", *values).stdout)
+    roles = {(d["kind"], d["metadata"].get("namespace"), d["metadata"]["name"]): d["rules"] for d in docs
+             if d["kind"] in ("Role", "ClusterRole")}  # fmt: skip
+    kopf_cluster = [
+        {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]},
+        {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": ["list", "watch"]},
+    ]
+    expected = {
+        ("ClusterRole", None, "ki-kubeinfer-volumes"): [
+            {"apiGroups": [""], "resources": ["persistentvolumes"], "verbs": ["get", "create", "delete"]}
+        ],
+        ("ClusterRole", None, "ki-kubeinfer-secret-reader"): [
+            {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}
+        ],
+        ("Role", "ops", "ki-kubeinfer-own-claim"): [
+            {"apiGroups": [""], "resources": ["persistentvolumeclaims"], "resourceNames": ["kubeinfer-models"],
+             "verbs": ["get"]}
+        ],
+        ("Role", "ops", "ki-kubeinfer-leader-election"): [
+            {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]}
+        ],
+    }  # fmt: skip
+    if scope == "namespaced":
+        expected |= {("Role", ns, "ki-kubeinfer-operator"): NAMESPACED_RULES for ns in ("team-a", "team-b")}
+    else:
+        expected[("ClusterRole", None, "ki-kubeinfer-operator")] = NAMESPACED_RULES + kopf_cluster
+    assert roles == expected
+    bindings = [d for d in docs if d["kind"] in ("RoleBinding", "ClusterRoleBinding")]
+    assert not [b for b in bindings if b["roleRef"]["name"] == "ki-kubeinfer-secret-reader"]  # nobody opted in
 
 
 @pytest.mark.parametrize("options", ["defaults", "everything", "everything-namespaced"])
@@ -201,8 +281,11 @@ NEEDED = [
     ("watch", "deployments.apps"),
     ("patch", "services"),
     ("delete", "horizontalpodautoscalers.autoscaling"),
-    ("get", "secrets"),
+    ("get", "secrets"),  # rbac.secretNamespaces names the team's namespace here
     ("create", "events"),
+    ("create", "persistentvolumeclaims"),  # the namespace's claim on its folder
+    ("create", "persistentvolumes"),
+    ("patch", "networkpolicies.networking.k8s.io"),
     ("list", "endpointslices.discovery.k8s.io"),  # status from every server replica
     ("watch", "endpointslices.discovery.k8s.io"),
     ("get", "persistentvolumeclaims"),  # the claim check
@@ -271,7 +354,8 @@ def test_operator_reconciles_under_the_charts_rbac(cluster, helm, kubectl, tmp_p
     user = f"system:serviceaccount:{ops}:{sa}"
     for ns in (ops, team, other):
         _namespace(kubectl, ns, restricted=True)
-    values = ["--set", f"operator.watchNamespaces={{{team}}}"] if scope == "namespaced" else []
+    values = ["--set", f"rbac.secretNamespaces={{{team}}}"]
+    values += ["--set", f"operator.watchNamespaces={{{team}}}"] if scope == "namespaced" else []
     proc = None
     try:
         # a volume for the chart's claim, so the claim check runs to the end under the chart's RBAC
@@ -294,6 +378,9 @@ def test_operator_reconciles_under_the_charts_rbac(cluster, helm, kubectl, tmp_p
             assert _can(kubectl, user, verb, resource, "-n", team), f"operator cannot {verb} {resource}"
         for verb, resource in FORBIDDEN:
             assert not _can(kubectl, user, verb, resource, "-n", team), f"operator may {verb} {resource}"
+        # no Secret anywhere but where a namespace opted in
+        assert not _can(kubectl, user, "get", "secrets", "-n", other)
+        assert not _can(kubectl, user, "get", "secrets", "-n", ops)
         assert _can(kubectl, user, "update", "leases.coordination.k8s.io", "-n", ops)
         assert not _can(kubectl, user, "update", "leases.coordination.k8s.io", "-n", team)
         if scope == "namespaced":
@@ -303,7 +390,7 @@ def test_operator_reconciles_under_the_charts_rbac(cluster, helm, kubectl, tmp_p
             bound = [
                 b["roleRef"]["name"] for b in bindings if any(s.get("name") == sa for s in b.get("subjects") or ())
             ]
-            assert bound == [f"{release}-kubeinfer-volumes"], "a namespaced install binds only the PV reader"
+            assert bound == [f"{release}-kubeinfer-volumes"], "a namespaced install binds only the PV role"
         else:
             assert _can(kubectl, user, "watch", "inferenceservers.serving.kubeinfer.io", "--all-namespaces")
         # the operator's pod was admitted in a "restricted" namespace (pod security rejects at pod creation)
@@ -326,7 +413,6 @@ def test_operator_reconciles_under_the_charts_rbac(cluster, helm, kubectl, tmp_p
             "metadata": {"name": "pool", "namespace": team},
             "spec": {
                 "image": "kubeinfer-server:test",
-                "repository": {"claimName": "kubeinfer-models"},
                 "resources": {"requests": {"cpu": "100m"}},
                 "autoscaling": {"autoscaler": "HPA", "maxReplicas": 3, "target": {"metric": "CPU", "value": 60}},
             },
@@ -350,17 +436,31 @@ def test_operator_reconciles_under_the_charts_rbac(cluster, helm, kubectl, tmp_p
         )
         assert st["endpoint"] == f"pool.{team}.svc:8000"
 
-        # the claim check read the operator's claim, its volume and the server's (absent) claim; the PVC
-        # binds moments after the install, and lookups are cached for 30 s
+        # the operator read its own claim and volume, then made the team's volume and claim (on
+        # /exports/<release>/<team>) under the chart's RBAC, and the controller manager bound them
         def repository_condition():
             obj = json.loads(kubectl("-n", team, "get", "inferenceserver", "pool", "-o", "json").stdout)
             conds = (obj.get("status") or {}).get("conditions") or []
             c = next((c for c in conds if c["type"] == "RepositoryReady"), {})
-            return c if f"'kubeinfer-models' does not exist in namespace '{team}'" in c.get("message", "") else None
+            return c if c.get("status") == "True" else None
 
-        repo = wait_for("the claim check's verdict", repository_condition, 90, 1)
-        assert repo["status"] == "False"
-        kubectl("-n", team, "get", "deployment/pool", "service/pool", "hpa/pool")
+        repo = wait_for("the namespace's claim", repository_condition, 90, 1)
+        assert "pods mount claim 'kubeinfer-repository'" in repo["message"]
+        claim = wait_for(
+            "the namespace's claim Bound",
+            lambda: (
+                (c := json.loads(kubectl("-n", team, "get", "pvc", "kubeinfer-repository", "-o", "json").stdout))
+                .get("status", {})
+                .get("phase")
+                == "Bound"
+                and c
+            ),
+            60,
+            0.5,
+        )
+        volume = json.loads(kubectl("get", "pv", claim["spec"]["volumeName"], "-o", "json").stdout)
+        assert volume["spec"]["nfs"]["path"] == f"/exports/{release}/{team}"
+        kubectl("-n", team, "get", "deployment/pool", "service/pool", "hpa/pool", "networkpolicy/pool")
         # the server pod passed the restricted pod security admission
         assert len(_pods(kubectl, team, "app.kubernetes.io/instance=pool")) == 1
         # switching autoscaling off deletes the HPA (the one delete the operator does here)
@@ -383,6 +483,7 @@ def test_operator_reconciles_under_the_charts_rbac(cluster, helm, kubectl, tmp_p
         for ns in (ops, team, other):
             kubectl("delete", "namespace", ns, "--wait=false", check=False)
         kubectl("delete", "pv", f"{release}-models", "--wait=false", check=False)
+        kubectl("delete", "pv", "-l", f"serving.kubeinfer.io/tenant-namespace={team}", "--wait=false", check=False)
 
 
 def test_install_into_the_cluster(cluster, helm, kubectl) -> None:
@@ -424,10 +525,11 @@ def test_install_into_the_cluster(cluster, helm, kubectl) -> None:
 
 
 def test_operator_rendered_objects_validate_with_kubeconform(kubeconform) -> None:
-    """What the operator applies (Deployment, Service, HPA, KEDA ScaledObject) for a spec with every option,
+    """What the operator applies (Deployment, Service, HPA, KEDA ScaledObject, NetworkPolicy) for a spec with
+    every option (auth and TLS mounted included),
     against the cluster version's schemas and KEDA's CRD: a field typo in the operator fails here, not in a
     user's cluster."""
-    from kubeinfer.operator import autoscaling, manifests
+    from kubeinfer.operator import autoscaling, manifests, network_policy
 
     from tests.support.specs import server_spec
 
@@ -446,7 +548,21 @@ def test_operator_rendered_objects_validate_with_kubeconform(kubeconform) -> Non
     )  # fmt: skip
     body = {"apiVersion": API, "kind": "InferenceServer", "spec": spec,
             "metadata": {"name": "gpu-pool", "namespace": "ml", "uid": "0e6a3b1c-uid", "generation": 1}}  # fmt: skip
-    objects = [manifests.deployment(body), manifests.service(body), autoscaling.hpa(body)]
+    spec["auth"] = {
+        "tokenSecret": {"name": "tok"},
+        "tls": {"certificateSecret": "tls", "clientCASecret": {"name": "ca"}, "operatorCertificateSecret": "op"},
+    }
+    spec["networkPolicy"] = {"allowFrom": [{"namespaceSelector": {"matchLabels": {"team": "a"}}}]}
+    context = network_policy.PolicyContext("ops", {"app.kubernetes.io/name": "kubeinfer-operator"}, ["monitoring"])
+    policy = network_policy.network_policy(
+        body, manifests.ports(spec), manifests.selector_labels("gpu-pool"), manifests.metadata(body), context
+    )
+    objects = [
+        manifests.deployment(body, "kubeinfer-repository"),
+        manifests.service(body),
+        autoscaling.hpa(body),
+        policy,
+    ]
     for target in ({"metric": "QueueDurationPerRequest"}, {"metric": "CPU", "value": 70}, {"metric": "GPU"}):
         spec["autoscaling"] = {
             "maxReplicas": 4,

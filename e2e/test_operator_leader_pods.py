@@ -110,7 +110,6 @@ def test_two_operator_pods_hand_over_and_no_follower_is_restarted(cluster, node,
             "spec": {
                 "image": "kubeinfer-server:absent",
                 "replicas": 0,
-                "repository": {"claimName": "kubeinfer-models"},
             },
         }
         kubectl("apply", "-f", "-", input=json.dumps(server))

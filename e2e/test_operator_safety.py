@@ -7,8 +7,9 @@ status change seen here comes from a change handler or its follow-up rechecks, n
   only when told, so the in-between state is stable and observable), Normal events;
 * status per replica, read from the EndpointSlices of the server's Service (two real servers on
   this machine's non-loopback address, listed in hand-made EndpointSlices);
-* the repository claim check on bound PersistentVolumes (real PV/PVC binding by the controller
-  manager);
+* each namespace's repository claim: the one the operator provides (a PersistentVolume on its
+  namespace's folder of the NFS export, bound by the controller manager) and the check of claims named in
+  a spec (the whole volume, other storage, a missing claim are refused);
 * private downloads: credentials from a labelled Secret, https only, no downgrading redirects.
 """
 
@@ -108,8 +109,9 @@ class Stage:
         }
         return {"apiVersion": API, "kind": "InferenceModel", "metadata": {"name": name}, "spec": spec}
 
-    def server(self, name: str, claim: str = "models", replicas: int = 0) -> None:
-        """An InferenceServer; no pods by default (the servers here are processes on this machine)."""
+    def server(self, name: str, claim: str | None = None, replicas: int = 0) -> None:
+        """An InferenceServer (the operator's claim unless ``claim``); no pods by default (the servers here are
+        processes on this machine)."""
         self.apply(
             {
                 "apiVersion": API,
@@ -118,7 +120,7 @@ class Stage:
                 "spec": {
                     "replicas": replicas,
                     "image": "registry.example.com/kubeinfer-server:0.1.0",
-                    "repository": {"claimName": claim, "subPath": name},
+                    "repository": {"subPath": name, **({"claimName": claim} if claim else {})},
                     "server": {"pollIntervalSeconds": 1},
                 },
             }
@@ -225,8 +227,11 @@ def stage(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[St
         cluster.release_finalizers(ns)
         cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
         pvs = cluster.kubectl("get", "pv", "-o", "name", check=False).stdout.split()
+        pvs += cluster.kubectl(
+            "get", "pv", "-o", "name", "-l", f"serving.kubeinfer.io/tenant-namespace={ns}", check=False
+        ).stdout.split()
         for pv in pvs:
-            if pv.startswith(f"persistentvolume/{ns}-"):
+            if pv.startswith(f"persistentvolume/{ns}-") or pv.startswith("persistentvolume/kubeinfer-"):
                 cluster.kubectl("delete", pv, "--wait=false", check=False)
         manual.terminate()
         https.close()
@@ -328,12 +333,20 @@ def test_status_counts_every_replica_behind_the_service(stage: Stage) -> None:
         stage.kubectl("delete", "inferenceserver", pool, check=False)
 
 
-def test_claims_are_compared_by_the_volume_they_are_bound_to(stage: Stage) -> None:
-    stage.volume("alias", f"/exports/{stage.ns}/")  # another PV and claim name, the same NFS export
-    stage.volume("elsewhere", f"/exports/{stage.ns}-other")
+def test_each_namespace_gets_a_claim_on_its_own_folder_and_broader_claims_are_refused(stage: Stage) -> None:
+    """The operator's volume is the NFS export /exports/<ns> (PVC ``models``); this namespace's folder is
+    /exports/<ns>/<ns>. A server naming no claim gets the operator's, bound by the controller manager to a
+    read-only PersistentVolume on that folder; a claim on the whole export, on other storage or missing is
+    refused with a condition and gets no models; an admin's claim on the namespace's folder is accepted."""
+    ns = stage.ns
+    stage.volume("alias", f"/exports/{ns}/")  # another PV and claim name on the whole export
+    stage.volume("elsewhere", f"/exports/{ns}-other")
+    stage.volume("mine", f"/exports/{ns}/{ns}")  # exactly this namespace's folder
+    stage.server("provided-pool")
     stage.server("alias-pool", claim="alias")
     stage.server("other-pool", claim="elsewhere")
     stage.server("no-claim-pool", claim="missing")
+    stage.server("mine-pool", claim="mine")
 
     def repository_ready(server: str) -> dict[str, Any]:
         return wait_for_cluster(
@@ -341,24 +354,46 @@ def test_claims_are_compared_by_the_volume_they_are_bound_to(stage: Stage) -> No
             lambda: stage.condition("inferenceserver", server, "RepositoryReady") or None,
         )
 
-    assert repository_ready("alias-pool")["status"] == "True"
+    provided = repository_ready("provided-pool")
+    assert provided["status"] == "True" and "pods mount claim 'kubeinfer-repository'" in provided["message"]
+    claim = wait_for_cluster(
+        "the provided claim Bound",
+        lambda: (c := stage.get("pvc", "kubeinfer-repository")).get("status", {}).get("phase") == "Bound" and c,
+    )
+    pv = json.loads(stage.cluster.kubectl("get", "pv", claim["spec"]["volumeName"], "-o", "json").stdout)
+    assert pv["spec"]["nfs"] == {"server": "nfs.example.internal", "path": f"/exports/{ns}/{ns}", "readOnly": True}
+    assert pv["spec"]["accessModes"] == ["ReadOnlyMany"] and claim["spec"]["accessModes"] == ["ReadOnlyMany"]
+    assert pv["spec"]["persistentVolumeReclaimPolicy"] == "Retain"
+    assert stage.get("inferenceserver", "provided-pool")["status"]["repositoryClaim"] == "kubeinfer-repository"
+
+    whole = repository_ready("alias-pool")
+    assert whole["status"] == "False" and "reaches the whole repository volume" in whole["message"]
     other = repository_ready("other-pool")
     assert other["status"] == "False"
     assert (
-        f"bound to volume '{stage.pv_prefix}-elsewhere' (NFS nfs.example.internal:/exports/{stage.ns}-other)"
-        in (other["message"])
+        f"bound to volume '{stage.pv_prefix}-elsewhere' (NFS nfs.example.internal:/exports/{ns}-other)"
+        in other["message"]
     )
-    assert f"operator writes to volume '{stage.pv_prefix}-models'" in other["message"]
+    assert f"this namespace's models are in NFS nfs.example.internal:/exports/{ns}/{ns}" in other["message"]
     missing = repository_ready("no-claim-pool")
     assert missing["status"] == "False" and "'missing' does not exist" in missing["message"]
+    assert repository_ready("mine-pool")["status"] == "True"
+
     stage.apply(stage.model("misplaced", "other-pool", [{"version": 1, "source": {"path": "uploads/relu.onnx"}}]))
+    stage.apply(stage.model("broad", "alias-pool", [{"version": 1, "source": {"path": "uploads/relu.onnx"}}]))
     stage.wait_condition("misplaced", "Rendered", "False", "ClaimNotMounted")
-    assert not (stage.folder / "other-pool").exists()
-    stage.apply(stage.model("placed", "alias-pool", [{"version": 1, "source": {"path": "uploads/relu.onnx"}}]))
-    stage.wait_condition("placed", "Rendered", "True")
-    assert (stage.folder / "alias-pool" / "placed" / "1" / "model.onnx").is_file()
-    stage.kubectl("delete", "inferencemodel", "misplaced", "placed", "--wait=true", "--timeout=60s")
-    stage.kubectl("delete", "inferenceserver", "alias-pool", "other-pool", "no-claim-pool")
+    stage.wait_condition("broad", "Rendered", "False", "ClaimTooBroad")
+    assert not (stage.folder / "other-pool").exists() and not (stage.folder / "alias-pool").exists()
+    for name, pool in (("placed", "mine-pool"), ("provided", "provided-pool")):
+        stage.apply(stage.model(name, pool, [{"version": 1, "source": {"path": "uploads/relu.onnx"}}]))
+        stage.wait_condition(name, "Rendered", "True")
+        assert (stage.folder / pool / name / "1" / "model.onnx").is_file()
+    stage.kubectl(
+        "delete", "inferencemodel", "misplaced", "broad", "placed", "provided", "--wait=true", "--timeout=60s"
+    )
+    stage.kubectl(
+        "delete", "inferenceserver", "provided-pool", "alias-pool", "other-pool", "no-claim-pool", "mine-pool"
+    )
 
 
 def test_private_downloads_use_only_a_labelled_secret_over_https(stage: Stage) -> None:

@@ -316,6 +316,12 @@ def test_2_models_fetched_by_the_operator_pod_become_ready(path: UserPath) -> No
     # the pod mounts the claim read-only: the kernel refuses a write, the rendered model is visible
     mount = next(m for m in pods[0]["spec"]["containers"][0]["volumeMounts"] if m["mountPath"] == "/models")
     assert mount["readOnly"] is True, mount
+    # through the claim the operator provided in this namespace, on this namespace's folder only
+    volume = next(v for v in pods[0]["spec"]["volumes"] if v["name"] == mount["name"])
+    assert volume["persistentVolumeClaim"]["claimName"] == "kubeinfer-repository"
+    pvc = path.get("pvc", "kubeinfer-repository")
+    pv = path.cluster.kubectl_json("get", "pv", pvc["spec"]["volumeName"])
+    assert Path(pv["spec"]["hostPath"]["path"]) == path.volume / path.ns
     probe = path.kubectl(
         "exec", pods[0]["metadata"]["name"], "--", "python3", "-c",
         "import os; print(sorted(os.listdir('/models'))); open('/models/written-by-a-pod', 'w')",

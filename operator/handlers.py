@@ -702,6 +702,7 @@ def register(reconciler: Reconciler, registry: kopf.OperatorRegistry) -> None:
         ("apps", "v1", "deployments"),
         ("v1", "services"),
         ("autoscaling", "v2", "horizontalpodautoscalers"),
+        ("networking.k8s.io", "v1", "networkpolicies"),
     ):
         kopf.on.event(*resource, id=f"owned-{resource[-1]}", labels=owned, registry=registry)(on_owned)
 

@@ -48,6 +48,8 @@ def persistent_volume(
     }
     if spec.get("mountOptions"):
         body["mountOptions"] = spec["mountOptions"]
+    if spec.get("nodeAffinity"):  # where the storage is reachable (a hostPath or local volume's node)
+        body.setdefault("nodeAffinity", spec["nodeAffinity"])
     return {
         "apiVersion": "v1",
         "kind": "PersistentVolume",
