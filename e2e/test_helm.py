@@ -354,6 +354,8 @@ def test_operator_reconciles_under_the_charts_rbac(cluster, helm, kubectl, tmp_p
     user = f"system:serviceaccount:{ops}:{sa}"
     for ns in (ops, team, other):
         _namespace(kubectl, ns, restricted=True)
+    # this tree's CRDs (helm leaves CRDs that exist alone, and the shared cluster may hold older ones)
+    kubectl("apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))
     values = ["--set", f"rbac.secretNamespaces={{{team}}}"]
     values += ["--set", f"operator.watchNamespaces={{{team}}}"] if scope == "namespaced" else []
     proc = None

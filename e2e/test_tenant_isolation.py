@@ -266,6 +266,29 @@ def test_file_names_in_the_spec_are_limited_in_bytes_not_characters(tenants: Ten
     assert not t.get(t.a, "inferencemodel", "bytes")
 
 
+def test_extra_args_may_not_set_the_operators_flags(tenants: Tenants) -> None:
+    """The CRD's rule for server.extraArgs, checked by the API server (server-side dry run): a tenant cannot
+    point its pool at another repository, switch auth off or open the control API through extra flags."""
+    t = tenants
+    for args, accepted in (
+        (["--log-verbose=1", "--exit-on-error=true"], True),
+        (["--model-repository=/"], False),
+        (["--auth-token-file", "/dev/null"], False),
+        (["--model-control-mode=explicit"], False),
+        (["--allowed-backends=python"], False),
+        (["--grpc-use-ssl=false"], False),
+    ):
+        obj = pool("args")
+        obj["spec"]["server"] = {"extraArgs": args}
+        proc = t.kubectl(t.a, "apply", "--dry-run=server", "-f", "-", input=json.dumps(obj), check=False)
+        if accepted:
+            assert proc.returncode == 0, proc.stderr
+        else:
+            assert proc.returncode != 0, args
+            assert "server.extraArgs must not set a flag the operator sets" in proc.stderr, proc.stderr
+    assert not t.get(t.a, "inferenceserver", "args")
+
+
 def test_a_subpath_naming_another_namespace_stays_inside_its_own(tenants: Tenants) -> None:
     """subPath is relative to the namespace's folder: 'B/gpu-pool' written from A lands in A/B/gpu-pool."""
     t = tenants

@@ -320,7 +320,8 @@ INFERENCE_SERVER_SPEC = {
                     "description": "Extra command-line flags appended to the server's arguments. Flags the operator "
                     "sets (repository, control mode, listeners and ports, auth and TLS, drain timing, allowed "
                     "backends and op libraries) are refused.",
-                    "items": {"type": "string"},
+                    "maxItems": 64,
+                    "items": {"type": "string", "maxLength": 1024},
                     "x-kubernetes-validations": [
                         {
                             "rule": f"self.all(a, !a.matches('{RESERVED_FLAG_PATTERN}'))",
