@@ -12,11 +12,13 @@ once per ``index_max_age`` for all its models, and an unchanged status is not wr
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import logging
+import random
 import threading
 import time
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -46,8 +48,9 @@ from .repository_writer import RepositoryWriter
 
 #: artifact failures that may go away by themselves (network, a download slot); the rest wait for a spec change
 TEMPORARY_REASONS = {"FetchFailed", "Queued"}
-#: seconds before kopf retries a model whose download waits for a slot of its namespace
-QUEUE_RETRY = 5.0
+#: seconds (on average; spread by half either way, so queued models do not come back in step) before
+#: kopf retries a model whose download waits for a slot
+QUEUE_RETRY = 3.0
 #: (first, longest) seconds before the resync timer retries a render that failed for the same generation
 FAILURE_BACKOFF = (60.0, 900.0)
 #: seconds between checks, during a long fetch, that the object was not deleted or changed meanwhile
@@ -351,7 +354,11 @@ class Reconciler:
         meta, spec = body["metadata"], body["spec"]
         ns, name, generation = meta["namespace"], meta["name"], meta.get("generation", 0)
         prev = body.get("status") or {}
-        with self._lock(meta["uid"]):
+        # a resync tick of an object whose change handler is still rendering (a slow download) does not
+        # wait for it: waiting would hold a second worker thread for as long as the download runs
+        with _held(self._lock(meta["uid"]), wait=not from_timer) as got:
+            if not got:
+                return None
             server_name = spec["server"]
             obs = status.ModelObservation(generation=generation, target=[], rendered=[], server=server_name)
             temporary: str | None = None
@@ -398,7 +405,7 @@ class Reconciler:
                     obs.failed_version = exc.version
                     if exc.reason in TEMPORARY_REASONS:
                         temporary = exc.message
-                        delay = QUEUE_RETRY if exc.reason == "Queued" else backoff(retry)
+                        delay = QUEUE_RETRY * random.uniform(0.5, 1.5) if exc.reason == "Queued" else backoff(retry)
                 if not held and (obs.render_error or ("",))[0] != "Queued":  # waiting is not a failure
                     self._remember_failure(meta["uid"], generation, obs)
                 if server_dir is not None:
@@ -552,6 +559,17 @@ class Reconciler:
                 if loaded and runtime_seconds < self.config.unload_timeout:
                     raise kopf.TemporaryError(f"{UNLOAD_WAIT} versions {loaded}", delay=1)
         self._forget(meta["uid"])
+
+
+@contextlib.contextmanager
+def _held(lock: threading.Lock, wait: bool) -> Iterator[bool]:
+    """``lock`` taken (True), or not when ``wait`` is False and someone holds it (False)."""
+    got = lock.acquire(blocking=wait)
+    try:
+        yield got
+    finally:
+        if got:
+            lock.release()
 
 
 def _condition(status_doc: Mapping[str, Any], ctype: str) -> Mapping[str, Any]:
