@@ -267,6 +267,17 @@ class Fetcher:
     def close(self) -> None:
         self.pool.close()
 
+    def precheck(self, uri: str, namespace: str) -> None:
+        """The refusals that need no connection (scheme, host lists, IP literals), before a download slot
+        is taken: a refused URI must not wait for, or hold, one of its namespace's slots."""
+        try:
+            url = httpx.URL(uri)
+        except (httpx.InvalidURL, TypeError):
+            raise ArtifactError("SchemeRejected", "source.uri is not a valid URL") from None
+        if url.scheme not in SCHEMES or not url.host:
+            raise ArtifactError("SchemeRejected", "source.uri must be an http:// or https:// URL with a host")
+        self._admit(url, namespace, "source.uri")
+
     def _admit(self, url: httpx.URL, namespace: str, where: str) -> None:
         """The checks made before a request: scheme, the namespace's hosts, an IP literal's class."""
         host = normal_host(url.host)

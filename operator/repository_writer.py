@@ -213,6 +213,7 @@ class RepositoryWriter:
         fetch.check_quota(namespace)
         if source.uri:
             headers = fetch.headers(source.credentials_secret, source.uri) if source.credentials_secret else None
+            self.fetcher.precheck(source.uri, namespace)
             fetch.take_slot(namespace)
             with open(dest, "wb") as out:
                 self.fetcher.download(

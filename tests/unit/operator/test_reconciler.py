@@ -281,6 +281,12 @@ def test_a_download_over_its_namespaces_share_is_queued_and_gives_its_thread_bac
     assert syncs == ["m", "m"]
     # another namespace is not held up by this one's share
     assert reconciler.gate.running("other") == 0
+    # a URI refused without connecting (the metadata endpoint) is refused at once, not queued
+    metadata = model("pool")
+    metadata["metadata"]["uid"] = "uid-metadata"
+    metadata["spec"]["versions"][0]["source"] = {"uri": "http://169.254.169.254/latest/", "sha256": "0" * 64}
+    refused = reconciler.reconcile_model(metadata, recheck=False)
+    assert refused is not None and condition(refused, "Ready")["reason"] == "AddressRefused"
     reconciler.gate.release(NS)
     with pytest.raises(kopf.TemporaryError) as info:  # now it runs: connection refused, a temporary failure
         reconciler.reconcile_model(body, recheck=False)
