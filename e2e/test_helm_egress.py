@@ -117,7 +117,6 @@ def test_defaults_open_dns_apiserver_servers_and_public_http_only(helm) -> None:
         ("2606:4700::1111", 443, True),
         ("fd00::1", 80, False),
         ("fe80::1", 80, False),
-        ("::ffff:10.0.0.1", 80, False),
     ]:
         assert allows(policy, address, port) is expected, (address, port)
     args = _args(docs)
