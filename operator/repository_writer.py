@@ -212,8 +212,8 @@ class RepositoryWriter:
         namespace = namespace_dir.name
         fetch.check_quota(namespace)
         if source.uri:
+            self.fetcher.precheck(source.uri, namespace)  # refusals that need no connection, no slot
             headers = fetch.headers(source.credentials_secret, source.uri) if source.credentials_secret else None
-            self.fetcher.precheck(source.uri, namespace)
             fetch.take_slot(namespace)
             with open(dest, "wb") as out:
                 self.fetcher.download(
