@@ -221,6 +221,16 @@ def _header(headers: list[tuple[bytes, bytes]], name: bytes) -> str | None:
     return None
 
 
+def _parse(uri: str) -> httpx.URL:
+    try:
+        url = httpx.URL(uri)
+    except (httpx.InvalidURL, TypeError):
+        raise ArtifactError("SchemeRejected", "source.uri is not a valid URL") from None
+    if url.scheme not in SCHEMES or not url.host:
+        raise ArtifactError("SchemeRejected", "source.uri must be an http:// or https:// URL with a host")
+    return url
+
+
 def uri_host(uri: str) -> str:
     """The host of ``uri`` as the host rules and credentials see it ("" when it does not parse)."""
     try:
@@ -270,13 +280,7 @@ class Fetcher:
     def precheck(self, uri: str, namespace: str) -> None:
         """The refusals that need no connection (scheme, host lists, IP literals), before a download slot
         is taken: a refused URI must not wait for, or hold, one of its namespace's slots."""
-        try:
-            url = httpx.URL(uri)
-        except (httpx.InvalidURL, TypeError):
-            raise ArtifactError("SchemeRejected", "source.uri is not a valid URL") from None
-        if url.scheme not in SCHEMES or not url.host:
-            raise ArtifactError("SchemeRejected", "source.uri must be an http:// or https:// URL with a host")
-        self._admit(url, namespace, "source.uri")
+        self._admit(_parse(uri), namespace, "source.uri")
 
     def _admit(self, url: httpx.URL, namespace: str, where: str) -> None:
         """The checks made before a request: scheme, the namespace's hosts, an IP literal's class."""
@@ -313,12 +317,7 @@ class Fetcher:
         """
         if not sha256:
             raise ArtifactError("ChecksumRequired", "a remote source needs source.sha256")
-        try:
-            first = url = httpx.URL(uri)
-        except (httpx.InvalidURL, TypeError):
-            raise ArtifactError("SchemeRejected", "source.uri is not a valid URL") from None
-        if url.scheme not in SCHEMES or not url.host:
-            raise ArtifactError("SchemeRejected", "source.uri must be an http:// or https:// URL with a host")
+        first = url = _parse(uri)
         if headers and url.scheme != "https":
             raise ArtifactError("CredentialsRejected", f"credentials are only sent over https, not to {shown(url)}")
         started = time.monotonic()

@@ -181,6 +181,22 @@ def test_an_untrusted_certificate_is_named_without_the_remote_text(tls, servers)
     assert "kubeinfer test CA" not in err.message and "CERTIFICATE_VERIFY_FAILED" not in err.message
 
 
+def test_tls_verifies_the_host_name_not_the_address_connected(tls, servers):
+    """The socket goes to the checked address, but the certificate must still be the host's: a server whose
+    certificate names only 127.0.0.1 is not accepted as models.example.com."""
+    servers["https"].routes["/m.onnx"] = ok
+    port = servers["https"].url.rsplit(":", 1)[1]
+    f = Fetcher(
+        AddressPolicy(allowed=LOCAL_ALL), timeout=10, ca_file=str(tls[0]), resolve=lambda h, p: [ip("127.0.0.1")]
+    )
+    try:
+        err = refused(f"https://models.example.com:{port}/m.onnx", f, "FetchFailed")
+        assert fetch(f"https://127.0.0.1:{port}/m.onnx", f) == len(DATA)
+    finally:
+        f.close()
+    assert "TLS certificate is not trusted" in err.message
+
+
 # ------------------------------------------------------------------------------------- the SSRF rules
 
 
