@@ -85,7 +85,7 @@ def test_values_schema_refuses_bad_values(helm, values, message) -> None:
 def test_template_renders_operator_with_leader_election(helm) -> None:
     docs = _docs(helm("template", "ki", str(CHART), "-n", "ops", "--set", "replicaCount=2").stdout)
     assert _kinds(docs) == [
-        *["ClusterRole"] * 3, *["ClusterRoleBinding"] * 2, "Deployment", "PersistentVolumeClaim",
+        *["ClusterRole"] * 3, *["ClusterRoleBinding"] * 2, "Deployment", "NetworkPolicy", "PersistentVolumeClaim",
         *["Role"] * 2, *["RoleBinding"] * 2, "ServiceAccount",
     ]  # fmt: skip
     dep = next(d for d in docs if d["kind"] == "Deployment")

@@ -82,6 +82,7 @@ class Operator:
             "--namespace", namespace,
             "--resync-seconds", "2",
             "--fetch-timeout", "10",
+            "--allowed-network", "127.0.0.0/8",  # the test's file server; downloads reach public addresses only
             "--unload-timeout", "30",
             "--server-endpoint", f"{namespace}/{SERVER}={server.base_url}",
         ]  # fmt: skip

@@ -10,7 +10,8 @@ status change seen here comes from a change handler or its follow-up rechecks, n
 * each namespace's repository claim: the one the operator provides (a PersistentVolume on its
   namespace's folder of the NFS export, bound by the controller manager) and the check of claims named in
   a spec (the whole volume, other storage, a missing claim are refused);
-* private downloads: credentials from a labelled Secret, https only, no downgrading redirects.
+* private downloads: credentials from a labelled Secret, only to the hosts it names, https only, no
+  downgrading redirects.
 """
 
 from __future__ import annotations
@@ -204,6 +205,7 @@ def stage(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[St
         "--server-endpoint", f"{ns}/{MANUAL}={manual.base_url}",
         "--fetch-ca-file", str(ca),
         "--fetch-timeout", "10",
+        "--allowed-network", "127.0.0.0/8",  # the test's file servers; downloads reach public addresses only
         "--unload-timeout", "20",
     ]  # fmt: skip
     with open(log_path, "wb") as log:
@@ -396,7 +398,7 @@ def test_each_namespace_gets_a_claim_on_its_own_folder_and_broader_claims_are_re
     )
 
 
-def test_private_downloads_use_only_a_labelled_secret_over_https(stage: Stage) -> None:
+def test_private_downloads_use_only_a_labelled_secret_for_its_hosts_over_https(stage: Stage) -> None:
     data = (stage.folder / "uploads" / "relu.onnx").read_bytes()
     sha = hashlib.sha256(data).hexdigest()
     stage.https.routes["/private/relu.onnx"] = lambda auth: (
@@ -404,12 +406,21 @@ def test_private_downloads_use_only_a_labelled_secret_over_https(stage: Stage) -
     )
     stage.https.routes["/downgrade"] = lambda _: (302, {"Location": f"{stage.files_url}/relu.onnx"}, b"")
     token = base64.b64encode(b"t0ken").decode()
-    for secret, labels in (("creds", {"serving.kubeinfer.io/artifact-credentials": "true"}), ("plain", {})):
+    labelled = {"serving.kubeinfer.io/artifact-credentials": "true"}
+    for secret, labels, hosts in (
+        ("creds", labelled, "models.example.com,127.0.0.1"),
+        ("plain", {}, "127.0.0.1"),
+        ("elsewhere", labelled, "models.example.com"),  # labelled, but bound to another host
+    ):
         stage.apply(
             {
                 "apiVersion": "v1",
                 "kind": "Secret",
-                "metadata": {"name": secret, "labels": labels},
+                "metadata": {
+                    "name": secret,
+                    "labels": labels,
+                    "annotations": {"serving.kubeinfer.io/artifact-hosts": hosts},
+                },
                 "data": {"token": token},
             }
         )
@@ -417,6 +428,11 @@ def test_private_downloads_use_only_a_labelled_secret_over_https(stage: Stage) -
     cases = {
         "private": ({"uri": private, "sha256": sha, "credentialsSecret": "creds"}, "True", None),
         "unlabelled": ({"uri": private, "sha256": sha, "credentialsSecret": "plain"}, "False", "CredentialsRejected"),
+        "wrong-host": (
+            {"uri": private, "sha256": sha, "credentialsSecret": "elsewhere"},
+            "False",
+            "CredentialsRejected",
+        ),
         "anonymous": ({"uri": private, "sha256": sha}, "False", "FetchFailed"),
         "downgrade": ({"uri": f"{stage.https.url}/downgrade", "sha256": sha}, "False", "RedirectRejected"),
         "nosecret": ({"uri": private, "sha256": sha, "credentialsSecret": "absent"}, "False", "CredentialsNotFound"),
@@ -427,6 +443,8 @@ def test_private_downloads_use_only_a_labelled_secret_over_https(stage: Stage) -
         stage.wait_condition(name, "Rendered", status, reason)
     assert (stage.folder / MANUAL / "private" / "1" / "model.onnx").read_bytes() == data
     assert not (stage.folder / MANUAL / "unlabelled").exists()
+    wrong_host = stage.condition("inferencemodel", "wrong-host", "Rendered")["message"]
+    assert "Secret 'elsewhere' may not be sent to '127.0.0.1'" in wrong_host, wrong_host
     downgrade = stage.condition("inferencemodel", "downgrade", "Rendered")["message"]
     assert "redirects from https:// to http://" in downgrade
     assert ("/private/relu.onnx", "Bearer t0ken") in stage.https.seen.requests

@@ -246,6 +246,8 @@ def test_1_helm_install_runs_the_operator_image(path: UserPath) -> None:
     c.helm(
         "install", path.release, str(CHART), "-n", path.ns, "--create-namespace",
         "--set", f"operator.watchNamespaces={{{path.ns}}}",
+        # the test's file server runs on this machine, a private address: downloads reach public ones only
+        "--set", f"artifacts.allowedNetworks={{{path.node['host_ip']}/32}}",
         "--wait", "--timeout", "5m", timeout=330,
     )  # fmt: skip
     dep = path.get("deployment", path.operator)

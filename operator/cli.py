@@ -19,6 +19,7 @@ import kopf
 from kubernetes.client import CoordinationV1Api
 
 from . import logs
+from .egress import HostRules, parse_networks
 from .handlers import OperatorConfig, Reconciler, register
 from .kube import Kube, load_config
 from .leader import LeaseElector
@@ -41,6 +42,29 @@ def _labels(value: str) -> dict[str, str]:
     if any(not sep or not k for k, sep, _ in pairs):
         raise argparse.ArgumentTypeError(f"expected KEY=VALUE[,KEY=VALUE...], got '{value}'")
     return {k: v for k, _, v in pairs}
+
+
+def _quota(value: str) -> tuple[str, int]:
+    namespace, sep, size = value.partition("=")
+    if not sep or not namespace or not size.isdigit():
+        raise argparse.ArgumentTypeError(f"expected NAMESPACE=BYTES, got '{value}'")
+    return namespace, int(size)
+
+
+def _networks(value: str) -> str:
+    try:
+        parse_networks([value])
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return value
+
+
+def _hosts(value: str) -> str:
+    try:
+        HostRules.parse([value])
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -105,7 +129,78 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--max-artifact-bytes", type=int, default=20 << 30, help="largest model file to download or copy")
     p.add_argument("--fetch-timeout", type=float, default=60.0, help="seconds without progress before a download fails")
-    p.add_argument("--fetch-proxy", help="HTTP(S) proxy for model downloads (proxy environment variables are not used)")
+    p.add_argument(
+        "--fetch-deadline",
+        type=float,
+        default=1800.0,
+        help="longest a download may take in all (slow servers included), in seconds",
+    )
+    p.add_argument(
+        "--fetch-proxy",
+        help="HTTP(S) proxy for model downloads (proxy environment variables are not used); the proxy must "
+        "refuse non-public destinations itself: the operator cannot see where it connects",
+    )
+    p.add_argument(
+        "--allowed-network",
+        action="append",
+        default=[],
+        type=_networks,
+        metavar="CIDR",
+        help="a non-public network downloads may reach anyway, e.g. an in-cluster model store (repeatable; "
+        "default: public addresses only)",
+    )
+    p.add_argument(
+        "--blocked-network",
+        action="append",
+        default=[],
+        type=_networks,
+        metavar="CIDR",
+        help="a network downloads may never reach, e.g. a Service or Pod CIDR in public address space "
+        "(repeatable; wins over --allowed-network)",
+    )
+    p.add_argument(
+        "--allowed-hosts",
+        action="append",
+        default=[],
+        type=_hosts,
+        metavar="NAMESPACE=HOST[,HOST...]",
+        help="the hosts a namespace may download from (repeatable; '*.example.com' matches below it; NAMESPACE "
+        "'*' is every namespace without a list of its own; default: any public host)",
+    )
+    p.add_argument(
+        "--downloads-per-namespace",
+        type=int,
+        default=2,
+        help="downloads one namespace may run at once; more wait with the condition Queued (0: no limit)",
+    )
+    p.add_argument(
+        "--downloads-total",
+        type=int,
+        default=4,
+        help="downloads the operator runs at once in all (0: no limit); keep it below --workers",
+    )
+    p.add_argument("--workers", type=int, default=8, help="threads that run reconciles (kopf's max_workers)")
+    p.add_argument(
+        "--namespace-quota-bytes",
+        type=int,
+        default=0,
+        help="bytes a namespace's folder on the volume may hold; a model that would pass it gets the "
+        "condition QuotaExceeded (0: no quota)",
+    )
+    p.add_argument(
+        "--namespace-quota",
+        action="append",
+        default=[],
+        type=_quota,
+        metavar="NAMESPACE=BYTES",
+        help="the quota of one namespace, replacing --namespace-quota-bytes for it (repeatable; 0: none)",
+    )
+    p.add_argument(
+        "--onnx-check-timeout",
+        type=float,
+        default=60.0,
+        help="seconds the check of one ONNX file against its config may take before the file is refused",
+    )
     p.add_argument(
         "--fetch-ca-file", help="CA bundle trusted for https model downloads, replacing the system's (private stores)"
     )
@@ -159,7 +254,13 @@ def _stop_on_signals(stop: threading.Event) -> Iterator[None]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.workers < 2 or (args.downloads_total and args.downloads_total >= args.workers):
+        parser.error(
+            "--downloads-total must be below --workers (and --workers at least 2): threads must be left "
+            "for models that need no download"
+        )
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logs.install()
     endpoints = dict(args.server_endpoint)
@@ -178,6 +279,15 @@ def main(argv: list[str] | None = None) -> int:
         fetch_timeout=args.fetch_timeout,
         fetch_proxy=args.fetch_proxy,
         fetch_ca_file=args.fetch_ca_file,
+        fetch_deadline=args.fetch_deadline,
+        allowed_networks=parse_networks(args.allowed_network),
+        blocked_networks=parse_networks(args.blocked_network),
+        allowed_hosts=HostRules.parse(args.allowed_hosts),
+        downloads_per_namespace=args.downloads_per_namespace,
+        downloads_total=args.downloads_total,
+        namespace_quota_bytes=args.namespace_quota_bytes,
+        namespace_quotas=dict(args.namespace_quota),
+        onnx_check_timeout=args.onnx_check_timeout,
         claim_name=args.claim_name,
         claim_namespace=args.claim_namespace if args.claim_name else None,
         unload_timeout=args.unload_timeout,
@@ -236,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = kopf.OperatorSettings()
     settings.posting.level = logging.WARNING  # kopf's own per-handler log lines are noise next to our events
     settings.persistence.finalizer = "serving.kubeinfer.io/finalizer"
-    settings.execution.max_workers = 8
+    settings.execution.max_workers = args.workers
     # with named namespaces kopf needs no cluster-wide reads: it serves those namespaces and the CRDs present
     # at startup, so the chart's namespaced install grants no ClusterRole (no namespaces/CRD list or watch)
     settings.scanning.disabled = bool(args.namespace)

@@ -12,11 +12,13 @@ once per ``index_max_age`` for all its models, and an unchanged status is not wr
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import logging
+import random
 import threading
 import time
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -30,22 +32,31 @@ from kubernetes.client.exceptions import ApiException
 
 from . import manifests, network_policy, status
 from .api import GROUP, VERSION
-from .artifacts import DEFAULT_MAX_BYTES, ArtifactError, credential_headers, fetch_client
+from .artifacts import DEFAULT_MAX_BYTES, ArtifactError
 from .autoscaling import Autoscaler
 from .claims import ClaimCheck
+from .credentials import credential_headers
+from .egress import AddressPolicy, HostRules, IPNetwork
+from .fetch import DEFAULT_DEADLINE, Fetch, Fetcher
 from .kube import MODELS, SERVERS, Kube, is_temporary
 from .logs import UNLOAD_WAIT
+from .onnx_check import DEFAULT_CHECK_TIMEOUT
+from .quota import DownloadGate, NamespaceQuota
 from .recheck import Rechecker
 from .render import DEFAULT_BACKENDS, render_model
 from .replicas import Endpoint, IndexReader, endpoints_from_slices
-from .repository_writer import Fetch, RepositoryWriter
+from .repository_writer import RepositoryWriter
 from .server_access import AccessBook, ServerAccess
 from .tenant_volumes import DEFAULT_CLAIM, TenantVolumes
 
 #: backends whose models are code run by the server
 CODE_BACKENDS = ("python", "pytorch")
-#: artifact failures that may go away by themselves (network); the rest wait for a spec change
-TEMPORARY_REASONS = {"FetchFailed"}
+
+#: artifact failures that may go away by themselves (network, a download slot); the rest wait for a spec change
+TEMPORARY_REASONS = {"FetchFailed", "Queued"}
+#: seconds (on average; spread by half either way, so queued models do not come back in step) before
+#: kopf retries a model whose download waits for a slot
+QUEUE_RETRY = 3.0
 #: (first, longest) seconds before the resync timer retries a render that failed for the same generation
 FAILURE_BACKOFF = (60.0, 900.0)
 #: seconds between checks, during a long fetch, that the object was not deleted or changed meanwhile
@@ -65,6 +76,20 @@ class OperatorConfig:
     fetch_timeout: float = 60.0
     fetch_proxy: str | None = None
     fetch_ca_file: str | None = None
+    #: longest a download may take from its first byte sent to its last received
+    fetch_deadline: float = DEFAULT_DEADLINE
+    #: networks downloads may reach although they are not public, and networks they may never reach
+    allowed_networks: tuple[IPNetwork, ...] = ()
+    blocked_networks: tuple[IPNetwork, ...] = ()
+    #: per-namespace host allow-lists ("*": every other namespace; none: any public host)
+    allowed_hosts: HostRules = field(default_factory=HostRules)
+    #: downloads at once per namespace and overall (0: no limit)
+    downloads_per_namespace: int = 2
+    downloads_total: int = 4
+    #: bytes a namespace's folder may hold (0: no quota), and per-namespace exceptions
+    namespace_quota_bytes: int = 0
+    namespace_quotas: dict[str, int] = field(default_factory=dict)
+    onnx_check_timeout: float = DEFAULT_CHECK_TIMEOUT
     #: the PVC mounted at repository_root, and its namespace; servers whose claim is bound to other
     #: storage are refused (claim None: not checked; namespace None: claim names compared)
     claim_name: str | None = None
@@ -137,8 +162,18 @@ class Reconciler:
             config.repository_root,
             max_bytes=config.max_artifact_bytes,
             timeout=config.fetch_timeout,
-            client=fetch_client(config.fetch_timeout, config.fetch_proxy, config.fetch_ca_file),
+            fetcher=Fetcher(
+                AddressPolicy(config.allowed_networks, config.blocked_networks),
+                config.allowed_hosts,
+                timeout=config.fetch_timeout,
+                deadline=config.fetch_deadline,
+                proxy=config.fetch_proxy,
+                ca_file=config.fetch_ca_file,
+            ),
+            check_timeout=config.onnx_check_timeout,
         )
+        self.gate = DownloadGate(config.downloads_per_namespace, config.downloads_total)
+        self.quota = NamespaceQuota(self.writer.root, config.namespace_quota_bytes, dict(config.namespace_quotas))
         self.reader = IndexReader(config.index_timeout)
         self.claims = ClaimCheck(lambda *a: self.kube.read_core(*a), config.claim_name, config.claim_namespace)
         self.volumes = TenantVolumes(kube, self.claims, config.tenant_claim)
@@ -169,7 +204,7 @@ class Reconciler:
         self.rechecker.stop()
         self.kube.stop.set()
         self.reader.close()
-        self.writer.client.close()
+        self.writer.fetcher.close()
 
     # ---------------------------------------------------------------------------------- helpers
     def endpoints(self, namespace: str, server: str) -> tuple[list[Endpoint], str]:
@@ -211,8 +246,8 @@ class Reconciler:
             views.append(status.ReplicaView(endpoint.name, endpoint.ready, states, error))
         return views
 
-    def _credentials(self, namespace: str) -> Callable[[str], dict[str, str]]:
-        def lookup(name: str) -> dict[str, str]:
+    def _credentials(self, namespace: str) -> Callable[[str, str], dict[str, str]]:
+        def lookup(name: str, host: str) -> dict[str, str]:
             try:
                 secret = self.kube.read_core("Secret", name, namespace)
             except ApiException as exc:
@@ -220,14 +255,14 @@ class Reconciler:
                     raise ArtifactError(
                         "CredentialsForbidden",
                         f"the operator may not read Secret '{namespace}/{name}': grant its service account "
-                        "'get' on it (see the chart's rbac.artifactCredentials)",
+                        "'get' on it (the Helm value rbac.secretNamespaces)",
                     ) from None
                 raise
             if secret is None:
                 raise ArtifactError(
                     "CredentialsNotFound", f"Secret '{name}' (source.credentialsSecret) does not exist in '{namespace}'"
                 )
-            return credential_headers(secret, name)
+            return credential_headers(secret, name, host)
 
         return lookup
 
@@ -408,10 +443,15 @@ class Reconciler:
         meta, spec = body["metadata"], body["spec"]
         ns, name, generation = meta["namespace"], meta["name"], meta.get("generation", 0)
         prev = body.get("status") or {}
-        with self._lock(meta["uid"]):
+        # a resync tick of an object whose change handler is still rendering (a slow download) does not
+        # wait for it: waiting would hold a second worker thread for as long as the download runs
+        with _held(self._lock(meta["uid"]), wait=not from_timer) as got:
+            if not got:
+                return None
             server_name = spec["server"]
             obs = status.ModelObservation(generation=generation, target=[], rendered=[], server=server_name)
             temporary: str | None = None
+            delay = 0.0
             changed = False
             server = self.lookup.server(ns, server_name)
             if server is None:
@@ -434,8 +474,13 @@ class Reconciler:
                         obs.render_error, obs.failed_version = held
                     else:
                         superseded = self._superseded(ns, name, meta["uid"], generation, cancelled)
-                        fetch = Fetch(credentials=self._credentials(ns), cancelled=superseded)
-                        result = self.writer.sync_model(server_dir, rendered, fetch=fetch)
+                        fetch = Fetch(self._credentials(ns), superseded, self.gate, self.quota)
+                        succeeded = False
+                        try:
+                            result = self.writer.sync_model(server_dir, rendered, fetch=fetch)
+                            succeeded = True
+                        finally:
+                            fetch.finish(succeeded)
                         obs.repository_path = f"{subpath}/{name}"
                         self._forget_old_location(ns, name, prev.get("repositoryPath"), obs.repository_path)
                         if result.changed:
@@ -450,7 +495,8 @@ class Reconciler:
                     obs.failed_version = exc.version
                     if exc.reason in TEMPORARY_REASONS:
                         temporary = exc.message
-                if not held:
+                        delay = QUEUE_RETRY * random.uniform(0.5, 1.5) if exc.reason == "Queued" else backoff(retry)
+                if not held and (obs.render_error or ("",))[0] != "Queued":  # waiting is not a failure
                     self._remember_failure(meta["uid"], generation, obs)
                 if server_dir is not None:
                     obs.rendered = self.writer.versions_on_disk(server_dir, name)
@@ -465,7 +511,7 @@ class Reconciler:
             if recheck and (changed or not from_timer) and ready.get("reason") in SETTLING:
                 self.rechecker.schedule((ns, name, meta["uid"]))
             if temporary:
-                raise kopf.TemporaryError(temporary, delay=backoff(retry))
+                raise kopf.TemporaryError(temporary, delay=delay)
             return new
 
     def _superseded(
@@ -618,6 +664,17 @@ def _check_backend_allowed(model: Any, server: str, server_spec: Mapping[str, An
             f"InferenceServer '{server}' does not allow backend '{needed}'{code}: its spec.allowedBackends is "
             f"[{', '.join(allowed)}]; serve the model on another pool or ask the pool's owners",
         )
+
+
+@contextlib.contextmanager
+def _held(lock: threading.Lock, wait: bool) -> Iterator[bool]:
+    """``lock`` taken (True), or not when ``wait`` is False and someone holds it (False)."""
+    got = lock.acquire(blocking=wait)
+    try:
+        yield got
+    finally:
+        if got:
+            lock.release()
 
 
 def _condition(status_doc: Mapping[str, Any], ctype: str) -> Mapping[str, Any]:

@@ -31,7 +31,9 @@ _SOURCE = {
             "pattern": "^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
             "description": "Secret in the model's namespace with download credentials for uri (https only): key "
             "token (Bearer), username and password (Basic), or authorization (the header's value). The Secret "
-            "must be labelled serving.kubeinfer.io/artifact-credentials=true. Sent only to the uri's own host.",
+            "must be labelled serving.kubeinfer.io/artifact-credentials=true and name the hosts it may be sent to "
+            "in the annotation serving.kubeinfer.io/artifact-hosts (comma-separated; '*.example.com' matches "
+            "names below it). Sent only to the uri's own host, and only when that host is listed.",
         },
         "path": {
             "type": "string",

@@ -2,11 +2,13 @@
 
 The most common config.pbtxt mistake is the batch dimension (dims must exclude it when
 maxBatchSize > 0); catching it here turns a load failure on every server replica into one clear
-message on the InferenceModel.
+message on the InferenceModel. The file is read by ``onnx_signature`` (a streaming read bounded in
+time and memory), never loaded whole into the operator.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -14,6 +16,12 @@ import onnx
 from kubeinfer.server.config import pb
 from kubeinfer.server.vocabulary import datatypes
 from onnx import helper
+
+from .artifacts import ArtifactError
+from .onnx_signature import DEFAULT_BUDGET, LimitExceeded, Malformed, read_signature
+
+#: seconds one file's check may take (the operator's --onnx-check-timeout)
+DEFAULT_CHECK_TIMEOUT = 60.0
 
 
 def _onnx_tensors(values: Iterable[onnx.ValueInfoProto], skip: set[str]) -> dict[str, tuple[str | None, list[int]]]:
@@ -31,18 +39,37 @@ def _onnx_tensors(values: Iterable[onnx.ValueInfoProto], skip: set[str]) -> dict
     return out
 
 
-def check_onnx(path: Path, config: pb.ModelConfig, version: int) -> list[str]:
-    """Mismatches between ``config`` and the ONNX model at ``path``, as messages (empty if they agree)."""
+def check_onnx(
+    path: Path,
+    config: pb.ModelConfig,
+    version: int,
+    *,
+    timeout: float = DEFAULT_CHECK_TIMEOUT,
+    budget: int = DEFAULT_BUDGET,
+) -> list[str]:
+    """Mismatches between ``config`` and the ONNX model at ``path``, as messages (empty if they agree).
+
+    Raises ArtifactError('CheckLimitExceeded') when reading the graph takes longer than ``timeout``
+    seconds or holds more than ``budget`` bytes.
+    """
     try:
-        model = onnx.load(str(path), load_external_data=False)
-    except Exception as exc:
-        return [f"version {version}: {path.name} is not a readable ONNX model ({exc})"]
-    initializers = {i.name for i in model.graph.initializer}
+        with open(path, "rb", opener=lambda p, f: os.open(p, f | os.O_NOFOLLOW)) as f:
+            sig = read_signature(f, timeout=timeout, budget=budget)
+    except LimitExceeded as exc:
+        raise ArtifactError(
+            "CheckLimitExceeded",
+            f"version {version}: {path.name} could not be checked: {exc} ({exc.limit} limit of the operator's "
+            "ONNX check); the file is refused",
+            version,
+        ) from None
+    except (Malformed, OSError) as exc:
+        reason = str(exc) if isinstance(exc, Malformed) else exc.strerror or type(exc).__name__
+        return [f"version {version}: {path.name} is not a readable ONNX model ({reason})"]
     problems: list[str] = []
     batching = config.max_batch_size > 0
     for kind, declared, actual in (
-        ("input", config.input, _onnx_tensors(list(model.graph.input), initializers)),
-        ("output", config.output, _onnx_tensors(list(model.graph.output), set())),
+        ("input", config.input, _onnx_tensors(sig.inputs, sig.initializers)),
+        ("output", config.output, _onnx_tensors(sig.outputs, set())),
     ):
         for t in declared:
             where = f"version {version}: {kind} '{t.name}'"

@@ -18,7 +18,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
 from kubeinfer.server.config import ConfigError, check_file_name
 from kubeinfer.server.config.platforms import backend_for
 from kubeinfer.server.repository import publish
@@ -33,7 +32,8 @@ from kubeinfer.server.vocabulary.errors import InvalidArgument
 
 from . import artifacts
 from .artifacts import ArtifactError
-from .onnx_check import check_onnx
+from .fetch import Fetch, Fetcher
+from .onnx_check import DEFAULT_CHECK_TIMEOUT, check_onnx
 from .render import RenderedModel, Source
 
 #: dot-named record of where a version folder's file came from (the server ignores dot files)
@@ -58,18 +58,6 @@ class SyncResult:
             or self.removed_versions
             or self.config_changed
         )
-
-
-def _no_credentials(name: str) -> dict[str, str]:
-    raise ArtifactError("CredentialsRejected", f"no Secret lookup available for credentialsSecret '{name}'")
-
-
-@dataclass(frozen=True)
-class Fetch:
-    """Per-sync fetch context: how to turn a credentialsSecret name into headers, and when to give up."""
-
-    credentials: Callable[[str], dict[str, str]] = _no_credentials
-    cancelled: Callable[[], bool] | None = None
 
 
 def check_model_name_for_writer(name: str) -> None:
@@ -100,13 +88,15 @@ class RepositoryWriter:
         *,
         max_bytes: int = artifacts.DEFAULT_MAX_BYTES,
         timeout: float = 60.0,
-        client: httpx.Client | None = None,
+        fetcher: Fetcher | None = None,
+        check_timeout: float = DEFAULT_CHECK_TIMEOUT,
     ) -> None:
         self.root = root.resolve()
         self.max_bytes = max_bytes
         self.timeout = timeout
-        #: one pooled client for every download (see artifacts.fetch_client)
-        self.client = client or artifacts.fetch_client(timeout)
+        #: one connection pool and one set of egress rules for every download (see fetch.py)
+        self.fetcher = fetcher or Fetcher(timeout=timeout)
+        self.check_timeout = check_timeout
         self._listings: dict[Path, tuple[float, list[str]]] = {}
         self._listing_guard = threading.Lock()
 
@@ -219,22 +209,30 @@ class RepositoryWriter:
 
     # -------------------------------------------------------------------------------------- staging
     def _fetch(self, source: Source, dest: Path, namespace_dir: Path, fetch: Fetch) -> None:
+        namespace = namespace_dir.name
+        fetch.check_quota(namespace)
         if source.uri:
-            headers = fetch.credentials(source.credentials_secret) if source.credentials_secret else None
-            artifacts.download(
-                source.uri,
-                source.sha256 or "",
-                dest,
-                max_bytes=self.max_bytes,
-                timeout=self.timeout,
-                client=self.client,
-                headers=headers,
-                cancelled=fetch.cancelled,
-            )
+            self.fetcher.precheck(source.uri, namespace)  # refusals that need no connection, no slot
+            headers = fetch.headers(source.credentials_secret, source.uri) if source.credentials_secret else None
+            fetch.take_slot(namespace)
+            with open(dest, "wb") as out:
+                self.fetcher.download(
+                    source.uri,
+                    source.sha256 or "",
+                    out,
+                    namespace=namespace,
+                    max_bytes=self.max_bytes,
+                    headers=headers,
+                    cancelled=fetch.cancelled,
+                    on_bytes=lambda n: fetch.count(namespace, n),
+                )
+                out.flush()
+                os.fsync(out.fileno())
         elif source.path:
-            artifacts.copy_from_volume(
+            size = artifacts.copy_from_volume(
                 namespace_dir, source.path, source.sha256, dest, max_bytes=self.max_bytes, cancelled=fetch.cancelled
             )
+            fetch.count(namespace, size)  # charged after the copy (at most max_bytes over, then removed)
 
     def _stage_version(
         self, folder: Path, model: RenderedModel, version: int, namespace_dir: Path, fetch: Fetch
@@ -272,7 +270,7 @@ class RepositoryWriter:
             return
         problems = []
         for version, path in sorted(files.items()):
-            problems += check_onnx(path, model.config, version)
+            problems += check_onnx(path, model.config, version, timeout=self.check_timeout)
         if problems:
             raise ArtifactError("ConfigMismatch", "; ".join(problems) + "; fix spec.inputs/outputs or the model file")
 

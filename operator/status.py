@@ -117,6 +117,10 @@ class ModelObservation:
 _STATE_ORDER = {"UNAVAILABLE": 0, "LOADING": 1, "UNLOADING": 2, "READY": 3}
 
 
+#: render "errors" that are a wait, not a failure (status.lastFailure keeps the last real failure)
+WAITING = {"Queued"}
+
+
 def _failed(s: VersionState) -> bool:
     if s.state == "UNAVAILABLE":
         return bool(s.reason) and s.reason != "unloaded"
@@ -171,7 +175,8 @@ def model_status(obs: ModelObservation, previous: Mapping[str, Any] | None, when
     if obs.render_error:
         reason, message = obs.render_error
         conds.append(Condition("Rendered", False, reason, message))
-        last_failure = failure(reason, message, obs.failed_version)
+        if reason not in WAITING:  # a download waiting for a slot has not failed
+            last_failure = failure(reason, message, obs.failed_version)
     else:
         conds.append(Condition("Rendered", True, "RepositoryUpToDate", f"versions {obs.rendered} in the repository"))
     load_message = ""

@@ -11,6 +11,7 @@ test_leader.py.
 from __future__ import annotations
 
 import copy
+import threading
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import SimpleNamespace
@@ -20,6 +21,7 @@ import kopf
 import onnx
 import pytest
 from kubeinfer.operator import handlers
+from kubeinfer.operator.egress import parse_networks
 from kubeinfer.operator.handlers import FAILURE_BACKOFF, OperatorConfig, Reconciler
 from kubeinfer.operator.kube import SERVERS
 from onnx import TensorProto
@@ -144,7 +146,9 @@ def kube() -> FakeKube:
 
 @pytest.fixture
 def reconciler(root: Path, kube: FakeKube, events: list[Any]) -> Iterator[Reconciler]:
-    r = Reconciler(OperatorConfig(repository_root=root), kube)  # type: ignore[arg-type]
+    # downloads may reach this machine (127.0.0.1:9 answers "connection refused": a temporary failure)
+    config = OperatorConfig(repository_root=root, allowed_networks=parse_networks(["127.0.0.0/8"]))
+    r = Reconciler(config, kube)  # type: ignore[arg-type]
     yield r
     r.close()
 
@@ -263,6 +267,97 @@ def test_a_temporary_fetch_failure_is_retried_by_kopf_with_growing_delays(
     assert delays == [handlers.backoff(0), handlers.backoff(3), handlers.backoff(10)] == [5.0, 40.0, 300.0]
     (_, _, status) = kube.statuses[-1]
     assert condition(status, "Ready")["reason"] == "FetchFailed"
+
+
+# ---- fair shares: download slots and the namespace quota --------------------------------------------------
+def test_a_download_over_its_namespaces_share_is_queued_and_gives_its_thread_back(
+    reconciler: Reconciler,
+    kube: FakeKube,
+    clock: Clock,
+    monkeypatch: pytest.MonkeyPatch,
+    events: list[tuple[str, str, str]],
+) -> None:
+    add_server(kube, "pool")
+    body = model("pool")
+    body["spec"]["versions"][0]["source"] = {"uri": "http://127.0.0.1:9/relu.onnx", "sha256": "0" * 64}
+    for _ in range(reconciler.config.downloads_per_namespace):
+        reconciler.gate.acquire(NS)  # two slow downloads of this namespace hold its share
+    syncs = counting_syncs(reconciler, monkeypatch)
+    with pytest.raises(kopf.TemporaryError) as info:  # the handler returns its thread; kopf comes back soon
+        reconciler.reconcile_model(body, recheck=False)
+    assert handlers.QUEUE_RETRY / 2 <= info.value.delay <= handlers.QUEUE_RETRY * 1.5
+    (_, _, status) = kube.statuses[-1]
+    assert condition(status, "Rendered")["reason"] == "Queued"
+    assert f"namespace '{NS}' already runs 2 downloads" in condition(status, "Ready")["message"]
+    # waiting is not a failure: the next timer tick tries again at once, without a failure backoff
+    with pytest.raises(kopf.TemporaryError):
+        reconciler.reconcile_model(body, from_timer=True, recheck=False)
+    assert syncs == ["m", "m"]
+    # another namespace is not held up by this one's share
+    assert reconciler.gate.running("other") == 0
+    # a URI refused without connecting (the metadata endpoint) is refused at once, not queued
+    metadata = model("pool")
+    metadata["metadata"]["uid"] = "uid-metadata"
+    metadata["spec"]["versions"][0]["source"] = {"uri": "http://169.254.169.254/latest/", "sha256": "0" * 64}
+    refused = reconciler.reconcile_model(metadata, recheck=False)
+    assert refused is not None and condition(refused, "Ready")["reason"] == "AddressRefused"
+    reconciler.gate.release(NS)
+    with pytest.raises(kopf.TemporaryError) as info:  # now it runs: connection refused, a temporary failure
+        reconciler.reconcile_model(body, recheck=False)
+    assert "the connection could not be made" in str(info.value)
+    assert reconciler.gate.running(NS) == 1  # the render gave its slot back
+
+
+def test_a_resync_tick_does_not_wait_for_a_render_in_progress(
+    reconciler: Reconciler, kube: FakeKube, events: list[tuple[str, str, str]]
+) -> None:
+    """A slow download holds its object's lock; the timer of that object skips its tick instead of holding
+    a second worker thread behind it. A change handler still waits its turn."""
+    add_server(kube, "pool")
+    body = model("pool")
+    lock = reconciler._lock(body["metadata"]["uid"])
+    with lock:
+        assert reconciler.reconcile_model(body, from_timer=True, recheck=False) is None
+        assert kube.statuses == []
+        waited = threading.Thread(target=reconciler.reconcile_model, args=(body,), kwargs={"recheck": False})
+        waited.start()
+        waited.join(0.5)
+        assert waited.is_alive() and kube.statuses == []
+    waited.join(30)
+    assert kube.statuses and condition(kube.statuses[-1][2], "Rendered")["status"] == "True"
+
+
+def test_a_model_over_its_namespaces_quota_writes_nothing_and_others_go_on(
+    kube: FakeKube, root: Path, clock: Clock, events: list[tuple[str, str, str]]
+) -> None:
+    uploads = root / NS / "uploads"
+    used = sum(p.stat().st_size for p in uploads.iterdir())
+    config = OperatorConfig(
+        repository_root=root, namespace_quota_bytes=used + 10, namespace_quotas={"roomy": 10 * used}
+    )
+    r = Reconciler(config, kube)  # type: ignore[arg-type]
+    try:
+        add_server(kube, "pool")
+        status = r.reconcile_model(model("pool"), recheck=False)
+        assert status is not None
+        ready = condition(status, "Ready")
+        assert ready["reason"] == "QuotaExceeded", ready
+        assert f"namespace '{NS}' uses" in ready["message"] and "quota on the repository volume" in ready["message"]
+        assert not (root / NS / "pool" / "m").exists()
+        assert [p.name for p in (root / NS / "pool").iterdir()] == []  # no staging left either
+        # another namespace with room renders
+        (root / "roomy" / "uploads").mkdir(parents=True)
+        (root / "roomy" / "uploads" / "relu.onnx").write_bytes((uploads / "relu.onnx").read_bytes())
+        server = add_server(kube, "pool")
+        server["metadata"]["namespace"] = "roomy"
+        kube.objects[(SERVERS, "roomy", "pool")] = server
+        other = model("pool")
+        other["metadata"].update(namespace="roomy", uid="uid-roomy")
+        done = r.reconcile_model(other, recheck=False)
+        assert done is not None and condition(done, "Rendered")["status"] == "True"
+        assert (root / "roomy" / "pool" / "m" / "1" / "model.onnx").is_file()
+    finally:
+        r.close()
 
 
 # ---- a model that moves leaves nothing behind -------------------------------------------------------------

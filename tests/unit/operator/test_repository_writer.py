@@ -13,6 +13,8 @@ from pathlib import Path
 import onnx
 import pytest
 from kubeinfer.operator.artifacts import ArtifactError
+from kubeinfer.operator.egress import AddressPolicy, parse_networks
+from kubeinfer.operator.fetch import Fetcher
 from kubeinfer.operator.render import render_model
 from kubeinfer.operator.repository_writer import SOURCE_MARKER, RepositoryWriter
 from kubeinfer.server.config import ConfigError, load_config_file
@@ -35,6 +37,13 @@ def _spec(versions: list[dict], dims: list[int] | None = None) -> dict:
 
 
 NS = "ns"
+
+
+def make_writer(root: Path, **kw) -> RepositoryWriter:
+    """The writer with downloads allowed to reach this machine's test file server (127.0.0.1)."""
+    allowed = AddressPolicy(allowed=parse_networks(["127.0.0.0/8"]))
+    kw.setdefault("fetcher", Fetcher(allowed, timeout=kw.get("timeout", 60.0)))
+    return RepositoryWriter(root, **kw)
 
 
 @pytest.fixture
@@ -65,7 +74,7 @@ def listing(folder: Path) -> list[str]:
 
 
 def test_new_model_from_path_and_uri(root, http_files):
-    writer = RepositoryWriter(root)
+    writer = make_writer(root)
     server_dir = writer.server_dir(NS, "ns/pool")
     spec = _spec(
         [
@@ -94,7 +103,7 @@ def test_new_model_from_path_and_uri(root, http_files):
 
 
 def test_checksum_mismatch_changes_nothing(root, http_files):
-    writer = RepositoryWriter(root)
+    writer = make_writer(root)
     server_dir = writer.server_dir(NS, "ns/pool")
     v1 = {"version": 1, "source": {"path": "uploads/relu.onnx"}}
     writer.sync_model(server_dir, render_model("m", _spec([v1])))
@@ -109,7 +118,7 @@ def test_checksum_mismatch_changes_nothing(root, http_files):
 
 
 def test_unreachable_uri_and_missing_file(root, http_files):
-    writer = RepositoryWriter(root, timeout=2)
+    writer = make_writer(root, timeout=2)
     server_dir = writer.server_dir(NS, "ns/pool")
     for uri, reason in ((f"{http_files}/nope.onnx", "FetchFailed"), ("http://127.0.0.1:1/x.onnx", "FetchFailed")):
         spec = _spec([{"version": 1, "source": {"uri": uri, "sha256": "0" * 64}}])
@@ -120,7 +129,7 @@ def test_unreachable_uri_and_missing_file(root, http_files):
 
 
 def test_size_limit(root):
-    writer = RepositoryWriter(root, max_bytes=10)
+    writer = make_writer(root, max_bytes=10)
     with pytest.raises(ArtifactError) as info:
         writer.sync_model(
             writer.server_dir(NS, "ns/pool"),
@@ -151,7 +160,7 @@ def test_paths_outside_the_namespace_folder_or_through_symlinks_are_refused(root
     os.symlink(root / "other" / "uploads" / "theirs.onnx", root / NS / "uploads" / "theirs.onnx")
     os.symlink(root / NS / "uploads", root / NS / "link")
     os.symlink(root / NS / "uploads/relu.onnx", root / NS / "uploads/linked.onnx")
-    writer = RepositoryWriter(root)
+    writer = make_writer(root)
     server_dir = writer.server_dir(NS, "ns/pool")
     with pytest.raises(ArtifactError) as info:
         writer.sync_model(server_dir, render_model("m", _spec([{"version": 1, "source": {"path": path}}])))
@@ -160,7 +169,7 @@ def test_paths_outside_the_namespace_folder_or_through_symlinks_are_refused(root
 
 
 def test_dims_that_contradict_the_onnx_file(root):
-    writer = RepositoryWriter(root)
+    writer = make_writer(root)
     server_dir = writer.server_dir(NS, "ns/pool")
     spec = _spec([{"version": 1, "source": {"path": "uploads/relu.onnx"}}], dims=[1, 4])  # batch dim included
     with pytest.raises(ArtifactError) as info:
@@ -171,7 +180,7 @@ def test_dims_that_contradict_the_onnx_file(root):
 
 
 def test_add_replace_and_remove_versions_config_last(root):
-    writer = RepositoryWriter(root)
+    writer = make_writer(root)
     server_dir = writer.server_dir(NS, "ns/pool")
     writer.sync_model(server_dir, render_model("m", _spec([{"version": 1, "source": {"path": "uploads/relu.onnx"}}])))
     config_before = (server_dir / "m/config.pbtxt").read_text()
@@ -200,7 +209,7 @@ def test_add_replace_and_remove_versions_config_last(root):
 
 
 def test_stale_leftovers_are_cleaned_but_not_other_models(root):
-    writer = RepositoryWriter(root)
+    writer = make_writer(root)
     server_dir = writer.server_dir(NS, "ns/pool")
     (server_dir / ".m.staging-deadbeef").mkdir()
     (server_dir / ".m.b.staging-deadbeef").mkdir()  # belongs to model "m.b"
@@ -214,7 +223,7 @@ def test_stale_leftovers_are_cleaned_but_not_other_models(root):
 
 
 def test_remove_model(root):
-    writer = RepositoryWriter(root)
+    writer = make_writer(root)
     server_dir = writer.server_dir(NS, "ns/pool")
     writer.sync_model(server_dir, render_model("m", _spec([{"version": 1, "source": {"path": "uploads/relu.onnx"}}])))
     assert writer.remove_model(server_dir, "m")
@@ -235,7 +244,7 @@ def test_remove_model(root):
     ],
 )
 def test_server_folder_must_stay_inside_the_namespace_folder(root, subpath, problem):
-    writer = RepositoryWriter(root)
+    writer = make_writer(root)
     os.symlink(root.parent, root / NS / "escape")
     with pytest.raises(ArtifactError) as info:
         writer.server_dir(NS, subpath)
@@ -245,7 +254,7 @@ def test_server_folder_must_stay_inside_the_namespace_folder(root, subpath, prob
 def test_a_symlinked_namespace_folder_is_refused(root):
     (root / "victim" / "uploads").mkdir(parents=True)
     os.symlink(root / "victim", root / "evil")
-    writer = RepositoryWriter(root)
+    writer = make_writer(root)
     with pytest.raises(ArtifactError, match="passes through a symlink"):
         writer.server_dir("evil", "evil/pool")
 
@@ -268,7 +277,7 @@ def _snapshot(folder: Path) -> dict[str, bytes]:
 def test_symlinks_planted_in_a_server_folder_never_redirect_writes(root, planted):
     victim = _victim(root)
     before = _snapshot(victim)
-    writer = RepositoryWriter(root)
+    writer = make_writer(root)
     server_dir = writer.server_dir(NS, "ns/pool")
     if planted == "model":
         os.symlink(victim, server_dir / "m")
@@ -290,7 +299,7 @@ def test_a_file_name_that_escapes_is_refused_even_past_the_renderer(root):
     """The writer checks the rule again where it joins the name, whatever built the RenderedModel."""
     victim = _victim(root)
     before = _snapshot(victim)
-    writer = RepositoryWriter(root)
+    writer = make_writer(root)
     server_dir = writer.server_dir(NS, "ns/pool")
     rendered = render_model("m", _spec([{"version": 1, "source": {"path": "uploads/relu.onnx"}}]))
     forged = dataclasses.replace(rendered, filename="../../../other/pool/m/1/model.onnx")

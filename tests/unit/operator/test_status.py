@@ -168,3 +168,16 @@ def test_transition_time_kept_while_status_unchanged():
     second = conditions([Condition("Ready", True, "Serving", "new message")], first, 2, when="t1")
     third = conditions([Condition("Ready", False, "Loading")], second, 3, when="t2")
     assert [c[0]["lastTransitionTime"] for c in (first, second, third)] == ["t0", "t0", "t2"]
+
+
+def test_a_download_waiting_for_a_slot_is_not_a_failure():
+    failing = _obs([1], None, digest="c1")
+    failing.render_error = ("FetchFailed", "cannot download")
+    failed = model_status(failing, None, when="t0")
+    queued = _obs([1], None, digest="c1")
+    queued.render_error = ("Queued", "namespace 'a' already runs 2 downloads")
+    waiting = model_status(queued, failed, when="t1")
+    ready = next(c for c in waiting["conditions"] if c["type"] == "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "Queued")
+    assert waiting["lastFailure"] == failed["lastFailure"]  # the last real failure stays; the wait is not one
+    assert model_status(queued, None, when="t2")["lastFailure"] is None

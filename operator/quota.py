@@ -1,0 +1,165 @@
+"""Fair shares of the operator among namespaces: download slots and a byte quota on the volume.
+
+kopf runs every handler in a small pool of worker threads. Without a cap, one namespace's slow
+downloads (a server that sends a byte a minute) hold every thread and nothing else reconciles; with
+it, a download over its namespace's share is not started: the model says ``Queued`` and kopf retries
+it later, the thread goes back to the pool. The quota bounds what one namespace's models take on the
+shared volume; its usage is measured by walking the namespace's folder at most once per ``ttl``
+seconds and counted in between (a resync of unchanged models never walks anything).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .artifacts import ArtifactError
+
+
+class DownloadGate:
+    """At most ``per_namespace`` downloads of one namespace and ``total`` overall at a time; never waits."""
+
+    def __init__(self, per_namespace: int, total: int) -> None:
+        self.per_namespace = per_namespace
+        self.total = total
+        self._running: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def acquire(self, namespace: str) -> None:
+        """Take a slot, or raise ArtifactError('Queued') saying which limit is reached."""
+        with self._lock:
+            mine = self._running.get(namespace, 0)
+            if self.per_namespace > 0 and mine >= self.per_namespace:
+                raise ArtifactError(
+                    "Queued",
+                    f"namespace '{namespace}' already runs {mine} downloads, the operator's limit per namespace; "
+                    "this one starts when one of them ends",
+                )
+            if self.total > 0 and sum(self._running.values()) >= self.total:
+                raise ArtifactError(
+                    "Queued",
+                    f"the operator already runs {self.total} downloads, its overall limit; "
+                    "this one starts when one of them ends",
+                )
+            self._running[namespace] = mine + 1
+
+    def release(self, namespace: str) -> None:
+        with self._lock:
+            left = self._running.get(namespace, 0) - 1
+            if left > 0:
+                self._running[namespace] = left
+            else:
+                self._running.pop(namespace, None)
+
+    def running(self, namespace: str | None = None) -> int:
+        with self._lock:
+            return sum(self._running.values()) if namespace is None else self._running.get(namespace, 0)
+
+
+def folder_bytes(folder: Path) -> int:
+    """Apparent size of the regular files below ``folder`` (symlinks are not followed or counted)."""
+    total = 0
+    stack = [str(folder)]
+    while stack:
+        try:
+            entries = os.scandir(stack.pop())
+        except (FileNotFoundError, NotADirectoryError, PermissionError):
+            continue
+        with entries:
+            for entry in entries:
+                try:
+                    if entry.is_dir(follow_symlinks=False):
+                        stack.append(entry.path)
+                    elif entry.is_file(follow_symlinks=False):
+                        total += entry.stat(follow_symlinks=False).st_size
+                except OSError:
+                    continue
+    return total
+
+
+def _size(n: int) -> str:
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift:
+            return f"{n / (1 << shift):.1f} {unit}"
+    return f"{n} bytes"
+
+
+@dataclass
+class _Usage:
+    measured: int
+    at: float
+    #: bytes written since the walk (published, or staged and not yet settled)
+    added: int = 0
+
+
+@dataclass
+class NamespaceQuota:
+    """Bytes a namespace's folder ``<root>/<namespace>`` may hold (0: no limit).
+
+    Usage is the folder's apparent size (uploads included: it is the namespace's share of the volume),
+    walked at most once per ``ttl`` seconds per namespace, plus what the operator wrote since. A
+    removed model is seen at the next walk; between walks the figure is off by at most what was
+    written or removed meanwhile.
+    """
+
+    root: Path
+    default: int = 0
+    overrides: Mapping[str, int] = field(default_factory=dict)
+    ttl: float = 60.0
+
+    def __post_init__(self) -> None:
+        self._usage: dict[str, _Usage] = {}
+        self._lock = threading.Lock()
+        self.walks = 0
+
+    def limit(self, namespace: str) -> int:
+        return self.overrides.get(namespace, self.default)
+
+    def usage(self, namespace: str) -> int:
+        if not self.limit(namespace):
+            return 0
+        now = time.monotonic()
+        with self._lock:
+            seen = self._usage.get(namespace)
+            if seen is not None and now - seen.at < self.ttl:
+                return seen.measured + seen.added
+        measured = folder_bytes(self.root / namespace)  # outside the lock: a walk may take a while
+        with self._lock:
+            self.walks += 1
+            self._usage[namespace] = _Usage(measured, now)  # staged files are on disk: the walk saw them
+            return measured
+
+    def check(self, namespace: str, more: int = 0) -> None:
+        """Raise ArtifactError('QuotaExceeded') when ``more`` bytes would put the namespace over its quota."""
+        limit = self.limit(namespace)
+        if not limit:
+            return
+        used = self.usage(namespace)
+        if used + more > limit:
+            need = f"; this version needs {_size(more)} more" if more else ""
+            raise ArtifactError(
+                "QuotaExceeded",
+                f"namespace '{namespace}' uses {_size(used)} of its {_size(limit)} quota on the repository "
+                f"volume{need}; nothing was written: delete models or uploads, or ask for a larger quota",
+            )
+
+    def add(self, namespace: str, nbytes: int) -> None:
+        """Count ``nbytes`` written (or being written) for ``namespace``; refuse past the quota."""
+        if not self.limit(namespace):
+            return
+        self.check(namespace, nbytes)
+        with self._lock:
+            seen = self._usage.get(namespace)
+            if seen is not None:
+                seen.added += nbytes
+
+    def forget(self, namespace: str, nbytes: int) -> None:
+        """Bytes counted by ``add`` that were thrown away (a failed sync removed its staging)."""
+        with self._lock:
+            seen = self._usage.get(namespace)
+            if seen is not None:
+                seen.added = max(0, seen.added - nbytes)
