@@ -148,7 +148,8 @@ def _security_flags(p: argparse.ArgumentParser) -> None:
         type=Path,
         default=None,
         help="require 'Authorization: Bearer <token>' on HTTP and gRPC (not on the health probes); the file "
-        "holds the token (e.g. a mounted Secret) and is re-read when it changes",
+        "holds the token (e.g. a mounted Secret) and is re-read when it changes; emptying or deleting it "
+        "revokes the token (every request refused until it holds one again)",
     )
     g.add_argument("--http-tls-cert", type=Path, default=None, help="serve HTTPS with this certificate (PEM)")
     g.add_argument("--http-tls-key", type=Path, default=None, help="private key of --http-tls-cert (PEM)")
@@ -181,8 +182,11 @@ def _tls_settings(args: argparse.Namespace) -> tuple[TlsFiles | None, TlsFiles |
         for path in (tls.cert, tls.key, tls.client_ca) if tls else ():
             if path is not None and not path.is_file():
                 raise ValueError(f"TLS file '{path}' does not exist")
-    if args.auth_token_file is not None and not args.auth_token_file.is_file():
-        raise ValueError(f"--auth-token-file '{args.auth_token_file}' does not exist")
+    if args.auth_token_file is not None:
+        if not args.auth_token_file.is_file():
+            raise ValueError(f"--auth-token-file '{args.auth_token_file}' does not exist")
+        if not args.auth_token_file.read_bytes().strip():
+            raise ValueError(f"--auth-token-file '{args.auth_token_file}' is empty: it must hold the token")
     return http, grpc
 
 
