@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, cast
 
+import orjson
 from google.protobuf import descriptor, json_format, text_format
 
 from . import model_config_pb2 as pb
@@ -88,12 +88,14 @@ def config_from_dict(data: dict[str, Any]) -> pb.ModelConfig:
         json_format.ParseDict(data, config)
     except json_format.ParseError as exc:
         raise ConfigError(f"invalid model config JSON: {exc}") from None
+    except RecursionError:  # ParseDict recurses with the data; what a client sends must never be a 500
+        raise ConfigError("invalid model config JSON: nested too deeply") from None
     return config
 
 
 def config_from_json(text: str | bytes) -> pb.ModelConfig:
     try:
-        data = json.loads(text)
+        data = orjson.loads(text)  # depth-limited (1024 levels), where json.loads raises RecursionError
     except ValueError as exc:
         raise ConfigError(f"model config override is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
