@@ -62,6 +62,8 @@ class ServerSettings:
     server_name: str | None = None
     #: clients may register and use shared-memory regions (Triton's --allow-client-shm, default false)
     allow_client_shm: bool = False
+    #: models may load op libraries from outside their own folder (absolute paths; Triton: yes)
+    allow_external_op_libraries: bool = True
     #: bytes of the local response cache (--cache-config local,size=N); 0 = no cache
     response_cache_bytes: int = 0
     #: the trace extension's settings at start (--trace-config)
@@ -137,6 +139,7 @@ async def serve(settings: ServerSettings) -> int:
         auto_complete=settings.auto_complete,
         load_threads=settings.load_threads,
         response_cache=cache,
+        allow_external_op_libraries=settings.allow_external_op_libraries,
     )
     registry.on_load_failure.append(metrics.on_load_failure)
     service = InferenceService(

@@ -371,6 +371,14 @@ def build_parser(triton: bool = False) -> argparse.ArgumentParser:
     srv = p.add_argument_group("server")
     srv.add_argument("--id", default=None, help="server name in the server metadata")
     srv.add_argument(
+        "--allow-external-op-libraries",
+        type=_bool,
+        default=True,
+        help="let model_operations op_library_filename name a library outside the model's own folder (an "
+        "absolute path; Triton's behaviour, default true). false: a model may load only libraries it ships "
+        "in its folder, so a model on a shared pool cannot make the server run code from elsewhere",
+    )
+    srv.add_argument(
         "--exit-timeout-secs",
         "--shutdown-timeout",
         dest="shutdown_timeout",
@@ -524,6 +532,7 @@ def settings_from_args(args: argparse.Namespace, triton: bool) -> ServerSettings
         backend_config=backend_config,
         server_name=args.id,
         allow_client_shm=args.allow_client_shm,
+        allow_external_op_libraries=args.allow_external_op_libraries,
         response_cache_bytes=_cache_bytes(args),
         trace_settings=parse_trace_config(_trace_items(args)),
         shutdown_timeout=args.shutdown_timeout,
