@@ -138,6 +138,26 @@ def _limit_flags(p: argparse.ArgumentParser) -> None:
         default=d.request_timeout,
         help="seconds an inference request may take end to end, then 504 / DEADLINE_EXCEEDED (0: no limit)",
     )
+    g.add_argument(
+        "--http-header-timeout",
+        type=_non_negative,
+        default=d.http_header_timeout,
+        help="seconds an HTTP request's line and headers may take to arrive, from their first byte (from the "
+        "connection opening, for its first request); 408 and the connection closes beyond (0: no limit)",
+    )
+    g.add_argument(
+        "--http-body-timeout",
+        type=_non_negative,
+        default=d.http_body_timeout,
+        help="seconds an HTTP request's body may take to arrive once its headers have; 408 and the connection "
+        "closes beyond (0: no limit). A body of --http-max-input-size must arrive at that size / this rate",
+    )
+    g.add_argument(
+        "--http-max-connections",
+        type=_non_negative_int,
+        default=d.http_max_connections,
+        help="open HTTP connections past which a request is answered 503 with Connection: close (0: no limit)",
+    )
 
 
 def _security_flags(p: argparse.ArgumentParser) -> None:
@@ -201,6 +221,9 @@ def _limits(args: argparse.Namespace) -> Limits:
         max_inputs=args.max_inputs,
         grpc_max_stream_inflight=args.grpc_max_stream_inflight,
         request_timeout=max(0.0, args.request_timeout),
+        http_header_timeout=args.http_header_timeout,
+        http_body_timeout=args.http_body_timeout,
+        http_max_connections=args.http_max_connections,
     )
 
 

@@ -174,8 +174,8 @@ class RustGrpcServer:
                 else:
                     inflight[call_id] = create_task(self._run(call, handlers[index], payload, call_id))
             except Exception as exc:  # one call's failure must not strand the other calls of this wake-up
-                code, message = status_of(exc)
-                call.abort(code.value[0], message)
+                code, reason = status_of(exc)
+                call.abort(code.value[0], reason)
         for call_id, message in messages:
             stream = self.streams.get(call_id)
             if stream is not None:

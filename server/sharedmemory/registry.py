@@ -122,6 +122,7 @@ class SharedMemoryRegistry:
         """Input ``name`` from its region: a view into system shared memory, a host copy of CUDA memory."""
         self._bounds(ref, self._region_size(ref))
         sys_region = self._system.get(ref.region)
+        raw: bytes | memoryview
         if sys_region is not None:
             raw = sys_region.read(ref.offset, ref.byte_size)  # a copy: see system.py (truncated objects)
         else:
@@ -149,8 +150,8 @@ class SharedMemoryRegistry:
         self._bounds(ref, self._region_size(ref))
 
     def close(self) -> None:
-        for region in self._system.values():
-            region.close()
+        for system_region in self._system.values():
+            system_region.close()
         self._system.clear()
         for region in self._cuda.values():
             region.close()

@@ -34,7 +34,7 @@ class SystemRegion:
     byte_size: int
     #: the open object (O_RDWR); closed when the region is dropped (unregistered), never while in use
     fd: int
-    _closer: weakref.finalize = field(init=False, repr=False)
+    _closer: weakref.finalize[[int], SystemRegion] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         # closed by reference counting once nothing holds the region, so a descriptor number is never
