@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, cast
 
-import orjson
 from google.protobuf import descriptor, json_format, text_format
 
 from . import model_config_pb2 as pb
@@ -95,9 +95,11 @@ def config_from_dict(data: dict[str, Any]) -> pb.ModelConfig:
 
 def config_from_json(text: str | bytes) -> pb.ModelConfig:
     try:
-        data = orjson.loads(text)  # depth-limited (1024 levels), where json.loads raises RecursionError
+        data = json.loads(text)
     except ValueError as exc:
         raise ConfigError(f"model config override is not valid JSON: {exc}") from None
+    except RecursionError:  # json recurses with the nesting: what a client sends must never be a 500
+        raise ConfigError("model config override is not valid JSON: nested too deeply") from None
     if not isinstance(data, dict):
         raise ConfigError("model config override must be a JSON object")
     return config_from_dict(data)
