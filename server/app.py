@@ -106,7 +106,7 @@ def _uvicorn(app: Any, host: str, port: int, log_level: str, limits: Limits, tls
             log.info(
                 "HTTP inference on port %d: the direct path answers plain requests inside uvicorn %s's httptools "
                 "protocol; chunked, compressed or unauthenticated ones take the ASGI route "
-                "(kubeinfer_http_infer_requests_total counts each)",
+                "(the counter kubeinfer_http_infer_requests{path} says how many each)",
                 port,
                 uvicorn.__version__,
             )

@@ -170,10 +170,10 @@ def test_requests_the_direct_path_leaves_to_the_asgi_route_are_served(server: Se
 
 
 def _paths(server: ServerProcess) -> dict[str, float]:
-    """``kubeinfer_http_infer_requests_total`` by path, from the metrics port."""
+    """``kubeinfer_http_infer_requests`` by path, from the metrics port."""
     counts = {}
     for line in httpx.get(server.metrics_url, timeout=30).text.splitlines():
-        if line.startswith("kubeinfer_http_infer_requests_total{"):
+        if line.startswith("kubeinfer_http_infer_requests{"):
             labels, value = line.rsplit(" ", 1)
             counts[labels.split('path="', 1)[1].split('"', 1)[0]] = float(value)
     return counts
