@@ -65,6 +65,8 @@ class ServerSettings:
     server_name: str | None = None
     #: clients may register and use shared-memory regions (Triton's --allow-client-shm, default false)
     allow_client_shm: bool = False
+    #: models may load op libraries from outside their own folder (absolute paths; Triton: yes)
+    allow_external_op_libraries: bool = True
     #: bytes of the local response cache (--cache-config local,size=N); 0 = no cache
     response_cache_bytes: int = 0
     #: the trace extension's settings at start (--trace-config)
@@ -96,13 +98,30 @@ class _Uvicorn(uvicorn.Server):
 
 
 def _uvicorn(app: Any, host: str, port: int, log_level: str, limits: Limits, tls: TlsFiles | None = None) -> _Uvicorn:
+    limit_concurrency = None
     try:
         from .http.infer_route import InferRoute
         from .http.protocol import bounded_protocol
 
-        http: Any = bounded_protocol(limits.max_header_bytes, app if isinstance(app, InferRoute) else None)
-    except ImportError:  # no httptools: uvicorn's h11 protocol, bounded by h11_max_incomplete_event_size
+        route = app if isinstance(app, InferRoute) else None
+        http: Any = bounded_protocol(limits, route)
+        if route is not None:
+            log.info(
+                "HTTP inference on port %d: the direct path answers plain requests inside uvicorn %s's httptools "
+                "protocol; chunked, compressed or unauthenticated ones take the ASGI route "
+                "(the counter kubeinfer_http_infer_requests{path} says how many each)",
+                port,
+                uvicorn.__version__,
+            )
+    except ImportError as exc:  # no httptools: uvicorn's h11 protocol, bounded by h11_max_incomplete_event_size
         http = "h11"
+        limit_concurrency = limits.http_max_connections or None  # uvicorn's own 503 (plain text)
+        log.warning(
+            "HTTP on port %d: uvicorn's h11 protocol and the ASGI route serve every request, because the direct "
+            "path cannot load (%s); --http-header-timeout and --http-body-timeout are not enforced on it",
+            port,
+            exc,
+        )
     config = uvicorn.Config(
         app,
         host=host,
@@ -114,6 +133,7 @@ def _uvicorn(app: Any, host: str, port: int, log_level: str, limits: Limits, tls
         access_log=False,
         log_level="warning" if log_level == "info" else log_level,
         timeout_keep_alive=75,
+        limit_concurrency=limit_concurrency,
         # after the runtime drained (bounded by --shutdown-timeout), responses still being written get
         # this long; then uvicorn cancels what is left instead of waiting forever
         timeout_graceful_shutdown=5,
@@ -141,6 +161,7 @@ async def serve(settings: ServerSettings) -> int:
         auto_complete=settings.auto_complete,
         load_threads=settings.load_threads,
         response_cache=cache,
+        allow_external_op_libraries=settings.allow_external_op_libraries,
     )
     registry.on_load_failure.append(metrics.on_load_failure)
     service = InferenceService(
@@ -170,9 +191,11 @@ async def serve(settings: ServerSettings) -> int:
     if settings.http_port is not None:
         from .http.app import build_http_app
 
+        http_app = build_http_app(service, settings.limits, token, shm)
+        metrics.registry.register(http_app.paths)
         servers.append(
             _uvicorn(
-                build_http_app(service, settings.limits, token, shm),
+                http_app,
                 settings.http_host or settings.host,
                 settings.http_port,
                 settings.log_level,

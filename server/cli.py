@@ -138,6 +138,26 @@ def _limit_flags(p: argparse.ArgumentParser) -> None:
         default=d.request_timeout,
         help="seconds an inference request may take end to end, then 504 / DEADLINE_EXCEEDED (0: no limit)",
     )
+    g.add_argument(
+        "--http-header-timeout",
+        type=_non_negative,
+        default=d.http_header_timeout,
+        help="seconds an HTTP request's line and headers may take to arrive, from their first byte (from the "
+        "connection opening, for its first request); 408 and the connection closes beyond (0: no limit)",
+    )
+    g.add_argument(
+        "--http-body-timeout",
+        type=_non_negative,
+        default=d.http_body_timeout,
+        help="seconds an HTTP request's body may take to arrive once its headers have; 408 and the connection "
+        "closes beyond (0: no limit). A body of --http-max-input-size must arrive at that size / this rate",
+    )
+    g.add_argument(
+        "--http-max-connections",
+        type=_non_negative_int,
+        default=d.http_max_connections,
+        help="open HTTP connections past which a request is answered 503 with Connection: close (0: no limit)",
+    )
 
 
 def _security_flags(p: argparse.ArgumentParser) -> None:
@@ -148,7 +168,8 @@ def _security_flags(p: argparse.ArgumentParser) -> None:
         type=Path,
         default=None,
         help="require 'Authorization: Bearer <token>' on HTTP and gRPC (not on the health probes); the file "
-        "holds the token (e.g. a mounted Secret) and is re-read when it changes",
+        "holds the token (e.g. a mounted Secret) and is re-read when it changes; emptying or deleting it "
+        "revokes the token (every request refused until it holds one again)",
     )
     g.add_argument("--http-tls-cert", type=Path, default=None, help="serve HTTPS with this certificate (PEM)")
     g.add_argument("--http-tls-key", type=Path, default=None, help="private key of --http-tls-cert (PEM)")
@@ -181,8 +202,11 @@ def _tls_settings(args: argparse.Namespace) -> tuple[TlsFiles | None, TlsFiles |
         for path in (tls.cert, tls.key, tls.client_ca) if tls else ():
             if path is not None and not path.is_file():
                 raise ValueError(f"TLS file '{path}' does not exist")
-    if args.auth_token_file is not None and not args.auth_token_file.is_file():
-        raise ValueError(f"--auth-token-file '{args.auth_token_file}' does not exist")
+    if args.auth_token_file is not None:
+        if not args.auth_token_file.is_file():
+            raise ValueError(f"--auth-token-file '{args.auth_token_file}' does not exist")
+        if not args.auth_token_file.read_bytes().strip():
+            raise ValueError(f"--auth-token-file '{args.auth_token_file}' is empty: it must hold the token")
     return http, grpc
 
 
@@ -197,6 +221,9 @@ def _limits(args: argparse.Namespace) -> Limits:
         max_inputs=args.max_inputs,
         grpc_max_stream_inflight=args.grpc_max_stream_inflight,
         request_timeout=max(0.0, args.request_timeout),
+        http_header_timeout=args.http_header_timeout,
+        http_body_timeout=args.http_body_timeout,
+        http_max_connections=args.http_max_connections,
     )
 
 
@@ -375,6 +402,14 @@ def build_parser(triton: bool = False) -> argparse.ArgumentParser:
     srv = p.add_argument_group("server")
     srv.add_argument("--id", default=None, help="server name in the server metadata")
     srv.add_argument(
+        "--allow-external-op-libraries",
+        type=_bool,
+        default=True,
+        help="let model_operations op_library_filename name a library outside the model's own folder (an "
+        "absolute path; Triton's behaviour, default true). false: a model may load only libraries it ships "
+        "in its folder, so a model on a shared pool cannot make the server run code from elsewhere",
+    )
+    srv.add_argument(
         "--exit-timeout-secs",
         "--shutdown-timeout",
         dest="shutdown_timeout",
@@ -529,6 +564,7 @@ def settings_from_args(args: argparse.Namespace, triton: bool) -> ServerSettings
         allowed_backends=args.allowed_backends,
         server_name=args.id,
         allow_client_shm=args.allow_client_shm,
+        allow_external_op_libraries=args.allow_external_op_libraries,
         response_cache_bytes=_cache_bytes(args),
         trace_settings=parse_trace_config(_trace_items(args)),
         shutdown_timeout=args.shutdown_timeout,

@@ -88,6 +88,8 @@ def config_from_dict(data: dict[str, Any]) -> pb.ModelConfig:
         json_format.ParseDict(data, config)
     except json_format.ParseError as exc:
         raise ConfigError(f"invalid model config JSON: {exc}") from None
+    except RecursionError:  # ParseDict recurses with the data; what a client sends must never be a 500
+        raise ConfigError("invalid model config JSON: nested too deeply") from None
     return config
 
 
@@ -96,6 +98,8 @@ def config_from_json(text: str | bytes) -> pb.ModelConfig:
         data = json.loads(text)
     except ValueError as exc:
         raise ConfigError(f"model config override is not valid JSON: {exc}") from None
+    except RecursionError:  # json recurses with the nesting: what a client sends must never be a 500
+        raise ConfigError("model config override is not valid JSON: nested too deeply") from None
     if not isinstance(data, dict):
         raise ConfigError("model config override must be a JSON object")
     return config_from_dict(data)

@@ -163,15 +163,19 @@ class RustGrpcServer:
         calls, cancelled, messages, writable = self.transport.take()
         token = self.token
         for call, index, payload, call_id in calls:
-            if token is not None and index not in self.open and not token.accepts(call.header("authorization")):
-                call.abort(grpc.StatusCode.UNAUTHENTICATED.value[0], BearerInterceptor.MESSAGE)  # as grpc.aio's
-            elif index == self.unknown:
-                call.abort(grpc.StatusCode.UNIMPLEMENTED.value[0], METHOD_NOT_FOUND)
-            elif payload is None:  # a stream: its messages come one by one
-                requests = self.streams[call_id] = Requests(call, handlers[index][0], self.loop)
-                inflight[call_id] = create_task(self._stream(call, handlers[index], requests, call_id))
-            else:
-                inflight[call_id] = create_task(self._run(call, handlers[index], payload, call_id))
+            try:
+                if token is not None and index not in self.open and not token.accepts(call.header("authorization")):
+                    call.abort(grpc.StatusCode.UNAUTHENTICATED.value[0], BearerInterceptor.MESSAGE)  # as grpc.aio's
+                elif index == self.unknown:
+                    call.abort(grpc.StatusCode.UNIMPLEMENTED.value[0], METHOD_NOT_FOUND)
+                elif payload is None:  # a stream: its messages come one by one
+                    requests = self.streams[call_id] = Requests(call, handlers[index][0], self.loop)
+                    inflight[call_id] = create_task(self._stream(call, handlers[index], requests, call_id))
+                else:
+                    inflight[call_id] = create_task(self._run(call, handlers[index], payload, call_id))
+            except Exception as exc:  # one call's failure must not strand the other calls of this wake-up
+                code, reason = status_of(exc)
+                call.abort(code.value[0], reason)
         for call_id, message in messages:
             stream = self.streams.get(call_id)
             if stream is not None:

@@ -7,7 +7,8 @@ status line, headers and body leave in one ``write()``. What this skips per requ
 machinery: the RequestResponseCycle and its Event, the proxy-headers middleware, the ``receive``/``send``
 message dicts and uvicorn's per-header checks, and the disconnect timer (a closed connection is seen in
 ``connection_lost`` directly). Everything else (other routes, bodies over the limit,
-authentication failures, chunked bodies, HTTP/1.0, draining) takes the ASGI route, which answers it as before.
+authentication failures, chunked or compressed bodies, HTTP/1.0, draining, past --http-max-connections) takes
+the ASGI route, which answers it as before. ``paths.InferPaths`` counts the requests each way answered.
 """
 
 from __future__ import annotations
@@ -112,6 +113,7 @@ class InferCycle:
 
     async def run(self) -> None:
         protocol = self.protocol
+        self.route.paths.direct += 1
         chunks = self.chunks
         body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         self.chunks = []
@@ -172,8 +174,8 @@ def direct_cycle(protocol: BoundedHttpToolsProtocol, route: InferRoute) -> Infer
             length = int(value)
         elif key == b"inference-header-content-length":
             header_length = value.decode("latin-1")
-        elif key == b"transfer-encoding":
-            return None
+        elif key == b"transfer-encoding" or key == b"content-encoding":
+            return None  # chunked or compressed: the ASGI route reads and decodes it
         elif key == b"authorization":
             authorization = value
     if length < 0 or length > route.max_body:

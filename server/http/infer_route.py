@@ -21,6 +21,8 @@ from ..vocabulary.errors import DecoupledModelCall, ServerError, internal_error_
 from ..vocabulary.limits import DEFAULT_LIMITS, Limits, body_too_large
 from ..vocabulary.types import InferenceRequest
 from .codec import HEADER_LENGTH, decode_request, encode_response, error_body
+from .content_encoding import ACCEPTED, INLINE_BELOW, UnsupportedEncoding, decode_body
+from .paths import InferPaths
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +55,8 @@ class InferRoute:
         self.limits = limits
         self.token = token
         self.shm = shm
+        #: inference requests answered per path (this route or the protocol's direct path), a metric
+        self.paths = InferPaths()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -71,19 +75,26 @@ class InferRoute:
                     extra=[(b"www-authenticate", b"Bearer")],
                 )
                 return
-        header_length = None
+        header_length = content_encoding = length = None
+        chunked = False
         for key, value in scope["headers"]:
-            if key == b"content-length" and value.isdigit() and int(value) > self.max_body:
-                # refused before a byte of the body is read
-                await _respond(send, 413, error_body(body_too_large(int(value), self.max_body).message), None, True)
-                return
-            if key == _HEADER_LENGTH:
+            if key == b"content-length":
+                length = value
+            elif key == _HEADER_LENGTH:
                 header_length = value.decode("latin-1")
+            elif key == b"content-encoding":
+                content_encoding = value
+            elif key == b"transfer-encoding":
+                chunked = True  # the body is chunked; a Content-Length beside it says nothing (RFC 9112 6.1)
+        if length is not None and not chunked and length.isdigit() and int(length) > self.max_body:
+            # refused before a byte of the body is read
+            await _respond(send, 413, error_body(body_too_large(int(length), self.max_body).message), None, True)
+            return
         method = scope["method"]
         if method == "POST":
             match = INFER_PATH.match(scope["path"])
             if match is not None:
-                await self._infer(match.group(1), match.group(2) or "", header_length, receive, send)
+                await self._infer(match.group(1), match.group(2) or "", header_length, content_encoding, receive, send)
                 return
         if method in _BODY_METHODS:
             try:
@@ -96,11 +107,28 @@ class InferRoute:
             receive = _replay(body, receive)
         await self.app(scope, receive, send)
 
-    async def _infer(self, name: str, version: str, header_length: str | None, receive: Receive, send: Send) -> None:
+    async def _infer(
+        self,
+        name: str,
+        version: str,
+        header_length: str | None,
+        content_encoding: bytes | None,
+        receive: Receive,
+        send: Send,
+    ) -> None:
+        self.paths.asgi += 1
         try:
             body = await _read_body(receive, self.max_body)
+            if content_encoding is not None:
+                if len(body) < INLINE_BELOW:
+                    body = decode_body(body, content_encoding, self.max_body)
+                else:  # inflating up to --http-max-input-size takes a while: not on the event loop
+                    body = await asyncio.to_thread(decode_body, body, content_encoding, self.max_body)
         except ConnectionAbortedError:
             return  # nobody to answer
+        except UnsupportedEncoding as exc:  # Triton: 415 with the codings it reads
+            await _respond(send, 415, error_body(str(exc)), None, extra=[(b"accept-encoding", ACCEPTED)])
+            return
         except ServerError as exc:
             await _respond(send, exc.http_status, error_body(exc.message), None, True)
             return

@@ -3,8 +3,9 @@
 Off by default (in a cluster the Service is reached only from inside it, or through an ingress or a
 mesh that does TLS). With ``--auth-token-file`` every HTTP and gRPC request except the liveness and
 readiness probes must carry ``Authorization: Bearer <token>``; the file is read again when it changes,
-so a rotated Kubernetes Secret takes effect without a restart. The metrics listener stays separate and
-unauthenticated (Prometheus scrapes it on its own port).
+so a rotated Kubernetes Secret takes effect without a restart. Emptying or deleting the file revokes the
+token: every protected request is refused until the file holds a token again (fail closed; one WARNING says
+why). The metrics listener stays separate and unauthenticated (Prometheus scrapes it on its own port).
 """
 
 from __future__ import annotations
@@ -23,34 +24,62 @@ PROBE_RPCS = frozenset({"ServerLive", "ServerReady"})
 
 
 class BearerToken:
-    """The expected token, from a file; ``accepts`` compares in constant time."""
+    """The expected token, from a file; ``accepts`` compares bytes in constant time and never raises.
+
+    The file is stat'ed on each check and read again when its identity, size or times change (a Kubernetes
+    Secret is swapped by a symlink, so the inode changes). A missing, unreadable or empty file leaves no
+    token at all: nothing is accepted (revocation), and one WARNING is logged each time that state begins.
+    """
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._stamp: tuple[int, int] | None = None
-        self._token = b""
+        self._stamp: tuple[int, int, int, int] | None = None
+        #: None: revoked (no usable token in the file)
+        self._token: bytes | None = None
+        self._why = ""  # the reason logged for the current revocation ("" while a token is held)
         self._load()
 
     def _load(self) -> None:
-        st = os.stat(self.path)
-        stamp = (st.st_mtime_ns, st.st_size)
-        if stamp == self._stamp:
+        try:
+            st = os.stat(self.path)
+            stamp = (st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size)
+            if stamp == self._stamp:
+                return
+            token = self.path.read_bytes().strip()
+        except OSError as exc:
+            self._revoke(f"cannot read it ({exc.strerror or exc})")
             return
-        token = self.path.read_bytes().strip()
         if not token:
-            raise ValueError(f"the token file {self.path} is empty")
-        self._token, self._stamp = token, stamp
+            self._revoke("it is empty")
+            self._stamp = stamp  # read again once it changes
+            return
+        if self._token is None and self._why:
+            log.warning("the token file %s holds a token again: authenticated requests are served", self.path)
+        self._token, self._stamp, self._why = token, stamp, ""
+
+    def _revoke(self, why: str) -> None:
+        self._token, self._stamp = None, None
+        if why != self._why:
+            log.warning(
+                "the token file %s no longer holds a token (%s): every request but the health probes is refused "
+                "until it does (--auth-token-file)",
+                self.path,
+                why,
+            )
+            self._why = why
 
     def accepts(self, authorization: str | bytes | None) -> bool:
-        try:
-            self._load()
-        except (OSError, ValueError) as exc:  # keep the last good token while a Secret is being replaced
-            log.warning("cannot re-read the token file %s: %s", self.path, exc)
-        if not authorization:
+        """Whether ``authorization`` (a header value: bytes from HTTP, str from gRPC metadata) is
+        ``Bearer <the token>``; any value, whatever its characters, is only ever True or False."""
+        self._load()
+        expected = self._token
+        if expected is None or not authorization:
             return False
-        value = authorization.encode("latin-1") if isinstance(authorization, str) else authorization
+        # str values are compared as the UTF-8 bytes they came from (the Rust transport decodes them as
+        # UTF-8); surrogatepass: a str no encoding can give cannot raise, it can only fail to match
+        value = authorization if isinstance(authorization, bytes) else authorization.encode("utf-8", "surrogatepass")
         scheme, _, token = value.partition(b" ")
-        return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self._token)
+        return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), expected)
 
 
 @dataclass(frozen=True)

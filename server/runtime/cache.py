@@ -14,6 +14,7 @@ used; an entry larger than the whole cache is not stored.
 from __future__ import annotations
 
 import hashlib
+import sys
 import threading
 import time
 from collections import OrderedDict
@@ -43,10 +44,29 @@ def request_key(request: InferenceRequest, version: str) -> bytes:
     return h.digest()
 
 
-@dataclass
+@dataclass(slots=True)
 class _Entry:
     outputs: dict[str, np.ndarray]
     nbytes: int
+
+
+#: per entry, what ``footprint`` cannot see with ``sys.getsizeof``: the OrderedDict's slot and link node (with
+#: the table's slack after evictions), the ``_Entry`` object, allocator headers, an array's shape and strides
+#: (tests/unit/test_response_cache_footprint.py measures real entries with tracemalloc against it)
+ENTRY_OVERHEAD = 256
+#: per output array: its dims/strides allocation and the data buffer's allocator header
+ARRAY_OVERHEAD = 48
+
+
+def footprint(key: bytes, outputs: dict[str, np.ndarray]) -> int:
+    """The bytes one cache entry holds in this process: key, outputs dict, names, array objects, their data
+    (a BYTES array's element objects too) and the per-entry structure around them."""
+    size = ENTRY_OVERHEAD + sys.getsizeof(key) + sys.getsizeof(outputs)
+    for name, array in outputs.items():
+        size += sys.getsizeof(name) + sys.getsizeof(array) + ARRAY_OVERHEAD + 16 * array.ndim
+        if array.dtype == np.object_:
+            size += sum(sys.getsizeof(v) for v in array.reshape(-1))
+    return size
 
 
 class ResponseCache:
@@ -83,7 +103,7 @@ class ResponseCache:
         copies = {n: np.array(a, copy=True) for n, a in outputs.items()}
         for array in copies.values():
             array.setflags(write=False)  # shared by every later hit
-        nbytes = sum(_size(a) for a in copies.values()) + len(key)
+        nbytes = footprint(key, copies)  # what the entry really holds, not just its tensor bytes
         with self._lock:
             if nbytes > self.byte_size:
                 self.insertion_ns += time.perf_counter_ns() - start
@@ -108,12 +128,6 @@ class ResponseCache:
     @property
     def utilization(self) -> float:
         return self._used / self.byte_size if self.byte_size else 0.0
-
-
-def _size(array: np.ndarray) -> int:
-    if array.dtype == np.object_:
-        return sum(len(v) if isinstance(v, (bytes, str)) else 8 for v in array.reshape(-1)) + 8 * array.size
-    return int(array.nbytes)
 
 
 def parse_cache_config(items: list[str]) -> int:

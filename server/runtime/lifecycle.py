@@ -86,6 +86,7 @@ class ModelLifecycle:
         auto_complete: bool = True,
         load_threads: int = 4,
         response_cache: ResponseCache | None = None,
+        allow_external_op_libraries: bool = True,
     ) -> None:
         #: the registry's routing table, shared: the lifecycle writes it, the registry reads it
         self.models = models
@@ -104,6 +105,8 @@ class ModelLifecycle:
         self.load_threads = max(1, load_threads)
         #: the server's response cache (``--cache-config``), handed to versions that enable it
         self.response_cache = response_cache
+        #: False with ``--allow-external-op-libraries=false``: op libraries only from the model's own folder
+        self.allow_external_op_libraries = allow_external_op_libraries
 
     async def load_model(self, name: str, override: pb.ModelConfig | None = None) -> None:
         """Load or reload ``name``; ``override`` replaces its config.pbtxt for this load (as Triton).
@@ -215,6 +218,7 @@ class ModelLifecycle:
             self.listeners,
             self.repository_path / config.name,
             self.response_cache,
+            self.allow_external_op_libraries,
         )
 
     def _record_failure(self, entry: ModelEntry, version: int, reason: str) -> list[str]:

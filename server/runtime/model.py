@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..backends.base import Backend, InstanceSpec
 from ..backends.loader import load_backend_class
-from ..config import pb
+from ..config import ConfigError, pb
 from ..observability.stats import ModelStats, StatsListener
 from ..repository.layout import op_library_path, resolve_inside
 from ..scheduling.base import Scheduler
@@ -245,8 +245,10 @@ async def build_model_version(
     listeners: list[StatsListener],
     model_dir: Path | None = None,
     cache: ResponseCache | None = None,
+    allow_external_op_libraries: bool = True,
 ) -> ModelVersion:
-    """Load every instance (off the loop), then start the scheduler."""
+    """Load every instance (off the loop), then start the scheduler. ``allow_external_op_libraries``:
+    ``--allow-external-op-libraries`` (see ``_op_libraries``)."""
     stats = ModelStats(config.name, str(version), listeners)
     labels = {
         t.name: load_labels(
@@ -255,7 +257,7 @@ async def build_model_version(
         for t in config.output
         if t.label_filename and model_dir is not None
     }
-    op_libraries = _op_libraries(config, backend_cls, model_dir)
+    op_libraries = _op_libraries(config, backend_cls, model_dir, allow_external_op_libraries)
     pool = None
     if backend_cls is not None:
         assert version_path is not None
@@ -290,10 +292,16 @@ async def build_model_version(
     return ModelVersion(config, version, scheduler, pool, stats, digest, labels, _cache_for(config, cache))
 
 
-def _op_libraries(config: pb.ModelConfig, backend_cls: type[Backend] | None, model_dir: Path | None) -> list[Path]:
+def _op_libraries(
+    config: pb.ModelConfig, backend_cls: type[Backend] | None, model_dir: Path | None, allow_external: bool = True
+) -> list[Path]:
     """``model_operations.op_library_filename`` resolved (``layout.op_library_path``) for a backend that loads
     custom-op libraries (onnxruntime); any other backend ignores the field, as Triton does (its TensorRT
-    and PyTorch custom ops are LD_PRELOADed into the server), with one warning."""
+    and PyTorch custom ops are LD_PRELOADed into the server), with one warning.
+
+    Triton loads an absolute path from anywhere; ``allow_external`` False (``--allow-external-op-libraries
+    =false``, for a pool shared by teams) refuses every library outside the model's own folder, so a model
+    can only run code it ships itself."""
     entries = list(config.model_operations.op_library_filename)
     if not entries:
         return []
@@ -307,7 +315,17 @@ def _op_libraries(config: pb.ModelConfig, backend_cls: type[Backend] | None, mod
         )
         return []
     assert model_dir is not None
-    return [op_library_path(model_dir, entry) for entry in entries]
+    libraries = [op_library_path(model_dir, entry) for entry in entries]
+    if not allow_external:
+        own = model_dir.resolve()
+        for entry, library in zip(entries, libraries, strict=True):
+            if not library.is_relative_to(own):
+                raise ConfigError(
+                    f"model_operations op_library_filename '{entry}' is outside the model's folder, and this "
+                    "server refuses op libraries from outside it (--allow-external-op-libraries=false): put the "
+                    "library in the model's folder and name it without a path"
+                )
+    return libraries
 
 
 def _cache_for(config: pb.ModelConfig, cache: ResponseCache | None) -> ResponseCache | None:

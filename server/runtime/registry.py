@@ -41,6 +41,7 @@ class ModelRegistry:
         load_threads: int = 4,
         custom_metrics: CustomMetrics | None = None,
         response_cache: ResponseCache | None = None,
+        allow_external_op_libraries: bool = True,
     ) -> None:
         self.repository_path = repository_path
         #: metric families Python models create; the metrics endpoint exports them
@@ -59,6 +60,7 @@ class ModelRegistry:
             auto_complete=auto_complete,
             load_threads=load_threads,
             response_cache=response_cache,
+            allow_external_op_libraries=allow_external_op_libraries,
         )
         self._shutdown = GracefulShutdown(self.loop)
 

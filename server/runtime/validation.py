@@ -215,7 +215,8 @@ def raw_binary_inputs(config: pb.ModelConfig, body: bytes | memoryview) -> dict[
     if dtype.v2 == "BYTES":
         if dynamic != -1 or fixed != 1:
             raise InvalidArgument(
-                "[request id: <id_unknown>] For BYTE datatype raw input, the model must have input shape [1]"
+                f"[request id: <id_unknown>] For BYTE datatype raw input '{spec.name}', the model must have input "
+                "shape [1]"
             )
         array = np.empty(1, dtype=object)
         array[0] = bytes(body)

@@ -87,6 +87,12 @@ class _Backlog:
     corrid: Corrid
     entries: deque[_Entry] = field(default_factory=deque)
     ended: bool = False
+    #: when the sequence's last request arrived (the idle rule's clock)
+    last_ns: int = 0
+
+    def abandoned(self) -> bool:
+        """Every request's caller is gone (cancelled: the client disconnected or gave up): nobody waits."""
+        return all(e.future.done() for e in self.entries)
 
 
 @dataclass
@@ -241,6 +247,7 @@ class SequenceBatcher(Scheduler):
             self._wake[slot.instance].set()
         elif backlog is not None:
             backlog.entries.append(entry)
+            backlog.last_ns = now
             if seq.end:
                 backlog.ended = True
                 del self.backlog_map[corrid]
@@ -254,7 +261,7 @@ class SequenceBatcher(Scheduler):
                 self.active[corrid] = slot
             self._wake[slot.instance].set()
         else:
-            backlog = _Backlog(corrid, deque([entry]), ended=seq.end)
+            backlog = _Backlog(corrid, deque([entry]), ended=seq.end, last_ns=now)
             self.backlogs.append(backlog)
             if not seq.end:
                 self.backlog_map[corrid] = backlog
@@ -463,7 +470,8 @@ class SequenceBatcher(Scheduler):
         slot.state = None
         while self.backlogs:
             backlog = self.backlogs.popleft()
-            if not backlog.entries:
+            if not backlog.entries or backlog.abandoned():  # nobody waits for it (Triton: a cancelled backlog)
+                self._forget(backlog)
                 continue
             slot.corrid = backlog.corrid
             slot.queue.extend(backlog.entries)
@@ -498,7 +506,45 @@ class SequenceBatcher(Scheduler):
                     self.idle_ns // 1000,
                 )
                 self._release(slot)
+            wait_ns = min(wait_ns, self._reap_backlog(now))
+            self._check_idle()
             await asyncio.sleep(wait_ns / 1e9 + 0.001)
+
+    def _reap_backlog(self, now: int) -> int:
+        """Drop backlogged sequences whose clients all went away and that sent nothing for
+        max_sequence_idle_microseconds: without this they waited for a slot forever while live sequences held
+        the slots, their requests' tensors with them. A backlogged sequence with a caller still waiting
+        keeps waiting, however long (Triton's backlog has no idle limit for them). Returns the ns until the
+        next one is due (``idle_ns`` when none is pending)."""
+        wait_ns = self.idle_ns
+        for backlog in list(self.backlogs):
+            if not backlog.abandoned():
+                continue
+            remaining = backlog.last_ns + self.idle_ns - now
+            if remaining > 0:
+                wait_ns = min(wait_ns, remaining)
+                continue
+            log.info(
+                "sequence %s of model '%s' waited in the backlog with no client left and was idle for more than "
+                "%d us: its %d request(s) are dropped",
+                backlog.corrid,
+                self.model,
+                self.idle_ns // 1000,
+                len(backlog.entries),
+            )
+            self.backlogs.remove(backlog)
+            self._forget(backlog)
+        return wait_ns
+
+    def _forget(self, backlog: _Backlog) -> None:
+        """A backlogged sequence that never gets a slot: its id is unknown again (a later request without
+        START is refused), its requests and their tensors are released."""
+        if self.backlog_map.get(backlog.corrid) is backlog:
+            del self.backlog_map[backlog.corrid]
+        for entry in backlog.entries:
+            if not entry.future.done():
+                entry.future.cancel()
+        backlog.entries.clear()
 
     def _check_idle(self) -> None:
         if self._idle is not None and not self.pending and not any(self._busy):

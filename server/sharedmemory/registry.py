@@ -54,6 +54,7 @@ class SharedMemoryRegistry:
 
     def unregister_system(self, name: str = "") -> None:
         self._check_enabled()
+        # a dropped region's descriptor closes once nothing holds it (system.SystemRegion)
         if name:
             self._system.pop(name, None)
         else:
@@ -121,8 +122,9 @@ class SharedMemoryRegistry:
         """Input ``name`` from its region: a view into system shared memory, a host copy of CUDA memory."""
         self._bounds(ref, self._region_size(ref))
         sys_region = self._system.get(ref.region)
+        raw: bytes | memoryview
         if sys_region is not None:
-            raw = sys_region.view[ref.offset : ref.offset + ref.byte_size]
+            raw = sys_region.read(ref.offset, ref.byte_size)  # a copy: see system.py (truncated objects)
         else:
             raw = self._cuda[ref.region].read(ref.offset, ref.byte_size).data
         return tensors.from_raw(name, datatype, shape, raw, budget)
@@ -139,7 +141,7 @@ class SharedMemoryRegistry:
             )
         sys_region = self._system.get(ref.region)
         if sys_region is not None:
-            sys_region.view[ref.offset : ref.offset + size] = data
+            sys_region.write(ref.offset, data)
         else:
             self._cuda[ref.region].write(ref.offset, np.frombuffer(data, dtype=np.uint8))
 
@@ -148,6 +150,8 @@ class SharedMemoryRegistry:
         self._bounds(ref, self._region_size(ref))
 
     def close(self) -> None:
+        for system_region in self._system.values():
+            system_region.close()
         self._system.clear()
         for region in self._cuda.values():
             region.close()

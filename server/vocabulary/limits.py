@@ -41,6 +41,12 @@ class Limits:
     grpc_max_stream_inflight: int = 128
     #: seconds one inference request may take end to end (0: no limit)
     request_timeout: float = 300.0
+    #: seconds an HTTP request's head may take to arrive, from its first byte or the connection (0: no limit)
+    http_header_timeout: float = 30.0
+    #: seconds an HTTP request's body may take to arrive once its head has (0: no limit)
+    http_body_timeout: float = 60.0
+    #: open HTTP connections past which requests are answered 503 (0: no limit)
+    http_max_connections: int = 1000
 
 
 DEFAULT_LIMITS = Limits()

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
+import shutil
 import ssl
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
@@ -188,6 +190,138 @@ def test_a_rotated_token_takes_effect_without_a_restart(token_server: ServerProc
         )
     finally:
         token_file.write_text("s3cret-token\n")
+
+
+def _log_lines(server: ServerProcess, since: int, text: str) -> list[str]:
+    return [line for line in server.log()[since:].splitlines() if text in line]
+
+
+def test_emptying_or_deleting_the_token_file_revokes_the_token(token_server: ServerProcess, token_file: Path) -> None:
+    """Issue 23 part 4: revocation fails closed on both protocols, with one WARNING per revocation that says
+    why; a token written again restores service. The probes stay open throughout."""
+    url = f"{token_server.base_url}/v2/models/relu/infer"
+    good = {"Authorization": "Bearer s3cret-token"}
+    client = grpcclient.InferenceServerClient(token_server.grpc_url)
+    try:
+        for revoke, why in ((lambda: token_file.write_text(""), "it is empty"), (token_file.unlink, "cannot read it")):
+            mark = len(token_server.log())
+            revoke()
+            for _ in range(3):  # several refusals, one log line
+                r = httpx.post(url, json=GOOD, headers=good, timeout=30)
+                assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer", r.text
+                assert httpx.get(f"{token_server.base_url}/v2", headers=good, timeout=30).status_code == 401
+                with pytest.raises(InferenceServerException) as info:
+                    _grpc_infer(client, headers={"authorization": "Bearer s3cret-token"})
+                assert info.value.status() == "StatusCode.UNAUTHENTICATED"
+            assert httpx.get(f"{token_server.base_url}/v2/health/ready", timeout=30).status_code == 200
+            assert client.is_server_ready()
+            warnings = _log_lines(token_server, mark, "no longer holds a token")
+            assert len(warnings) == 1 and why in warnings[0] and "WARNING" in warnings[0], warnings
+            token_file.write_text("s3cret-token\n")  # service is back at once
+            assert httpx.post(url, json=GOOD, headers=good, timeout=30).status_code == 200
+            np.testing.assert_array_equal(
+                _grpc_infer(client, headers={"authorization": "Bearer s3cret-token"}), [[1.0, 0.0, 2.0, 0.0]]
+            )
+            assert len(_log_lines(token_server, mark, "holds a token again")) == 1
+    finally:
+        token_file.write_text("s3cret-token\n")
+        client.close()
+
+
+def test_the_extension_endpoints_need_the_token(token_server: ServerProcess) -> None:
+    """Logging, trace settings (global and per model), the repository API and shared-memory registration
+    are refused without the token on both protocols, and a refused update changes nothing."""
+    base = token_server.base_url
+    good = {"Authorization": "Bearer s3cret-token"}
+    calls = [
+        ("GET", "/v2/logging", None),
+        ("POST", "/v2/logging", {"log_verbose_level": 3}),
+        ("GET", "/v2/trace/setting", None),
+        ("POST", "/v2/trace/setting", {"trace_rate": "7"}),
+        ("GET", "/v2/models/relu/trace/setting", None),
+        ("POST", "/v2/models/relu/trace/setting", {"trace_rate": "7"}),
+        ("POST", "/v2/repository/index", {}),
+        ("POST", "/v2/repository/models/relu/load", {}),
+        ("POST", "/v2/repository/models/relu/unload", {}),
+        ("GET", "/v2/systemsharedmemory/status", None),
+        ("POST", "/v2/systemsharedmemory/region/r/register", {"key": "/k", "offset": 0, "byte_size": 8}),
+        ("GET", "/v2/models/relu/config", None),
+        ("GET", "/v2/models/stats", None),
+    ]
+    for headers in ({}, {"Authorization": "Bearer wrong"}):
+        for method, path, body in calls:
+            r = httpx.request(method, base + path, json=body, headers=headers, timeout=30)
+            assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer", (method, path, r.text)
+    assert httpx.get(f"{base}/v2/logging", headers=good, timeout=30).json()["log_verbose_level"] == 0
+    assert httpx.get(f"{base}/v2/trace/setting", headers=good, timeout=30).json()["trace_rate"] != "7"
+    assert httpx.post(f"{base}/v2/repository/index", json={}, headers=good, timeout=30).status_code == 200
+
+    client = grpcclient.InferenceServerClient(token_server.grpc_url)
+    try:
+        refused = [
+            client.get_log_settings,
+            lambda **kw: client.update_log_settings({"log_verbose_level": 3}, **kw),
+            client.get_trace_settings,
+            lambda **kw: client.update_trace_settings(settings={"trace_rate": "7"}, **kw),
+            lambda **kw: client.update_trace_settings("relu", {"trace_rate": "7"}, **kw),
+            client.get_model_repository_index,
+            lambda **kw: client.load_model("relu", **kw),
+            lambda **kw: client.unload_model("relu", **kw),
+            client.get_system_shared_memory_status,
+            lambda **kw: client.register_system_shared_memory("r", "/k", 8, **kw),
+            lambda **kw: client.get_model_config("relu", **kw),
+            client.get_inference_statistics,
+        ]
+        for headers in (None, {"authorization": "Bearer wrong"}):
+            for call in refused:
+                with pytest.raises(InferenceServerException) as info:
+                    call(headers=headers)
+                assert info.value.status() == "StatusCode.UNAUTHENTICATED", info.value
+        good = {"authorization": "Bearer s3cret-token"}
+        assert client.get_log_settings(headers=good, as_json=True)["settings"]["log_verbose_level"]["uint32_param"] == 0
+        settings = client.get_trace_settings(headers=good, as_json=True)["settings"]
+        assert settings["trace_rate"]["value"] != ["7"]
+        assert client.get_model_repository_index(headers=good, as_json=True)["models"]
+    finally:
+        client.close()
+
+
+def test_an_authorization_value_no_text_encoding_gives_is_refused_alone(token_server: ServerProcess) -> None:
+    """Issue 25 part 4 (the Python side): an ``authorization`` value that is not UTF-8 or Latin-1 text is
+    UNAUTHENTICATED, and calls that arrive with it are served: it never stops the server's call loop."""
+    if (
+        shutil.which("curl") is None
+        or "HTTP2" not in subprocess.run(["curl", "-V"], capture_output=True, text=True).stdout
+    ):
+        pytest.skip("curl with HTTP/2 is needed to send header bytes grpc's client refuses to write")
+    good = grpcclient.InferenceServerClient(token_server.grpc_url)
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            served = [
+                pool.submit(_grpc_infer, good, headers={"authorization": "Bearer s3cret-token"}, client_timeout=30)
+                for _ in range(40)
+            ]
+            for value in (b"Bearer \xe9\xff\xfe", "Bearer \u20ac\u4e2d".encode()):
+                done = subprocess.run(
+                    ["curl", "-sS", "--max-time", "20", "--http2-prior-knowledge", "-D", "-", "-o", "/dev/null",
+                     "--data-binary", "@-", "-H", "content-type: application/grpc", "-H", "te: trailers",
+                     "-H", b"authorization: " + value,
+                     f"http://{token_server.grpc_url}/inference.GRPCInferenceService/ServerMetadata"],
+                    input=b"\0\0\0\0\0", capture_output=True, timeout=60,
+                )  # fmt: skip
+                assert done.returncode == 0, done.stderr
+                assert b"grpc-status: 16" in done.stdout, done.stdout
+            for future in served:
+                np.testing.assert_array_equal(future.result(timeout=60), [[1.0, 0.0, 2.0, 0.0]])
+        np.testing.assert_array_equal(
+            _grpc_infer(good, headers={"authorization": "Bearer s3cret-token"}), [[1.0, 0.0, 2.0, 0.0]]
+        )
+    finally:
+        good.close()
+    r = httpx.post(
+        f"{token_server.base_url}/v2/models/relu/infer", json=GOOD, headers={"Authorization": b"Bearer \xe9\xff"}
+    )
+    assert r.status_code == 401
 
 
 @pytest.fixture(scope="module")

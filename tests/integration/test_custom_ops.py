@@ -293,3 +293,48 @@ def test_other_backends_ignore_the_field_with_a_warning(server: ServerProcess, l
     warnings = [line for line in server.log().splitlines() if "model 'echo'" in line and "op_library_filename" in line]
     assert len(warnings) == 1 and "WARNING" in warnings[0], warnings
     assert "ignored for backend 'python'" in warnings[0], warnings
+
+
+@pytest.fixture(scope="module")
+def strict_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """A server for a pool shared by teams: op libraries only from the model's own folder."""
+    repo = tmp_path_factory.mktemp("strict") / "repo"
+    good = repo / "good"
+    (good / "1").mkdir(parents=True)
+    (good / "1" / "model.onnx").write_bytes(unary("relu", "Relu", TensorProto.FLOAT, ["batch", 4]).SerializeToString())
+    _write_upper(repo, "upper", LIBRARY)
+    _write_upper(repo, "upper-own", repo / "upper-own" / LIBRARY)
+    _write_upper(repo, "upper-image", get_library_path(), with_library=False)
+    flags = ["--model-control-mode", "explicit", "--load-model", "good", "--allow-external-op-libraries=false"]
+    s = start_server(repo, *flags)
+    yield s
+    assert s.terminate() == 0
+
+
+def test_a_server_can_refuse_libraries_from_outside_the_model_folder(strict_server: ServerProcess) -> None:
+    """Issue 23: Triton loads an op library from any absolute path; with --allow-external-op-libraries=false
+    a model may only load a library it ships in its own folder. The refusal names the entry and the flag,
+    on both protocols; the model's own libraries (by name or by absolute path) still load."""
+    for name in ("upper", "upper-own"):
+        r = _load(strict_server, name)
+        assert r.status_code == 200, r.text
+        assert _upper(strict_server, name) == UPPERED
+    r = _load(strict_server, "upper-image")
+    assert r.status_code == 400, r.text
+    expected = f"model_operations op_library_filename '{get_library_path()}' is outside the model's folder"
+    assert expected in r.json()["error"] and "--allow-external-op-libraries=false" in r.json()["error"], r.text
+    (row,) = _index_reason(strict_server, "upper-image")
+    assert row["state"] == "UNAVAILABLE" and expected in row["reason"], row
+    with grpcclient.InferenceServerClient(strict_server.grpc_url) as client:
+        with pytest.raises(InferenceServerException) as info:
+            client.load_model("upper-image")
+        assert info.value.status() == "StatusCode.INVALID_ARGUMENT" and expected in info.value.message()
+    _still_serving(strict_server)
+
+
+def test_the_flag_is_in_the_help() -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "kubeinfer.server", "--help"], capture_output=True, text=True)
+    assert done.returncode == 0 and "--allow-external-op-libraries" in done.stdout

@@ -9,8 +9,10 @@ import json
 import socket
 from collections.abc import Iterator
 
+import httpx
 import numpy as np
 import pytest
+import tritonclient.http as httpclient
 from onnx import TensorProto
 
 from tests.support import models as test_models
@@ -165,3 +167,34 @@ def test_requests_the_direct_path_leaves_to_the_asgi_route_are_served(server: Se
     final = answers[-1]
     assert final[0] == 200
     assert json.loads(final[2])["outputs"][0]["data"] == [-1, -2, -3, -4]
+
+
+def _paths(server: ServerProcess) -> dict[str, float]:
+    """``kubeinfer_http_infer_requests`` by path, from the metrics port."""
+    counts = {}
+    for line in httpx.get(server.metrics_url, timeout=30).text.splitlines():
+        if line.startswith("kubeinfer_http_infer_requests{"):
+            labels, value = line.rsplit(" ", 1)
+            counts[labels.split('path="', 1)[1].split('"', 1)[0]] = float(value)
+    return counts
+
+
+def test_a_plain_request_takes_the_direct_path_and_the_server_says_which_path_serves(server: ServerProcess) -> None:
+    """Issue 25 part 6: the direct path is on uvicorn's internals, so a test must notice if it stops serving
+    (a uvicorn upgrade, a missing httptools): the log at start says which path serves inference, and the
+    metrics count each request by the path that answered it."""
+    assert "the direct path answers plain requests inside uvicorn" in server.log()
+    url = f"{server.base_url}/v2/models/neg/infer"
+    body = {"inputs": [{"name": "IN", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]}
+    before = _paths(server)
+    assert httpx.post(url, json=body, timeout=30).status_code == 200  # httpx: plain, Content-Length
+    client = httpclient.InferenceServerClient(server.http_url)
+    inp = httpclient.InferInput("IN", [1, 4], "FP32")
+    inp.set_data_from_numpy(np.ones((1, 4), np.float32))
+    assert client.infer("neg", [inp]).as_numpy("OUT").tolist() == [[-1.0] * 4]  # tritonclient, binary
+    client.close()
+    after = _paths(server)
+    assert (after["direct"] - before["direct"], after["asgi"] - before["asgi"]) == (2, 0)
+    assert httpx.post(url + "?via=asgi", json=body, timeout=30).status_code == 200  # a query: the ASGI route
+    final = _paths(server)
+    assert (final["direct"] - after["direct"], final["asgi"] - after["asgi"]) == (0, 1)

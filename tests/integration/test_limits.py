@@ -10,6 +10,7 @@ import json
 import queue
 import socket
 import struct
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from tests.support.models import binary, string_identity, unary
 from tests.support.repos import write_model
 from tests.support.server import ServerProcess, grpc_transports, start_server
 from tests.support.sleep_models import Gate, require_sleep_backend, wait_pending, write_sleep_model
+from tests.support.waiting import wait_for
 
 MAX_BODY = 1 << 20
 LIMIT_FLAGS = [
@@ -314,7 +316,144 @@ def test_a_stream_runs_at_most_the_inflight_limit_at_once(server: ServerProcess,
     assert [int(result.get_response().id) for result, _ in answers] == list(range(8))
 
 
+# --------------------------------------------------------------------------------- slow clients
+
+SLOW_FLAGS = ["--http-header-timeout", "1", "--http-body-timeout", "1", "--http-max-connections", "4"]
+
+
+@pytest.fixture(scope="module")
+def slow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """Issue 25 part 6: short head and body timeouts and a cap of four connections."""
+    require_sleep_backend()
+    repo = tmp_path_factory.mktemp("slow") / "repo"
+    write_model(repo, "relu", 'platform: "onnxruntime_onnx"\nmax_batch_size: 8\n', {1: unary("relu", "Relu", TensorProto.FLOAT, ["batch", "n"])})  # fmt: skip
+    write_sleep_model(repo, "sleepy", 1500, max_batch_size=0)  # runs longer than both timeouts
+    s = start_server(repo, *SLOW_FLAGS)
+    yield s
+    assert s.terminate() == 0
+
+
+class _Slowloris:
+    """A client that opens a connection and sends its request a few bytes at a time, never finishing."""
+
+    def __init__(self, server: ServerProcess, start: bytes = b"") -> None:
+        self.sock = socket.create_connection(("127.0.0.1", server.http_port), timeout=30)
+        if start:
+            self.sock.sendall(start)
+
+    def drip(self, data: bytes, every: float = 0.2) -> bytes:
+        """Sends ``data`` a byte at a time until the server answers and hangs up; returns its answer."""
+        answer = b""
+        self.sock.settimeout(every)
+        for i in range(len(data)):
+            try:
+                self.sock.sendall(data[i : i + 1])
+            except (BrokenPipeError, ConnectionResetError):
+                break
+            try:
+                chunk = self.sock.recv(65536)
+            except TimeoutError:
+                continue
+            except ConnectionResetError:
+                break
+            if not chunk:
+                break
+            answer += chunk
+        self.sock.settimeout(30)
+        try:
+            while chunk := self.sock.recv(65536):
+                answer += chunk
+        except (ConnectionResetError, TimeoutError):
+            pass
+        return answer
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _error_of(answer: bytes) -> tuple[int, dict[str, str], str]:
+    head, _, body = answer.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+    return int(lines[0].split()[1]), headers, json.loads(body)["error"]
+
+
+def test_a_head_sent_slowly_gets_408_and_the_connection_closes(slow_server: ServerProcess) -> None:
+    client = _Slowloris(slow_server, b"POST /v2/models/relu/infer HTTP/1.1\r\nHost: t\r\n")
+    start = time.monotonic()
+    answer = client.drip(b"X-Slow: " + b"a" * 200)  # 40 s at this rate; the head timeout is 1 s
+    client.close()
+    status, headers, error = _error_of(answer)
+    assert status == 408 and headers["connection"] == "close", answer
+    assert error == "the request head did not arrive within 1 s (--http-header-timeout)"
+    assert time.monotonic() - start < 10
+    _good(slow_server)
+
+
+def test_a_connection_that_sends_nothing_is_closed_after_the_head_timeout(slow_server: ServerProcess) -> None:
+    with socket.create_connection(("127.0.0.1", slow_server.http_port), timeout=30) as sock:
+        start = time.monotonic()
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+        assert time.monotonic() - start < 10
+    assert _error_of(answer)[0] == 408
+
+
+@pytest.mark.parametrize("path", ["/v2/models/relu/infer", "/v2/repository/index"], ids=["direct", "asgi"])
+def test_a_body_sent_slowly_gets_408(slow_server: ServerProcess, path: str) -> None:
+    """On the direct path (a plain infer request) and on the ASGI route alike."""
+    body = json.dumps(_relu_body(4)).encode()
+    head = f"POST {path} HTTP/1.1\r\nHost: t\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+    client = _Slowloris(slow_server, head)
+    answer = client.drip(body)
+    client.close()
+    status, headers, error = _error_of(answer)
+    assert status == 408 and headers["connection"] == "close", answer
+    assert error == "the request body did not arrive within 1 s (--http-body-timeout)"
+    _good(slow_server)
+
+
+def test_the_timeouts_bound_sending_not_idling_or_computing(slow_server: ServerProcess) -> None:
+    """A kept-alive connection may wait longer than the head timeout between requests, and a request may
+    compute longer than both timeouts: only sending a head or a body is timed."""
+    request = "POST /v2/models/sleepy/infer HTTP/1.1\r\nHost: t\r\nContent-Length: %d\r\n\r\n%s"
+    body = json.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [2], "data": [1.0, 2.0]}]})
+    with socket.create_connection(("127.0.0.1", slow_server.http_port), timeout=30) as sock:
+        for _ in range(2):
+            sock.sendall((request % (len(body), body)).encode())  # computes 1.5 s
+            answer = b""
+            while b"\r\n\r\n" not in answer or len(answer.split(b"\r\n\r\n", 1)[1]) < _length(answer):
+                chunk = sock.recv(65536)
+                assert chunk, f"the server closed the connection: {answer!r}"
+                answer += chunk
+            assert answer.startswith(b"HTTP/1.1 200"), answer
+            time.sleep(1.5)  # idle on the kept-alive connection, longer than the head timeout
+
+
+def test_past_the_connection_cap_requests_get_503_until_connections_close(slow_server: ServerProcess) -> None:
+    idle = [socket.create_connection(("127.0.0.1", slow_server.http_port), timeout=30) for _ in range(4)]
+    try:
+        time.sleep(0.2)  # the server has accepted them
+        r = httpx.post(f"{slow_server.base_url}/v2/models/relu/infer", json=_relu_body(4), timeout=30)
+        assert r.status_code == 503 and r.headers["connection"] == "close", r.text
+        assert r.json()["error"] == (
+            "the server has more than 4 HTTP connections open (--http-max-connections): try again later"
+        )
+    finally:
+        for sock in idle:
+            sock.close()
+    wait_for(
+        "the cap to let requests in again",
+        lambda: (
+            httpx.post(f"{slow_server.base_url}/v2/models/relu/infer", json=_relu_body(4), timeout=30).status_code
+            == 200
+        ),
+        10,
+    )
+
+
 def test_limit_flags_are_documented() -> None:
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    for flag in LIMIT_FLAGS[::2]:
+    for flag in [*LIMIT_FLAGS[::2], *SLOW_FLAGS[::2]]:
         assert f"`{flag}`" in readme, flag

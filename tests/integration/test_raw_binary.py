@@ -123,7 +123,7 @@ def test_bytes_input_is_the_whole_body(server: ServerProcess) -> None:
             np.arange(8, dtype=np.float32).tobytes(),
             "The shape of the raw input 'IN' can not be deduced because there are more than one variable-sized dimension",
         ),
-        ("strings", b"hello", "For BYTE datatype raw input, the model must have input shape [1]"),
+        ("strings", b"hello", "For BYTE datatype raw input 'IN', the model must have input shape [1]"),
         ("fixed", np.arange(5, dtype=np.int32).tobytes(), "unexpected total byte size 20 for input 'IN', expecting 24"),
     ],
 )

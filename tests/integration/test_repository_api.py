@@ -170,7 +170,11 @@ def test_load_with_config_override(server: ServerProcess, grpc_client, http_clie
         ('["a list"]', "must be a JSON object"),
         (json.dumps({**add_sub_override(4), "name": "other"}), "names model 'other'"),
         (json.dumps({"max_batch_size": "many"}), "invalid config override"),
+        # issue 23: nesting that made json.loads raise RecursionError (a 500) is the client's mistake (400)
+        ('{"a":' * 100_000 + "1" + "}" * 100_000, "invalid config override: depth limit exceeded"),
+        ("[" * 100_000 + "]" * 100_000, "invalid config override: depth limit exceeded"),
     ],
+    ids=["not-json", "list", "other-name", "bad-field", "deep-object", "deep-list"],
 )
 def test_bad_config_override(server: ServerProcess, grpc_client, config: str, message: str) -> None:
     r = post(server, "/v2/repository/models/add_sub/load", {"parameters": {"config": config}})

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from kubeinfer.server.runtime.cache import footprint
 from onnx import TensorProto
 
 from tests.support import models as test_models
@@ -113,9 +114,13 @@ def test_models_without_response_cache_are_not_cached(server: ServerProcess) -> 
     assert 'nv_cache_num_hits_per_model{model="uncached"' not in httpx.get(server.metrics_url).text
 
 
+#: what one response of "cached" (one [1, 4] FP32 output) holds in the cache, key and objects included
+ENTRY = footprint(bytes(16), {"OUT": np.zeros((1, 4), np.float32)})
+
+
 def test_a_small_cache_evicts_least_recently_used(tmp_path: Path) -> None:
-    # each entry: 16 key bytes + 1 row of 4 floats = 32 bytes; room for three
-    server = start_server(_repo(tmp_path), "--response-cache-byte-size=100")
+    # room for three entries
+    server = start_server(_repo(tmp_path), f"--response-cache-byte-size={3 * ENTRY + ENTRY // 2}")
     try:
         client = httpclient.InferenceServerClient(server.http_url)
         rows = [np.full((1, 4), i, dtype=np.float32) for i in range(4)]
@@ -129,6 +134,25 @@ def test_a_small_cache_evicts_least_recently_used(tmp_path: Path) -> None:
         after = _stats(server, "cached")["inference_stats"]
         assert after["cache_hit"]["count"] - before["cache_hit"]["count"] == 1
         assert after["cache_miss"]["count"] - before["cache_miss"]["count"] == 1
+    finally:
+        server.terminate()
+
+
+def test_many_tiny_responses_fill_the_cache_by_what_they_hold(tmp_path: Path) -> None:
+    """Issue 23: entries count their whole footprint (tests/unit/test_response_cache_footprint.py measures
+    it), not only their 16 tensor bytes: a 64 KiB cache takes ~85 one-row responses, not ~2,000."""
+    size = 64 * 1024
+    server = start_server(_repo(tmp_path), f"--cache-config=local,size={size}")
+    try:
+        client = httpclient.InferenceServerClient(server.http_url)
+        for i in range(300):
+            row = np.full((1, 4), i, dtype=np.float32)
+            client.infer("cached", _inputs(httpclient, row, row))
+        entries = _metric(server, "nv_cache_num_entries")
+        assert entries == size // ENTRY
+        assert ENTRY > 10 * (16 + 16)  # the old count: 16 key bytes + 16 tensor bytes, so ~2,000 entries fitted
+        assert _metric(server, "nv_cache_num_evictions") == 300 - entries
+        assert _metric(server, "nv_cache_util") <= 1.0
     finally:
         server.terminate()
 

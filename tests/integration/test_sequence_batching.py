@@ -169,6 +169,15 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
         onnx_config("acc_idle", "direct { }", ZERO_STATE, idle_us=300_000, count=1),
         {"model.onnx": acc},
     )
+    # one slot (one instance, max_batch_size 1) and a 1 s idle limit: the backlog-expiry test's model
+    _write(
+        repo,
+        "acc_backlog",
+        onnx_config("acc_backlog", "direct { }", ZERO_STATE, idle_us=1_000_000, count=1).replace(
+            "max_batch_size: 4", "max_batch_size: 1"
+        ),
+        {"model.onnx": acc},
+    )
     _write(repo, "pyacc", PY_CONFIG, {"model.py": PY_MODEL.encode()})
     # one instance of 4 slots that waits (up to 2 s) until every slot has a request: batches of 4
     wait_direct = "direct { max_queue_delay_microseconds: 2000000 minimum_slot_utilization: 1.0 }"
@@ -330,6 +339,71 @@ def test_backlog_waits_for_a_free_slot(server: ServerProcess) -> None:
         assert waiting.result(60).as_numpy("OUTPUT").tolist() == [[5]]
         assert _step(client, "grpc", "acc_small", 5, 3, end=True).as_numpy("OUTPUT").tolist() == [[10]]
         assert _step(client, "grpc", "acc_small", 20, 2, end=True).as_numpy("OUTPUT").tolist() == [[22]]
+
+
+def _pending(server: ServerProcess, model: str) -> float:
+    text = httpx.get(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=30).text
+    prefix = f'nv_inference_pending_request_count{{model="{model}",version="1"}} '
+    return float(next(line for line in text.splitlines() if line.startswith(prefix))[len(prefix) :])
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_a_backlogged_sequence_whose_client_left_is_dropped_after_the_idle_time(
+    server: ServerProcess, protocol: str
+) -> None:
+    """Issue 23: a sequence waiting in the backlog whose client went away used to wait there (its request
+    and tensors with it) for as long as live sequences held the slots. Now it is dropped once it has been
+    idle for max_sequence_idle_microseconds (1 s here) — the pending-request count says so, its id is
+    unknown again — while a backlogged sequence whose client still waits keeps waiting, as in Triton."""
+    model = "acc_backlog"
+    keep, gone, live = (900, 901, 902) if protocol == "http" else (910, 911, 912)
+    client = _client(server, "grpc")
+    steps = [1]
+    _step(client, "grpc", model, 1, keep, start=True)
+    stop = threading.Event()
+
+    def keep_alive() -> None:  # holds the only slot: a step every 0.1 s, far inside the 1 s idle limit
+        while not stop.wait(0.1):
+            _step(client, "grpc", model, 1, keep)
+            steps.append(1)
+
+    keeper = threading.Thread(target=keep_alive)
+    keeper.start()
+    try:
+        mark = len(server.log())
+        if protocol == "http":  # the client gives up (its connection closes) while START waits
+            body = {
+                "inputs": [{"name": "INPUT", "datatype": "INT32", "shape": [1, 1], "data": [7]}],
+                "parameters": {"sequence_id": gone, "sequence_start": True},
+            }
+            with pytest.raises(httpx.TimeoutException):
+                httpx.post(f"{server.base_url}/v2/models/{model}/infer", json=body, timeout=0.5)
+        else:  # the client's deadline passes while START waits
+            inp = grpcclient.InferInput("INPUT", [1, 1], "INT32")
+            inp.set_data_from_numpy(np.array([[7]], dtype=np.int32))
+            with pytest.raises(InferenceServerException, match="Deadline"):
+                client.infer(model, [inp], sequence_id=gone, sequence_start=True, client_timeout=0.5)
+        wait_for("the abandoned sequence to be dropped from the backlog", lambda: _pending(server, model) == 0, 15)
+        assert f"sequence {gone} of model '{model}' waited in the backlog with no client left" in server.log()[mark:]
+        with pytest.raises(
+            InferenceServerException, match=f"sequence {gone} to model '{model}' must specify the START"
+        ):
+            _step(client, "grpc", model, 1, gone)
+        # a client that still waits is never dropped, however long it waits
+        with ThreadPoolExecutor(1) as pool:
+            waiting = pool.submit(_step, _client(server, protocol), protocol, model, 5, live, True)
+            wait_for("the live sequence to wait in the backlog", lambda: _pending(server, model) == 1)
+            stop.wait(2.5)  # more than twice the idle limit
+            assert not waiting.done() and _pending(server, model) == 1
+            stop.set()
+            keeper.join()
+            # the kept sequence never lost its slot (its state counted every step); its END frees the slot
+            assert _step(client, "grpc", model, 1, keep, end=True).as_numpy("OUTPUT").tolist() == [[len(steps) + 1]]
+            assert waiting.result(60).as_numpy("OUTPUT").tolist() == [[5]]
+        assert _step(client, "grpc", model, 1, live, end=True).as_numpy("OUTPUT").tolist() == [[6]]
+    finally:
+        stop.set()
+        keeper.join()
 
 
 def test_idle_sequence_is_released_with_triton_error(server: ServerProcess) -> None:

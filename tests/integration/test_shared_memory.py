@@ -206,6 +206,53 @@ def test_bounds_and_lookup_errors(client: Any, regions: Regions) -> None:
     np.testing.assert_array_equal(client.infer("add", inputs).as_numpy("OUT"), np.full((1, 4), 2, np.float32))
 
 
+def test_a_region_truncated_after_registration_is_refused_and_the_server_keeps_serving(
+    client: Any, regions: Regions, server: ServerProcess
+) -> None:
+    """Issue 23: a client that truncates its object after registering it used to take the server down with
+    SIGBUS (the mapping faulted). Inputs and outputs in such a region are now refused (400 /
+    INVALID_ARGUMENT, saying why); the server goes on serving, and the region works again once the object
+    is as long as registered."""
+    mod = _mod(client)
+    a = np.arange(4, dtype=np.float32).reshape(1, 4)
+    inp = regions.create("trunc_in", 4096)
+    out = regions.create("trunc_out", 4096)
+    shm.set_shared_memory_region(inp, [a])
+    files = {n: Path("/dev/shm") / h._shm_key.lstrip("/") for n, h in (("in", inp), ("out", out))}
+    output = mod.InferRequestedOutput("OUT")
+    output.set_shared_memory(regions.name("trunc_out"), 16)
+    client.infer("add", _add_inputs(mod, regions.name("trunc_in")), outputs=[output])  # works while whole
+    np.testing.assert_array_equal(shm.get_contents_as_numpy(out, np.float32, [1, 4]), a + 1)
+
+    os.truncate(files["in"], 0)
+    message = _infer_error(client, _add_inputs(mod, regions.name("trunc_in")))
+    assert f"shared memory region '{regions.name('trunc_in')}'" in message and "was truncated" in message, message
+    os.truncate(files["out"], 8)  # shorter than the 16 bytes the output needs
+    inputs = [mod.InferInput("A", [1, 4], "FP32"), mod.InferInput("B", [1, 4], "FP32")]
+    for t in inputs:
+        t.set_data_from_numpy(np.ones((1, 4), dtype=np.float32))
+    message = _infer_error(client, inputs, [output])
+    assert f"shared memory region '{regions.name('trunc_out')}'" in message and "was truncated" in message, message
+    for request in (
+        lambda: client.infer("add", _add_inputs(mod, regions.name("trunc_in"))),
+        lambda: client.infer("add", inputs, outputs=[output]),
+    ):
+        with pytest.raises(InferenceServerException) as info:
+            request()
+        if isinstance(client, grpcclient.InferenceServerClient):
+            assert info.value.status() == "StatusCode.INVALID_ARGUMENT"
+        else:
+            assert info.value.status() == "400"
+    assert server.alive()
+    np.testing.assert_array_equal(client.infer("add", inputs).as_numpy("OUT"), np.full((1, 4), 2, np.float32))
+
+    for path in files.values():  # as long as registered again: served again
+        os.truncate(path, 4096)
+    shm.set_shared_memory_region(inp, [a])
+    client.infer("add", _add_inputs(mod, regions.name("trunc_in")), outputs=[output])
+    np.testing.assert_array_equal(shm.get_contents_as_numpy(out, np.float32, [1, 4]), a + 1)
+
+
 def test_registration_errors(client: Any, regions: Regions) -> None:
     handle = regions.create("dup", 64)
     key = handle._shm_key
