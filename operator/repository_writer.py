@@ -493,7 +493,8 @@ class RepositoryWriter:
         try:
             with self._place(server_dir) as place:
                 self._clean_stale(place, name)
-                publish.remove_tree(place.staging, name)  # the model's staging mirror
+                if confined.exists(place.staging, name):  # the model's staging mirror
+                    publish.retire(place.staging, name)
                 if not confined.exists(place.server, name):
                     return False
                 publish.retire(place.server, name, trash_fd=place.staging)

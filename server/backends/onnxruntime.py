@@ -26,6 +26,7 @@ from typing import Any, ClassVar, cast
 import numpy as np
 
 from ..config import ConfigError, pb, sequence
+from ..repository.model_files import pinned
 from . import settings
 from .base import Backend, BackendInstance, InstanceSpec, TensorBackendInstance
 
@@ -53,7 +54,7 @@ def _graph_signature(model_file: Path) -> tuple[list[tuple[str, str, list[int]]]
     import onnx
 
     try:
-        model = onnx.load(str(model_file), load_external_data=False)
+        model = onnx.load(str(pinned(model_file)), load_external_data=False)
     except Exception as exc:  # onnx raises DecodeError, ValueError, OSError...
         raise ConfigError(f"cannot read ONNX model {model_file.name}: {exc}") from None
     initializers = {i.name for i in model.graph.initializer}
@@ -253,8 +254,13 @@ class OnnxRuntimeInstance(TensorBackendInstance):
                 )
             if any(isinstance(p, tuple) and p[0] == "TensorrtExecutionProvider" for p in providers):
                 cache_dir.mkdir(exist_ok=True)
+        source = pinned(model_file)  # the file the runtime opened for this load
+        if source != model_file:
+            # external data (ONNX files beside model.onnx) resolve against the version folder the runtime opened
+            folder = pinned(model_file.parent, directory=True)
+            opts.add_session_config_entry("session.model_external_initializers_file_folder_path", str(folder))
         try:
-            self.session = ort.InferenceSession(str(model_file), sess_options=opts, providers=providers)
+            self.session = ort.InferenceSession(str(source), sess_options=opts, providers=providers)
         except Exception as exc:  # ORT raises its own Fail/InvalidGraph types
             hint = ""
             if "is not a registered function/op" in str(exc):

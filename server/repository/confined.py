@@ -107,7 +107,7 @@ def _is_link(name: str, dir_fd: int) -> bool:
 class _Walk:
     """One walk: a stack of folder descriptors from the root down to where the walk is."""
 
-    def __init__(self, root_fd: int, relative: str | Path, follow: bool) -> None:
+    def __init__(self, root_fd: int, relative: str | Path, follow: bool, start: tuple[int, str] | None) -> None:
         self.root_fd = root_fd
         self.asked = str(relative).strip("/") or "."
         self.pending = parts_of(relative)
@@ -115,7 +115,11 @@ class _Walk:
         self.stack: list[int] = []  # opened below the root (closed by ``close``)
         self.names: list[str] = []  # the components the stack stands for (messages)
         self.links = 0
+        self.retries = 0
         self._root_real: str | None = None
+        if start is not None:
+            self.push(os.dup(start[0]), start[1])
+            self.asked = f"{start[1]}/{self.asked}"
 
     @property
     def fd(self) -> int:
@@ -178,8 +182,14 @@ class _Walk:
         try:
             return os.open(name, flags | os.O_NOFOLLOW | _CLOEXEC, mode, dir_fd=self.fd)
         except OSError as exc:
-            if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.EEXIST) and _is_link(name, self.fd):
+            if exc.errno not in (errno.ELOOP, errno.ENOTDIR, errno.EEXIST):
+                raise
+            if _is_link(name, self.fd):
                 self.link(name)
+                return None
+            if self.retries < MAX_LINKS:  # a link swapped back meanwhile: look again (bounded)
+                self.retries += 1
+                self.pending.insert(0, name)
                 return None
             raise
 
@@ -193,15 +203,18 @@ def open_beneath(
     follow: bool = False,
     create_dirs: bool = False,
     dir_mode: int = 0o755,
+    start: tuple[int, str] | None = None,
 ) -> int:
     """Open ``relative`` beneath ``root_fd`` (see the module docstring); returns a new descriptor.
 
     ``flags`` apply to the last component (``O_NOFOLLOW`` is always added); the folders on the way are
     opened as folders, and created (``mkdirat``, ``dir_mode``) when ``create_dirs`` (the last one too when
     ``flags`` hold ``O_DIRECTORY``). An empty path
-    opens the root itself again. Raises ``Refused``, or the ``OSError`` of the component that failed.
+    opens the root itself again. ``start`` (a descriptor beneath the root, and its path relative to the
+    root) begins the walk there instead: the root stays the limit ('..' and symlinks may go up to it).
+    Raises ``Refused``, or the ``OSError`` of the component that failed.
     """
-    walk = _Walk(root_fd, relative, follow)
+    walk = _Walk(root_fd, relative, follow, start)
     try:
         while True:
             name = walk.next()
@@ -232,10 +245,16 @@ def open_beneath(
 
 
 def open_dir(
-    root_fd: int, relative: str | Path, *, follow: bool = False, create: bool = False, mode: int = 0o755
+    root_fd: int,
+    relative: str | Path,
+    *,
+    follow: bool = False,
+    create: bool = False,
+    mode: int = 0o755,
+    start: tuple[int, str] | None = None,
 ) -> int:
     """The folder ``relative`` beneath ``root_fd``; with ``create``, missing folders are made (``mode``)."""
-    return open_beneath(root_fd, relative, _DIR, follow=follow, create_dirs=create, dir_mode=mode)
+    return open_beneath(root_fd, relative, _DIR, follow=follow, create_dirs=create, dir_mode=mode, start=start)
 
 
 @contextmanager
@@ -247,9 +266,9 @@ def opened(fd: int) -> Iterator[int]:
         os.close(fd)
 
 
-def open_file(root_fd: int, relative: str | Path, *, follow: bool = False) -> int:
+def open_file(root_fd: int, relative: str | Path, *, follow: bool = False, start: tuple[int, str] | None = None) -> int:
     """A regular file beneath ``root_fd``, opened for reading; ``IsADirectoryError``/``OSError`` otherwise."""
-    fd = open_beneath(root_fd, relative, _READ, follow=follow)
+    fd = open_beneath(root_fd, relative, _READ, follow=follow, start=start)
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
@@ -277,9 +296,11 @@ def read_fd(fd: int, limit: int | None = None) -> bytes:
     return b"".join(chunks)
 
 
-def read_bytes(root_fd: int, relative: str | Path, *, follow: bool = False) -> bytes:
+def read_bytes(
+    root_fd: int, relative: str | Path, *, follow: bool = False, start: tuple[int, str] | None = None
+) -> bytes:
     """The bytes of the regular file ``relative`` beneath ``root_fd``."""
-    with opened(open_file(root_fd, relative, follow=follow)) as fd:
+    with opened(open_file(root_fd, relative, follow=follow, start=start)) as fd:
         return read_fd(fd)
 
 
@@ -330,44 +351,3 @@ def names(dir_fd: int) -> list[str]:
     """The entry names of an open folder (``os.scandir`` on a descriptor: nothing re-resolved by path)."""
     with os.scandir(dir_fd) as it:
         return [e.name for e in it]
-
-
-def remove(dir_fd: int, name: str) -> None:
-    """Delete the entry ``name`` of ``dir_fd``: a folder with everything in it, or a file or symlink.
-
-    The folder is walked by descriptors and a symlink is never followed (``shutil.rmtree(dir_fd=)`` does
-    the same, from Python 3.11 only), so a link planted inside a folder being deleted is removed, never
-    what it points to. Best effort, as ``rmtree(ignore_errors=True)``: what cannot be deleted stays for
-    the next cleanup; a missing entry is not an error.
-    """
-    if kind_of(dir_fd, name) != "dir":
-        try:
-            os.unlink(name, dir_fd=dir_fd)
-        except OSError:
-            pass
-        return
-    try:
-        top = os.open(name, _DIR, dir_fd=dir_fd)
-    except OSError:
-        return
-    # depth-first without recursion: a tenant's deeply nested folders cannot exhaust the Python stack
-    stack: list[tuple[int, Iterator[str], str]] = [(top, iter(names(top)), name)]
-    while stack:
-        fd, pending, own = stack[-1]
-        entry = next(pending, None)
-        if entry is None:
-            stack.pop()
-            os.close(fd)
-            try:
-                os.rmdir(own, dir_fd=stack[-1][0] if stack else dir_fd)
-            except OSError:
-                pass
-            continue
-        try:
-            if kind_of(fd, entry) == "dir":
-                child = os.open(entry, _DIR, dir_fd=fd)
-                stack.append((child, iter(names(child)), entry))
-            else:
-                os.unlink(entry, dir_fd=fd)
-        except OSError:
-            pass

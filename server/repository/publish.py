@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import re
 import secrets
+from collections.abc import Callable
 
 from . import confined
 
@@ -50,8 +51,43 @@ def write_file(dir_fd: int, name: str, data: str | bytes) -> None:
 
 
 def remove_tree(dir_fd: int, name: str) -> None:
-    """Delete ``name`` in ``dir_fd`` (a folder with its content, a file or a symlink), never following a link."""
-    confined.remove(dir_fd, name)
+    """Delete ``name`` in ``dir_fd``: a folder with everything in it, or a file or symlink, never following one.
+
+    Folders are emptied by descriptor, and a folder found inside is first renamed up into ``dir_fd`` (under
+    a dot-name of the same owner, so ``leftover_of`` still finds it) and emptied there: at most two folders
+    are open at a time however deep the tree, and a link planted inside is removed, never what it points
+    to. Best effort, as ``rmtree(ignore_errors=True)``: what cannot be deleted stays for the next cleanup.
+    """
+    owner = leftover_of(name) or name
+    pending = [name]
+    while pending:
+        entry = pending.pop()
+        if confined.kind_of(dir_fd, entry) != "dir":
+            _quietly(os.unlink, entry, dir_fd)
+            continue
+        try:
+            fd = confined.open_dir(dir_fd, entry)
+        except (OSError, confined.Refused):
+            continue
+        with confined.opened(fd):
+            for inner in confined.names(fd):
+                if confined.kind_of(fd, inner) == "dir":
+                    moved = hidden_name(owner, DELETING)
+                    try:
+                        os.rename(inner, moved, src_dir_fd=fd, dst_dir_fd=dir_fd)
+                        pending.append(moved)
+                    except OSError:
+                        pass
+                else:
+                    _quietly(os.unlink, inner, fd)
+        _quietly(os.rmdir, entry, dir_fd)
+
+
+def _quietly(remove: Callable[..., None], name: str, dir_fd: int) -> None:
+    try:
+        remove(name, dir_fd=dir_fd)
+    except OSError:
+        pass
 
 
 def stage_dir(parent_fd: int, name: str, mode: int = 0o755) -> tuple[str, int]:
