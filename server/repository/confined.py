@@ -18,9 +18,9 @@ Two ways of meeting a symlink:
   through symlinks keeps working; one that leads out is refused however the links are swapped.
 
 Why the walk and not ``openat2(RESOLVE_BENEATH)`` (Linux 5.6+): it refuses absolute symlinks that stay
-inside (above), it is not there on every kernel a cluster runs, and the walk's extra system calls are
-a few microseconds per component (``benchmarks/confined_walk.py``), nothing next to a model load or a
-download. One code path everywhere.
+inside (above), it is not there on every kernel a cluster runs, and the walk's extra system calls
+cost little next to a model load or a download (``benchmarks/confined_walk.py`` measures both). One code
+path everywhere.
 
 Errors: ``Refused`` (a ``PathEscape``) names the path asked for and the component that was refused;
 callers turn it into their own message (``describe``). Other ``OSError``s pass through.
