@@ -392,9 +392,28 @@ class RepositoryWriter:
         on_stage: Callable[[int], None] | None = None,
         fetch: Fetch | None = None,
     ) -> SyncResult:
-        """Make ``server_dir/<model>`` match ``model``; all-or-nothing for the fetches and checks."""
+        """Make ``server_dir/<model>`` match ``model``; all-or-nothing for the fetches and checks.
+
+        Whatever goes wrong on the volume is an ArtifactError (a condition), never a crashed handler: a
+        rename that meets an entry someone planted meanwhile is ``WriteFailed``, a symlink ``PathRejected``.
+        """
         fetch = fetch or Fetch()
         check_model_name_for_writer(model.name)
+        try:
+            return self._sync(server_dir, model, on_stage, fetch)
+        except confined.Refused as exc:
+            raise _rejected(exc, server_dir.relative_to(self.root)) from None
+        except OSError as exc:
+            raise ArtifactError(
+                "WriteFailed",
+                f"writing model '{model.name}' into '{server_dir.relative_to(self.root)}' failed: "
+                f"{exc.strerror or exc}; it is retried (check the volume's space and permissions, and that "
+                "nothing else writes the model's folder)",
+            ) from None
+
+    def _sync(
+        self, server_dir: Path, model: RenderedModel, on_stage: Callable[[int], None] | None, fetch: Fetch
+    ) -> SyncResult:
         with self._place(server_dir) as place:
             model_fd = self._model_dir(place, model.name)
             if model_fd is None:

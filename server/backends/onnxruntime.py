@@ -10,8 +10,10 @@ see below). Graph optimization from
 ``optimization.graph.level``: -1 basic, 1 extended, anything else all (ORT's default).
 ``model_operations { op_library_filename }``: each library is registered with ORT's
 ``register_custom_ops_library`` before the session is created (Triton's "Custom Operations"), resolved and
-checked by the runtime (``repository.layout.op_library_path``); one that ORT cannot load fails the load
-with the entry and ORT's reason.
+checked by the runtime (``repository.layout.op_library_path``; one from the model's folder is handed over
+as a private copy of what was read through the folder's descriptor); one that ORT cannot load fails the
+load with the entry and ORT's reason. The model file is opened through the path the runtime pinned for
+the load (``repository.model_files.pinned``), and external data resolve against the pinned version folder.
 When ``intra_op_thread_count`` is unset, CPU instances split the machine's cores between them so
 that ``count: 2`` on 2 cores does not oversubscribe.
 """
