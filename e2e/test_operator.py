@@ -123,6 +123,8 @@ class Env:
         )  # fmt: skip
         self.uploads = root / namespace / "uploads"
         self.repo = root / namespace / SERVER
+        #: where the operator stages and deletes for that folder: outside every namespace folder
+        self.staging = root / ".kubeinfer-staging" / namespace / SERVER
 
     def kubectl(self, *args: str, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess:
         return self.cluster.kubectl("-n", self.ns, *args, check=check, input=input)
@@ -180,7 +182,15 @@ class Env:
         return sorted(p.name for p in (self.repo / model).iterdir() if not p.name.startswith("."))
 
     def leftovers(self) -> list[str]:
-        return sorted(str(p.relative_to(self.root)) for p in self.repo.rglob(".*") if ".kubeinfer-source" not in p.name)
+        """Dot-names of unfinished work, beside the models or in the operator's staging folder."""
+        found = [p for folder in (self.repo, self.staging) if folder.is_dir() for p in folder.rglob(".*")]
+        return sorted(str(p.relative_to(self.root)) for p in found if ".kubeinfer-source" not in p.name)
+
+    def staged(self, model: str) -> list[Path]:
+        """``model``'s folders being staged right now (in the operator's staging folder)."""
+        if not self.staging.is_dir():
+            return []
+        return [p for p in self.staging.iterdir() if p.name.startswith(f".{model}.staging-")]
 
     def delete_model(self, name: str) -> None:
         self.kubectl("delete", "inferencemodel", name, "--wait=true", "--timeout=60s")
@@ -440,9 +450,7 @@ def test_specs_the_schema_cannot_catch(env: Env) -> None:
 def test_operator_killed_mid_render_converges(env: Env) -> None:
     name = "crashy"
     env.apply(env.model(name, [env.uri_version(1, "abs.onnx", slow=True)]))
-    wait_for_cluster(
-        "staging folder", lambda: [p for p in env.repo.iterdir() if p.name.startswith(f".{name}.staging-")]
-    )
+    wait_for_cluster("staging folder", lambda: env.staged(name))
     env.operator.kill()
     assert not (env.repo / name).exists()
     assert env.leftovers()  # the crash left a partial, dot-named folder (invisible to the server)
@@ -618,9 +626,7 @@ def test_deletes_finish_promptly_under_resync(env: Env) -> None:
     """The resync timer (every 2 s here) never holds a finalizer for long, nor does a long download."""
     slow = "longfetch"
     env.apply(env.model(slow, [env.uri_version(1, "abs.onnx", slow="slower")]))  # ~60 s download
-    wait_for_cluster(
-        "download in progress", lambda: [p for p in env.repo.iterdir() if p.name.startswith(f".{slow}.staging-")]
-    )
+    wait_for_cluster("download in progress", lambda: env.staged(slow))
     names = [f"bulk-{i}" for i in range(8)]
     for name in names:
         env.apply(env.model(name, [{"version": 1, "source": {"path": "uploads/relu.onnx"}}]))

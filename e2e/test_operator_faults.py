@@ -89,9 +89,7 @@ def test_apiserver_restart_mid_reconcile_converges_with_nothing_half_written(env
     env.apply(env.model("steady", [{"version": 1, "source": {"path": "uploads/relu.onnx"}}]))
     env.wait_condition("steady", "True")
     env.apply(env.model("inflight", [env.uri_version(1, "abs.onnx", slow=True)]))  # a ~6 s download
-    wait_for_cluster(
-        "download started", lambda: [p for p in env.repo.iterdir() if p.name.startswith(".inflight.staging-")]
-    )
+    wait_for_cluster("download started", lambda: env.staged("inflight"))
     restart = env.cluster.script("restart", "kube-apiserver", "--down-seconds", "4", env=env.cluster.env, timeout=180)
     assert restart.returncode == 0, restart.stderr
     # the render finished while the API was away; its status write waited for the API to come back

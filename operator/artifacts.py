@@ -7,11 +7,13 @@ so a multi-gigabyte copy never stalls the event loop. Every failure is an ``Arti
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
-import stat
 from collections.abc import Callable
 from pathlib import Path
+
+from kubeinfer.server.repository import confined
 
 CHUNK = 1 << 20
 DEFAULT_MAX_BYTES = 20 << 30
@@ -32,64 +34,57 @@ def _fsync_write(handle: object) -> None:
     os.fsync(handle.fileno())  # type: ignore[attr-defined]
 
 
-def volume_file(root: Path, relative: str) -> Path:
-    """The regular file ``relative`` names inside ``root`` (the namespace's folder on the volume).
+def volume_file(root_fd: int, relative: str, namespace: str) -> int:
+    """The regular file ``relative`` names inside the namespace's folder ``root_fd``, opened for reading.
 
-    Refuses '..', absolute paths and symlinks anywhere on the way, and checks the resolved file is inside.
+    Refuses '..', absolute paths and symlinks anywhere on the way: the file is reached by the confined
+    walk (``kubeinfer.server.repository.confined``) one component at a time with ``O_NOFOLLOW``, so a
+    component swapped for a symlink while the copy starts is refused, never followed.
     """
     rel = Path(relative)
     if rel.is_absolute() or ".." in rel.parts or not rel.parts or "\0" in relative:
         raise ArtifactError(
             "PathRejected",
             f"source.path '{relative}' must be relative to this namespace's folder on the repository volume "
-            f"('{root.name}/'), without '..'",
+            f"('{namespace}/'), without '..'",
         )
-    if root.is_symlink():
-        raise ArtifactError("PathRejected", f"the namespace's folder '{root.name}' on the volume is a symlink")
-    current = root
-    for part in rel.parts:
-        current = current / part
-        try:
-            mode = os.lstat(current).st_mode
-        except FileNotFoundError:
-            raise ArtifactError(
-                "PathNotFound",
-                f"source.path '{relative}' does not exist in this namespace's folder on the repository volume "
-                f"('{root.name}/{relative}')",
-            ) from None
-        except OSError as exc:
-            raise ArtifactError("PathRejected", f"source.path '{relative}' cannot be used: {exc.strerror}") from None
-        if stat.S_ISLNK(mode):
-            raise ArtifactError(
-                "PathRejected",
-                f"source.path '{relative}' passes through the symlink '{current.relative_to(root)}'; "
-                "give the real path of the file",
-            )
-    if not stat.S_ISREG(mode):
-        raise ArtifactError("PathRejected", f"source.path '{relative}' is not a regular file")
-    resolved = current.resolve()
-    if not resolved.is_relative_to(root.resolve()):
+    try:
+        return confined.open_file(root_fd, relative)
+    except confined.Refused as exc:
         raise ArtifactError(
-            "PathRejected", f"source.path '{relative}' is outside this namespace's folder on the volume"
-        )
-    return current
+            "PathRejected",
+            f"source.path '{relative}' passes through the symlink '{exc.at}'; give the real path of the file",
+        ) from None
+    except FileNotFoundError:
+        raise ArtifactError(
+            "PathNotFound",
+            f"source.path '{relative}' does not exist in this namespace's folder on the repository volume "
+            f"('{namespace}/{relative}')",
+        ) from None
+    except (IsADirectoryError, NotADirectoryError):
+        raise ArtifactError("PathRejected", f"source.path '{relative}' is not a regular file") from None
+    except OSError as exc:
+        if exc.errno == errno.EINVAL:
+            raise ArtifactError("PathRejected", f"source.path '{relative}' is not a regular file") from None
+        raise ArtifactError("PathRejected", f"source.path '{relative}' cannot be used: {exc.strerror}") from None
 
 
 def copy_from_volume(
-    root: Path,
+    root_fd: int,
     relative: str,
     sha256: str | None,
-    dest: Path,
+    dest_fd: int,
     *,
+    namespace: str,
     max_bytes: int = DEFAULT_MAX_BYTES,
     cancelled: Callable[[], bool] | None = None,
 ) -> int:
-    """Copy a file already on the volume into the staging folder, checking sha256 when given."""
-    src = volume_file(root, relative)
+    """Copy a file of the namespace's folder ``root_fd`` into the open staged file ``dest_fd``, checking
+    sha256 when given; ``dest_fd`` is written from its start and fsynced, and stays open."""
     digest = hashlib.sha256()
     size = 0
-    with open(src, "rb", opener=lambda p, f: os.open(p, f | os.O_NOFOLLOW)) as inp, open(dest, "wb") as out:
-        while chunk := inp.read(CHUNK):
+    with confined.opened(volume_file(root_fd, relative, namespace)) as src:
+        while chunk := os.read(src, CHUNK):
             if cancelled is not None and cancelled():
                 raise ArtifactError("Cancelled", f"copy of source.path '{relative}' cancelled")
             size += len(chunk)
@@ -98,8 +93,10 @@ def copy_from_volume(
                     "TooLarge", f"source.path '{relative}' is larger than the limit of {max_bytes} bytes"
                 )
             digest.update(chunk)
-            out.write(chunk)
-        _fsync_write(out)
+            view = memoryview(chunk)
+            while view:
+                view = view[os.write(dest_fd, view) :]
+        os.fsync(dest_fd)
     if sha256 and digest.hexdigest() != sha256.lower():
         raise ArtifactError(
             "ChecksumMismatch",

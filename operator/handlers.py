@@ -608,8 +608,10 @@ class Reconciler:
         except ArtifactError as exc:
             log.warning("ignoring status.repositoryPath %r of model %s/%s: %s", old, namespace, name, exc.message)
             return
-        if server_dir.is_dir():
+        try:
             self.writer.remove_model(server_dir, old_path.name)
+        except ArtifactError as exc:
+            log.warning("cannot remove %r of model %s/%s: %s", old, namespace, name, exc.message)
 
     @staticmethod
     def _post_events(body: Mapping[str, Any], prev: Mapping[str, Any], new: Mapping[str, Any]) -> None:

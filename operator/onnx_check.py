@@ -40,31 +40,39 @@ def _onnx_tensors(values: Iterable[onnx.ValueInfoProto], skip: set[str]) -> dict
 
 
 def check_onnx(
-    path: Path,
+    source: Path | int,
     config: pb.ModelConfig,
     version: int,
     *,
+    name: str | None = None,
     timeout: float = DEFAULT_CHECK_TIMEOUT,
     budget: int = DEFAULT_BUDGET,
 ) -> list[str]:
-    """Mismatches between ``config`` and the ONNX model at ``path``, as messages (empty if they agree).
+    """Mismatches between ``config`` and the ONNX model ``source`` (a path, or a descriptor the writer opened
+    through its confined walk, read from its start; ``name`` names it in messages), empty if they agree.
 
     Raises ArtifactError('CheckLimitExceeded') when reading the graph takes longer than ``timeout``
     seconds or holds more than ``budget`` bytes.
     """
+    shown = name or (source.name if isinstance(source, Path) else "the model file")
     try:
-        with open(path, "rb", opener=lambda p, f: os.open(p, f | os.O_NOFOLLOW)) as f:
+        if isinstance(source, int):
+            opened = os.fdopen(os.dup(source), "rb")
+            opened.seek(0)
+        else:
+            opened = open(source, "rb", opener=lambda p, f: os.open(p, f | os.O_NOFOLLOW))
+        with opened as f:
             sig = read_signature(f, timeout=timeout, budget=budget)
     except LimitExceeded as exc:
         raise ArtifactError(
             "CheckLimitExceeded",
-            f"version {version}: {path.name} could not be checked: {exc} ({exc.limit} limit of the operator's "
+            f"version {version}: {shown} could not be checked: {exc} ({exc.limit} limit of the operator's "
             "ONNX check); the file is refused",
             version,
         ) from None
     except (Malformed, OSError) as exc:
         reason = str(exc) if isinstance(exc, Malformed) else exc.strerror or type(exc).__name__
-        return [f"version {version}: {path.name} is not a readable ONNX model ({reason})"]
+        return [f"version {version}: {shown} is not a readable ONNX model ({reason})"]
     problems: list[str] = []
     batching = config.max_batch_size > 0
     for kind, declared, actual in (

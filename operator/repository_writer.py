@@ -1,11 +1,19 @@
 """Writes a rendered model into a server's repository folder, following the server's atomic-write contract.
 
-See ``kubeinfer.server.repository.layout``: everything is built under dot-names (which the server
-ignores), fsynced, and renamed into place by ``kubeinfer.server.repository.publish``; a new version
-goes in before the config that may select it (config last); removals rename to a dot-name first.
-Every artifact of a sync is fetched and checked before anything visible changes, so a failed
-download, checksum or ONNX check leaves what is served untouched. Stale dot-named leftovers of a
-crashed writer are removed at the start of every sync.
+See ``kubeinfer.server.repository.layout``: everything is built under dot-names, fsynced, and renamed
+into place by ``kubeinfer.server.repository.publish``; a new version goes in before the config that may
+select it (config last); removals rename to a dot-name first. Every artifact of a sync is fetched and
+checked before anything visible changes, so a failed download, checksum or ONNX check leaves what is
+served untouched.
+
+Symlink-proof (``kubeinfer.server.repository.confined``): a tenant may write its own namespace folder
+while the operator works in it. So every folder is opened once, walked from the volume root's
+descriptor one component at a time without following a symlink, and every mkdir, create, rename and
+delete is made relative to a held descriptor. Staging (and the deletion of retired folders) happens in
+``<root>/.kubeinfer-staging/<server folder>/``, outside every namespace folder, where no tenant reaches
+(a namespace's own claim mounts only ``<root>/<namespace>/``); the finished folder is renamed from there
+into the server folder (one filesystem). Stale leftovers of a crashed writer, there or (from older
+operators) beside the model, are removed at the start of every sync.
 """
 
 from __future__ import annotations
@@ -14,20 +22,15 @@ import json
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from kubeinfer.server.config import ConfigError, check_file_name
 from kubeinfer.server.config.platforms import backend_for
-from kubeinfer.server.repository import publish
-from kubeinfer.server.repository.layout import (
-    CONFIG_FILE,
-    PathEscape,
-    check_model_name,
-    is_version_dir_name,
-    resolve_inside,
-)
+from kubeinfer.server.repository import confined, publish
+from kubeinfer.server.repository.layout import CONFIG_FILE, check_model_name, is_version_dir_name
 from kubeinfer.server.vocabulary.errors import InvalidArgument
 
 from . import artifacts
@@ -38,6 +41,8 @@ from .render import RenderedModel, Source
 
 #: dot-named record of where a version folder's file came from (the server ignores dot files)
 SOURCE_MARKER = ".kubeinfer-source.json"
+#: the operator's own folder at the volume root: staging and deletion happen here, mirroring server folders
+STAGING_DIR = ".kubeinfer-staging"
 
 
 @dataclass
@@ -79,6 +84,30 @@ def check_file_name_for_writer(name: str) -> None:
 LISTING_TTL = 2.0
 
 
+def _rejected(exc: confined.Refused, base: Path) -> ArtifactError:
+    """A refused walk as a PathRejected condition naming the path on the volume."""
+    return ArtifactError(
+        "PathRejected", exc.describe(f"'{base / exc.path}'").replace("only real files and folders are used here", _REAL)
+    )
+
+
+_REAL = "the operator writes only real files and folders"
+
+
+@dataclass
+class _Place:
+    """Descriptors for one server folder: the volume root, the folder, and its mirror in the staging area."""
+
+    rel: Path
+    root: int
+    server: int
+    staging: int
+
+    def close(self) -> None:
+        for fd in (self.staging, self.server, self.root):
+            os.close(fd)
+
+
 class RepositoryWriter:
     """File operations on ``<root>/<server subPath>/<model>``; blocking, call from a worker thread."""
 
@@ -97,7 +126,7 @@ class RepositoryWriter:
         #: one connection pool and one set of egress rules for every download (see fetch.py)
         self.fetcher = fetcher or Fetcher(timeout=timeout)
         self.check_timeout = check_timeout
-        self._listings: dict[Path, tuple[float, list[str]]] = {}
+        self._listings: dict[tuple[str, Path], tuple[float, list[str]]] = {}
         self._listing_guard = threading.Lock()
 
     # -------------------------------------------------------------------------------------- paths
@@ -106,7 +135,8 @@ class RepositoryWriter:
 
         Tenant isolation on the shared volume: objects of a namespace write only below
         ``<root>/<namespace>/``, so ``subpath`` must start with that folder; no component may be empty,
-        '.', '..' or hidden, and none may be a symlink (checked again after resolving, too).
+        '.', '..' or hidden, and none may be a symlink (the folders are walked and made by descriptor).
+        A missing folder is fine without ``create``.
         """
         rel = Path(subpath)
         if rel.is_absolute() or not rel.parts or any(p.startswith(".") for p in rel.parts) or "\\" in subpath:
@@ -120,102 +150,164 @@ class RepositoryWriter:
                 f"repository folder '{subpath}' is outside the folder of namespace '{namespace}' on the volume "
                 f"('{namespace}/...'): a namespace's servers and models live only there",
             )
-        current = self.root
-        for part in rel.parts:
-            current = current / part
-            if current.is_symlink():
-                raise ArtifactError("PathRejected", f"repository folder '{subpath}' passes through a symlink")
-            if create and not current.exists():
-                current.mkdir(mode=0o755)
-        self._confine(self.root / namespace, current, f"repository folder '{subpath}'")
-        return current
+        with self._root() as root:
+            try:
+                os.close(confined.open_dir(root, rel, create=create))
+            except confined.Refused:
+                raise ArtifactError("PathRejected", f"repository folder '{subpath}' passes through a symlink") from None
+            except FileNotFoundError:
+                if create:
+                    raise
+            except NotADirectoryError:
+                raise ArtifactError("PathRejected", f"repository folder '{subpath}' is not a folder") from None
+        return self.root / rel
 
     def namespace_dir(self, server_dir: Path) -> Path:
         """``<root>/<namespace>`` of a folder ``server_dir`` returned (always below it)."""
         return self.root / server_dir.relative_to(self.root).parts[0]
 
-    @staticmethod
-    def _confine(root: Path, path: Path, what: str, inside: str = "its namespace's folder") -> Path:
+    @contextmanager
+    def _root(self) -> Iterator[int]:
+        with confined.opened(confined.open_root(self.root)) as fd:
+            yield fd
+
+    @contextmanager
+    def _place(self, server_dir: Path) -> Iterator[_Place]:
+        """Open ``server_dir`` (no symlink on the way) and its staging mirror (made if missing, 0700)."""
+        rel = server_dir.relative_to(self.root)
+        root = confined.open_root(self.root)
         try:
-            return resolve_inside(root, path, what, inside)
-        except PathEscape as exc:
-            raise ArtifactError("PathRejected", str(exc)) from None
+            server = confined.open_dir(root, rel)
+        except confined.Refused as exc:
+            os.close(root)
+            raise _rejected(exc, Path()) from None
+        except BaseException:
+            os.close(root)
+            raise
+        try:
+            staging = confined.open_dir(root, Path(STAGING_DIR) / rel, create=True, mode=0o700)
+        except BaseException as exc:
+            os.close(server)
+            os.close(root)
+            if isinstance(exc, confined.Refused):
+                raise _rejected(exc, Path()) from None
+            raise
+        place = _Place(rel, root, server, staging)
+        try:
+            yield place
+        finally:
+            place.close()
 
-    def _model_dir(self, server_dir: Path, name: str) -> Path:
-        """``server_dir/name``, refusing a symlink there or at a version folder or config.pbtxt inside it.
-
-        The operator owns these paths; a symlink planted by anyone with write access to the volume would
-        make the renames and writes below land in another tenant's folder.
-        """
-        check_model_name_for_writer(name)
-        model_dir = server_dir / name
-        if model_dir.is_symlink():
+    def _model_dir(self, place: _Place, name: str) -> int | None:
+        """The model folder, opened; None when missing. Refuses a symlink there or at a version folder or
+        config.pbtxt inside it, with a message that says what to remove (the descriptors make the writes
+        safe whatever is planted later; this says why a sync cannot go on)."""
+        shown = place.rel / name
+        kind = confined.kind_of(place.server, name)
+        if kind == "":
+            return None
+        if kind == "symlink":
+            raise ArtifactError("PathRejected", f"'{shown}' is a symlink; the operator writes only real folders")
+        if kind != "dir":
+            raise ArtifactError("PathRejected", f"'{shown}' is not a folder; remove it")
+        try:
+            fd = confined.open_dir(place.server, name)
+        except confined.Refused as exc:
+            raise _rejected(exc, place.rel) from None
+        except NotADirectoryError:
             raise ArtifactError(
-                "PathRejected",
-                f"'{model_dir.relative_to(self.root)}' is a symlink; the operator writes only real folders",
-            )
-        if model_dir.is_dir():
-            for entry in os.scandir(model_dir):
-                if entry.is_symlink() and (is_version_dir_name(entry.name) or entry.name == CONFIG_FILE):
-                    raise ArtifactError(
-                        "PathRejected",
-                        f"'{model_dir.relative_to(self.root)}/{entry.name}' is a symlink; remove it "
-                        "(the operator writes only real files and folders)",
-                    )
-        self._confine(server_dir, model_dir, "model folder", "its server's folder")
-        return model_dir
+                "PathRejected", f"'{shown}' is a symlink; the operator writes only real folders"
+            ) from None
+        except FileNotFoundError:
+            return None
+        try:
+            for entry in confined.names(fd):
+                if (is_version_dir_name(entry) or entry == CONFIG_FILE) and confined.kind_of(fd, entry) == "symlink":
+                    raise ArtifactError("PathRejected", f"'{shown}/{entry}' is a symlink; remove it ({_REAL})")
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
 
     # ----------------------------------------------------------------------------------- inspection
     def versions_on_disk(self, server_dir: Path, name: str) -> list[int]:
-        model_dir = server_dir / name
-        if not model_dir.is_dir():
-            return []
-        return sorted(int(e.name) for e in os.scandir(model_dir) if e.is_dir() and is_version_dir_name(e.name))
+        with self._root() as root:
+            try:
+                fd = confined.open_dir(root, server_dir.relative_to(self.root) / name)
+            except (OSError, confined.Refused):
+                return []
+            with confined.opened(fd):
+                return self._versions(fd)
 
-    def _hidden_entries(self, server_dir: Path) -> list[str]:
-        """Dot-names in a server folder, listed at most once per LISTING_TTL for all its models.
+    @staticmethod
+    def _versions(model_fd: int) -> list[int]:
+        return sorted(
+            int(n)
+            for n in confined.names(model_fd)
+            if is_version_dir_name(n) and confined.kind_of(model_fd, n) == "dir"
+        )
+
+    def _hidden_entries(self, where: str, place: _Place, fd: int) -> list[str]:
+        """Dot-names in a server folder (``where`` "server") or its staging mirror ("staging"), listed at most
+        once per LISTING_TTL for all its models.
 
         A resync checks every model for leftovers; listing a folder of N models for each of them costs
         O(N²) (0.8 ms per model at 1,000 models). A leftover seen a moment late is removed next time;
         one already gone is a no-op (each model's own staging happens under its lock, after this).
         """
         now = time.monotonic()
+        key = (where, place.rel)
         with self._listing_guard:
-            hit = self._listings.get(server_dir)
+            hit = self._listings.get(key)
         if hit is not None and now - hit[0] < LISTING_TTL:
             return hit[1]
-        try:
-            names = [e.name for e in os.scandir(server_dir) if e.name.startswith(".")]
-        except (FileNotFoundError, NotADirectoryError):
-            names = []
+        names = [n for n in confined.names(fd) if n.startswith(".")]
         with self._listing_guard:
-            self._listings[server_dir] = (now, names)
+            self._listings[key] = (now, names)
         return names
 
     def clean_stale(self, server_dir: Path, name: str) -> list[str]:
-        """Delete dot-named leftovers of an interrupted write of this model."""
+        """Delete leftovers of an interrupted write of this model (see ``_clean_stale``)."""
+        with self._place(server_dir) as place:
+            return self._clean_stale(place, name)
+
+    def _clean_stale(self, place: _Place, name: str) -> list[str]:
+        """Delete leftovers of an interrupted write of this model: staged, tmp and deleting dot-names of the
+        model in the staging mirror and of its versions and config in the mirror's model folder; and, from
+        operators that staged beside the model, the same names in the server and model folders."""
         removed = []
-        candidates = [server_dir / e for e in self._hidden_entries(server_dir) if publish.leftover_of(e) == name]
-        model_dir = server_dir / name
-        if model_dir.is_dir() and not model_dir.is_symlink():
-            for e in model_dir.iterdir():
-                owner = publish.leftover_of(e.name)
-                if owner is not None and (is_version_dir_name(owner) or owner == CONFIG_FILE):
-                    candidates.append(e)
-        for entry in candidates:
-            publish.remove_tree(entry)
-            removed.append(str(entry.relative_to(self.root)))
+        staging_rel = Path(STAGING_DIR) / place.rel
+        for where, fd, shown in (("staging", place.staging, staging_rel), ("server", place.server, place.rel)):
+            for entry in self._hidden_entries(where, place, fd):
+                if publish.leftover_of(entry) == name:
+                    publish.remove_tree(fd, entry)
+                    removed.append(str(shown / entry))
+        for fd, shown in ((place.staging, staging_rel), (place.server, place.rel)):
+            if confined.kind_of(fd, name) != "dir":
+                continue
+            try:
+                model_fd = confined.open_dir(fd, name)
+            except (OSError, confined.Refused):
+                continue
+            with confined.opened(model_fd):
+                for entry in confined.names(model_fd):
+                    owner = publish.leftover_of(entry)
+                    if owner is not None and (is_version_dir_name(owner) or owner == CONFIG_FILE):
+                        publish.remove_tree(model_fd, entry)
+                        removed.append(str(shown / name / entry))
         return removed
 
     # -------------------------------------------------------------------------------------- staging
-    def _fetch(self, source: Source, dest: Path, namespace_dir: Path, fetch: Fetch) -> None:
-        namespace = namespace_dir.name
+    def _fetch(self, source: Source, dest_fd: int, place: _Place, fetch: Fetch) -> None:
+        """Fill the open staged file ``dest_fd``: a download (after the namespace's quota, the egress rules that
+        need no connection and a download slot), or a copy of a file in the namespace's folder."""
+        namespace = place.rel.parts[0]
         fetch.check_quota(namespace)
         if source.uri:
             self.fetcher.precheck(source.uri, namespace)  # refusals that need no connection, no slot
             headers = fetch.headers(source.credentials_secret, source.uri) if source.credentials_secret else None
             fetch.take_slot(namespace)
-            with open(dest, "wb") as out:
+            with os.fdopen(os.dup(dest_fd), "wb") as out:
                 self.fetcher.download(
                     source.uri,
                     source.sha256 or "",
@@ -229,21 +321,30 @@ class RepositoryWriter:
                 out.flush()
                 os.fsync(out.fileno())
         elif source.path:
-            size = artifacts.copy_from_volume(
-                namespace_dir, source.path, source.sha256, dest, max_bytes=self.max_bytes, cancelled=fetch.cancelled
-            )
+            try:
+                ns_fd = confined.open_dir(place.root, namespace)
+            except confined.Refused as exc:
+                raise _rejected(exc, Path()) from None
+            with confined.opened(ns_fd):
+                size = artifacts.copy_from_volume(
+                    ns_fd,
+                    source.path,
+                    source.sha256,
+                    dest_fd,
+                    namespace=namespace,
+                    max_bytes=self.max_bytes,
+                    cancelled=fetch.cancelled,
+                )
             fetch.count(namespace, size)  # charged after the copy (at most max_bytes over, then removed)
 
-    def _stage_version(
-        self, folder: Path, model: RenderedModel, version: int, namespace_dir: Path, fetch: Fetch
-    ) -> None:
-        """Fill an (invisible) version folder: the model file and the source marker."""
-        folder.mkdir(exist_ok=True)
+    def _stage_version(self, folder: int, model: RenderedModel, version: int, place: _Place, fetch: Fetch) -> None:
+        """Fill an (invisible) version folder, open as ``folder``: the model file and the source marker."""
         source = model.versions[version]
         if model.filename:
             check_file_name_for_writer(model.filename)
             try:
-                self._fetch(source, folder / model.filename, namespace_dir, fetch)
+                with confined.opened(confined.create_new(folder, model.filename)) as dest:
+                    self._fetch(source, dest, place, fetch)
             except ArtifactError as exc:
                 raise ArtifactError(exc.reason, f"version {version}: {exc.message}", version) from None
             except OSError as exc:  # the volume is full, read-only, gone: a condition, not a crashed handler
@@ -253,24 +354,31 @@ class RepositoryWriter:
                     f"{exc.strerror or exc}; free space on the volume or fix its permissions",
                     version,
                 ) from None
-        publish.write_file(folder / SOURCE_MARKER, json.dumps(source.as_dict(), sort_keys=True))
+        publish.write_file(folder, SOURCE_MARKER, json.dumps(source.as_dict(), sort_keys=True))
         publish.fsync_dir(folder)
 
-    def _version_current(self, folder: Path, model: RenderedModel, version: int) -> bool:
+    def _version_current(self, model_fd: int, model: RenderedModel, version: int) -> bool:
         try:
-            recorded = json.loads((folder / SOURCE_MARKER).read_text())
-        except (OSError, ValueError):
+            with confined.opened(confined.open_dir(model_fd, str(version))) as folder:
+                recorded = json.loads(confined.read_bytes(folder, SOURCE_MARKER))
+                if recorded != model.versions[version].as_dict():
+                    return False
+                return not model.filename or confined.kind_of(folder, model.filename) == "file"
+        except (OSError, ValueError, confined.Refused):
             return False
-        if recorded != model.versions[version].as_dict():
-            return False
-        return not model.filename or (folder / model.filename).is_file()
 
-    def _check(self, model: RenderedModel, files: dict[int, Path]) -> None:
+    def _check(self, model: RenderedModel, files: dict[int, tuple[int, str]], shown: Path) -> None:
+        """ONNX check of each version's file, ``(folder descriptor, relative path)``, read through its descriptor."""
         if backend_for(model.config) != "onnxruntime":
             return
-        problems = []
-        for version, path in sorted(files.items()):
-            problems += check_onnx(path, model.config, version, timeout=self.check_timeout)
+        problems: list[str] = []
+        for version, (folder, rel) in sorted(files.items()):
+            try:
+                fd = confined.open_file(folder, rel)
+            except confined.Refused as exc:
+                raise _rejected(exc, shown) from None
+            with confined.opened(fd):
+                problems += check_onnx(fd, model.config, version, name=rel, timeout=self.check_timeout)
         if problems:
             raise ArtifactError("ConfigMismatch", "; ".join(problems) + "; fix spec.inputs/outputs or the model file")
 
@@ -282,75 +390,131 @@ class RepositoryWriter:
         on_stage: Callable[[int], None] | None = None,
         fetch: Fetch | None = None,
     ) -> SyncResult:
-        """Make ``server_dir/<model>`` match ``model``; all-or-nothing for the fetches and checks."""
+        """Make ``server_dir/<model>`` match ``model``; all-or-nothing for the fetches and checks.
+
+        Whatever goes wrong on the volume is an ArtifactError (a condition), never a crashed handler: a
+        rename that meets an entry someone planted meanwhile is ``WriteFailed``, a symlink ``PathRejected``.
+        """
         fetch = fetch or Fetch()
-        model_dir = self._model_dir(server_dir, model.name)
-        result = SyncResult(cleaned=self.clean_stale(server_dir, model.name))
-        namespace_dir = self.namespace_dir(server_dir)
-        if not model_dir.is_dir():
-            self._create_model(server_dir, model, on_stage, fetch)
-            result.created_model = True
-            result.added_versions = sorted(model.versions)
+        check_model_name_for_writer(model.name)
+        try:
+            return self._sync(server_dir, model, on_stage, fetch)
+        except confined.Refused as exc:
+            raise _rejected(exc, server_dir.relative_to(self.root)) from None
+        except OSError as exc:
+            raise ArtifactError(
+                "WriteFailed",
+                f"writing model '{model.name}' into '{server_dir.relative_to(self.root)}' failed: "
+                f"{exc.strerror or exc}; it is retried (check the volume's space and permissions, and that "
+                "nothing else writes the model's folder)",
+            ) from None
+
+    def _sync(
+        self, server_dir: Path, model: RenderedModel, on_stage: Callable[[int], None] | None, fetch: Fetch
+    ) -> SyncResult:
+        with self._place(server_dir) as place:
+            model_fd = self._model_dir(place, model.name)
+            if model_fd is None:
+                result = SyncResult(cleaned=self._clean_stale(place, model.name))
+                self._create_model(place, model, on_stage, fetch)
+                result.created_model = True
+                result.added_versions = sorted(model.versions)
+                return result
+            with confined.opened(model_fd):
+                result = SyncResult(cleaned=self._clean_stale(place, model.name))
+                mirror = confined.open_dir(place.staging, model.name, create=True, mode=0o700)
+                with confined.opened(mirror):
+                    self._update_model(place, model_fd, mirror, model, result, on_stage, fetch)
             return result
-        stale = [v for v in sorted(model.versions) if not self._version_current(model_dir / str(v), model, v)]
-        config_path = model_dir / CONFIG_FILE
-        old_text = config_path.read_text(encoding="utf-8") if config_path.exists() else None
+
+    def _update_model(
+        self,
+        place: _Place,
+        model_fd: int,
+        mirror: int,
+        model: RenderedModel,
+        result: SyncResult,
+        on_stage: Callable[[int], None] | None,
+        fetch: Fetch,
+    ) -> None:
+        """Stage changed versions in ``mirror`` (the model's staging folder), check, publish, config last."""
+        stale = [v for v in sorted(model.versions) if not self._version_current(model_fd, model, v)]
+        try:
+            old_text: str | None = confined.read_bytes(model_fd, CONFIG_FILE).decode("utf-8")
+        except FileNotFoundError:
+            old_text = None
+        except confined.Refused as exc:
+            raise _rejected(exc, place.rel / model.name) from None
+        except (OSError, UnicodeDecodeError):
+            old_text = ""  # unreadable: replace it
         config_changed = old_text != model.config_text
-        staged: dict[int, Path] = {}
+        staged: dict[int, str] = {}
         try:
             for version in stale:
-                folder = publish.stage_dir(model_dir, str(version))
-                staged[version] = folder
-                self._stage_version(folder, model, version, namespace_dir, fetch)
+                name, folder = publish.stage_dir(mirror, str(version))
+                staged[version] = name
+                with confined.opened(folder):
+                    self._stage_version(folder, model, version, place, fetch)
                 if on_stage:
                     on_stage(version)
-            if staged or config_changed:
-                files = {}
-                if model.filename:
-                    for v in model.versions:
-                        folder = staged.get(v, model_dir / str(v))
-                        files[v] = folder / model.filename
-                self._check(model, files)
+            if (staged or config_changed) and model.filename:
+                files = {
+                    v: (mirror, f"{staged[v]}/{model.filename}") if v in staged else (model_fd, f"{v}/{model.filename}")
+                    for v in model.versions
+                }
+                self._check(model, files, place.rel / model.name)
         except BaseException:
-            for folder in staged.values():
-                publish.remove_tree(folder)
+            for name in staged.values():
+                publish.remove_tree(mirror, name)
             raise
-        for version, folder in sorted(staged.items()):
-            if publish.publish_dir(folder, model_dir / str(version)):
+        for version, name in sorted(staged.items()):
+            if publish.publish_dir(mirror, name, model_fd, str(version), trash_fd=mirror):
                 result.replaced_versions.append(version)
             else:
                 result.added_versions.append(version)
         if config_changed:  # config last: the versions it may select are already in place
-            publish.replace_file(config_path, model.config_text)
+            publish.replace_file(model_fd, CONFIG_FILE, model.config_text, tmp_fd=mirror)
             result.config_changed = True
-        for version in self.versions_on_disk(server_dir, model.name):
+        for version in self._versions(model_fd):
             if version not in model.versions:
-                publish.retire(model_dir / str(version))
+                publish.retire(model_fd, str(version), trash_fd=mirror)
                 result.removed_versions.append(version)
-        return result
 
     def _create_model(
-        self, server_dir: Path, model: RenderedModel, on_stage: Callable[[int], None] | None, fetch: Fetch
+        self, place: _Place, model: RenderedModel, on_stage: Callable[[int], None] | None, fetch: Fetch
     ) -> None:
-        staging = publish.stage_dir(server_dir, model.name)
+        staged, staging = publish.stage_dir(place.staging, model.name)
         try:
-            for version in sorted(model.versions):
-                self._stage_version(staging / str(version), model, version, self.namespace_dir(server_dir), fetch)
-                if on_stage:
-                    on_stage(version)
-            if model.filename:
-                self._check(model, {v: staging / str(v) / model.filename for v in model.versions})
-            publish.write_file(staging / CONFIG_FILE, model.config_text)
-            publish.publish_dir(staging, server_dir / model.name)
+            with confined.opened(staging):
+                for version in sorted(model.versions):
+                    os.mkdir(str(version), 0o755, dir_fd=staging)
+                    with confined.opened(confined.open_dir(staging, str(version))) as folder:
+                        self._stage_version(folder, model, version, place, fetch)
+                    if on_stage:
+                        on_stage(version)
+                if model.filename:
+                    files = {v: (staging, f"{v}/{model.filename}") for v in model.versions}
+                    self._check(model, files, Path(STAGING_DIR) / place.rel / staged)
+                publish.write_file(staging, CONFIG_FILE, model.config_text)
+            publish.publish_dir(place.staging, staged, place.server, model.name, trash_fd=place.staging)
         except BaseException:
-            publish.remove_tree(staging)
+            publish.remove_tree(place.staging, staged)
             raise
 
     def remove_model(self, server_dir: Path, name: str) -> bool:
+        """Retire ``server_dir/name`` (moved into the staging area, then deleted); False when there is none.
+
+        Whatever has the name is moved as it is: a symlink planted there is removed, never what it points to.
+        """
         check_model_name_for_writer(name)
-        self.clean_stale(server_dir, name)
-        model_dir = server_dir / name
-        if not model_dir.exists() and not model_dir.is_symlink():
+        try:
+            with self._place(server_dir) as place:
+                self._clean_stale(place, name)
+                if confined.exists(place.staging, name):  # the model's staging mirror
+                    publish.retire(place.staging, name)
+                if not confined.exists(place.server, name):
+                    return False
+                publish.retire(place.server, name, trash_fd=place.staging)
+                return True
+        except FileNotFoundError:
             return False
-        publish.retire(model_dir)
-        return True

@@ -162,7 +162,11 @@ class Backend(ABC):
 
     @classmethod
     def model_path(cls, config: pb.ModelConfig, version_path: Path) -> Path:
-        """The model file of one version folder: ``default_model_filename``, else the platform table's."""
+        """The model file of one version folder: ``default_model_filename``, else the platform table's.
+
+        A name for messages and for finding the file; a backend reads it through
+        ``repository.model_files.pinned(path)``: during a load, the descriptor the runtime opened beneath
+        the repository, so a symlink swapped in after the check cannot redirect the read."""
         return version_path / (model_filename(config) or cls.default_filename)
 
     def model_file(self) -> Path:

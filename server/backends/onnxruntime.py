@@ -10,8 +10,10 @@ see below). Graph optimization from
 ``optimization.graph.level``: -1 basic, 1 extended, anything else all (ORT's default).
 ``model_operations { op_library_filename }``: each library is registered with ORT's
 ``register_custom_ops_library`` before the session is created (Triton's "Custom Operations"), resolved and
-checked by the runtime (``repository.layout.op_library_path``); one that ORT cannot load fails the load
-with the entry and ORT's reason.
+checked by the runtime (``repository.layout.op_library_path``; one from the model's folder is handed over
+as a private copy of what was read through the folder's descriptor); one that ORT cannot load fails the
+load with the entry and ORT's reason. The model file is opened through the path the runtime pinned for
+the load (``repository.model_files.pinned``), and external data resolve against the pinned version folder.
 When ``intra_op_thread_count`` is unset, CPU instances split the machine's cores between them so
 that ``count: 2`` on 2 cores does not oversubscribe.
 """
@@ -26,6 +28,7 @@ from typing import Any, ClassVar, cast
 import numpy as np
 
 from ..config import ConfigError, pb, sequence
+from ..repository.model_files import pinned
 from . import settings
 from .base import Backend, BackendInstance, InstanceSpec, TensorBackendInstance
 
@@ -53,7 +56,7 @@ def _graph_signature(model_file: Path) -> tuple[list[tuple[str, str, list[int]]]
     import onnx
 
     try:
-        model = onnx.load(str(model_file), load_external_data=False)
+        model = onnx.load(str(pinned(model_file)), load_external_data=False)
     except Exception as exc:  # onnx raises DecodeError, ValueError, OSError...
         raise ConfigError(f"cannot read ONNX model {model_file.name}: {exc}") from None
     initializers = {i.name for i in model.graph.initializer}
@@ -253,8 +256,13 @@ class OnnxRuntimeInstance(TensorBackendInstance):
                 )
             if any(isinstance(p, tuple) and p[0] == "TensorrtExecutionProvider" for p in providers):
                 cache_dir.mkdir(exist_ok=True)
+        source = pinned(model_file)  # the file the runtime opened for this load
+        if source != model_file:
+            # external data (ONNX files beside model.onnx) resolve against the version folder the runtime opened
+            folder = pinned(model_file.parent, directory=True)
+            opts.add_session_config_entry("session.model_external_initializers_file_folder_path", str(folder))
         try:
-            self.session = ort.InferenceSession(str(model_file), sess_options=opts, providers=providers)
+            self.session = ort.InferenceSession(str(source), sess_options=opts, providers=providers)
         except Exception as exc:  # ORT raises its own Fail/InvalidGraph types
             hint = ""
             if "is not a registered function/op" in str(exc):

@@ -22,6 +22,7 @@ from typing import Any, ClassVar, cast
 import numpy as np
 
 from ..config import ConfigError, pb
+from ..repository.model_files import pinned
 from ..vocabulary.errors import InvalidArgument, Unavailable
 from .base import Backend, BackendInstance, InstanceSpec, TensorBackendInstance
 
@@ -134,7 +135,7 @@ def deserialize(plan: Path, device_id: int) -> Any:
     check(cudart().cudaSetDevice(device_id))
     runtime = trt.Runtime(_logger())
     try:
-        data = plan.read_bytes()
+        data = pinned(plan).read_bytes()  # the file the runtime opened for this load
     except OSError as exc:
         raise ConfigError(f"cannot read {plan.name}: {exc}") from None
     engine = runtime.deserialize_cuda_engine(data)

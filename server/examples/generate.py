@@ -17,7 +17,7 @@ from typing import Any
 from .. import __version__
 from ..config import pb
 from ..config.platforms import BY_PLATFORM, model_filename
-from ..repository import publish
+from ..repository import confined, publish
 from . import models, python_models
 
 CONFIGS = Path(__file__).parent / "model_repository"
@@ -38,22 +38,26 @@ def write_repository(target: Path) -> Path:
     """Write the example repository to ``target`` atomically (``repository.publish``: staged, fsynced, renamed)."""
     target = target.resolve()
     target.parent.mkdir(parents=True, exist_ok=True)
-    staging = publish.stage_dir(target.parent, target.name)
-    try:
-        for model, versions in VERSIONS.items():
-            shutil.copytree(CONFIGS / model, staging / model)
-            for version, build in versions.items():
-                folder = staging / model / str(version)
-                folder.mkdir()
-                artifact = build()
-                if isinstance(artifact, str):
-                    publish.write_file(folder / PYTHON_FILE, artifact)
-                elif artifact is not None:
-                    publish.write_file(folder / ONNX_FILE, artifact.SerializeToString())
-        publish.publish_dir(staging, target)
-    except BaseException:
-        publish.remove_tree(staging)
-        raise
+    with confined.opened(confined.open_root(target.parent)) as parent:
+        staged, staging = publish.stage_dir(parent, target.name)
+        try:
+            with confined.opened(staging):
+                for model, versions in VERSIONS.items():
+                    shutil.copytree(CONFIGS / model, target.parent / staged / model)
+                    for version, build in versions.items():
+                        os.mkdir(f"{model}/{version}", 0o755, dir_fd=staging)
+                        artifact = build()
+                        if artifact is None:
+                            continue
+                        with confined.opened(confined.open_dir(staging, f"{model}/{version}")) as folder:
+                            if isinstance(artifact, str):
+                                publish.write_file(folder, PYTHON_FILE, artifact)
+                            else:
+                                publish.write_file(folder, ONNX_FILE, artifact.SerializeToString())
+            publish.publish_dir(parent, staged, parent, target.name)
+        except BaseException:
+            publish.remove_tree(parent, staged)
+            raise
     return target
 
 

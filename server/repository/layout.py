@@ -8,10 +8,17 @@ Atomic-write contract (what a writer must follow, and what poll mode relies on):
 * every file or folder whose name starts with ``.`` is ignored, at the repository level and inside a
   model folder, so writers stage under dot-names and ``rename`` into place;
 * a version folder (numeric, no leading zero) counts only once its model file exists;
-* a new model is staged whole as ``<repo>/.<model>.staging-*`` and renamed to ``<repo>/<model>``;
-* a new version is staged as ``<repo>/<model>/.<version>.staging-*`` and renamed, then the config is
-  replaced (config last) via ``.config.pbtxt.tmp-*`` and ``os.replace``;
-* removal renames to a dot-name first, then deletes.
+* a new model is staged whole as ``.<model>.staging-*`` and renamed to ``<repo>/<model>``;
+* a new version is staged as ``.<version>.staging-*`` and renamed to ``<repo>/<model>/<version>``, then
+  the config is replaced (config last) by renaming a written and fsynced ``.config.pbtxt.tmp-*`` over it;
+* removal renames to a dot-name first, then deletes;
+* staged folders and tmp files live beside their target, or in a folder of the writer's own on the same
+  filesystem (the operator: ``<volume>/.kubeinfer-staging/``, where no tenant reaches);
+* all of it through folder descriptors (``confined``, ``publish``): nothing a writer creates, renames or
+  deletes is reached by a path that a symlink swapped in meanwhile could redirect.
+
+Readers (the server) open a model folder beneath the repository root and read through it
+(``model_files``): symlinks count only while they stay inside the repository.
 
 The index reports, per serving version, ``config_digest`` of the config.pbtxt bytes it was loaded
 from: a writer compares it with the digest of what it wrote to know the server serves that config.
@@ -59,9 +66,9 @@ class PathEscape(ConfigError):
 def resolve_inside(root: Path, path: Path, what: str, inside: str = "the model repository") -> Path:
     """``path`` with every symlink resolved, provided the result stays inside ``root`` (resolved too).
 
-    Every file the server reads from a model folder goes through here (and the operator's writes), so
-    a symlink planted in a repository cannot make the server read (and echo, e.g. as class labels) a
-    file elsewhere on the machine or the shared volume. Symlinks that stay inside are fine.
+    A check by name (``op_library_path`` uses it to say early what is wrong with an entry); what is then
+    read goes through ``model_files``, whose descriptor walk is the guarantee. Symlinks that stay inside
+    are fine.
     """
     try:
         real_root = root.resolve()

@@ -1,8 +1,15 @@
 """Atomic publish into a model repository: build under a dot-name, fsync, rename into place.
 
-Every writer (the operator's repository writer, ``kubeinfer convert``) goes through these functions so
-that the contract in ``layout`` holds the same way everywhere: the server never sees a half-written
-file or folder, and what was renamed into place survives a power cut (file and folder fsyncs).
+Every writer (the operator's repository writer, ``kubeinfer convert``, the example repository) goes
+through these functions so that the contract in ``layout`` holds the same way everywhere: the server
+never sees a half-written file or folder, and what was renamed into place survives a power cut (file
+and folder fsyncs).
+
+Every function works on directory file descriptors and names in them (``confined``): a folder is
+opened once, and each create, rename and delete is made relative to its descriptor, never through a
+path that someone could swap for a symlink in between. Staged folders, tmp files and retired folders may
+live in another folder than their target (``trash``/``tmp`` descriptors; the operator keeps them in a
+folder tenants cannot reach); ``rename`` between two folders of one filesystem is as atomic as within one.
 
 One naming convention for what is not published yet: ``.<final name>.<kind>-<hex>`` with kind
 ``staging`` (a folder being built), ``tmp`` (a file being written) or ``deleting`` (a retired folder
@@ -15,8 +22,9 @@ from __future__ import annotations
 import os
 import re
 import secrets
-import shutil
-from pathlib import Path
+from collections.abc import Callable
+
+from . import confined
 
 STAGING, TMP, DELETING = "staging", "tmp", "deleting"
 _LEFTOVER = re.compile(r"^\.(?P<name>.+)\.(staging|tmp|deleting)-[0-9a-f]+$")
@@ -33,74 +41,112 @@ def leftover_of(entry: str) -> str | None:
     return m["name"] if m else None
 
 
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def fsync_dir(fd: int) -> None:
+    os.fsync(fd)
 
 
-def write_file(path: Path, data: str | bytes) -> None:
-    """Write and fsync one file (inside a staged folder, or as the tmp of ``replace_file``)."""
-    with open(path, "wb") as f:
-        f.write(data.encode("utf-8") if isinstance(data, str) else data)
-        f.flush()
-        os.fsync(f.fileno())
+def write_file(dir_fd: int, name: str, data: str | bytes) -> None:
+    """Create, write and fsync the new file ``name`` in ``dir_fd`` (inside a staged folder, or a tmp)."""
+    confined.write_new(dir_fd, name, data.encode("utf-8") if isinstance(data, str) else data)
 
 
-def remove_tree(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        path.unlink(missing_ok=True)
+def remove_tree(dir_fd: int, name: str) -> None:
+    """Delete ``name`` in ``dir_fd``: a folder with everything in it, or a file or symlink, never following one.
 
-
-def stage_dir(parent: Path, name: str) -> Path:
-    """A new, empty, invisible folder in ``parent`` that will become ``parent/name``."""
-    staged = parent / hidden_name(name, STAGING)
-    staged.mkdir()
-    return staged
-
-
-def publish_dir(staged: Path, target: Path) -> bool:
-    """Rename the filled ``staged`` folder to ``target``; an existing ``target`` is retired. True if replaced.
-
-    The old folder is renamed away just before the new one goes in and deleted only after, so the gap
-    in which ``target`` is missing is two renames long.
+    Folders are emptied by descriptor, and a folder found inside is first renamed up into ``dir_fd`` (under
+    a dot-name of the same owner, so ``leftover_of`` still finds it) and emptied there: at most two folders
+    are open at a time however deep the tree, and a link planted inside is removed, never what it points
+    to. Best effort, as ``rmtree(ignore_errors=True)``: what cannot be deleted stays for the next cleanup.
     """
-    fsync_dir(staged)
-    old = None
-    if target.exists() or target.is_symlink():
-        old = target.with_name(hidden_name(target.name, DELETING))
-        os.rename(target, old)
+    owner = leftover_of(name) or name
+    pending = [name]
+    while pending:
+        entry = pending.pop()
+        if confined.kind_of(dir_fd, entry) != "dir":
+            _quietly(os.unlink, entry, dir_fd)
+            continue
+        try:
+            fd = confined.open_dir(dir_fd, entry)
+        except (OSError, confined.Refused):
+            continue
+        with confined.opened(fd):
+            for inner in confined.names(fd):
+                if confined.kind_of(fd, inner) == "dir":
+                    moved = hidden_name(owner, DELETING)
+                    try:
+                        os.rename(inner, moved, src_dir_fd=fd, dst_dir_fd=dir_fd)
+                        pending.append(moved)
+                    except OSError:
+                        pass
+                else:
+                    _quietly(os.unlink, inner, fd)
+        _quietly(os.rmdir, entry, dir_fd)
+
+
+def _quietly(remove: Callable[..., None], name: str, dir_fd: int) -> None:
     try:
-        os.rename(staged, target)
+        remove(name, dir_fd=dir_fd)
+    except OSError:
+        pass
+
+
+def stage_dir(parent_fd: int, name: str, mode: int = 0o755) -> tuple[str, int]:
+    """A new, empty, invisible folder in ``parent_fd`` that will become ``name``: its dot-name and a descriptor."""
+    staged = hidden_name(name, STAGING)
+    os.mkdir(staged, mode, dir_fd=parent_fd)
+    return staged, confined.open_dir(parent_fd, staged)
+
+
+def publish_dir(src_fd: int, staged: str, dst_fd: int, name: str, trash_fd: int | None = None) -> bool:
+    """Rename the filled folder ``staged`` (in ``src_fd``) to ``name`` in ``dst_fd``. True if one was replaced.
+
+    An existing ``name`` is renamed away (into ``trash_fd``, default ``dst_fd``) just before the new one
+    goes in and deleted only after, so the gap in which ``name`` is missing is two renames long. Whatever
+    is at ``name`` (a folder, a file, a symlink someone planted) is moved as it is, never followed.
+    """
+    with confined.opened(confined.open_dir(src_fd, staged)) as fd:
+        os.fsync(fd)
+    trash = dst_fd if trash_fd is None else trash_fd
+    old = None
+    if confined.exists(dst_fd, name):
+        old = hidden_name(name, DELETING)
+        os.rename(name, old, src_dir_fd=dst_fd, dst_dir_fd=trash)
+    try:
+        os.rename(staged, name, src_dir_fd=src_fd, dst_dir_fd=dst_fd)
     except BaseException:
         if old is not None:
-            os.rename(old, target)
+            os.rename(old, name, src_dir_fd=trash, dst_dir_fd=dst_fd)
         raise
-    fsync_dir(target.parent)
+    for fd in {dst_fd, src_fd, trash}:
+        os.fsync(fd)
     if old is not None:
-        remove_tree(old)
+        remove_tree(trash, old)
     return old is not None
 
 
-def replace_file(target: Path, data: str | bytes) -> None:
-    """Write ``target`` atomically: a fsynced tmp file next to it, ``os.replace``, then the folder fsync."""
-    tmp = target.with_name(hidden_name(target.name, TMP))
+def replace_file(dir_fd: int, name: str, data: str | bytes, tmp_fd: int | None = None) -> None:
+    """Write ``name`` in ``dir_fd`` atomically: a fsynced tmp file (in ``tmp_fd``, default ``dir_fd``), a
+    rename over ``name`` (a symlink there is replaced, never followed), then the folder fsync."""
+    where = dir_fd if tmp_fd is None else tmp_fd
+    tmp = hidden_name(name, TMP)
     try:
-        write_file(tmp, data)
-        os.replace(tmp, target)
+        write_file(where, tmp, data)
+        os.rename(tmp, name, src_dir_fd=where, dst_dir_fd=dir_fd)
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        try:
+            os.unlink(tmp, dir_fd=where)
+        except FileNotFoundError:
+            pass
         raise
-    fsync_dir(target.parent)
+    for fd in {dir_fd, where}:
+        os.fsync(fd)
 
 
-def retire(path: Path) -> None:
-    """Unpublish: rename to a dot-name (the server stops seeing it at once), then delete."""
-    hidden = path.with_name(hidden_name(path.name, DELETING))
-    os.rename(path, hidden)
-    fsync_dir(path.parent)
-    remove_tree(hidden)
+def retire(dir_fd: int, name: str, trash_fd: int | None = None) -> None:
+    """Unpublish: rename ``name`` to a dot-name (into ``trash_fd``; the server stops seeing it at once), then delete."""
+    trash = dir_fd if trash_fd is None else trash_fd
+    hidden = hidden_name(name, DELETING)
+    os.rename(name, hidden, src_dir_fd=dir_fd, dst_dir_fd=trash)
+    for fd in {dir_fd, trash}:
+        os.fsync(fd)
+    remove_tree(trash, hidden)

@@ -7,9 +7,11 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..config import ConfigError, check_file_names, load_config_file, pb
+from ..config import ConfigError, check_file_names, parse_config_text, pb
 from ..config.platforms import detect, model_filename
-from .layout import CONFIG_FILE, MODEL_NAME, PathEscape, config_digest, is_version_dir_name, resolve_inside
+from . import confined
+from .layout import CONFIG_FILE, MODEL_NAME, PathEscape, config_digest, is_version_dir_name
+from .model_files import ModelFolder
 
 
 @dataclass
@@ -29,12 +31,17 @@ class ModelSource:
     version_digests: dict[int, str] = field(default_factory=dict)
 
 
-def infer_platform(config: pb.ModelConfig, model_dir: Path) -> None:
+def infer_platform(config: pb.ModelConfig, folder: ModelFolder) -> None:
     """Without platform/backend, pick one from the model files found (Triton's auto-complete)."""
     if config.platform or config.backend:
         return
-    for version_dir in sorted(p for p in model_dir.iterdir() if is_version_dir_name(p.name)):
-        found = detect({p.name for p in version_dir.iterdir()}) if version_dir.is_dir() else None
+    for version in sorted(n for n in confined.names(folder.fd) if is_version_dir_name(n)):
+        try:
+            fd = confined.open_dir(folder.root, version, follow=True, start=(folder.fd, folder.name))
+        except (OSError, PathEscape):
+            continue
+        with confined.opened(fd):
+            found = detect(set(confined.names(fd)))
         if found is not None:
             if found.platform:
                 config.platform = found.platform
@@ -43,17 +50,18 @@ def infer_platform(config: pb.ModelConfig, model_dir: Path) -> None:
             return
 
 
-def _digest_dir(path: Path) -> str:
+def _digest_dir(fd: int) -> str:
+    """Names, sizes and modification times of everything in an open version folder (symlinked files: their
+    target's, so a poll notices when a shared file changes)."""
     h = hashlib.sha1()
-    for root, dirs, files in os.walk(path):
+    for root, dirs, files, root_fd in os.fwalk(".", dir_fd=fd):
         dirs.sort()
         for f in sorted(files):
-            p = Path(root) / f
             try:
-                st = p.stat()
+                st = os.stat(f, dir_fd=root_fd)
             except OSError:
                 continue
-            h.update(f"{p.relative_to(path)}:{st.st_size}:{st.st_mtime_ns}\n".encode())
+            h.update(f"{os.path.normpath(os.path.join(root, f))}:{st.st_size}:{st.st_mtime_ns}\n".encode())
     return h.hexdigest()
 
 
@@ -71,14 +79,25 @@ def list_model_names(repo: Path) -> list[str]:
 
 
 def read_model(repo: Path, name: str, override: pb.ModelConfig | None = None) -> ModelSource:
-    """Parse one model folder; errors are recorded on the result, never raised."""
+    """Parse one model folder; errors are recorded on the result, never raised.
+
+    Everything is read through descriptors (``model_files``): the folder, config.pbtxt, the version
+    folders and their model files are opened beneath the repository root, symlinks taken only while
+    they stay inside it.
+    """
     path = repo / name
     source = ModelSource(name=name, path=path, config=None)
-    if not path.is_dir():
+    try:
+        folder = ModelFolder(repo, name)
+    except PathEscape as exc:
+        source.error = str(exc)
+        return source
+    except OSError:
         source.error = f"model folder '{name}' not found in the repository"
         return source
     try:
-        _read_model(repo, source, override)
+        with folder:
+            _read_model(folder, source, override)
     except PathEscape as exc:
         source.config = None
         source.versions.clear()
@@ -87,21 +106,28 @@ def read_model(repo: Path, name: str, override: pb.ModelConfig | None = None) ->
     return source
 
 
-def _read_model(repo: Path, source: ModelSource, override: pb.ModelConfig | None) -> None:
+def _read_model(folder: ModelFolder, source: ModelSource, override: pb.ModelConfig | None) -> None:
     name, path = source.name, source.path
-    resolve_inside(repo, path, "model folder")
     if override is not None:
         config = pb.ModelConfig()
         config.CopyFrom(override)
         source.config_digest = config_digest(config.SerializeToString(deterministic=True))
     else:
-        config_path = path / CONFIG_FILE
-        if config_path.exists():
-            resolve_inside(repo, config_path, CONFIG_FILE)
+        try:
+            text = folder.read(CONFIG_FILE, CONFIG_FILE, own=False)
+        except FileNotFoundError:
+            text = None
+        except OSError as exc:
+            source.error = f"cannot read {CONFIG_FILE}: {exc.strerror or exc}"
+            return
+        if text is not None:
+            source.config_digest = config_digest(text)
             try:
-                source.config_digest = config_digest(config_path.read_bytes())
-                config = load_config_file(config_path)
-            except (ConfigError, OSError) as exc:
+                config = parse_config_text(text.decode("utf-8"), CONFIG_FILE)
+            except UnicodeDecodeError as exc:
+                source.error = f"cannot read {CONFIG_FILE}: {exc}"
+                return
+            except ConfigError as exc:
                 source.error = str(exc)
                 return
         else:
@@ -111,21 +137,31 @@ def _read_model(repo: Path, source: ModelSource, override: pb.ModelConfig | None
         config.name = name
     try:
         check_file_names(config)  # before any file name is joined to a folder
-        infer_platform(config, path)
+        infer_platform(config, folder)
     except (ConfigError, OSError) as exc:
         source.error = str(exc)
         return
     source.config = config
     filename = model_filename(config)
-    for entry in os.scandir(path):
-        if not (entry.is_dir() and is_version_dir_name(entry.name)):
+    start = (folder.fd, name)
+    for entry in confined.names(folder.fd):
+        if not is_version_dir_name(entry):
             continue
-        version = int(entry.name)
-        vpath = Path(entry.path)
-        resolve_inside(repo, vpath, f"version folder {version}")
-        if filename and not (vpath / filename).exists():
-            continue  # incomplete version folder: not there yet, as far as we are concerned
-        if filename:
-            resolve_inside(repo, vpath / filename, f"version {version} model file")
-        source.versions[version] = vpath
-        source.version_digests[version] = _digest_dir(vpath)
+        version = int(entry)
+        try:
+            fd = confined.open_dir(folder.root, entry, follow=True, start=start)
+        except confined.Refused as exc:
+            raise PathEscape(exc.describe(f"version folder {version} '{name}/{entry}'")) from None
+        except OSError:
+            continue  # not a folder
+        with confined.opened(fd):
+            if filename:
+                try:
+                    os.close(confined.open_file(folder.root, f"{entry}/{filename}", follow=True, start=start))
+                except confined.Refused as exc:
+                    shown = f"{name}/{entry}/{filename}"
+                    raise PathEscape(exc.describe(f"version {version} model file '{shown}'")) from None
+                except OSError:
+                    continue  # incomplete version folder: not there yet, as far as we are concerned
+            source.versions[version] = path / entry
+            source.version_digests[version] = _digest_dir(fd)

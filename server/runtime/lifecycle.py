@@ -26,6 +26,7 @@ from ..config.version_policy import select_versions
 from ..observability.stats import StatsListener
 from ..repository import scan
 from ..repository.layout import check_model_name
+from ..repository.model_files import ModelFolder
 from ..vocabulary.errors import InvalidArgument, ServerError
 from ..vocabulary.registry_view import RegistryView
 from . import devices
@@ -202,24 +203,33 @@ class ModelLifecycle:
         return failures
 
     async def _build(self, config: pb.ModelConfig, version: int, path: Path | None, digest: str) -> ModelVersion:
-        """Complete the config against this version's model file, then load it."""
+        """Complete the config against this version's model file, then load it.
+
+        The model folder is opened once for the whole load (``repository.model_files``): every file the
+        load reads (model file, labels, op libraries, warm-up and initial-state data) is read through it.
+        """
         vconfig = pb.ModelConfig()
         vconfig.CopyFrom(config)
-        backend_cls = await asyncio.to_thread(prepare_config, vconfig, path, self.auto_complete)
-        validate_config(vconfig, config.name, available_backends())
-        normalize_config(vconfig, range(devices.gpu_count()))
-        return await build_model_version(
-            vconfig,
-            backend_cls,
-            version,
-            path,
-            digest,
-            self.router,
-            self.listeners,
-            self.repository_path / config.name,
-            self.response_cache,
-            self.allow_external_op_libraries,
-        )
+        folder = await asyncio.to_thread(ModelFolder, self.repository_path, config.name)
+        try:
+            with folder.loading(path or folder.path / str(version), version):
+                backend_cls = await asyncio.to_thread(prepare_config, vconfig, path, self.auto_complete)
+                validate_config(vconfig, config.name, available_backends())
+                normalize_config(vconfig, range(devices.gpu_count()))
+                return await build_model_version(
+                    vconfig,
+                    backend_cls,
+                    version,
+                    path,
+                    digest,
+                    self.router,
+                    self.listeners,
+                    folder,
+                    self.response_cache,
+                    self.allow_external_op_libraries,
+                )
+        finally:
+            folder.close()
 
     def _record_failure(self, entry: ModelEntry, version: int, reason: str) -> list[str]:
         log.error("model '%s' is unavailable: %s", entry.name, reason)

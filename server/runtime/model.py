@@ -11,11 +11,12 @@ from ..backends.base import Backend, InstanceSpec
 from ..backends.loader import load_backend_class
 from ..config import ConfigError, pb
 from ..observability.stats import ModelStats, StatsListener
-from ..repository.layout import op_library_path, resolve_inside
+from ..repository.layout import op_library_path
+from ..repository.model_files import ModelFolder
 from ..scheduling.base import Scheduler
 from ..scheduling.factory import make_scheduler
 from ..scheduling.instance_pool import InstancePool
-from ..vocabulary.classification import load_labels
+from ..vocabulary.classification import parse_labels
 from ..vocabulary.errors import (
     BackendError,
     Cancelled,
@@ -243,20 +244,15 @@ async def build_model_version(
     digest: str,
     registry: RegistryView,
     listeners: list[StatsListener],
-    model_dir: Path | None = None,
+    model_dir: ModelFolder | None = None,
     cache: ResponseCache | None = None,
     allow_external_op_libraries: bool = True,
 ) -> ModelVersion:
-    """Load every instance (off the loop), then start the scheduler. ``allow_external_op_libraries``:
+    """Load every instance (off the loop), then start the scheduler; ``model_dir`` is the model's folder,
+    opened for this load (every file it reads is read through it); ``allow_external_op_libraries``:
     ``--allow-external-op-libraries`` (see ``_op_libraries``)."""
     stats = ModelStats(config.name, str(version), listeners)
-    labels = {
-        t.name: load_labels(
-            resolve_inside(model_dir.parent, model_dir / t.label_filename, f"output '{t.name}' label file")
-        )
-        for t in config.output
-        if t.label_filename and model_dir is not None
-    }
+    labels = {t.name: _labels(model_dir, t) for t in config.output if t.label_filename and model_dir is not None}
     op_libraries = _op_libraries(config, backend_cls, model_dir, allow_external_op_libraries)
     pool = None
     if backend_cls is not None:
@@ -292,8 +288,20 @@ async def build_model_version(
     return ModelVersion(config, version, scheduler, pool, stats, digest, labels, _cache_for(config, cache))
 
 
+def _labels(model_dir: ModelFolder, output: pb.ModelOutput) -> list[str]:
+    """An output's ``label_filename``, read beneath the repository (labels may be shared between its models)."""
+    try:
+        data = model_dir.read(output.label_filename, f"output '{output.name}' label file", own=False)
+    except OSError as exc:
+        raise ConfigError(f"cannot read label file {output.label_filename}: {exc.strerror or exc}") from None
+    return parse_labels(data, output.label_filename)
+
+
 def _op_libraries(
-    config: pb.ModelConfig, backend_cls: type[Backend] | None, model_dir: Path | None, allow_external: bool = True
+    config: pb.ModelConfig,
+    backend_cls: type[Backend] | None,
+    model_dir: ModelFolder | None,
+    allow_external: bool = True,
 ) -> list[Path]:
     """``model_operations.op_library_filename`` resolved (``layout.op_library_path``) for a backend that loads
     custom-op libraries (onnxruntime); any other backend ignores the field, as Triton does (its TensorRT
@@ -301,7 +309,10 @@ def _op_libraries(
 
     Triton loads an absolute path from anywhere; ``allow_external`` False (``--allow-external-op-libraries
     =false``, for a pool shared by teams) refuses every library outside the model's own folder, so a model
-    can only run code it ships itself."""
+    can only run code it ships itself.
+
+    A library in the model's folder is then read through the folder's descriptor and handed over as a
+    private copy (``ModelFolder.library``): what ``dlopen`` maps is the file that was checked."""
     entries = list(config.model_operations.op_library_filename)
     if not entries:
         return []
@@ -315,16 +326,19 @@ def _op_libraries(
         )
         return []
     assert model_dir is not None
-    libraries = [op_library_path(model_dir, entry) for entry in entries]
-    if not allow_external:
-        own = model_dir.resolve()
-        for entry, library in zip(entries, libraries, strict=True):
-            if not library.is_relative_to(own):
-                raise ConfigError(
-                    f"model_operations op_library_filename '{entry}' is outside the model's folder, and this "
-                    "server refuses op libraries from outside it (--allow-external-op-libraries=false): put the "
-                    "library in the model's folder and name it without a path"
-                )
+    own = model_dir.real_path()
+    libraries = []
+    for entry in entries:
+        real = op_library_path(model_dir.path, entry)
+        if real.is_relative_to(own):
+            real = model_dir.library(str(real.relative_to(own)), "model_operations op_library_filename")
+        elif not allow_external:
+            raise ConfigError(
+                f"model_operations op_library_filename '{entry}' is outside the model's folder, and this "
+                "server refuses op libraries from outside it (--allow-external-op-libraries=false): put the "
+                "library in the model's folder and name it without a path"
+            )
+        libraries.append(real)
     return libraries
 
 

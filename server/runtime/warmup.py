@@ -3,7 +3,8 @@
 Triton (docs/user_guide/model_configuration.md "Model Warmup", ``ModelWarmup`` in model_config.proto):
 each sample is a request of ``batch_size`` rows whose inputs are zeros (``zero_data``), random values
 (``random_data``) or the bytes of ``<model>/warmup/<input_data_file>`` (one batch element, row-major; BYTES
-elements as 4-byte length + bytes), run ``count`` times (0 = once) on each model instance. "A model
+elements as 4-byte length + bytes; read through the model folder's descriptor, and refused when a symlink
+leads out of the model's folder), run ``count`` times (0 = once) on each model instance. "A model
 instance will be served only if it completes the requests successfully": a failed sample fails the load
 with the sample's name and the model's error. A reload warms the new version up before the switch, so no
 request ever reaches a cold version.
@@ -17,12 +18,12 @@ from __future__ import annotations
 
 import logging
 import time
-from pathlib import Path
 
 import numpy as np
 
 from ..backends.base import Batch
 from ..config import pb
+from ..repository.model_files import ModelFolder
 from ..scheduling.instance_pool import InstancePool
 from ..vocabulary import datatypes, tensors
 from ..vocabulary.errors import InvalidArgument, ServerError
@@ -34,7 +35,11 @@ WARMUP_FOLDER = "warmup"
 
 
 def _input(
-    config: pb.ModelConfig, sample: pb.ModelWarmup, name: str, spec: pb.ModelWarmup.Input, model_dir: Path | None
+    config: pb.ModelConfig,
+    sample: pb.ModelWarmup,
+    name: str,
+    spec: pb.ModelWarmup.Input,
+    model_dir: ModelFolder | None,
 ) -> np.ndarray:
     where = f"model_warmup '{sample.name}' input '{name}'"
     type_name = pb.DataType.Name(spec.data_type)
@@ -51,17 +56,19 @@ def _input(
     if kind == "input_data_file":
         if model_dir is None:
             raise InvalidArgument(f"{where}: input_data_file needs the model folder")
-        path = model_dir / WARMUP_FOLDER / spec.input_data_file
+        relative = f"{WARMUP_FOLDER}/{spec.input_data_file}"
         try:
-            raw = path.read_bytes()
+            raw = model_dir.read(relative, f"{where}: input_data_file")
         except OSError as exc:
-            raise InvalidArgument(f"{where}: cannot read {path}: {exc.strerror or exc}") from None
-        if dt.numpy is None:
+            raise InvalidArgument(f"{where}: cannot read {relative}: {exc.strerror or exc}") from None
+        if dt.numpy is None or dt.v2 == "BYTES":
             one = tensors.deserialize_bytes_tensor(raw, count, name)
         else:
             need = count * dt.itemsize
             if len(raw) < need:
-                raise InvalidArgument(f"{where}: {path.name} holds {len(raw)} bytes, {dims} of {dt.v2} needs {need}")
+                raise InvalidArgument(
+                    f"{where}: {spec.input_data_file} holds {len(raw)} bytes, {dims} of {dt.v2} needs {need}"
+                )
             one = np.frombuffer(raw[:need], dtype=dt.numpy.newbyteorder("<"))
         one = one.reshape(dims)
     elif kind == "random_data":
@@ -85,7 +92,7 @@ def _input(
     return one
 
 
-def warmup_requests(config: pb.ModelConfig, model_dir: Path | None) -> list[tuple[str, int, InferenceRequest]]:
+def warmup_requests(config: pb.ModelConfig, model_dir: ModelFolder | None) -> list[tuple[str, int, InferenceRequest]]:
     """(sample name, times, request) for every warm-up sample; raises InvalidArgument on a bad sample."""
     declared = {t.name: t.data_type for t in config.input}
     out = []
@@ -108,7 +115,7 @@ def warmup_requests(config: pb.ModelConfig, model_dir: Path | None) -> list[tupl
     return out
 
 
-async def warm_up(config: pb.ModelConfig, version: int, pool: InstancePool, model_dir: Path | None) -> None:
+async def warm_up(config: pb.ModelConfig, version: int, pool: InstancePool, model_dir: ModelFolder | None) -> None:
     """Run every sample on every instance; raises ServerError naming the sample that failed."""
     samples = warmup_requests(config, model_dir)
     if not samples:

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from ..config import pb
+from ..repository.model_files import ModelFolder
 from ..vocabulary.registry_view import RegistryView
 from .base import Scheduler
 from .default import DefaultScheduler
@@ -12,7 +11,10 @@ from .instance_pool import InstancePool
 
 
 def make_scheduler(
-    config: pb.ModelConfig, pool: InstancePool | None, registry: RegistryView, model_dir: Path | None = None
+    config: pb.ModelConfig,
+    pool: InstancePool | None,
+    registry: RegistryView,
+    model_dir: ModelFolder | None = None,
 ) -> Scheduler:
     """``ensemble_scheduling`` → ensemble, ``dynamic_batching`` → batcher, ``sequence_batching`` → sequence
     batcher (``model_dir`` holds its ``initial_state/`` files), otherwise request by request."""

@@ -36,7 +36,6 @@ import time
 from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -44,6 +43,7 @@ import numpy as np
 from ..backends.base import Batch, RequestResult
 from ..config import pb
 from ..config.sequence import control_spec
+from ..repository.model_files import ModelFolder
 from ..vocabulary import datatypes
 from ..vocabulary.errors import InternalError, InvalidArgument, Unavailable
 from ..vocabulary.sequence import Sequence, sequence_of
@@ -120,7 +120,7 @@ def _controls(config: pb.ModelConfig) -> list[_Control]:
 
 
 class SequenceBatcher(Scheduler):
-    def __init__(self, pool: InstancePool, config: pb.ModelConfig, model_dir: Path | None = None) -> None:
+    def __init__(self, pool: InstancePool, config: pb.ModelConfig, model_dir: ModelFolder | None = None) -> None:
         sb = config.sequence_batching
         self.pool = pool
         self.config = config
@@ -158,7 +158,7 @@ class SequenceBatcher(Scheduler):
         self._idle: asyncio.Event | None = None
 
     # ---- initial state ------------------------------------------------------------------------
-    def _initial_state(self, st: pb.ModelSequenceBatching.State, model_dir: Path | None) -> np.ndarray:
+    def _initial_state(self, st: pb.ModelSequenceBatching.State, model_dir: ModelFolder | None) -> np.ndarray:
         type_name = pb.DataType.Name(st.data_type)
         dt = datatypes.from_config(type_name)
         lead = [1] if self.batching else []
@@ -171,12 +171,14 @@ class SequenceBatcher(Scheduler):
             return _zeros(shape, dt.numpy)
         if model_dir is None:
             raise InvalidArgument(f"state '{st.input_name}': initial_state data_file needs the model folder")
-        path = model_dir / "initial_state" / init.data_file
-        try:
-            data = path.read_bytes()
+        relative = f"initial_state/{init.data_file}"
+        try:  # through the model folder's descriptor; a symlink leading out of the folder is refused
+            data = model_dir.read(relative, f"state '{st.input_name}': initial_state data_file")
         except OSError as exc:
-            raise InvalidArgument(f"state '{st.input_name}': cannot read initial_state file {path}: {exc}") from None
-        if dt.numpy is None:  # BYTES: the file is one element
+            raise InvalidArgument(
+                f"state '{st.input_name}': cannot read initial_state file {relative}: {exc.strerror or exc}"
+            ) from None
+        if dt.numpy is None or dt.v2 == "BYTES":  # the file is one element
             out = np.empty(shape, dtype=object)
             out.reshape(-1)[:] = data
             return out

@@ -13,6 +13,7 @@ Example:
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -24,7 +25,7 @@ import numpy as np
 
 from ..config import ConfigError, config_to_text, pb, validate_config
 from ..config.platforms import BY_PLATFORM
-from ..repository import publish
+from ..repository import confined, publish
 from ..repository.layout import CONFIG_FILE
 
 PLAN_FILE = BY_PLATFORM["tensorrt_plan"].model_filename
@@ -463,31 +464,36 @@ def build_engine(options: ConvertOptions, sig: Signature, layout: Layout) -> tup
 
 def write_model(options: ConvertOptions, layout: Layout, plan: bytes, cache: bytes | None, config_text: str) -> None:
     """Stage under dot-names, fsync and rename into place (``repository.publish``); the config is replaced last."""
-    if not layout.model_dir.exists():
-        staging = publish.stage_dir(options.repository, options.name)
-        try:
-            _write_version(staging / str(options.version), plan, cache)
-            publish.write_file(staging / CONFIG_FILE, config_text)
-            publish.publish_dir(staging, layout.model_dir)
-        except BaseException:
-            publish.remove_tree(staging)
-            raise
-        return
-    staging = publish.stage_dir(layout.model_dir, str(options.version))
-    try:
-        _write_version(staging, plan, cache)
-        publish.publish_dir(staging, layout.version_dir)
-    except BaseException:
-        publish.remove_tree(staging)
-        raise
-    publish.replace_file(layout.config, config_text)
+    with confined.opened(confined.open_root(options.repository)) as repo:
+        if not confined.exists(repo, options.name):
+            staged, staging = publish.stage_dir(repo, options.name)
+            try:
+                with confined.opened(staging):
+                    os.mkdir(str(options.version), 0o755, dir_fd=staging)
+                    with confined.opened(confined.open_dir(staging, str(options.version))) as folder:
+                        _write_version(folder, plan, cache)
+                    publish.write_file(staging, CONFIG_FILE, config_text)
+                publish.publish_dir(repo, staged, repo, options.name)
+            except BaseException:
+                publish.remove_tree(repo, staged)
+                raise
+            return
+        with confined.opened(confined.open_dir(repo, options.name)) as model:
+            staged, staging = publish.stage_dir(model, str(options.version))
+            try:
+                with confined.opened(staging):
+                    _write_version(staging, plan, cache)
+                publish.publish_dir(model, staged, model, str(options.version))
+            except BaseException:
+                publish.remove_tree(model, staged)
+                raise
+            publish.replace_file(model, CONFIG_FILE, config_text)
 
 
-def _write_version(folder: Path, plan: bytes, cache: bytes | None) -> None:
-    folder.mkdir(parents=True, exist_ok=True)
-    publish.write_file(folder / PLAN_FILE, plan)
+def _write_version(folder: int, plan: bytes, cache: bytes | None) -> None:
+    publish.write_file(folder, PLAN_FILE, plan)
     if cache is not None:
-        publish.write_file(folder / CALIBRATION_CACHE, cache)
+        publish.write_file(folder, CALIBRATION_CACHE, cache)
     publish.fsync_dir(folder)
 
 

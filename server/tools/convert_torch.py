@@ -16,6 +16,7 @@ and compared with the PyTorch module the same way.
 from __future__ import annotations
 
 import argparse
+import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +26,7 @@ import numpy as np
 
 from ..config import ConfigError, config_to_text, load_config_file, pb, validate_config
 from ..config.platforms import BY_PLATFORM
-from ..repository import publish
+from ..repository import confined, publish
 from ..repository.layout import CONFIG_FILE
 from .convert import ConvertError, _median_ms, _say, error_stats
 
@@ -213,22 +214,26 @@ def write_version(model_dir: Path, version: int, files: dict[str, Path], config_
     if version_dir.exists() and not force:
         raise ConvertError(f"{version_dir} exists; pass --force to replace version {version}")
     new_model = not model_dir.exists()
-    parent, name = (model_dir.parent, model_dir.name) if new_model else (model_dir, str(version))
-    staging = publish.stage_dir(parent, name)
-    try:
-        folder = staging / str(version) if new_model else staging
-        folder.mkdir(exist_ok=True)
-        for file_name, source in files.items():
-            publish.write_file(folder / file_name, source.read_bytes())
-        publish.fsync_dir(folder)
-        if new_model:
-            publish.write_file(staging / CONFIG_FILE, config_text)
-        publish.publish_dir(staging, model_dir if new_model else version_dir)
-    except BaseException:
-        publish.remove_tree(staging)
-        raise
-    if not new_model:
-        publish.replace_file(model_dir / CONFIG_FILE, config_text)
+    # a new model is staged whole beside the others; a new version inside its model's folder
+    with confined.opened(confined.open_root(model_dir.parent if new_model else model_dir)) as parent:
+        final = model_dir.name if new_model else str(version)
+        staged, staging = publish.stage_dir(parent, final)
+        try:
+            with confined.opened(staging):
+                if new_model:
+                    os.mkdir(str(version), 0o755, dir_fd=staging)
+                with confined.opened(confined.open_dir(staging, str(version) if new_model else "")) as folder:
+                    for file_name, source in files.items():
+                        publish.write_file(folder, file_name, source.read_bytes())
+                    publish.fsync_dir(folder)
+                if new_model:
+                    publish.write_file(staging, CONFIG_FILE, config_text)
+            publish.publish_dir(parent, staged, parent, final)
+        except BaseException:
+            publish.remove_tree(parent, staged)
+            raise
+        if not new_model:
+            publish.replace_file(parent, CONFIG_FILE, config_text)
     return version_dir
 
 

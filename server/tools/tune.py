@@ -33,7 +33,7 @@ from typing import Any
 import httpx
 
 from ..config import config_from_dict, config_to_dict, config_to_text, load_config_file, pb
-from ..repository.publish import replace_file
+from ..repository import confined, publish
 from .perf import wire
 from .perf.load import Level, Setup, WorkerPool
 from .perf.measure import Plan, measure_level
@@ -307,7 +307,9 @@ def run(args: argparse.Namespace) -> int:
     print(inference_model_fields(winner, base))
     if args.write:
         path = args.model_dir / "config.pbtxt"
-        replace_file(path, config_to_text(winner.apply(load_config_file(path))))
+        text = config_to_text(winner.apply(load_config_file(path)))
+        with confined.opened(confined.open_root(args.model_dir)) as folder:
+            publish.replace_file(folder, "config.pbtxt", text)
         print(f"\nwrote {path}")
     return 0
 

@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 
 from ..config import ConfigError
 from .errors import InvalidArgument
 
 
-def load_labels(path: Path) -> list[str]:
-    """One label per line, as Triton reads ``label_filename``."""
+def parse_labels(data: bytes, name: str) -> list[str]:
+    """One label per line, as Triton reads ``label_filename`` (``name``, for the message)."""
     try:
-        return path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read label file {path.name}: {exc}") from None
+        return data.decode("utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"cannot read label file {name}: {exc}") from None
 
 
 def classify(array: np.ndarray, k: int, labels: list[str] | None = None, batched: bool = True) -> np.ndarray:

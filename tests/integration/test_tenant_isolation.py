@@ -6,6 +6,10 @@ hidden, separators, control characters, over-long), and symlinks planted in the 
 folder, config.pbtxt, version folder, model file, label file) that lead outside it. Each is refused with a
 reason naming the field or file; the secret file's text never appears in any answer; the good model keeps
 serving; symlinks that stay inside the repository keep working.
+
+Issue 23 ("What was found" 7): a warm-up ``input_data_file`` or a sequence ``initial_state`` ``data_file``
+that is a symlink out of the model's folder (to ``/proc/self/environ``, to another tenant's file) makes the
+model UNAVAILABLE with the reason, over HTTP and gRPC; the secret never appears in an answer.
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ from __future__ import annotations
 import json
 import os
 import textwrap
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -63,7 +69,10 @@ def layout(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def server(layout: dict[str, Path]) -> Iterator[ServerProcess]:
-    s = start_server(layout["repo"], "--model-control-mode", "explicit", "--load-model", "good")
+    # the secret is in the server's environment too: /proc/self/environ is what a planted symlink would read
+    s = start_server(
+        layout["repo"], "--model-control-mode", "explicit", "--load-model", "good", env={"TENANT_SECRET": SECRET}
+    )
     yield s
     assert s.terminate() == 0
 
@@ -307,4 +316,170 @@ def test_onnx_external_data_outside_the_model_folder_is_refused(
     body = {"inputs": [{"name": "IN", "datatype": "FP32", "shape": [1, 4], "data": [0, 0, 0, 0]}]}
     r = httpx.post(f"{server.base_url}/v2/models/{name}/infer", json=body, timeout=30)
     assert r.status_code != 200, r.text
+    _still_serving(server)
+
+
+WARMUP_CONFIG = """
+platform: "onnxruntime_onnx"
+max_batch_size: 4
+input [ { name: "IN" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] } ]
+model_warmup [ { name: "sample" batch_size: 1
+  inputs { key: "IN" value { data_type: TYPE_FP32 dims: [ 4 ] input_data_file: "in.bin" } } } ]
+"""
+
+#: a Python sequence model whose output is its implicit state: an initial state read from a file would be echoed
+STATE_MODEL = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [
+            pb_utils.InferenceResponse([pb_utils.Tensor("OUT", pb_utils.get_input_tensor_by_name(r, "STATE").as_numpy())])
+            for r in requests
+        ]
+"""
+STATE_CONFIG = """
+backend: "python"
+max_batch_size: 0
+sequence_batching {
+  state [ { input_name: "STATE" output_name: "OUT" data_type: TYPE_STRING dims: [ 1 ]
+    initial_state { data_type: TYPE_STRING dims: [ 1 ] data_file: "state.bin" name: "from_file" } } ]
+}
+input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_STRING dims: [ 1 ] } ]
+"""
+
+
+def _data_file_model(repo: Path, kind: str, target: Path) -> tuple[str, str]:
+    """A model whose warm-up or initial-state data file is a symlink to ``target``; (name, field in the reason)."""
+    name = f"{kind}-{target.name}".replace(".", "-")
+    folder = repo / name
+    (folder / "1").mkdir(parents=True)
+    if kind == "warmup":
+        (folder / "config.pbtxt").write_text(textwrap.dedent(WARMUP_CONFIG))
+        (folder / "1" / "model.onnx").write_bytes(_model_bytes())
+        (folder / "warmup").mkdir()
+        os.symlink(target, folder / "warmup" / "in.bin")
+        return name, "input_data_file 'warmup/in.bin'"
+    (folder / "config.pbtxt").write_text(textwrap.dedent(STATE_CONFIG))
+    (folder / "1" / "model.py").write_text(STATE_MODEL)
+    (folder / "initial_state").mkdir()
+    os.symlink(target, folder / "initial_state" / "state.bin")
+    return name, "initial_state data_file 'initial_state/state.bin'"
+
+
+@pytest.mark.parametrize("target", ["/proc/self/environ", "secret"])
+@pytest.mark.parametrize("kind", ["warmup", "initial_state"])
+def test_data_files_leading_out_of_the_model_folder_are_refused(
+    server: ServerProcess, grpc_client, layout: dict[str, Path], kind: str, target: str
+) -> None:
+    path = Path(target) if target.startswith("/") else layout["outside"] / "secret.txt"
+    name, field = _data_file_model(layout["repo"], kind, path)
+    r = httpx.post(f"{server.base_url}/v2/repository/models/{name}/load", json={}, timeout=60)
+    assert r.status_code == 400, r.text
+    assert field in r.json()["error"] and "leads outside the model's folder" in r.json()["error"], r.text
+    (row,) = _index(server)[name]
+    assert row["state"] == "UNAVAILABLE" and field in row["reason"] and "leads outside" in row["reason"], row
+    with pytest.raises(InferenceServerException) as info:
+        grpc_client.load_model(name)
+    assert info.value.status() == "StatusCode.INVALID_ARGUMENT" and field in info.value.message()
+    (grpc_row,) = [m for m in grpc_client.get_model_repository_index(as_json=True)["models"] if m["name"] == name]
+    assert grpc_row["state"] == "UNAVAILABLE" and "leads outside" in grpc_row["reason"]
+    infer = httpx.post(f"{server.base_url}/v2/models/{name}/infer", json=_sequence_start(), timeout=30)
+    assert infer.status_code != 200
+    answers = r.text + json.dumps(row) + info.value.message() + json.dumps(grpc_row) + infer.text
+    assert SECRET not in answers
+    _still_serving(server)
+
+
+def _sequence_start() -> dict:
+    return {
+        "inputs": [{"name": "IN", "datatype": "INT32", "shape": [1], "data": [1]}],
+        "parameters": {"sequence_id": 1, "sequence_start": True},
+    }
+
+
+def test_data_files_inside_the_model_folder_keep_working(server: ServerProcess, layout: dict[str, Path]) -> None:
+    """A warm-up file and an initial-state file that are symlinks within the model's own folder are read."""
+    folder = layout["repo"] / "state-inside"
+    (folder / "1").mkdir(parents=True)
+    (folder / "config.pbtxt").write_text(textwrap.dedent(STATE_CONFIG))
+    (folder / "1" / "model.py").write_text(STATE_MODEL)
+    (folder / "initial_state").mkdir()
+    (folder / "state-data.bin").write_bytes(b"our own initial state")
+    os.symlink("../state-data.bin", folder / "initial_state" / "state.bin")
+    r = httpx.post(f"{server.base_url}/v2/repository/models/state-inside/load", json={}, timeout=60)
+    assert r.status_code == 200, r.text
+    r = httpx.post(f"{server.base_url}/v2/models/state-inside/infer", json=_sequence_start(), timeout=30)
+    assert r.status_code == 200 and r.json()["outputs"][0]["data"] == ["our own initial state"], r.text
+
+    folder = layout["repo"] / "warmup-inside"
+    (folder / "1").mkdir(parents=True)
+    (folder / "config.pbtxt").write_text(textwrap.dedent(WARMUP_CONFIG))
+    (folder / "1" / "model.onnx").write_bytes(_model_bytes())
+    (folder / "warmup").mkdir()
+    (folder / "data.bin").write_bytes(np.arange(4, dtype=np.float32).tobytes())
+    os.symlink("../data.bin", folder / "warmup" / "in.bin")
+    r = httpx.post(f"{server.base_url}/v2/repository/models/warmup-inside/load", json={}, timeout=60)
+    assert r.status_code == 200, r.text
+    stats = httpx.get(f"{server.base_url}/v2/models/warmup-inside/stats").json()["model_stats"][0]
+    assert stats["execution_count"] >= 1
+
+
+def test_symlinks_swapped_while_the_server_loads_never_make_it_read_outside(
+    server: ServerProcess, layout: dict[str, Path]
+) -> None:
+    """A tenant thread swaps the model file and the label file for symlinks out of the repository and back, as
+    fast as it can, while the model is loaded again and again: every load either refuses the link or serves
+    the model's own file (its own results, its own labels): nothing read between the check and the use can
+    come from outside, because the use reads through the descriptor the check opened."""
+    repo, outside = layout["repo"], layout["outside"]
+    folder = _write(repo, "swapped", 'label_filename: "labels.txt"')
+    (folder / "labels.txt").write_text("a\nb\nc\nd\n")
+    (outside / "neg.onnx").write_bytes(unary("neg", "Neg", TensorProto.FLOAT, ["batch", 4]).SerializeToString())
+    pairs = [(folder / "1" / "model.onnx", outside / "neg.onnx"), (folder / "labels.txt", outside / "secret.txt")]
+    stop = threading.Event()
+    swaps = 0
+
+    def swap() -> None:
+        nonlocal swaps
+        while not stop.is_set():
+            for own, theirs in pairs:
+                kept = own.with_name(own.name + ".kept")
+                os.rename(own, kept)
+                os.symlink(theirs, own)
+                time.sleep(0.001)
+                os.unlink(own)
+                os.rename(kept, own)
+                swaps += 1
+                time.sleep(0.001)
+
+    thread = threading.Thread(target=swap, daemon=True)
+    thread.start()
+    outcomes = {"served": 0, "refused": 0, "missing": 0}
+    deadline = time.monotonic() + 5
+    try:
+        while time.monotonic() < deadline:
+            r = httpx.post(f"{server.base_url}/v2/repository/models/swapped/load", json={}, timeout=60)
+            assert SECRET not in r.text
+            if r.status_code == 200:
+                outcomes["served"] += 1
+                answer = _classify(server, "swapped")
+                assert SECRET not in answer.text
+                assert answer.json()["outputs"][0]["data"] == [
+                    "4.000000:0:a",
+                    "3.000000:1:b",
+                    "2.000000:2:c",
+                    "1.000000:3:d",
+                ], answer.text  # relu with our labels: never their model (negative scores) or their labels
+            else:  # the link refused, or the file caught in the instant it was renamed away
+                assert r.status_code == 400, r.text
+                outcomes["refused" if "leads outside the model repository" in r.text else "missing"] += 1
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+    assert outcomes["served"] >= 3 and outcomes["refused"] >= 1 and swaps > 100, (outcomes, swaps)
+    assert SECRET not in json.dumps(_index(server).get("swapped"))
     _still_serving(server)

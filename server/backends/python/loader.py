@@ -33,6 +33,7 @@ from types import ModuleType
 from typing import Any
 
 from ...config import ConfigError
+from ...repository.model_files import pinned
 
 _ids = itertools.count()
 _load_lock = threading.RLock()
@@ -51,8 +52,10 @@ class ModelModule:
         self._owned: set[str] = set()  # top-level sibling names
         self._dirty = False  # a sibling was imported during this call: take it out of sys.modules
         _install_finders()
-        if not model_file.is_file():
-            raise ConfigError(f"python model file {model_file} not found")
+        try:  # the file the runtime opened for this load: model.py is read once, through its descriptor
+            code = pinned(model_file).read_bytes()
+        except (FileNotFoundError, IsADirectoryError):
+            raise ConfigError(f"python model file {model_file} not found") from None
         with _load_lock, self.active():
             package = ModuleType(self.package)
             package.__path__ = [str(self.version_dir)]
@@ -60,7 +63,9 @@ class ModelModule:
             package.__spec__ = importlib.machinery.ModuleSpec(self.package, None, is_package=True)
             package.__spec__.submodule_search_locations = [str(self.version_dir)]
             sys.modules[self.package] = package
-            spec = importlib.util.spec_from_file_location(f"{self.package}.model", model_file)
+            spec = importlib.util.spec_from_file_location(
+                f"{self.package}.model", model_file, loader=_Source(f"{self.package}.model", model_file, code)
+            )
             assert spec is not None and spec.loader is not None
             module = importlib.util.module_from_spec(spec)
             sys.modules[spec.name] = module
@@ -133,6 +138,23 @@ class ModelModule:
 def enter_module(module: ModelModule) -> None:
     """``module``'s siblings resolve on this thread for the rest of its life (an instance's own loop thread)."""
     _local.module = module
+
+
+class _Source(importlib.abc.Loader):
+    """Runs source already read (``model.py``), naming its real path in tracebacks and ``__file__``; writes
+    no bytecode cache into the repository."""
+
+    def __init__(self, fullname: str, path: Path, code: bytes) -> None:
+        self.fullname, self.path, self.code = fullname, path, code
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        return None
+
+    def exec_module(self, module: ModuleType) -> None:
+        exec(compile(self.code, str(self.path), "exec", dont_inherit=True), module.__dict__)
+
+    def get_source(self, fullname: str) -> str:
+        return self.code.decode("utf-8", "replace")
 
 
 class _Cached(importlib.abc.Loader):

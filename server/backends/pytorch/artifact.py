@@ -7,6 +7,8 @@ The format is read from the archive, not from the file name:
   ``torch.export.load(...).module()``, beyond Triton;
 - a file from ``torch.save(model)`` / a state dict, or an AOTInductor package, is refused with the way
   to turn it into one of the two.
+
+The file is read through the descriptor the runtime opened for the load (``model_files.pinned``).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ...config import ConfigError
+from ...repository.model_files import pinned
 
 # PyTorch deprecates TorchScript in favour of torch.export; Triton's PyTorch backend serves TorchScript, so
 # loading it is this backend's job and the warning would only repeat on every load
@@ -41,7 +44,7 @@ SAVE_HINT = (
 def detect_format(path: Path) -> str:
     """TORCHSCRIPT or EXPORTED, from the archive's members; ConfigError says what the file is instead."""
     try:
-        with zipfile.ZipFile(path) as archive:
+        with zipfile.ZipFile(pinned(path)) as archive:
             names = archive.namelist()
     except FileNotFoundError:
         raise ConfigError(f"model file '{path.name}' not found in version folder {path.parent.name}") from None
@@ -102,14 +105,14 @@ def load(path: Path, device: Any) -> LoadedModule:
     fmt = detect_format(path)
     if fmt == TORCHSCRIPT:
         try:
-            module = torch.jit.load(str(path), map_location=device)
+            module = torch.jit.load(str(pinned(path)), map_location=device)
         except Exception as exc:  # torch raises RuntimeError/ValueError with C++ messages
             raise _load_error(path, fmt, exc) from None
         module.eval()
         return LoadedModule(fmt, module, torchscript_signature(module), device)
     try:
         with _EXPORT_LOAD_LOCK:
-            program = torch.export.load(str(path))
+            program = torch.export.load(str(pinned(path)))
     except Exception as exc:
         raise _load_error(path, fmt, exc) from None
     signature = export_signature(program)

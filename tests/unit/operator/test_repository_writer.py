@@ -12,6 +12,7 @@ from pathlib import Path
 
 import onnx
 import pytest
+from kubeinfer.operator import repository_writer
 from kubeinfer.operator.artifacts import ArtifactError
 from kubeinfer.operator.egress import AddressPolicy, parse_networks
 from kubeinfer.operator.fetch import Fetcher
@@ -346,3 +347,39 @@ def test_a_forged_status_repository_path_never_removes_another_tenants_model(roo
     reconciler._forget_old_location(NS, "m", forged, "ns/pool/m")
     assert _snapshot(victim) == before
     assert (root / NS / "other-pool" / "other-model" / "1").is_dir()
+
+
+def test_staging_happens_outside_the_namespace_folder_and_its_debris_is_cleaned(root, monkeypatch):
+    """Staged folders live in ``<root>/.kubeinfer-staging/<server folder>/`` (0700), never in the tenant's folder;
+    leftovers of an interrupted write there are found by the next sync of that model, and only that model's."""
+    monkeypatch.setattr(repository_writer, "LISTING_TTL", 0.0)  # no shared listing between the two syncs
+    writer = RepositoryWriter(root)
+    server_dir = writer.server_dir(NS, "ns/pool")
+    seen_in_tenant_folder: list[list[str]] = []
+    spec = _spec([{"version": 1, "source": {"path": "uploads/relu.onnx"}}])
+    writer.sync_model(
+        server_dir,
+        render_model("m", spec),
+        on_stage=lambda v: seen_in_tenant_folder.append([str(p.relative_to(root)) for p in (root / NS).rglob(".*")]),
+    )
+    assert seen_in_tenant_folder == [[]]  # while staging, nothing of it shows in the namespace folder
+    staging = root / ".kubeinfer-staging"
+    assert staging.is_dir() and (staging.stat().st_mode & 0o777) == 0o700
+    mirror = staging / "ns" / "pool"
+    (mirror / ".m.staging-deadbeef" / "1").mkdir(parents=True)  # a crashed writer's work
+    (mirror / ".m.deleting-0badc0de").mkdir()
+    (mirror / ".m.b.staging-deadbeef").mkdir()  # model "m.b": not ours to clean
+    (mirror / "m").mkdir(exist_ok=True)
+    (mirror / "m" / ".2.staging-0123abcd").mkdir()
+    (mirror / "m" / ".config.pbtxt.tmp-0123abcd").write_text("half")
+    result = writer.sync_model(server_dir, render_model("m", spec))
+    assert sorted(result.cleaned) == [
+        ".kubeinfer-staging/ns/pool/.m.deleting-0badc0de",
+        ".kubeinfer-staging/ns/pool/.m.staging-deadbeef",
+        ".kubeinfer-staging/ns/pool/m/.2.staging-0123abcd",
+        ".kubeinfer-staging/ns/pool/m/.config.pbtxt.tmp-0123abcd",
+    ]
+    assert sorted(p.name for p in mirror.iterdir()) == [".m.b.staging-deadbeef", "m"]
+    assert writer.remove_model(server_dir, "m")
+    assert sorted(p.name for p in mirror.iterdir()) == [".m.b.staging-deadbeef"]  # the model's mirror went too
+    assert listing(server_dir) == []
