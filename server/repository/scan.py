@@ -161,7 +161,9 @@ def _read_model(folder: ModelFolder, source: ModelSource, override: pb.ModelConf
                 except confined.Refused as exc:
                     shown = f"{name}/{entry}/{filename}"
                     raise PathEscape(exc.describe(f"version {version} model file '{shown}'")) from None
-                except OSError:
+                except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
                     continue  # incomplete version folder: not there yet, as far as we are concerned
+                except OSError:
+                    pass  # there but unreadable (permissions): the load says why
             source.versions[version] = path / entry
             source.version_digests[version] = _digest_dir(fd)
