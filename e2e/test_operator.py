@@ -258,7 +258,8 @@ def test_server_pool_objects_and_drift_repair(env: Env) -> None:
     assert "--model-control-mode=poll" in c["args"] and "--repository-poll-secs=1" in c["args"]
     assert c["resources"]["limits"]["nvidia.com/gpu"] == "1"
     mount = next(m for m in c["volumeMounts"] if m["name"] == "model-repository")
-    assert (mount["mountPath"], mount["subPath"], mount["readOnly"]) == ("/models", f"{env.ns}/{SERVER}", True)
+    # the subPath is inside the pods' claim, which reaches only <volume>/<namespace>/
+    assert (mount["mountPath"], mount["subPath"], mount["readOnly"]) == ("/models", SERVER, True)
     assert next(v for v in pod["volumes"] if v["name"] == "dshm")["emptyDir"]["medium"] == "Memory"
     assert c["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
     assert dep["metadata"]["ownerReferences"][0]["kind"] == "InferenceServer"
