@@ -22,7 +22,6 @@ import argparse
 import importlib.util
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -185,10 +184,10 @@ def main(argv: list[str] | None = None) -> int:
     servers = args.servers.split(",")
     concurrency = [int(c) for c in args.concurrency.split(",")]
     if "rust" in servers:
-        subprocess.run(
-            [sys.executable, str(BENCH.parent / "scripts" / "build_grpc_transport"), "--python", sys.executable],
-            check=True,
-        )
+        from kubeinfer.server.grpc.transport import rust_missing
+
+        if rust_missing() is not None:  # `pip install -e .` builds it (setup.py) when cargo is on PATH
+            raise SystemExit(f"the Rust gRPC transport cannot be measured: {rust_missing()}")
     if "triton" in servers:
         peers.venv("triton")
     from kubeinfer.server.examples import models as examples

@@ -1,4 +1,4 @@
-"""Type stub of the Rust gRPC transport (rust/src/lib.rs), built by scripts/build_grpc_transport beside it."""
+"""Type stub of the Rust gRPC transport (rust/src/lib.rs), which setup.py builds into this package."""
 
 class PendingCall:
     """One call waiting for Python's answer: unary (``reply``/``abort``) or a stream (``want``/``send``/``finish``)."""

@@ -1,13 +1,12 @@
 """The gRPC listener on the Rust transport: queued calls → InferenceServicer → bytes back.
 
-``Transport`` (rust/src/lib.rs, built by ``scripts/build_grpc_transport`` into
-``kubeinfer_grpc_transport.abi3.so`` beside this file) owns HTTP/2 and gRPC framing on its own thread and never
-takes the GIL; the event loop watches its eventfd and drains every queued call at once. Each call runs the
-``servicer.py`` handler grpc.aio runs: the request parsed with the generated pb class (a malformed one is
-INVALID_ARGUMENT, as in ``errors.deserializer``), the response serialized, an exception mapped by
-``errors.status_of`` — the same statuses and messages as the grpc.aio server (server.py), which stays the
-fallback for what this transport does not serve (gRPC TLS; transport.py decides). Measured against grpc.aio and
-Triton in benchmarks/grpc_transport/.
+``Transport`` (rust/src/lib.rs, built by setup.py into ``kubeinfer_grpc_transport.abi3.so`` beside this file) owns
+HTTP/2 and gRPC framing on its own thread and never takes the GIL; the event loop watches its eventfd and drains
+every queued call at once. Each call runs the ``servicer.py`` handler grpc.aio runs: the request parsed with the
+generated pb class (a malformed one is INVALID_ARGUMENT, as in ``errors.deserializer``), the response serialized,
+an exception mapped by ``errors.status_of`` — the same statuses and messages as the grpc.aio server (server.py),
+which stays the fallback for what this transport does not serve (gRPC TLS; transport.py decides). Measured against
+grpc.aio and Triton in benchmarks/grpc_transport/.
 
 ModelStreamInfer runs ``servicer.ModelStreamInfer`` (streaming.StreamSession) over ``Requests``, which lets
 the transport read one more request message each time the session asks for one: a session that stops

@@ -47,7 +47,10 @@ def rust_missing() -> str | None:
     try:
         importlib.import_module(f"{__package__}.kubeinfer_grpc_transport")
     except ImportError as exc:
-        return f"its module is not built (scripts/build_grpc_transport): {exc}"
+        return (
+            "this installation has no Rust gRPC transport (the package was built without cargo, or not on Linux; "
+            f"install Rust from https://rustup.rs and reinstall kubeinfer): {exc}"
+        )
     return None
 
 

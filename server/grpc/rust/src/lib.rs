@@ -1009,6 +1009,7 @@ impl Transport {
     /// as a unary call with the index one past the last (no payload read), for Python to answer; else the
     /// transport answers it UNIMPLEMENTED.
     #[new]
+    #[allow(clippy::too_many_arguments)] // Python's keyword arguments
     #[pyo3(signature = (
         host, port, methods, streams=Vec::new(), threads=1, max_message_bytes=64 * 1024 * 1024, max_metadata_bytes=0,
         max_connection_age_ms=0, unknown_to_python=false
