@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 from typing import Any
 
@@ -24,6 +25,7 @@ from setuptools import find_packages, setup
 
 FOLDERS = {"kubeinfer.server": "server", "kubeinfer.operator": "operator"}
 CRATE = "server/grpc/rust/Cargo.toml"
+PATCHES = "server/grpc/rust/patches/apply.py"
 MODULE = "kubeinfer.server.grpc.kubeinfer_grpc_transport"
 REQUIRE = "KUBEINFER_REQUIRE_GRPC_TRANSPORT"
 #: the commands that compile extensions (the others, e.g. egg_info, dist_info, sdist, only describe the package)
@@ -76,6 +78,15 @@ def rust_options() -> dict[str, Any]:
     # setuptools-rust runs $CARGO; rustup's rustc sits beside cargo
     os.environ["CARGO"] = str(cargo)
     os.environ["PATH"] = os.pathsep.join([os.path.dirname(str(cargo)), os.environ.get("PATH", "")])
+    if BUILDS & set(sys.argv[1:]):
+        # the patched crates Cargo.toml's [patch.crates-io] points at (server/grpc/rust/patches/README.md)
+        patched = subprocess.run([sys.executable, PATCHES], capture_output=True, text=True)
+        if patched.returncode != 0:
+            why = patched.stderr.strip() or patched.stdout.strip()
+            if required:
+                raise SystemExit(f"kubeinfer: the Rust gRPC transport cannot be built: {why}")
+            print(f"kubeinfer: building without the Rust gRPC transport: {why}", file=sys.stderr)
+            return {}
 
     extension = RustExtension(
         MODULE,
