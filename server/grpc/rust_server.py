@@ -170,12 +170,29 @@ class RustGrpcServer:
         loop.add_reader(self.transport.fd, self._drain)
 
     def _drain(self) -> None:
-        """All calls queued since the last wake-up start as tasks; calls their clients gave up are cancelled."""
+        """All calls queued since the last wake-up start as tasks; calls their clients gave up are cancelled. One
+        call's failure here answers that call (INTERNAL), never the others drained with it."""
         calls, cancelled, messages, writable, checks = self.transport.take()
         for check, index in checks:
-            self._isolated(self._check, check, index)
+            try:
+                self._check(check, index)
+            except Exception as exc:
+                self._failed(check, exc)
+        create_task = self.loop.create_task
+        handlers = self.handlers
+        inflight = self.inflight
+        token = self.token
         for call, index, payload, call_id in calls:
-            self._isolated(self._start, call, index, payload, call_id)
+            try:
+                if token is not None and index not in self.open and not token.accepts(call.authorization()):
+                    call.refuse(BearerInterceptor.MESSAGE)  # as grpc.aio's interceptor answers
+                elif payload is None:  # a stream: its messages come one by one
+                    requests = self.streams[call_id] = Requests(call, handlers[index][0], self.loop)
+                    inflight[call_id] = create_task(self._stream(call, handlers[index], requests, call_id))
+                else:
+                    inflight[call_id] = create_task(self._run(call, handlers[index], payload, call_id))
+            except Exception as exc:
+                self._failed(call, exc)
         for call_id, message in messages:
             stream = self.streams.get(call_id)
             if stream is not None:
@@ -186,40 +203,24 @@ class RustGrpcServer:
                 waiter.set_result(None)
         for call_id in cancelled:
             self.streams.pop(call_id, None)
-            task = self.inflight.pop(call_id, None)  # popped here too: a task cancelled before it ran has no finally
+            task = inflight.pop(call_id, None)  # popped here too: a task cancelled before it ran has no finally
             if task is not None:
                 task.cancel()
 
     @staticmethod
-    def _isolated(handle: Callable[..., None], call: PendingCall, *args: Any) -> None:
-        """One call's failure answers that call (INTERNAL), never the others drained with it."""
-        try:
-            handle(call, *args)
-        except Exception as exc:
-            log.exception("gRPC call not started")
-            call.abort(grpc.StatusCode.INTERNAL.value[0], f"the call could not be started: {exc}")
-
-    def _accepts(self, call: PendingCall) -> bool:
-        return self.token is None or self.token.accepts(call.authorization())
+    def _failed(call: PendingCall, exc: Exception) -> None:
+        log.error("gRPC call not started: %r", exc)
+        call.abort(grpc.StatusCode.INTERNAL.value[0], f"the call could not be started: {exc}")
 
     def _check(self, call: PendingCall, index: int) -> None:
         """A call the transport holds before reading its message: its token decides (as grpc.aio's interceptor,
         before the method lookup)."""
-        if not self._accepts(call):
+        if self.token is not None and not self.token.accepts(call.authorization()):
             call.refuse(BearerInterceptor.MESSAGE)
         elif index == self.unknown:
             call.abort(grpc.StatusCode.UNIMPLEMENTED.value[0], METHOD_NOT_FOUND)
         else:
             call.admit()
-
-    def _start(self, call: PendingCall, index: int, payload: bytes | None, call_id: int) -> None:
-        if index not in self.open and not self._accepts(call):
-            call.refuse(BearerInterceptor.MESSAGE)  # as grpc.aio's interceptor answers
-        elif payload is None:  # a stream: its messages come one by one
-            requests = self.streams[call_id] = Requests(call, self.handlers[index][0], self.loop)
-            self.inflight[call_id] = self.loop.create_task(self._stream(call, self.handlers[index], requests, call_id))
-        else:
-            self.inflight[call_id] = self.loop.create_task(self._run(call, self.handlers[index], payload, call_id))
 
     async def _run(self, call: PendingCall, handler: Handler, payload: bytes, call_id: int) -> None:
         parse, fn, serialize = handler

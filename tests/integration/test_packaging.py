@@ -21,6 +21,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
+from tests.support.https import make_ca_and_cert
 from tests.support.repos import copy_example_repository
 from tests.support.server import ServerProcess, free_port, start_command
 
@@ -220,14 +221,21 @@ def wheel_venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @needs_cargo
+@pytest.mark.parametrize("tls", [False, True], ids=["plain", "tls"])
 def test_a_venv_with_only_the_wheel_serves_grpc_through_the_rust_transport(
-    wheel_venv: Path, repository: Path, tmp_path: Path
+    wheel_venv: Path, repository: Path, tmp_path: Path, tls: bool
 ) -> None:
+    """tritonclient over HTTP and gRPC, gRPC plain and over TLS (Triton's --grpc-use-ssl flags)."""
     assert _served_by(wheel_venv).startswith(str(wheel_venv.parent.parent)), "imported from outside the venv"
-    server = _serve(wheel_venv, repository, tmp_path, "--grpc-transport", "rust")
+    flags = ["--grpc-transport", "rust"]
+    if tls:
+        ca, cert, key = make_ca_and_cert(tmp_path)
+        flags += ["--grpc-use-ssl", "true", "--grpc-server-cert", str(cert), "--grpc-server-key", str(key)]
+    server = _serve(wheel_venv, repository, tmp_path, *flags)
     try:
         assert f"{RUST_LISTENING} 127.0.0.1:{server.grpc_port} (Rust transport)" in server.log(), server.log()[-3000:]
-        client = grpcclient.InferenceServerClient(server.grpc_url)
+        secure = {"ssl": True, "root_certificates": str(ca)} if tls else {}
+        client = grpcclient.InferenceServerClient(server.grpc_url, **secure)  # type: ignore[arg-type]
         _add_sub(client)
         client.close()
         http = httpclient.InferenceServerClient(server.http_url)

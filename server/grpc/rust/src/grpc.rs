@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use bytes::{Buf, BufMut, Bytes};
 use http::{HeaderMap, HeaderValue, Method, Uri};
-use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
+use tonic::codec::{BufferSettings, Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::{Code, Status};
 
 /// grpc-core's answer to a method the server does not have (UNIMPLEMENTED).
@@ -37,6 +37,12 @@ impl Codec for BytesCodec {
     }
 }
 
+/// The buffers tonic starts a call's decoding and encoding with: inference messages are often small, and a
+/// larger one reserves its exact size once its length is known (tonic's default starts each call at 8 KiB).
+fn buffer_settings() -> BufferSettings {
+    BufferSettings::new(1024, 32 * 1024)
+}
+
 impl Encoder for BytesCodec {
     type Item = Bytes;
     type Error = Status;
@@ -44,6 +50,10 @@ impl Encoder for BytesCodec {
     fn encode(&mut self, item: Bytes, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
         dst.put(item);
         Ok(())
+    }
+
+    fn buffer_settings(&self) -> BufferSettings {
+        buffer_settings()
     }
 }
 
@@ -53,6 +63,10 @@ impl Decoder for BytesCodec {
 
     fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<Bytes>, Status> {
         Ok(Some(src.copy_to_bytes(src.remaining())))
+    }
+
+    fn buffer_settings(&self) -> BufferSettings {
+        buffer_settings()
     }
 }
 
@@ -101,6 +115,14 @@ pub fn encoding_known(headers: &HeaderMap) -> bool {
 pub fn metadata_too_large(method: &Method, uri: &Uri, headers: &HeaderMap, limit: usize) -> Option<String> {
     let authority = uri.authority().map(|a| a.as_str().len()).unwrap_or(0);
     let scheme = uri.scheme_str().map(str::len).unwrap_or(4);
+    // the usual case, without building the list the refusal names
+    let pseudo = 5 + uri.path().len() + 10 + authority + 7 + method.as_str().len() + 7 + scheme + 4 * 32;
+    let all = headers.iter().try_fold(pseudo, |size, (name, value)| {
+        (value.len() <= limit).then_some(size + name.as_str().len() + value.len() + 32)
+    });
+    if all.is_some_and(|size| size <= limit) {
+        return None;
+    }
     let mut entries: Vec<(&str, usize)> = vec![
         (":path", 5 + uri.path().len() + 32),
         (":authority", 10 + authority + 32),
