@@ -12,10 +12,10 @@
 3. each image imported into the containerd of the running local cluster's worker node
    (``e2e/cluster/up``; ``KUBEINFER_CLUSTER_RUN`` picks the run folder), older builds untagged there.
 
-Every step is keyed by a hash of its inputs (the base recipe; the Dockerfile, the base and every file of
-the build context), so an unchanged image is neither rebuilt nor re-imported: a warm run takes seconds.
-The server's Rust gRPC transport (``server/grpc/rust``) is built on this host first (``scripts/build_grpc_transport``)
-and travels into the image with ``server/`` (see ``build_grpc_transport`` for why here and not in a build stage).
+Every step is keyed by a hash of its inputs (the base recipe; the Dockerfile, the base and every source the
+package is built from), so an unchanged image is neither rebuilt nor re-imported: a warm run takes seconds.
+The package goes into both images as its wheel, built here first (``pip wheel``, setup.py): with cargo on this
+host the wheel carries the server's Rust gRPC transport (see ``wheel`` for why here and not in a build stage).
 The last two lines printed are the two image references. Options: ``--no-load`` (build only),
 ``--json`` (print a JSON document instead, for tests). Needs root (buildah, mmdebstrap, containerd).
 
@@ -36,17 +36,33 @@ import subprocess
 import sys
 import tempfile
 import time
+import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SYSTEM_PACKAGES = ROOT / "e2e" / "cluster" / "system-packages"
 
-#: Files and folders the Dockerfiles COPY (the build context after .dockerignore); hashed for the tag.
-CONTEXT = ("pyproject.toml", "constraints.txt", "setup.py", "server", "operator", "scripts/image_requirements.py")
+#: What an image is built from, hashed for its tag: what the wheel is built from (setup.py compiles the Rust
+#: crate in server/grpc/rust) and what the Dockerfiles' requirements stage reads. README.md (the wheel's long
+#: description) is left out, so that doc edits do not rebuild the images.
+SOURCES = (
+    "pyproject.toml",
+    "constraints.txt",
+    "setup.py",
+    "MANIFEST.in",
+    "server",
+    "operator",
+    "scripts/image_requirements.py",
+)
+#: The build context the Dockerfiles COPY from (.dockerignore lets only these in): the requirements stage's
+#: files and dist/, which holds the one wheel.
+CONTEXT = ("pyproject.toml", "constraints.txt", "scripts/image_requirements.py", "dist")
 #: What the Dockerfiles' ``deps`` stage (third-party requirements) is built from.
 DEPS_CONTEXT = ("pyproject.toml", "constraints.txt", "scripts/image_requirements.py")
 IGNORED_PARTS = ("__pycache__",)
-IGNORED_SUFFIXES = (".pyc",)
+IGNORED_SUFFIXES = (".pyc", ".so")
+#: cargo's build folder (setup.py builds the crate there; not a source)
+IGNORED_DIRS = ("server/grpc/rust/target",)
 
 SUITE = "bookworm"
 #: libstdc++6: onnx/onnxruntime/grpcio wheels link it dynamically; netbase: /etc/services, /etc/protocols.
@@ -76,14 +92,12 @@ SMOKE = {
     "operator": "import kubeinfer.operator.cli, kopf, kubernetes, onnx, httpx, yaml",
 }
 
-#: The server's Rust gRPC transport: built here by this script, shipped inside ``server/`` (the build context)
-#: as ``kubeinfer_grpc_transport.abi3.so`` (CPython's stable ABI: the image's python3, 3.11 or a CUDA base's 3.12,
-#: loads it).
-GRPC_TRANSPORT_BUILD = ROOT / "scripts" / "build_grpc_transport"
-GRPC_TRANSPORT_DIR = ROOT / "server" / "grpc"
-GRPC_TRANSPORT_GLOB = "kubeinfer_grpc_transport*.so"
+#: The server's Rust gRPC transport, inside the wheel when cargo built it (CPython's stable ABI: the image's
+#: python3, 3.11 or a CUDA base's 3.12, loads it); the image is labelled with whether it carries it.
+GRPC_TRANSPORT_FILE = "kubeinfer/server/grpc/kubeinfer_grpc_transport.abi3.so"
 GRPC_TRANSPORT_MODULE = "kubeinfer.server.grpc.kubeinfer_grpc_transport"
-#: set by CI (.ci/run): a server image without the transport fails the build instead of serving grpc.aio
+GRPC_TRANSPORT_LABEL = "io.kubeinfer.grpc-transport"
+#: set by CI (.ci/run): a wheel without the transport fails the build (setup.py) instead of serving grpc.aio
 REQUIRE_GRPC_TRANSPORT = "KUBEINFER_REQUIRE_GRPC_TRANSPORT"
 
 
@@ -117,7 +131,7 @@ def project_version() -> str:
 # ----------------------------------------------------------------------------- hashing
 
 
-def context_files(root: Path = ROOT, entries: tuple[str, ...] = CONTEXT) -> list[Path]:
+def context_files(root: Path = ROOT, entries: tuple[str, ...] = SOURCES) -> list[Path]:
     files: list[Path] = []
     for entry in entries:
         p = root / entry
@@ -126,12 +140,14 @@ def context_files(root: Path = ROOT, entries: tuple[str, ...] = CONTEXT) -> list
             rel = q.relative_to(root)
             if any(part in IGNORED_PARTS for part in rel.parts) or q.suffix in IGNORED_SUFFIXES:
                 continue
+            if any(rel.is_relative_to(d) for d in IGNORED_DIRS):
+                continue
             files.append(rel)
     return files
 
 
 def inputs_hash(
-    dockerfile: str, base_ref: str, build_args: dict[str, str], root: Path = ROOT, entries: tuple[str, ...] = CONTEXT
+    dockerfile: str, base_ref: str, build_args: dict[str, str], root: Path = ROOT, entries: tuple[str, ...] = SOURCES
 ) -> str:
     h = hashlib.sha256()
     for key, value in (("dockerfile", (root / dockerfile).read_bytes()), ("base", base_ref.encode())):
@@ -148,42 +164,41 @@ def base_hash() -> str:
     return hashlib.sha256(json.dumps(BASE_RECIPE, sort_keys=True).encode()).hexdigest()[:12]
 
 
-# ----------------------------------------------------------------------------- the Rust gRPC transport
+# ----------------------------------------------------------------------------- the wheel
 
 
-def grpc_transport() -> bool:
-    """Build the server's Rust gRPC transport on this host (``scripts/build_grpc_transport``); True when the
-    server image will carry it (its smoke test then imports it).
+def wheel(context: Path) -> bool:
+    """Build the package's wheel on this host into ``context/dist`` and lay the rest of the build context beside
+    it; True when the wheel carries the Rust gRPC transport (its smoke test then imports it).
 
-    Why on the host and COPY'd with ``server/`` rather than a Rust stage in Dockerfile.server: no container
-    registry is reachable here (no ``rust:`` image to build FROM), and Debian bookworm's packaged rustc (1.63)
-    is too old for tokio/hyper 1.x and PyO3 0.27. The host is the image's platform: Debian 12 (glibc 2.36; the
-    library asks for GLIBC_2.34 at most); the library is built against CPython's stable ABI, so any python3 >= 3.10
-    loads it; the smoke import in the built image proves both, so a mismatch fails the build, not a pod. Its
-    inputs are hashed with the context: the crate (``server/grpc/rust``) and the library are both under
-    ``server/``, so a crate change builds a new image. Without cargo the image serves gRPC with grpc.aio,
-    unless ``KUBEINFER_REQUIRE_GRPC_TRANSPORT=1`` (CI), which makes that an error.
+    Why on the host, not in a build stage of the Dockerfiles: no container registry is reachable here (no
+    ``rust:`` image to build FROM), and Debian bookworm's packaged rustc (1.63) is too old for tokio/tonic and
+    PyO3. The host is the image's platform: Debian 12 (glibc 2.36); the library is built against CPython's
+    stable ABI, so any python3 >= 3.10 loads it; the smoke import in the built image proves both, so a mismatch
+    fails the build, not a pod. Without cargo the wheel (and the image) serves gRPC with grpc.aio, unless
+    ``KUBEINFER_REQUIRE_GRPC_TRANSPORT=1`` (CI), which makes setup.py fail the build.
     """
-    required = os.environ.get(REQUIRE_GRPC_TRANSPORT) == "1"
     t0 = time.monotonic()
+    for entry in DEPS_CONTEXT:
+        (context / entry).parent.mkdir(parents=True, exist_ok=True)
+        (context / entry).write_bytes((ROOT / entry).read_bytes())
+    dist = context / "dist"
     proc = subprocess.run(
-        [sys.executable, str(GRPC_TRANSPORT_BUILD), "--optional"],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), str(ROOT)],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
     )
     if proc.returncode != 0:
-        raise ImageError(f"scripts/build_grpc_transport exited {proc.returncode}:\n{proc.stdout[-4000:]}")
-    built = sorted(GRPC_TRANSPORT_DIR.glob(GRPC_TRANSPORT_GLOB))
-    if not built:
-        why = f"{proc.stdout.strip()[-2000:]}\nno {GRPC_TRANSPORT_DIR.relative_to(ROOT)}/{GRPC_TRANSPORT_GLOB}"
-        if required:
-            raise ImageError(f"{why} and {REQUIRE_GRPC_TRANSPORT}=1: the server image must carry the Rust transport")
-        log(f"{why}: the server image serves gRPC with grpc.aio")
-        return False
-    names = ", ".join(f.name for f in built)
-    log(f"Rust gRPC transport ready in {time.monotonic() - t0:.1f}s: {names}")
-    return True
+        raise ImageError(f"pip wheel exited {proc.returncode}:\n{proc.stdout[-4000:]}")
+    (built,) = dist.glob("kubeinfer-*.whl")
+    with zipfile.ZipFile(built) as zf:
+        transport = GRPC_TRANSPORT_FILE in zf.namelist()
+    if not transport and os.environ.get(REQUIRE_GRPC_TRANSPORT) == "1":
+        raise ImageError(f"{built.name} has no {GRPC_TRANSPORT_FILE} and {REQUIRE_GRPC_TRANSPORT}=1 requires it")
+    carries = "with the Rust gRPC transport" if transport else "without the Rust gRPC transport (grpc.aio serves gRPC)"
+    log(f"{built.name} built in {time.monotonic() - t0:.1f}s, {carries}")
+    return transport
 
 
 # ----------------------------------------------------------------------------- buildah
@@ -265,7 +280,21 @@ def host_ca_volume() -> list[str]:
     return [f"--volume={bundle}:/etc/ssl/certs/ca-certificates.crt:ro"] if bundle.is_file() else []
 
 
-def build_image(role: str, base: str, extra_args: dict[str, str], smoke_imports: str = "") -> dict:
+class Context:
+    """The build context of both images, in a folder of its own: laid (with the wheel built) on first need."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.transport: bool | None = None
+
+    def ready(self) -> bool:
+        """Builds the wheel the first time; True when it carries the Rust gRPC transport."""
+        if self.transport is None:
+            self.transport = wheel(self.folder)
+        return self.transport
+
+
+def build_image(role: str, base: str, extra_args: dict[str, str], context: Context) -> dict:
     version = project_version()
     dockerfile = IMAGES[role]
     args = {"BASE": base, **extra_args}
@@ -275,16 +304,19 @@ def build_image(role: str, base: str, extra_args: dict[str, str], smoke_imports:
     built = False
     t0 = time.monotonic()
     if not image_exists(local):
+        transport = context.ready()
         log(f"building {name} ({dockerfile}, inputs {digest})")
-        flags = [*BUILD_FLAGS, "-f", dockerfile, *host_ca_volume()]
+        flags = [*BUILD_FLAGS, "-f", str(ROOT / dockerfile), *host_ca_volume()]
         for k, v in args.items():
             flags += ["--build-arg", f"{k}={v}"]
         # the requirements stage under its own tag, so pruning never drops that cache
         deps = f"localhost/{name}-deps:{inputs_hash(dockerfile, base, args, entries=DEPS_CONTEXT)}"
+        folder = str(context.folder)
         if not image_exists(deps):
-            run("buildah", "bud", "-q", *flags, "--target", "deps", "-t", deps, ".", cwd=ROOT)
-        run("buildah", "bud", "-q", *flags, "-t", local, "-t", f"localhost/{name}:{version}", ".", cwd=ROOT)
-        smoke(local, SMOKE[role] + smoke_imports)
+            run("buildah", "bud", "-q", *flags, "--target", "deps", "-t", deps, folder)
+        label = f"--label={GRPC_TRANSPORT_LABEL}={int(transport)}"
+        run("buildah", "bud", "-q", *flags, label, "-t", local, "-t", f"localhost/{name}:{version}", folder)
+        smoke(local, SMOKE[role] + (f", {GRPC_TRANSPORT_MODULE}" if transport and role == "server" else ""))
         built = True
         prune(name, keep=(local, deps))
     else:
@@ -298,12 +330,18 @@ def build_image(role: str, base: str, extra_args: dict[str, str], smoke_imports:
         "built": built,
         "seconds": round(time.monotonic() - t0, 1),
         "size_bytes": image_size(local),
+        "grpc_transport": image_label(local, GRPC_TRANSPORT_LABEL) == "1",
     }
     log(
         f"{info['ref']} ({'built' if built else 'cached'} in {info['seconds']}s): "
         f"{info['size_bytes'] / 1e6:.0f} MB unpacked"
     )
     return info
+
+
+def image_label(ref: str, label: str) -> str | None:
+    config = json.loads(run("buildah", "inspect", "--type", "image", ref))
+    return ((config.get("OCIv1") or {}).get("config") or {}).get("Labels", {}).get(label)
 
 
 def smoke(ref: str, code: str) -> None:
@@ -414,14 +452,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         subprocess.run([str(SYSTEM_PACKAGES)], check=True)
         cache_dir().mkdir(parents=True, exist_ok=True)
-        # outside the lock: it writes only this checkout's server/grpc/ (cargo locks its own target folder)
-        transport = grpc_transport()
         with cluster_script().flock(cache_dir() / ".build.lock"):
             base = build_base()
-            server = build_image(
-                "server", base, {"EXTRAS": args.server_extras}, f", {GRPC_TRANSPORT_MODULE}" if transport else ""
-            )
-            images = [{**server, "grpc_transport": transport}, build_image("operator", base, {})]
+            with tempfile.TemporaryDirectory(prefix="kubeinfer-context-", dir=cache_dir()) as tmp:
+                context = Context(Path(tmp))
+                images = [
+                    build_image("server", base, {"EXTRAS": args.server_extras}, context),
+                    build_image("operator", base, {}, context),
+                ]
         loaded_into = None
         if not args.no_load:
             node = cluster_node()

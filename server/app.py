@@ -23,6 +23,7 @@ import uvicorn
 
 from .backends import loader as backend_loader
 from .backends import settings as backend_settings
+from .grpc.settings import Keepalive
 from .observability.logsettings import LogControl
 from .observability.metrics import TritonMetrics
 from .observability.trace import Tracer
@@ -78,6 +79,10 @@ class ServerSettings:
     connection_drain_seconds: float = 0.0
     #: milliseconds after which gRPC connections get a graceful GOAWAY (0: never; see start_grpc_server)
     grpc_max_connection_age_ms: int = 0
+    #: --grpc-max-connection-age-grace (0: none)
+    grpc_max_connection_age_grace_ms: int = 0
+    #: HTTP/2 keepalive and ping policy (Triton's flags)
+    grpc_keepalive: Keepalive = field(default_factory=Keepalive)
     #: what serves the gRPC listener: "rust", "grpcio" or "auto" (see grpc/transport.py)
     grpc_transport: str = "auto"
     limits: Limits = DEFAULT_LIMITS
@@ -229,6 +234,8 @@ async def serve(settings: ServerSettings) -> int:
             settings.grpc_tls,
             shm,
             settings.grpc_max_connection_age_ms,
+            settings.grpc_max_connection_age_grace_ms,
+            settings.grpc_keepalive,
         )
         grpc_server = await start_grpc_listener(settings.grpc_transport, service, grpc_settings)
     await asyncio.sleep(0)

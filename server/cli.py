@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .app import ServerSettings, run
+from .grpc.settings import Keepalive
 from .grpc.transport import ENV as GRPC_TRANSPORT_ENV
 from .grpc.transport import TRANSPORTS as GRPC_TRANSPORTS
 from .grpc.transport import default_transport as default_grpc_transport
@@ -35,9 +36,6 @@ from .runtime.cache import parse_cache_config
 from .vocabulary.limits import DEFAULT_LIMITS, Limits
 
 log = logging.getLogger("kubeinfer.server")
-
-#: keepalive and ping policy are left to the gRPC transport serving the port
-_TRANSPORT_DEFAULTS = "the gRPC transport's defaults apply (hyper's on the Rust transport, grpc-core's on grpc.aio)"
 
 #: Triton flags accepted for compatibility that change nothing here, with the reason
 IGNORED: dict[str, str] = {
@@ -51,13 +49,6 @@ IGNORED: dict[str, str] = {
     "--grpc-infer-thread-count": "gRPC is served by the asyncio event loop",
     "--grpc-max-response-pool-size": "gRPC responses are not pooled",
     "--grpc-response-compression-level": "gRPC response compression is not configured",
-    "--grpc-keepalive-time": _TRANSPORT_DEFAULTS,
-    "--grpc-keepalive-timeout": _TRANSPORT_DEFAULTS,
-    "--grpc-keepalive-permit-without-calls": _TRANSPORT_DEFAULTS,
-    "--grpc-http2-max-pings-without-data": _TRANSPORT_DEFAULTS,
-    "--grpc-http2-min-recv-ping-interval-without-data": _TRANSPORT_DEFAULTS,
-    "--grpc-http2-max-ping-strikes": _TRANSPORT_DEFAULTS,
-    "--grpc-max-connection-age-grace": _TRANSPORT_DEFAULTS,
     "--grpc-restricted-protocol": "protocol restriction by header is not implemented",
     "--allow-gpu-metrics": "GPU gauges are exported whenever NVML finds a GPU",
     "--allow-cpu-metrics": "CPU gauges are always exported",
@@ -181,6 +172,61 @@ def _security_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--grpc-server-cert", type=Path, default=None, help="gRPC server certificate (PEM)")
     g.add_argument("--grpc-server-key", type=Path, default=None, help="gRPC server private key (PEM)")
     g.add_argument("--grpc-root-cert", type=Path, default=None, help="CA that signs client certificates (mTLS)")
+
+
+def _keepalive_flags(g: argparse._ArgumentGroup) -> None:
+    """Triton's HTTP/2 keepalive flags and defaults (grpc.settings.Keepalive says what each transport does)."""
+    d = Keepalive()
+    g.add_argument(
+        "--grpc-keepalive-time",
+        type=_positive,
+        default=d.time_ms,
+        metavar="MS",
+        help="PING a gRPC connection quiet for this long (Triton's default: 2 hours)",
+    )
+    g.add_argument(
+        "--grpc-keepalive-timeout",
+        type=_positive,
+        default=d.timeout_ms,
+        metavar="MS",
+        help="close the connection when that PING is not answered within this long (default 20 s)",
+    )
+    g.add_argument(
+        "--grpc-keepalive-permit-without-calls",
+        type=_bool,
+        default=d.permit_without_calls,
+        help="grpc.aio: also PING connections with no call running (the Rust transport always does)",
+    )
+    g.add_argument(
+        "--grpc-http2-max-pings-without-data",
+        type=_non_negative_int,
+        default=d.max_pings_without_data,
+        help="grpc.aio: PINGs sent with no data in between (0: no limit)",
+    )
+    g.add_argument(
+        "--grpc-http2-min-recv-ping-interval-without-data",
+        type=_non_negative_int,
+        default=d.min_recv_ping_interval_without_data_ms,
+        metavar="MS",
+        help="grpc.aio: a client PING sooner than this after the last, with no data, is a strike",
+    )
+    g.add_argument(
+        "--grpc-http2-max-ping-strikes",
+        type=_non_negative_int,
+        default=d.max_ping_strikes,
+        help="grpc.aio: strikes before the connection is closed (0: no limit)",
+    )
+
+
+def _keepalive(args: argparse.Namespace) -> Keepalive:
+    return Keepalive(
+        time_ms=args.grpc_keepalive_time,
+        timeout_ms=args.grpc_keepalive_timeout,
+        permit_without_calls=args.grpc_keepalive_permit_without_calls,
+        max_pings_without_data=args.grpc_http2_max_pings_without_data,
+        min_recv_ping_interval_without_data_ms=args.grpc_http2_min_recv_ping_interval_without_data,
+        max_ping_strikes=args.grpc_http2_max_ping_strikes,
+    )
 
 
 def _tls_settings(args: argparse.Namespace) -> tuple[TlsFiles | None, TlsFiles | None]:
@@ -430,10 +476,19 @@ def build_parser(triton: bool = False) -> argparse.ArgumentParser:
         type=_non_negative_int,
         default=0,
         metavar="MS",
-        help="milliseconds after which each gRPC connection gets a graceful GOAWAY (+-10%% jitter; in-flight RPCs "
-        "finish, the client reconnects; Triton's flag): behind a Kubernetes Service, channels spread over new "
-        "replicas and leave a pod that left the endpoints before it stops (default 0: never)",
+        help="milliseconds after which each gRPC connection gets a graceful GOAWAY (grpc.aio adds +-10%% jitter; "
+        "in-flight RPCs finish, the client reconnects; Triton's flag): behind a Kubernetes Service, channels spread "
+        "over new replicas and leave a pod that left the endpoints before it stops (default 0: never)",
     )
+    srv.add_argument(
+        "--grpc-max-connection-age-grace",
+        type=_non_negative_int,
+        default=0,
+        metavar="MS",
+        help="milliseconds a connection sent away by --grpc-max-connection-age may still run calls before it is "
+        "closed (Triton's flag; default 0: until they finish)",
+    )
+    _keepalive_flags(srv)
     srv.add_argument("--log-level", default=None, choices=["debug", "info", "warning", "error"])
     srv.add_argument("--log-verbose", type=_int_bool, default=0, help="verbose logging level (>0: debug)")
     srv.add_argument("--log-info", type=_bool, default=True)
@@ -570,6 +625,8 @@ def settings_from_args(args: argparse.Namespace, triton: bool) -> ServerSettings
         shutdown_timeout=args.shutdown_timeout,
         connection_drain_seconds=args.connection_drain_seconds,
         grpc_max_connection_age_ms=args.grpc_max_connection_age,
+        grpc_max_connection_age_grace_ms=args.grpc_max_connection_age_grace,
+        grpc_keepalive=_keepalive(args),
         grpc_transport=args.grpc_transport or default_grpc_transport(),
         limits=_limits(args),
         auth_token_file=args.auth_token_file,

@@ -7,6 +7,9 @@
 Servers, all up at once, same add_sub ONNX file and config (benchmarks/peers/peers.py):
 - ``aio``: ``kubeinfer-server --grpc-transport grpcio`` (gRPC on grpc.aio);
 - ``rust``: ``kubeinfer-server --grpc-transport rust`` (server/grpc/rust_server.py, 1 tokio thread);
+- ``rust-tls``: the same over TLS (a throwaway CA; the load's client verifies the server);
+- ``rust-base``: ``--grpc-transport rust`` of another install, ``--baseline-python``'s (e.g. a venv with
+  main's build), to compare two builds of the transport in one run;
 - ``triton``: the real tritonserver 2.51 from the nvidia-pytriton wheel (python backend + onnxruntime).
 
 Each point is ``kubeinfer perf -i grpc`` (closed loop, batch-1, the server's process-tree CPU per
@@ -22,7 +25,6 @@ import argparse
 import importlib.util
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -33,6 +35,7 @@ HERE = Path(__file__).resolve().parent
 BENCH = HERE.parent
 sys.path.insert(0, str(BENCH / "peers"))
 sys.path.insert(0, str(BENCH))
+sys.path.insert(0, str(BENCH.parent))  # tests.support.https: the throwaway CA of rust-tls
 
 import peers  # noqa: E402
 import results_file  # noqa: E402
@@ -43,13 +46,17 @@ peers_run = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(peers_run)
 
 SERVERS = ("aio", "rust", "triton")
+#: server name -> the kubeinfer install it runs from (sys.executable unless --baseline-python)
+PYTHON: dict[str, str] = {}
+#: perf's flags for a TLS server (set when rust-tls runs)
+TLS_FLAGS: list[str] = []
 MODEL = "add_sub"
 
 
-def start_kubeinfer(repo: Path, logs: Path, transport: str, name: str) -> peers.Peer:
+def start_kubeinfer(repo: Path, logs: Path, transport: str, name: str, *flags: str) -> peers.Peer:
     http, grpc, metrics = peers.free_port(), peers.free_port(), peers.free_port()
     log = logs / f"{name}.log"
-    command = [sys.executable, "-m", "kubeinfer.server", "--grpc-transport", transport]
+    command = [PYTHON.get(name, sys.executable), "-m", "kubeinfer.server", "--grpc-transport", transport, *flags]
     command += ["--model-repository", str(repo), "--host", "127.0.0.1", "--http-port", str(http)]
     command += ["--grpc-port", str(grpc), "--metrics-port", str(metrics)]
     return peers.Peer(name, http, grpc, peers._spawn(name, command, log), log)
@@ -58,8 +65,15 @@ def start_kubeinfer(repo: Path, logs: Path, transport: str, name: str) -> peers.
 def start(name: str, repos: dict[str, Path], logs: Path) -> peers.Peer:
     if name == "aio":
         return start_kubeinfer(repos["kubeinfer"], logs, "grpcio", name)
-    if name == "rust":
+    if name in ("rust", "rust-base"):
         return start_kubeinfer(repos["kubeinfer"], logs, "rust", name)
+    if name == "rust-tls":
+        from tests.support.https import make_ca_and_cert
+
+        ca, cert, key = make_ca_and_cert(logs)
+        TLS_FLAGS[:] = ["--ssl-grpc-use-ssl", "--ssl-grpc-root-certifications-file", str(ca)]
+        tls = ["--grpc-use-ssl", "true", "--grpc-server-cert", str(cert), "--grpc-server-key", str(key)]
+        return start_kubeinfer(repos["kubeinfer"], logs, "rust", name, *tls)
     if name == "triton":
         return peers.start_triton(repos["triton"], logs)
     raise SystemExit(f"unknown server {name!r}")
@@ -70,7 +84,13 @@ def trivial(peer: peers.Peer, seconds: float) -> dict[str, Any]:
     import grpc
     from kubeinfer.server.tools.perf.server import process_tree_cpu
 
-    with grpc.insecure_channel(f"127.0.0.1:{peer.grpc_port}") as channel:
+    target = f"127.0.0.1:{peer.grpc_port}"
+    if peer.name == "rust-tls":
+        credentials = grpc.ssl_channel_credentials(Path(TLS_FLAGS[2]).read_bytes())
+        opened = grpc.secure_channel(target, credentials)
+    else:
+        opened = grpc.insecure_channel(target)
+    with opened as channel:
         live: Any = channel.unary_unary("/inference.GRPCInferenceService/ServerLive")
         for _ in range(200):  # warm-up
             live(b"")
@@ -147,11 +167,27 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def cpu_ratio(rows: list[dict[str, Any]], case: str, ours: str, theirs: str, key: str = "cpu_us") -> float | None:
+    by_case = {(r["case"], r["server"]): r for r in rows}
+    a, b = (by_case.get((case, server), {}).get(key) for server in (ours, theirs))
+    return round(a / b, 3) if a is not None and b else None
+
+
 def targets(rows: list[dict[str, Any]]) -> list[str]:
-    """Issue 12's gRPC targets (part 4) for every server that is not Triton: met or not, by this run."""
+    """Issue 12's gRPC targets (part 4) for every server that is not Triton, and issue 25's (CPU/request of this
+    build within 1.1x of --baseline-python's, TLS within 1.2x of plain): met or not, by this run."""
     by_case = {(r["case"], r["server"]): r for r in rows}
     lines = []
-    for server in sorted({r["server"] for r in rows} - {"triton"}):
+    servers = {r["server"] for r in rows}
+    for case in sorted({r["case"] for r in rows}):
+        for ours, theirs, limit in (("rust", "rust-base", 1.1), ("rust-tls", "rust", 1.2)):
+            if {ours, theirs} <= servers:
+                r = cpu_ratio(rows, case, ours, theirs)
+                met = r is not None and r <= limit
+                lines.append(f"{case}: CPU/request {ours} ÷ {theirs} ≤ {limit}: {r} {'met' if met else 'NOT met'}")
+    if "triton" not in servers:
+        return lines
+    for server in sorted(servers - {"triton"}):
         checks = (
             ("add_sub c=16 throughput ×Triton ≥ 1.00", by_case.get(("add_sub c=16", server), {}), "throughput", True),
             ("add_sub c=16 CPU/request ÷Triton ≤ 1.00", by_case.get(("add_sub c=16", server), {}), "cpu_us", False),
@@ -166,7 +202,8 @@ def targets(rows: list[dict[str, Any]]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--servers", default=",".join(SERVERS), help="of aio, rust, triton")
+    p.add_argument("--servers", default=",".join(SERVERS), help="of aio, rust, rust-tls, rust-base, triton")
+    p.add_argument("--baseline-python", default=None, help="the interpreter of the install rust-base runs")
     p.add_argument("--concurrency", default="1,16")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--window-ms", type=int, default=2000)
@@ -184,11 +221,15 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     servers = args.servers.split(",")
     concurrency = [int(c) for c in args.concurrency.split(",")]
+    if "rust-base" in servers:
+        if not args.baseline_python:
+            raise SystemExit("rust-base needs --baseline-python")
+        PYTHON["rust-base"] = args.baseline_python
     if "rust" in servers:
-        subprocess.run(
-            [sys.executable, str(BENCH.parent / "scripts" / "build_grpc_transport"), "--python", sys.executable],
-            check=True,
-        )
+        from kubeinfer.server.grpc.transport import rust_missing
+
+        if rust_missing() is not None:  # `pip install -e .` builds it (setup.py) when cargo is on PATH
+            raise SystemExit(f"the Rust gRPC transport cannot be measured: {rust_missing()}")
     if "triton" in servers:
         peers.venv("triton")
     from kubeinfer.server.examples import models as examples
@@ -224,7 +265,8 @@ def main(argv: list[str] | None = None) -> int:
                     first = point % len(servers)
                     point += 1
                     for name in servers[first:] + servers[:first]:
-                        level = peers_run.perf_point(running[name], MODEL, "grpc", c, args, root / "point.json")
+                        extra = TLS_FLAGS if name == "rust-tls" else []
+                        level = peers_run.perf_point(running[name], MODEL, "grpc", c, args, root / "point.json", extra)
                         report["points"].append({"round": rnd, "server": name, "concurrency": c, "level": level})
                         print(
                             f"[{time.time() - started:.0f}s] round {rnd + 1} c={c} {name}: {peers_run._shown(level)}",

@@ -42,8 +42,15 @@ LIMIT_BATCHES = (1, 16)
 
 
 def perf_point(
-    peer: peers.Peer, model: str, protocol: str, concurrency: int, args: argparse.Namespace, out: Path
+    peer: peers.Peer,
+    model: str,
+    protocol: str,
+    concurrency: int,
+    args: argparse.Namespace,
+    out: Path,
+    extra: list[str] | None = None,
 ) -> dict[str, Any]:
+    """One ``kubeinfer perf`` level against ``peer``; ``extra``: more perf flags (e.g. --ssl-grpc-*)."""
     port = peer.http_port if protocol == "http" else peer.grpc_port
     command = [
         sys.executable,
@@ -71,6 +78,7 @@ def perf_point(
         str(args.processes),
         "--json",
         str(out),
+        *(extra or []),
     ]
     if protocol == "http" and not peer.http_binary:
         command += ["--input-tensor-format", "json", "--output-tensor-format", "json"]

@@ -1,18 +1,23 @@
 """The gRPC listener on the Rust transport: queued calls → InferenceServicer → bytes back.
 
-``Transport`` (rust/src/lib.rs, built by ``scripts/build_grpc_transport`` into
-``kubeinfer_grpc_transport.abi3.so`` beside this file) owns HTTP/2 and gRPC framing on its own thread and never
-takes the GIL; the event loop watches its eventfd and drains every queued call at once. Each call runs the
-``servicer.py`` handler grpc.aio runs: the request parsed with the generated pb class (a malformed one is
-INVALID_ARGUMENT, as in ``errors.deserializer``), the response serialized, an exception mapped by
-``errors.status_of`` — the same statuses and messages as the grpc.aio server (server.py), which stays the
-fallback for what this transport does not serve (gRPC TLS; transport.py decides). Measured against grpc.aio and
-Triton in benchmarks/grpc_transport/.
+``Transport`` (rust/src/lib.rs, built by setup.py into ``kubeinfer_grpc_transport.abi3.so`` beside this file) is
+tonic's gRPC server (HTTP/2, TLS, keepalive, framing, compression) on its own thread, and never takes the GIL; the
+event loop watches its eventfd and drains every queued call at once. Each call runs the ``servicer.py`` handler
+grpc.aio runs: the request parsed with the generated pb class (a malformed one is INVALID_ARGUMENT, as in
+``errors.deserializer``), the response serialized, an exception mapped by ``errors.status_of`` — the same
+statuses and messages as the grpc.aio server (server.py), which stays the fallback where this module is not built
+(transport.py decides). Measured against grpc.aio and Triton in benchmarks/grpc_transport/.
+
+With ``--auth-token-file`` the token is checked before a call's message is read: the transport hands over a call
+whose ``authorization`` value Python has not admitted lately as a check (headers only), answered with
+``admit`` (the message is then read and the call comes again) or ``refuse``; every call is checked again here
+(``BearerToken.accepts`` is the one authority: a rotated or revoked token file takes effect at once, and a
+refused value is forgotten by the transport). A call whose handling fails here fails alone, not its batch.
 
 ModelStreamInfer runs ``servicer.ModelStreamInfer`` (streaming.StreamSession) over ``Requests``, which lets
 the transport read one more request message each time the session asks for one: a session that stops
 reading (``--grpc-max-stream-inflight``) holds the client back by HTTP/2 flow control, as with grpc.aio.
-Responses are written as the session yields them, at most ``BACKLOG`` (rust/src/lib.rs) waiting for a client
+Responses are written as the session yields them, at most ``BACKLOG`` (rust/src/handoff.rs) waiting for a client
 that reads slowly: then the task waits for room (``PendingCall.full``), so the session stops taking responses
 and, its requests' slots not freed, stops reading requests (streaming.py). A client that cancels the stream
 cancels the task.
@@ -29,14 +34,14 @@ from typing import Any
 
 import grpc
 
-from ..runtime.auth import PROBE_RPCS, TlsFiles
+from ..runtime.auth import PROBE_RPCS
 from ..runtime.service import InferenceService
 from . import grpc_service_pb2 as pb
 from .errors import check_parsed, deserializer, status_of
 from .kubeinfer_grpc_transport import PendingCall, Transport
 from .server import SERVICE_NAME, BearerInterceptor
 from .servicer import UNIMPLEMENTED, InferenceServicer, unimplemented
-from .settings import GrpcSettings
+from .settings import GrpcSettings, Keepalive
 
 log = logging.getLogger(__name__)
 
@@ -135,16 +140,25 @@ class RustGrpcServer:
         self.open = {i for i, path in enumerate(paths) if path.rsplit("/", 1)[-1] in PROBE_RPCS}
         #: with a token, calls to unknown methods come to _drain with this index: the token is checked first
         self.unknown = len(paths)
+        tls = settings.tls
+        keepalive = settings.keepalive
         self.transport = Transport(
             settings.host,
             settings.port,
             list(unary),
             list(streams),
-            threads,
-            settings.limits.grpc_max_message_bytes,
-            settings.limits.max_header_bytes,
-            settings.max_connection_age_ms,
-            settings.token is not None,
+            open=[path for i, path in enumerate(paths) if i in self.open],
+            token=settings.token is not None,
+            threads=threads,
+            max_message_bytes=settings.limits.grpc_max_message_bytes,
+            max_metadata_bytes=settings.limits.max_header_bytes,
+            max_connection_age_ms=settings.max_connection_age_ms,
+            max_connection_age_grace_ms=settings.max_connection_age_grace_ms,
+            keepalive_time_ms=keepalive.time_ms,
+            keepalive_timeout_ms=keepalive.timeout_ms,
+            tls_cert=tls.cert.read_bytes() if tls else None,
+            tls_key=tls.key.read_bytes() if tls else None,
+            tls_client_ca=tls.client_ca.read_bytes() if tls and tls.client_ca else None,
         )
         self.port: int = self.transport.port
         #: call id → its task, so that a call its client gave up on is cancelled as grpc.aio does
@@ -156,26 +170,29 @@ class RustGrpcServer:
         loop.add_reader(self.transport.fd, self._drain)
 
     def _drain(self) -> None:
-        """All calls queued since the last wake-up start as tasks; calls their clients gave up are cancelled."""
+        """All calls queued since the last wake-up start as tasks; calls their clients gave up are cancelled. One
+        call's failure here answers that call (INTERNAL), never the others drained with it."""
+        calls, cancelled, messages, writable, checks = self.transport.take()
+        for check, index in checks:
+            try:
+                self._check(check, index)
+            except Exception as exc:
+                self._failed(check, exc)
         create_task = self.loop.create_task
         handlers = self.handlers
         inflight = self.inflight
-        calls, cancelled, messages, writable = self.transport.take()
         token = self.token
         for call, index, payload, call_id in calls:
             try:
-                if token is not None and index not in self.open and not token.accepts(call.header("authorization")):
-                    call.abort(grpc.StatusCode.UNAUTHENTICATED.value[0], BearerInterceptor.MESSAGE)  # as grpc.aio's
-                elif index == self.unknown:
-                    call.abort(grpc.StatusCode.UNIMPLEMENTED.value[0], METHOD_NOT_FOUND)
+                if token is not None and index not in self.open and not token.accepts(call.authorization()):
+                    call.refuse(BearerInterceptor.MESSAGE)  # as grpc.aio's interceptor answers
                 elif payload is None:  # a stream: its messages come one by one
                     requests = self.streams[call_id] = Requests(call, handlers[index][0], self.loop)
                     inflight[call_id] = create_task(self._stream(call, handlers[index], requests, call_id))
                 else:
                     inflight[call_id] = create_task(self._run(call, handlers[index], payload, call_id))
-            except Exception as exc:  # one call's failure must not strand the other calls of this wake-up
-                code, reason = status_of(exc)
-                call.abort(code.value[0], reason)
+            except Exception as exc:
+                self._failed(call, exc)
         for call_id, message in messages:
             stream = self.streams.get(call_id)
             if stream is not None:
@@ -189,6 +206,22 @@ class RustGrpcServer:
             task = inflight.pop(call_id, None)  # popped here too: a task cancelled before it ran has no finally
             if task is not None:
                 task.cancel()
+
+    @staticmethod
+    def _failed(call: PendingCall, exc: Exception) -> None:
+        """One call that could not start: answered with its error's status (INTERNAL for an unexpected one)."""
+        code, reason = status_of(exc)  # logs an unexpected one
+        call.abort(code.value[0], reason)
+
+    def _check(self, call: PendingCall, index: int) -> None:
+        """A call the transport holds before reading its message: its token decides (as grpc.aio's interceptor,
+        before the method lookup)."""
+        if self.token is not None and not self.token.accepts(call.authorization()):
+            call.refuse(BearerInterceptor.MESSAGE)
+        elif index == self.unknown:
+            call.abort(grpc.StatusCode.UNIMPLEMENTED.value[0], METHOD_NOT_FOUND)
+        else:
+            call.admit()
 
     async def _run(self, call: PendingCall, handler: Handler, payload: bytes, call_id: int) -> None:
         parse, fn, serialize = handler
@@ -242,10 +275,19 @@ class RustGrpcServer:
         await asyncio.to_thread(self.transport.shutdown, 2.0)
 
 
-def unsupported(tls: TlsFiles | None = None) -> str | None:
-    """What of this configuration the Rust transport cannot serve yet (None: all of it)."""
-    if tls is not None:
-        return "TLS (--grpc-use-ssl) is served by grpc.aio only"
+def unsupported(settings: GrpcSettings) -> str | None:
+    """What of this configuration the Rust transport cannot serve (None: all of it)."""
+    keepalive, default = settings.keepalive, Keepalive()
+    if (
+        keepalive.max_pings_without_data,
+        keepalive.min_recv_ping_interval_without_data_ms,
+        keepalive.max_ping_strikes,
+    ) != (
+        default.max_pings_without_data,
+        default.min_recv_ping_interval_without_data_ms,
+        default.max_ping_strikes,
+    ):
+        return "a --grpc-http2-* ping policy other than Triton's default is enforced by grpc.aio only"
     return None
 
 
@@ -255,7 +297,7 @@ async def start_rust_grpc_server(service: InferenceService, settings: GrpcSettin
     try:
         servicer = InferenceServicer(service, settings.limits, settings.shm)
         server = RustGrpcServer(servicer, settings, asyncio.get_running_loop())
-    except OSError as exc:  # "gRPC listener on <address> failed to start: <why>", as server.py says it
+    except OSError as exc:  # "gRPC listener on <address> failed to start: <why>" (or a TLS file refused)
         raise SystemExit(str(exc)) from None
     log.info("gRPC listening on %s (Rust transport)", settings.address)
     return server

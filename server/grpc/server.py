@@ -32,7 +32,7 @@ from ..runtime.service import InferenceService
 from . import grpc_service_pb2 as pb
 from .errors import deserializer, unary
 from .servicer import UNIMPLEMENTED, InferenceServicer, unimplemented
-from .settings import GrpcSettings
+from .settings import GrpcSettings, Keepalive
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +61,14 @@ def method_handlers(servicer: InferenceServicer) -> dict[str, grpc.RpcMethodHand
     return handlers
 
 
+def header_bytes(value: str | bytes | None) -> bytes | None:
+    """A metadata value as bytes, for a byte comparison: grpc hands them over decoded as UTF-8 (invalid bytes
+    replaced), and any text encodes back without raising (not as Latin-1, which fails past U+00FF)."""
+    if value is None or isinstance(value, bytes):
+        return value
+    return value.encode("utf-8", "surrogatepass")
+
+
 class BearerInterceptor(grpc.aio.ServerInterceptor):
     """Every RPC but the probes' must carry ``authorization: Bearer <token>`` metadata (UNAUTHENTICATED otherwise)."""
 
@@ -69,22 +77,36 @@ class BearerInterceptor(grpc.aio.ServerInterceptor):
     def __init__(self, token: BearerToken) -> None:
         self.token = token
 
-        async def deny_unary(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        async def deny_unary(requests: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, self.MESSAGE)
 
         async def deny_stream(requests: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, self.MESSAGE)
             yield  # pragma: no cover - an async generator, as the streaming RPC needs
 
-        self._deny_unary: grpc.RpcMethodHandler[Any, Any] = grpc.unary_unary_rpc_method_handler(deny_unary)
+        # a unary call is refused through a stream-unary handler, which never reads the request: the refusal is
+        # sent on the headers alone, before the message (up to --grpc-max-message-bytes) is received
+        self._deny_unary: grpc.RpcMethodHandler[Any, Any] = grpc.stream_unary_rpc_method_handler(deny_unary)
         self._deny_stream: grpc.RpcMethodHandler[Any, Any] = grpc.stream_stream_rpc_method_handler(deny_stream)
 
     async def intercept_service(self, continuation: Any, details: grpc.HandlerCallDetails) -> Any:
         rpc = details.method.rsplit("/", 1)[-1]
         metadata = dict(details.invocation_metadata or ())
-        if rpc in PROBE_RPCS or self.token.accepts(metadata.get("authorization")):
+        if rpc in PROBE_RPCS or self.token.accepts(header_bytes(metadata.get("authorization"))):
             return await continuation(details)
         return self._deny_stream if rpc == "ModelStreamInfer" else self._deny_unary
+
+
+def keepalive_options(keepalive: Keepalive) -> list[tuple[str, int]]:
+    """Triton's --grpc-keepalive-* / --grpc-http2-* flags as the grpc-core arguments Triton sets from them."""
+    return [
+        ("grpc.keepalive_time_ms", keepalive.time_ms),
+        ("grpc.keepalive_timeout_ms", keepalive.timeout_ms),
+        ("grpc.keepalive_permit_without_calls", int(keepalive.permit_without_calls)),
+        ("grpc.http2.max_pings_without_data", keepalive.max_pings_without_data),
+        ("grpc.http2.min_ping_interval_without_data_ms", keepalive.min_recv_ping_interval_without_data_ms),
+        ("grpc.http2.max_ping_strikes", keepalive.max_ping_strikes),
+    ]
 
 
 def server_credentials(tls: TlsFiles) -> grpc.ServerCredentials:
@@ -106,8 +128,11 @@ async def start_grpc_server(service: InferenceService, settings: GrpcSettings) -
     ]
     if max_connection_age_ms > 0:
         # grpc's own graceful GOAWAY: the server keeps accepting calls meanwhile (a stopping server's
-        # not-yet-dispatched calls end CANCELLED, grpc/grpc#41785); open streams finish (no age grace limit)
+        # not-yet-dispatched calls end CANCELLED, grpc/grpc#41785); open streams finish, within the grace if any
         options.append(("grpc.max_connection_age_ms", max_connection_age_ms))
+        if settings.max_connection_age_grace_ms > 0:
+            options.append(("grpc.max_connection_age_grace_ms", settings.max_connection_age_grace_ms))
+    options += keepalive_options(settings.keepalive)
     interceptors = [BearerInterceptor(settings.token)] if settings.token is not None else []
     server = grpc.aio.server(options=options, interceptors=interceptors)
     servicer = InferenceServicer(service, limits, settings.shm)

@@ -19,7 +19,6 @@ import logging
 import os
 from typing import Any, Protocol
 
-from ..runtime.auth import TlsFiles
 from ..runtime.service import InferenceService
 from .settings import GrpcSettings
 
@@ -47,11 +46,14 @@ def rust_missing() -> str | None:
     try:
         importlib.import_module(f"{__package__}.kubeinfer_grpc_transport")
     except ImportError as exc:
-        return f"its module is not built (scripts/build_grpc_transport): {exc}"
+        return (
+            "this installation has no Rust gRPC transport (the package was built without cargo, or not on Linux; "
+            f"install Rust from https://rustup.rs and reinstall kubeinfer): {exc}"
+        )
     return None
 
 
-def choose(requested: str, tls: TlsFiles | None = None) -> str:
+def choose(requested: str, settings: GrpcSettings) -> str:
     """``rust`` or ``grpcio`` for ``requested`` (one of TRANSPORTS) and this configuration."""
     if requested == "grpcio":
         log.debug("gRPC served by grpc.aio (--grpc-transport grpcio)")
@@ -60,7 +62,7 @@ def choose(requested: str, tls: TlsFiles | None = None) -> str:
     if reason is None:
         from .rust_server import unsupported
 
-        reason = unsupported(tls)
+        reason = unsupported(settings)
     if reason is None:
         log.debug("gRPC served by the Rust transport (--grpc-transport %s)", requested)
         return "rust"
@@ -72,7 +74,7 @@ def choose(requested: str, tls: TlsFiles | None = None) -> str:
 
 async def start_grpc_listener(requested: str, service: InferenceService, settings: GrpcSettings) -> GrpcListener:
     """The gRPC listener on the transport ``choose`` picks, started."""
-    if choose(requested, settings.tls) == "rust":
+    if choose(requested, settings) == "rust":
         from .rust_server import start_rust_grpc_server
 
         return await start_rust_grpc_server(service, settings)

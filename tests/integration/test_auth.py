@@ -30,6 +30,7 @@ from kubeinfer.server.grpc.server import BearerInterceptor
 from onnx import TensorProto
 from tritonclient.utils import InferenceServerException
 
+from tests.support import h2client
 from tests.support.models import unary
 from tests.support.repos import write_model
 from tests.support.server import ServerProcess, grpc_transports, start_server
@@ -176,6 +177,78 @@ def test_an_unknown_method_asks_for_the_token_first(token_server: ServerProcess,
             with pytest.raises(grpc.RpcError) as info:
                 call(b"", metadata=metadata, timeout=30)
             assert (info.value.code(), info.value.details()) == (code, message)  # type: ignore[attr-defined]
+
+
+INFER = "/inference.GRPCInferenceService/ModelInfer"
+STREAM = "/inference.GRPCInferenceService/ModelStreamInfer"
+#: the 5-byte prefix of a 1 MiB message and its first KiB: the rest is never sent
+PARTIAL = h2client.framed(b"x" * (1 << 20))[: 5 + 1024]
+
+
+@pytest.mark.parametrize("authorization", [None, b"Bearer wrong", b"Basic s3cret-token"])
+def test_the_token_is_checked_before_the_message_is_read(
+    token_server: ServerProcess, authorization: bytes | None
+) -> None:
+    """A call without the token is refused on its headers: the answer comes while the client has sent only
+    part of its message (the server would wait for the rest of it before running the call)."""
+    metadata = [(b"authorization", authorization)] if authorization else []
+    for path in (INFER, STREAM):
+        answer = h2client.call(token_server.grpc_url, path, PARTIAL, metadata, end=False)
+        assert answer.ended, f"{path}: no answer before the message was complete"
+        assert (answer.status, answer.message) == ("16", BearerInterceptor.MESSAGE), (path, answer)
+
+
+def test_with_the_token_the_server_waits_for_the_message(token_server: ServerProcess) -> None:
+    """The control of the test above: with the right token the same partial call gets no answer yet."""
+    metadata = [(b"authorization", b"Bearer s3cret-token")]
+    answer = h2client.call(token_server.grpc_url, INFER, PARTIAL, metadata, end=False, wait=2)
+    assert not answer.ended and answer.status is None, answer
+
+
+def test_an_authorization_value_that_is_not_text_fails_only_its_own_call(token_server: ServerProcess) -> None:
+    """Header values are compared as bytes: a value that is not Latin-1 (UTF-8 "tök€") or not UTF-8 at all is
+    UNAUTHENTICATED, and the calls arriving with it (the Rust transport drains them in one batch) are served."""
+    odd = [b"Bearer t\xc3\xb6k\xe2\x82\xac", b"Bearer \xff\xfe", "Bearer s3cret-token\u00e9".encode()]
+    body = h2client.framed(b"")
+    with ThreadPoolExecutor(max_workers=24) as pool:
+        clients = [grpcclient.InferenceServerClient(token_server.grpc_url) for _ in range(4)]
+        good = [
+            pool.submit(_grpc_infer, clients[i % 4], headers={"authorization": "Bearer s3cret-token"})
+            for i in range(40)
+        ]
+        bad = [
+            pool.submit(h2client.call, token_server.grpc_url, INFER, body, [(b"authorization", value)])
+            for value in odd * 4
+        ]
+        for answer in (f.result(timeout=60) for f in bad):
+            assert (answer.status, answer.message) == ("16", BearerInterceptor.MESSAGE), answer
+        for out in (f.result(timeout=60) for f in good):
+            np.testing.assert_array_equal(out, [[1.0, 0.0, 2.0, 0.0]])
+        for client in clients:
+            client.close()
+
+
+def test_a_rotated_or_revoked_token_takes_effect_on_grpc_at_once(token_server: ServerProcess, token_file: Path) -> None:
+    """The token's value a transport has let through before is not trusted after the file changed."""
+    client = grpcclient.InferenceServerClient(token_server.grpc_url)
+    old, new = {"authorization": "Bearer s3cret-token"}, {"authorization": "Bearer rotated-token"}
+    try:
+        _grpc_infer(client, headers=old)
+        token_file.write_text("rotated-token\n")
+        for headers in (old, {"authorization": "Bearer wrong"}):
+            with pytest.raises(InferenceServerException) as info:
+                _grpc_infer(client, headers=headers)
+            assert info.value.status() == "StatusCode.UNAUTHENTICATED", info.value
+        np.testing.assert_array_equal(_grpc_infer(client, headers=new), [[1.0, 0.0, 2.0, 0.0]])
+        with pytest.raises(InferenceServerException) as info:
+            _grpc_infer(client, headers=old)  # a refused value is not let through again either
+        assert info.value.status() == "StatusCode.UNAUTHENTICATED", info.value
+    finally:
+        token_file.write_text("s3cret-token\n")
+        client.close()
+    np.testing.assert_array_equal(
+        _grpc_infer(grpcclient.InferenceServerClient(token_server.grpc_url), headers=old), [[1.0, 0.0, 2.0, 0.0]]
+    )
 
 
 def test_a_rotated_token_takes_effect_without_a_restart(token_server: ServerProcess, token_file: Path) -> None:

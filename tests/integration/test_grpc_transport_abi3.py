@@ -1,8 +1,10 @@
-"""The Rust gRPC transport is built once against CPython's stable ABI (``kubeinfer_grpc_transport.abi3.so``): a
-server on another CPython minor version (a CUDA base's python3 is 3.12) imports the same file and serves with it.
+"""The Rust gRPC transport is built once against CPython's stable ABI (``kubeinfer_grpc_transport.abi3.so``, in a
+``cp310-abi3`` wheel): a server on another CPython minor version (a CUDA base's python3 is 3.12) installs the
+same wheel and serves with it.
 
-The server runs from a fresh venv of that other interpreter (``uv``, with the project's pins; seconds from a warm
-uv cache, a download of the wheels for that version when cold); the client is tritonclient in this process.
+The wheel is built by this interpreter (``pip wheel``, setup.py); the server runs from a fresh venv of the other
+interpreter holding that wheel (``uv``, with the project's pins; seconds from a warm uv cache, a download of the
+wheels for that version when cold); the client is tritonclient in this process.
 """
 
 from __future__ import annotations
@@ -45,9 +47,19 @@ def uv() -> str | None:
     return str(local) if local.exists() else shutil.which("uv")
 
 
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("abi3-wheel")
+    shutil.rmtree(ROOT / "build", ignore_errors=True)  # setuptools packs what an older build left there
+    command = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(out)]
+    subprocess.run([*command, str(ROOT)], check=True, capture_output=True, timeout=900)
+    (built,) = out.glob("kubeinfer-*-cp310-abi3-*.whl")
+    return built
+
+
 @needs_rust
 @pytest.mark.parametrize("version", ["3.12", "3.13"])
-def test_the_one_built_module_serves_grpc_on_another_cpython(version: str, tmp_path: Path) -> None:
+def test_the_one_built_module_serves_grpc_on_another_cpython(version: str, wheel: Path, tmp_path: Path) -> None:
     if version_tuple(version) == str(sys.version_info[:2]):
         pytest.skip(f"the suite itself runs on CPython {version}: the other gRPC tests cover it")
     python = find_cpython(version)
@@ -62,20 +74,20 @@ def test_the_one_built_module_serves_grpc_on_another_cpython(version: str, tmp_p
     subprocess.run([uv_command, "venv", "-q", str(venv), "--python", python], check=True, env={**os.environ, **env})
     venv_python = str(venv / "bin" / "python")
     install = [uv_command, "pip", "install", "-q", "--python", venv_python, "-c", str(ROOT / "constraints.txt")]
-    subprocess.run([*install, "-e", str(ROOT)], check=True, env={**os.environ, **env})
+    subprocess.run([*install, str(wheel)], check=True, env={**os.environ, **env})
 
     which = "import kubeinfer.server.grpc.kubeinfer_grpc_transport as m, sys; print(sys.version_info[:2], m.__file__)"
-    loaded = subprocess.run([venv_python, "-c", which], capture_output=True, text=True)
+    loaded = subprocess.run([venv_python, "-c", which], capture_output=True, text=True, cwd="/", env={"PYTHONPATH": ""})
     assert loaded.returncode == 0, loaded.stderr
     assert loaded.stdout.startswith(version_tuple(version) + " "), loaded.stdout
-    assert loaded.stdout.strip().endswith("kubeinfer_grpc_transport.abi3.so"), loaded.stdout
+    assert loaded.stdout.strip().endswith("/site-packages/kubeinfer/server/grpc/kubeinfer_grpc_transport.abi3.so")
 
     repository = copy_example_repository(tmp_path / "repo")
     http, grpc, metrics = free_port(), free_port(), free_port()
     command = [venv_python, "-m", "kubeinfer.server", "--grpc-transport", "rust", "--model-repository", str(repository)]
     command += ["--host", "127.0.0.1", "--http-port", str(http), "--grpc-port", str(grpc)]
     command += ["--metrics-port", str(metrics)]
-    server = start_command(command, http, grpc, metrics, tmp_path / "server.log")
+    server = start_command(command, http, grpc, metrics, tmp_path / "server.log", env={"PYTHONPATH": ""})
     try:
         assert "(Rust transport)" in server.log(), server.log()[-4000:]
         client = grpcclient.InferenceServerClient(server.grpc_url)

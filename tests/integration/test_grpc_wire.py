@@ -12,6 +12,8 @@ import gzip
 import queue
 import shutil
 import subprocess
+import time
+import urllib.parse
 import zlib
 from collections.abc import Iterator
 
@@ -24,6 +26,7 @@ from onnx import TensorProto, helper
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
+from tests.support import h2client
 from tests.support.models import unary
 from tests.support.repos import write_model
 from tests.support.server import ServerProcess, grpc_transports, start_server
@@ -126,7 +129,9 @@ def test_the_limit_holds_for_the_decompressed_size(client: grpcclient.InferenceS
 
 
 def _curl_grpc(server: ServerProcess, body: bytes, *headers: str) -> dict[str, str]:
-    """One raw gRPC call to ServerLive with curl's HTTP/2: the response's headers and trailers by name."""
+    """One raw gRPC call to ServerLive with curl's HTTP/2: the response's headers and trailers by name,
+    ``grpc-message`` percent-decoded as clients read it (grpc-core leaves spaces as they are, tonic encodes
+    them: both are gRPC's percent-encoding)."""
     if (
         shutil.which("curl") is None
         or "HTTP2" not in subprocess.run(["curl", "-V"], capture_output=True, text=True).stdout
@@ -142,6 +147,8 @@ def _curl_grpc(server: ServerProcess, body: bytes, *headers: str) -> dict[str, s
         name, colon, value = line.partition(":")
         if colon and not name.startswith("HTTP/"):
             fields[name.strip().lower()] = value.strip()
+    if "grpc-message" in fields:
+        fields["grpc-message"] = urllib.parse.unquote(fields["grpc-message"])
     return fields
 
 
@@ -178,6 +185,64 @@ def test_requests_the_server_cannot_decode_are_refused(
     fields = _curl_grpc(server, _framed(gzip.compress(b""), flag), *headers)
     assert (fields["grpc-status"], fields.get("grpc-message")) == (status, message), fields
     _good(client)
+
+
+# --------------------------------------------------------------------------------------- deadlines
+
+
+@pytest.mark.parametrize(
+    ("timeout", "status", "message"),
+    [
+        ("10S", "0", None),
+        # past gRPC's 8 digits, or larger than any clock: grpc-core serves the call without a deadline
+        ("99999999H", "0", None),
+        ("100000000S", "0", None),
+        ("9999999999999999H", "0", None),
+        ("99999999999999999999999H", "0", None),
+        # not digits and a unit: grpc-core's refusal while parsing the metadata
+        ("1x", "13", "Error parsing 'grpc-timeout' metadata"),
+        ("abc", "13", "Error parsing 'grpc-timeout' metadata"),
+        ("S", "13", "Error parsing 'grpc-timeout' metadata"),
+    ],
+)
+def test_grpc_timeouts_as_grpc_core_reads_them(
+    server: ServerProcess, client: grpcclient.InferenceServerClient, timeout: str, status: str, message: str | None
+) -> None:
+    answer = h2client.call(server.grpc_url, LIVE, h2client.framed(b""), [(b"grpc-timeout", timeout.encode())])
+    assert answer.ended and (answer.status, answer.message or None) == (status, message), answer
+    _good(client)
+
+
+# ---------------------------------------------------------------------------------------- keepalive
+
+PING, GOAWAY, CLOSED = 6, 7, -1
+
+
+@pytest.mark.parametrize("transport", grpc_transports())
+def test_keepalive_pings_a_quiet_connection_and_the_rust_transport_closes_it_unanswered(
+    transport: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Triton's --grpc-keepalive-time / --grpc-keepalive-timeout: a connection with a call open and nothing else
+    going on is PINGed after the keepalive time. Unanswered, the Rust transport (hyper) closes it after the
+    keepalive timeout; grpc.aio did not close it within 15 s in our runs (grpc-core's watchdog), so the close is
+    checked on the Rust transport only."""
+    repo = tmp_path_factory.mktemp("keepalive") / "repo"
+    repo.mkdir()
+    flags = ["--grpc-keepalive-time", "1000", "--grpc-keepalive-timeout", "1000", "--grpc-transport", transport]
+    s = start_server(repo, *flags)
+    try:
+        quiet = h2client.Quiet(s.grpc_url, "/inference.GRPCInferenceService/ModelStreamInfer")
+        started = time.monotonic()
+        frames = quiet.frames(wait=4 if transport == "grpcio" else 15)
+        elapsed = time.monotonic() - started
+        quiet.close()
+        kinds = [kind for kind, flags in frames if not (kind == PING and flags & 1)]
+        assert PING in kinds, frames
+        if transport == "rust":
+            assert kinds[-1] == CLOSED, frames
+            assert elapsed < 6, (elapsed, frames)  # 1 s quiet, 1 s for the answer, then closed
+    finally:
+        assert s.terminate() == 0
 
 
 # ---------------------------------------------------------------------------------- message sizes

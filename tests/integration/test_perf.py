@@ -18,6 +18,7 @@ import pytest
 from kubeinfer.server.examples import models
 from kubeinfer.server.tools.perf.report import CSV_COLUMNS
 
+from tests.support.https import make_ca_and_cert
 from tests.support.repos import write_model
 from tests.support.server import ServerProcess, start_server
 
@@ -123,6 +124,25 @@ def test_counts_equal_the_servers_statistics(server: ServerProcess, tmp_path: Pa
         assert level["server_cpu"]["us_per_request"] > 0 and level["client_cpu"]["percent_of_core"] >= 0
     if "--concurrency-range" in load and load[load.index("--concurrency-range") + 1] == "1:3:2":
         assert [level["concurrency"] for level in levels] == [1, 3]
+
+
+def test_grpc_over_tls_with_perf_analyzers_flags(tmp_path: Path) -> None:
+    """--ssl-grpc-use-ssl with --ssl-grpc-root-certifications-file: the load and the statistics calls go over TLS
+    (a plain client is refused by a TLS server, so the counts prove it)."""
+    repo = tmp_path / "repo"
+    write_model(repo, "add_sub", ADD_SUB, {1: models.add_sub(16)})
+    ca, cert, key = make_ca_and_cert(tmp_path)
+    tls = start_server(repo, "--grpc-use-ssl", "true", "--grpc-server-cert", str(cert), "--grpc-server-key", str(key))
+    try:
+        flags = ["--ssl-grpc-use-ssl", "--ssl-grpc-root-certifications-file", str(ca)]
+        document, done = run_json(tls, tmp_path, "-i", "grpc", "-u", tls.grpc_url, "--concurrency-range", "2", *flags)
+        assert done.returncode == 0, done.stderr
+        (level,) = document["levels"]
+        assert level["requests"] > 0 and level["errors"] == 0 and level["server"]["success"] > 0
+        plain = perf("-i", "grpc", "-u", tls.grpc_url, "--concurrency-range", "2")
+        assert plain.returncode != 0
+    finally:
+        assert tls.terminate() == 0
 
 
 def test_errors_are_counted_with_the_servers_message(server: ServerProcess, tmp_path: Path) -> None:

@@ -153,7 +153,7 @@ def start_server(
 
 def grpc_transports() -> list[Any]:
     """``--grpc-transport`` values to run a gRPC test module against: grpcio always, rust when its module is
-    built (scripts/build_grpc_transport; CI builds it), else skipped saying so."""
+    built (``pip install`` builds it with cargo; CI requires it), else skipped saying so."""
     import pytest
     from kubeinfer.server.grpc.transport import rust_missing
 

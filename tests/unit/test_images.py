@@ -6,12 +6,10 @@ e2e/test_user_path.py); these checks keep the files they are built from consiste
 
 from __future__ import annotations
 
-import fnmatch
 import importlib.util
 import re
 import subprocess
 import sys
-from importlib.machinery import SourceFileLoader
 from pathlib import Path
 
 import pytest
@@ -22,8 +20,8 @@ tomllib = pytest.importorskip("tomllib", reason="reading pyproject.toml needs Py
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _load(name: str, path: Path, loader: SourceFileLoader | None = None):
-    spec = importlib.util.spec_from_file_location(name, path, loader=loader)
+def _load(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -122,8 +120,8 @@ def test_dockerfiles_take_the_base_as_an_argument_and_copy_only_the_hashed_conte
         assert re.search(r"^USER 1000:1000$", text, re.M), dockerfile
 
 
-def test_inputs_hash_follows_the_context(tmp_path: Path) -> None:
-    for entry in images.CONTEXT:
+def test_inputs_hash_follows_the_sources(tmp_path: Path) -> None:
+    for entry in images.SOURCES:
         src = ROOT / entry
         dst = tmp_path / entry
         dst.parent.mkdir(parents=True, exist_ok=True)
@@ -134,85 +132,52 @@ def test_inputs_hash_follows_the_context(tmp_path: Path) -> None:
             (dst / "pkg" / "mod.py").write_text("x = 1\n")
     (tmp_path / ".dockerignore").write_text("*\n")
     (tmp_path / "Dockerfile.server").write_text("FROM scratch\n")
-    first = images.inputs_hash("Dockerfile.server", "base:1", {"EXTRAS": ""}, root=tmp_path)
+
+    def digest() -> str:
+        return images.inputs_hash("Dockerfile.server", "base:1", {"EXTRAS": ""}, root=tmp_path)
+
+    first = digest()
     (tmp_path / "server" / "pkg" / "__pycache__").mkdir()
     (tmp_path / "server" / "pkg" / "__pycache__" / "mod.cpython-311.pyc").write_bytes(b"\0")
-    assert images.inputs_hash("Dockerfile.server", "base:1", {"EXTRAS": ""}, root=tmp_path) == first
+    assert digest() == first
     assert images.inputs_hash("Dockerfile.server", "base:2", {"EXTRAS": ""}, root=tmp_path) != first
     assert images.inputs_hash("Dockerfile.server", "base:1", {"EXTRAS": "gpu"}, root=tmp_path) != first
     (tmp_path / "server" / "pkg" / "mod.py").write_text("x = 2\n")
-    assert images.inputs_hash("Dockerfile.server", "base:1", {"EXTRAS": ""}, root=tmp_path) != first
+    assert digest() != first
 
 
-def test_containerd_names_short_references_as_the_kubelet_does() -> None:
-    assert images.normalized("kubeinfer-server:0.1.0") == "docker.io/library/kubeinfer-server:0.1.0"
-    assert images.normalized("registry.example.com/ml/x:1") == "registry.example.com/ml/x:1"
-
-
-def test_the_server_image_carries_the_rust_grpc_transport_and_hashes_its_inputs(tmp_path: Path) -> None:
-    """scripts/images builds the transport on the host and ships it inside server/: the name the build script
-    gives the library is the one scripts/images looks for and the wheel ships, and both the crate and the
-    library change the server image's content hash (a crate change builds a new image)."""
-    script = ROOT / "scripts" / "build_grpc_transport"  # a stdlib script without a .py suffix
-    build = _load(
-        "kubeinfer_build_grpc_transport", script, SourceFileLoader("kubeinfer_build_grpc_transport", str(script))
-    )
-    module = build.MODULE
-    name = module.name
-    assert name == "kubeinfer_grpc_transport.abi3.so"  # CPython's stable ABI: one file for every python3 >= 3.10
-    assert module.parent == images.GRPC_TRANSPORT_DIR
-    assert fnmatch.fnmatch(name, images.GRPC_TRANSPORT_GLOB), name
-    package_data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
-    assert any(fnmatch.fnmatch(name, pattern) for pattern in package_data["kubeinfer.server.grpc"]), package_data
-    context = images.context_files()
-    for src in build.sources():
-        assert src.relative_to(ROOT) in context, f"{src} is not in the server image's hashed context"
-
-    for entry in images.CONTEXT:  # a small copy of the context: the crate, then the library built from it
+def test_the_rust_crate_is_hashed_and_its_build_outputs_are_not(tmp_path: Path) -> None:
+    """The wheel compiles server/grpc/rust (setup.py): a crate change builds new images; cargo's target folder
+    and a library `pip install -e .` left beside the sources are build outputs, not inputs."""
+    for entry in images.SOURCES:
         dst = tmp_path / entry
         dst.parent.mkdir(parents=True, exist_ok=True)
         if (ROOT / entry).is_file():
             dst.write_bytes((ROOT / entry).read_bytes())
     (tmp_path / ".dockerignore").write_bytes((ROOT / ".dockerignore").read_bytes())
     (tmp_path / "Dockerfile.server").write_text("FROM scratch\n")
-    crate = tmp_path / "server" / "grpc" / "rust" / "src"
-    crate.mkdir(parents=True)
-    (crate / "lib.rs").write_text("// v1\n")
+    crate = tmp_path / "server" / "grpc" / "rust"
+    (crate / "src").mkdir(parents=True)
+    (crate / "src" / "lib.rs").write_text("// v1\n")
 
     def digest() -> str:
         return images.inputs_hash("Dockerfile.server", "base:1", {"EXTRAS": ""}, root=tmp_path)
 
     first = digest()
-    (crate / "lib.rs").write_text("// v2\n")
-    second = digest()
-    (tmp_path / "server" / "grpc" / name).write_bytes(b"\x7fELF built from v2")
-    assert len({first, second, digest()}) == 3
+    (crate / "target" / "release").mkdir(parents=True)
+    (crate / "target" / "release" / "libkubeinfer_grpc_transport.so").write_bytes(b"\x7fELF")
+    (crate.parent / "kubeinfer_grpc_transport.abi3.so").write_bytes(b"\x7fELF")
+    assert digest() == first
+    (crate / "src" / "lib.rs").write_text("// v2\n")
+    assert digest() != first
+    context = {str(p) for p in images.context_files()}
+    assert "server/grpc/rust/Cargo.toml" in context and "server/grpc/rust/Cargo.lock" in context
+    assert not any(p.startswith("server/grpc/rust/target/") for p in context)
 
 
-def test_the_grpc_transport_build_removes_per_version_copies_that_would_shadow_it(tmp_path: Path) -> None:
-    """Python tries the version-specific suffix before ``.abi3.so``: a ``.cpython-311-*.so`` left by an older
-    build would be imported instead of the new abi3 build on 3.11, so the build script removes it."""
-    import importlib.machinery
-
-    script = ROOT / "scripts" / "build_grpc_transport"
-    build = _load(
-        "kubeinfer_build_grpc_transport", script, SourceFileLoader("kubeinfer_build_grpc_transport", str(script))
-    )
-    suffixes = importlib.machinery.EXTENSION_SUFFIXES
-    assert suffixes.index(".abi3.so") > 0 and suffixes[0].startswith(".cpython-"), suffixes  # why it matters
-    package = tmp_path / "server" / "grpc"
-    package.mkdir(parents=True)
-    stale = [
-        package / "kubeinfer_grpc_transport.cpython-311-x86_64-linux-gnu.so",
-        package / "kubeinfer_grpc_transport.so",
-    ]
-    kept = [
-        package / "kubeinfer_grpc_transport.abi3.so",
-        package / "kubeinfer_grpc_transport.pyi",
-        package / "other.so",
-    ]
-    for f in stale + kept:
-        f.write_bytes(b"x")
-    build.ROOT, build.PACKAGE, build.MODULE = tmp_path, package, package / "kubeinfer_grpc_transport.abi3.so"
-    build.remove_stale()
-    assert sorted(package.iterdir()) == sorted(kept)
+def test_the_wheel_ships_the_transport_where_the_images_look_for_it() -> None:
+    """scripts/images reads the wheel's file list for the library setup.py builds into the package."""
+    setup = (ROOT / "setup.py").read_text()
+    module = re.search(r'^MODULE = "([\w.]+)"$', setup, re.M)
+    assert module and module.group(1) == images.GRPC_TRANSPORT_MODULE
+    assert images.GRPC_TRANSPORT_FILE == module.group(1).replace(".", "/") + ".abi3.so"

@@ -48,6 +48,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("-i", "--protocol", choices=["http", "grpc"], default="http")
     g.add_argument("-H", "--header", action="append", default=[], help="'Name: value' sent with every request")
     g.add_argument("--streaming", action="store_true", help="gRPC: send over ModelStreamInfer streams")
+    g.add_argument("--ssl-grpc-use-ssl", action="store_true", help="gRPC over TLS (perf_analyzer's flags)")
+    g.add_argument("--ssl-grpc-root-certifications-file", type=Path, default=None, help="CA of the server (PEM)")
+    g.add_argument("--ssl-grpc-private-key-file", type=Path, default=None, help="client key, for mTLS (PEM)")
+    g.add_argument("--ssl-grpc-certificate-chain-file", type=Path, default=None, help="client certificate (PEM)")
     g = p.add_argument_group("requests")
     g.add_argument("-b", "--batch-size", type=int, default=1)
     g.add_argument("--shape", action="append", default=[], help="NAME:d1,d2 for inputs with variable dims")
@@ -100,6 +104,18 @@ def _levels(args: argparse.Namespace) -> list[Level]:
     return [Level(concurrency=c) for c in parse_range(args.concurrency_range or "1", int, "--concurrency-range")]
 
 
+def _grpc_tls(args: argparse.Namespace) -> tuple[bytes | None, bytes | None, bytes | None] | None:
+    """perf_analyzer's --ssl-grpc-* files, read: (root certificates, client key, client chain), or None."""
+    if not args.ssl_grpc_use_ssl:
+        return None
+    files = (
+        args.ssl_grpc_root_certifications_file,
+        args.ssl_grpc_private_key_file,
+        args.ssl_grpc_certificate_chain_file,
+    )
+    return tuple(f.read_bytes() if f else None for f in files)  # type: ignore[return-value]
+
+
 def run(args: argparse.Namespace) -> int:
     protocol = args.protocol
     url = args.url or DEFAULT_URL[protocol]
@@ -115,7 +131,8 @@ def run(args: argparse.Namespace) -> int:
     headers = _headers(args.header)
     levels = _levels(args)
     progress = None if args.quiet else sys.stderr
-    api = ServerApi(protocol, url, [(k.lower(), v) for k, v in headers] if protocol == "grpc" else headers)
+    tls = _grpc_tls(args) if protocol == "grpc" else None
+    api = ServerApi(protocol, url, [(k.lower(), v) for k, v in headers] if protocol == "grpc" else headers, tls)
     try:
         info = model_info(
             api.metadata(args.model, args.version), api.config(args.model, args.version), args.model, args.version
@@ -156,7 +173,7 @@ def run(args: argparse.Namespace) -> int:
         cpu = CpuProbe(args.server_pid) if args.server_pid else None
         metadata = tuple((k.lower(), v) for k, v in headers)
         setups = [
-            Setup(protocol, host, int(port), requests, args.streaming, metadata, seed=0, index=i)
+            Setup(protocol, host, int(port), requests, args.streaming, metadata, seed=0, index=i, tls=tls)
             for i in range(args.processes)
         ]
         if progress is not None:

@@ -47,6 +47,8 @@ class Setup:
     seed: int = 0
     #: the worker's index: it starts in the steps at a different place than its siblings
     index: int = 0
+    #: gRPC over TLS: (root certificates, client key, client certificate chain) as PEM bytes, each optional
+    tls: tuple[bytes | None, bytes | None, bytes | None] | None = None
 
 
 @dataclass
@@ -158,7 +160,12 @@ class Worker:
             import grpc
 
             options = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
-            self._channel = grpc.aio.insecure_channel(f"{self.setup.host}:{self.setup.port}", options=options)
+            target = f"{self.setup.host}:{self.setup.port}"
+            if self.setup.tls is not None:
+                credentials = grpc.ssl_channel_credentials(*self.setup.tls)
+                self._channel = grpc.aio.secure_channel(target, credentials, options=options)
+            else:
+                self._channel = grpc.aio.insecure_channel(target, options=options)
             self._unary = self._channel.unary_unary(INFER_METHOD)
 
     async def close(self) -> None:

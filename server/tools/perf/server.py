@@ -20,7 +20,13 @@ STAT_PARTS = ("queue", "compute_input", "compute_infer", "compute_output")
 
 
 class ServerApi:
-    def __init__(self, protocol: str, url: str, headers: list[tuple[str, str]]) -> None:
+    def __init__(
+        self,
+        protocol: str,
+        url: str,
+        headers: list[tuple[str, str]],
+        tls: tuple[bytes | None, bytes | None, bytes | None] | None = None,
+    ) -> None:
         self.protocol = protocol
         self.url = url
         self.headers = headers
@@ -31,7 +37,10 @@ class ServerApi:
         else:
             import grpc
 
-            self._channel = grpc.insecure_channel(url)
+            if tls is not None:
+                self._channel = grpc.secure_channel(url, grpc.ssl_channel_credentials(*tls))
+            else:
+                self._channel = grpc.insecure_channel(url)
 
     def close(self) -> None:
         if self._http is not None:
