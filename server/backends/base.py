@@ -74,6 +74,10 @@ class BackendInstance(ABC):
     """
 
     may_run_on_loop: ClassVar[bool] = False
+    #: an instance whose work happens elsewhere (a Python model's stub process) may offer
+    #: ``async def execute_async(batch)`` and the loop it must be awaited on (``async_loop``); the instance
+    #: pool then awaits it there instead of handing the batch to the instance's thread
+    async_loop: Any = None
 
     @abstractmethod
     def execute(self, batch: Batch) -> list[RequestResult]:
@@ -81,6 +85,14 @@ class BackendInstance(ABC):
 
     def close(self) -> None:
         """Release the instance's resources (sessions, device memory)."""
+
+    def ready(self) -> bool:
+        """Whether the instance can execute now (a Python model's stub process may be restarting)."""
+        return True
+
+    def unready_reason(self) -> str:
+        """Why it is not ready ("" when it is)."""
+        return ""
 
 
 class TensorBackendInstance(BackendInstance):

@@ -15,7 +15,10 @@ state is per instance. Here:
 
 The running instance is the one marked on the current thread (``context.running``). Loading is
 serialised; a model importing a sibling lazily from two instances at the very same moment may see the
-other's copy for that one import (Triton's processes cannot).
+other's copy for that one import (Triton's processes cannot). In a stub process there is one instance,
+and the same rules hold.
+
+Stub-safe (standard library and numpy only): see ``context``.
 """
 
 from __future__ import annotations
@@ -32,7 +35,10 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from ...config import ConfigError
+
+class ModelLoadError(ValueError):
+    """``model.py`` is missing, fails to import or defines no ``TritonPythonModel`` (a load failure)."""
+
 
 _ids = itertools.count()
 _load_lock = threading.RLock()
@@ -52,7 +58,7 @@ class ModelModule:
         self._dirty = False  # a sibling was imported during this call: take it out of sys.modules
         _install_finders()
         if not model_file.is_file():
-            raise ConfigError(f"python model file {model_file} not found")
+            raise ModelLoadError(f"python model file {model_file} not found")
         with _load_lock, self.active():
             package = ModuleType(self.package)
             package.__path__ = [str(self.version_dir)]
@@ -68,12 +74,14 @@ class ModelModule:
                 spec.loader.exec_module(module)
             except Exception as exc:  # SyntaxError, ImportError, anything model.py raises at import
                 self.unload()
-                raise ConfigError(f"{label}: importing {model_file.name} failed: {type(exc).__name__}: {exc}") from None
+                raise ModelLoadError(
+                    f"{label}: importing {model_file.name} failed: {type(exc).__name__}: {exc}"
+                ) from None
         self.module = module
         cls = getattr(module, "TritonPythonModel", None)
         if not isinstance(cls, type):
             self.unload()
-            raise ConfigError(f"{label}: {model_file.name} defines no class TritonPythonModel")
+            raise ModelLoadError(f"{label}: {model_file.name} defines no class TritonPythonModel")
         self.model_class: type = cls
 
     @contextmanager

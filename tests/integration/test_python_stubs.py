@@ -1,0 +1,249 @@
+"""Python models in their own stub processes: instances run in parallel, a crash or a hang fails only
+the requests the stub held (Triton 2.51's text) and the stub is restarted, other models keep serving.
+
+Triton 2.51 (the nvidia-pytriton wheel's tritonserver, same models) answered the request a segfaulting
+or stopped stub held with ``Stub process '<instance>' is not healthy.`` (HTTP 500); it then kept failing
+every request with that text, kept reporting the model ready and never started a new stub. Here the
+instance reports not ready while a new stub starts, and serves again.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from tests.support.server import ServerProcess, start_server
+from tests.support.waiting import wait_for
+
+# ctypes null dereference (SIGSEGV), os._exit, or SIGSTOP (a hang) on request; else the stub's pid
+CRASHER = """
+import ctypes
+import os
+import signal
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            mode = int(pb_utils.get_input_tensor_by_name(request, "MODE").as_numpy()[0])
+            if mode == 1:
+                ctypes.string_at(0)  # reads address 0: SIGSEGV
+            elif mode == 2:
+                os._exit(3)
+            elif mode == 3:
+                os.kill(os.getpid(), signal.SIGSTOP)
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("PID", np.array([os.getpid()], np.int64))]))
+        return responses
+"""
+
+CRASHER_CONFIG = """
+name: "{name}"
+backend: "python"
+max_batch_size: 0
+input [ {{ name: "MODE" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+output [ {{ name: "PID" data_type: TYPE_INT64 dims: [ 1 ] }} ]
+instance_group [ {{ count: 1 kind: KIND_CPU }} ]
+"""
+
+# pure-Python work; reports its process and its execution window on the system-wide monotonic clock
+BUSY = """
+import json
+import os
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            seconds = float(pb_utils.get_input_tensor_by_name(request, "SECONDS").as_numpy()[0])
+            start = time.monotonic()
+            stamps = []
+            x = 0
+            while time.monotonic() - start < seconds:
+                for i in range(2000):
+                    x += i * i
+                stamps.append(time.monotonic())
+            window = {"pid": os.getpid(), "start": start, "end": time.monotonic(), "stamps": stamps}
+            out = np.array([json.dumps(window).encode()], dtype=np.object_)
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("WINDOW", out)]))
+        return responses
+"""
+
+BUSY_CONFIG = """
+name: "busy"
+backend: "python"
+max_batch_size: 0
+input [ { name: "SECONDS" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "WINDOW" data_type: TYPE_STRING dims: [ 1 ] } ]
+instance_group [ { count: 2 kind: KIND_CPU } ]
+"""
+
+ECHO = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", pb_utils.get_input_tensor_by_name(r, "X").as_numpy())])
+                for r in requests]
+"""
+
+ECHO_CONFIG = """
+name: "echo"
+backend: "python"
+max_batch_size: 0
+input [ { name: "X" data_type: TYPE_FP32 dims: [ -1 ] } ]
+output [ { name: "Y" data_type: TYPE_FP32 dims: [ -1 ] } ]
+"""
+
+
+def _model(repo: Path, name: str, config: str, source: str) -> None:
+    (repo / name / "1").mkdir(parents=True)
+    (repo / name / "config.pbtxt").write_text(textwrap.dedent(config))
+    (repo / name / "1" / "model.py").write_text(source)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    repo = tmp_path_factory.mktemp("stubs") / "repo"
+    _model(repo, "crasher", CRASHER_CONFIG.format(name="crasher"), CRASHER)
+    _model(repo, "crash_loop", CRASHER_CONFIG.format(name="crash_loop"), CRASHER)
+    _model(repo, "busy", BUSY_CONFIG, BUSY)
+    _model(repo, "echo", ECHO_CONFIG, ECHO)
+    server = start_server(
+        repo,
+        "--backend-config=python,stub-timeout-seconds=2",
+        "--backend-config=python,stub-health-interval-seconds=0.5",
+        log_dir=repo.parent,
+    )
+    yield server
+    server.terminate()
+
+
+def _mode(model: str, server: ServerProcess, mode: int) -> int:
+    client = httpclient.InferenceServerClient(server.http_url, network_timeout=120)
+    t = httpclient.InferInput("MODE", [1], "INT32")
+    t.set_data_from_numpy(np.array([mode], np.int32))
+    try:
+        return int(client.infer(model, [t]).as_numpy("PID")[0])
+    finally:
+        client.close()
+
+
+def _echo(server: ServerProcess, values: list[float]) -> list[float]:
+    client = httpclient.InferenceServerClient(server.http_url, network_timeout=60)
+    t = httpclient.InferInput("X", [len(values)], "FP32")
+    t.set_data_from_numpy(np.array(values, np.float32))
+    try:
+        return [float(v) for v in client.infer("echo", [t]).as_numpy("Y")]
+    finally:
+        client.close()
+
+
+def _ready(server: ServerProcess, model: str) -> bool:
+    return httpx.get(f"{server.base_url}/v2/models/{model}/ready", timeout=10).status_code == 200
+
+
+def _index(server: ServerProcess) -> dict[str, dict[str, Any]]:
+    rows = httpx.post(f"{server.base_url}/v2/repository/index", json={}, timeout=10).json()
+    return {row["name"]: row for row in rows}
+
+
+def test_two_instances_of_a_cpu_bound_model_run_at_the_same_time(server: ServerProcess) -> None:
+    def call(_: int) -> dict[str, Any]:
+        client = httpclient.InferenceServerClient(server.http_url, network_timeout=120)
+        t = httpclient.InferInput("SECONDS", [1], "FP32")
+        t.set_data_from_numpy(np.array([1.0], np.float32))
+        try:
+            return dict(json.loads(client.infer("busy", [t]).as_numpy("WINDOW")[0]))
+        finally:
+            client.close()
+
+    with ThreadPoolExecutor(2) as pool:
+        a, b = pool.map(call, range(2))
+    assert a["pid"] != b["pid"]  # two processes, two interpreters, two GILs
+    overlap = min(a["end"], b["end"]) - max(a["start"], b["start"])
+    assert overlap > 0.5, (a["start"], a["end"], b["start"], b["end"])
+    # both made progress within the same millisecond for part of the overlap (one GIL would alternate
+    # every 5 ms); how much depends on how busy the machine's two cores are, so it is reported, not required
+    bins_a = {int(t * 1000) for t in a["stamps"]}
+    bins_b = {int(t * 1000) for t in b["stamps"]}
+    print(f"milliseconds in which both instances progressed: {len(bins_a & bins_b)} of {int(overlap * 1000)}")
+
+
+def test_a_segfault_fails_only_the_request_it_held_and_the_stub_restarts(server: ServerProcess) -> None:
+    pid = _mode("crasher", server, 0)
+    with pytest.raises(InferenceServerException) as info:
+        _mode("crasher", server, 1)
+    assert info.value.status() == "500"
+    assert info.value.message() == "Stub process 'crasher_0_0' is not healthy."
+    assert _echo(server, [1.0, 2.0]) == [1.0, 2.0]  # another Python model keeps serving
+    wait_for("the crasher to be ready again", lambda: _ready(server, "crasher"))
+    new_pid = _mode("crasher", server, 0)
+    assert new_pid != pid
+    log = server.log()
+    assert f"the stub process of instance 'crasher_0_0' (pid {pid}) was killed by signal SIGSEGV" in log
+    assert "restart 1 in 0.0 s" in log
+    assert f"instance 'crasher_0_0' serves again (stub process {new_pid})" in log
+
+
+def test_requests_waiting_for_a_crashed_instance_run_on_its_new_stub(server: ServerProcess) -> None:
+    """The crashing request's successors were queued for the same (only) instance: they wait for the
+    restart instead of failing."""
+    with ThreadPoolExecutor(4) as pool:
+        crash = pool.submit(_mode, "crasher", server, 2)  # os._exit(3)
+        time.sleep(0.2)
+        after = [pool.submit(_mode, "crasher", server, 0) for _ in range(3)]
+        with pytest.raises(InferenceServerException) as info:
+            crash.result()
+        pids = {f.result() for f in after}
+    assert info.value.message() == "Stub process 'crasher_0_0' is not healthy."
+    assert len(pids) == 1
+    assert "exited with code 3" in server.log()
+
+
+def test_a_stub_that_stops_answering_is_killed_and_restarted(server: ServerProcess) -> None:
+    pid = _mode("crasher", server, 0)
+    started = time.monotonic()
+    with pytest.raises(InferenceServerException) as info:
+        _mode("crasher", server, 3)  # SIGSTOP: the process is there, but answers nothing
+    assert info.value.message() == "Stub process 'crasher_0_0' is not healthy."
+    assert time.monotonic() - started < 30  # stub-timeout-seconds=2 (and a 0.5 s health interval)
+    wait_for("the crasher to be ready again", lambda: _ready(server, "crasher"))
+    assert _mode("crasher", server, 0) != pid
+    assert f"(pid {pid}) did not answer its health check within" in server.log()
+
+
+def test_a_stub_that_keeps_dying_is_given_up_and_the_model_is_not_ready(server: ServerProcess) -> None:
+    for _ in range(6):
+        wait_for("crash_loop to serve", lambda: _ready(server, "crash_loop"), timeout=60)
+        with pytest.raises(InferenceServerException):
+            _mode("crash_loop", server, 1)
+    wait_for("crash_loop to be given up", lambda: "is not restarted" in _index(server)["crash_loop"]["reason"])
+    row = _index(server)["crash_loop"]
+    assert row["state"] == "READY"  # loaded, as Triton's index keeps it; readiness says it cannot serve
+    assert "died 6 times in 60 s" in row["reason"]
+    assert not _ready(server, "crash_loop")
+    with pytest.raises(InferenceServerException) as info:
+        _mode("crash_loop", server, 0)
+    assert info.value.message() == "Stub process 'crash_loop_0_0' is not healthy."
+    assert _echo(server, [3.0]) == [3.0]
