@@ -116,6 +116,39 @@ output [ { name: "Y" data_type: TYPE_FP32 dims: [ -1 ] } ]
 """
 
 
+# where it runs, and a BLS call to the (stub) echo model from there
+WHERE = """
+import os
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "X")
+            echoed = pb_utils.InferenceRequest(model_name="echo", inputs=[pb_utils.Tensor("X", x.as_numpy())],
+                                               requested_output_names=["Y"]).exec()
+            if echoed.has_error():
+                raise pb_utils.TritonModelException(echoed.error().message())
+            y = pb_utils.get_output_tensor_by_name(echoed, "Y").as_numpy()
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", y),
+                                                         pb_utils.Tensor("PID", np.array([os.getpid()], np.int64))]))
+        return responses
+"""
+
+WHERE_CONFIG = """
+name: "{name}"
+backend: "python"
+max_batch_size: 0
+input [ {{ name: "X" data_type: TYPE_FP32 dims: [ -1 ] }} ]
+output [ {{ name: "Y" data_type: TYPE_FP32 dims: [ -1 ] }}, {{ name: "PID" data_type: TYPE_INT64 dims: [ 1 ] }} ]
+{parameters}
+"""
+
+
 def _model(repo: Path, name: str, config: str, source: str) -> None:
     (repo / name / "1").mkdir(parents=True)
     (repo / name / "config.pbtxt").write_text(textwrap.dedent(config))
@@ -129,6 +162,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     _model(repo, "crash_loop", CRASHER_CONFIG.format(name="crash_loop"), CRASHER)
     _model(repo, "busy", BUSY_CONFIG, BUSY)
     _model(repo, "echo", ECHO_CONFIG, ECHO)
+    _model(repo, "where_stub", WHERE_CONFIG.format(name="where_stub", parameters=""), WHERE)
+    in_process = 'parameters { key: "KUBEINFER_IN_PROCESS" value: { string_value: "true" } }'
+    _model(repo, "where_in_process", WHERE_CONFIG.format(name="where_in_process", parameters=in_process), WHERE)
     server = start_server(
         repo,
         "--backend-config=python,stub-timeout-seconds=2",
@@ -247,3 +283,15 @@ def test_a_stub_that_keeps_dying_is_given_up_and_the_model_is_not_ready(server: 
         _mode("crash_loop", server, 0)
     assert info.value.message() == "Stub process 'crash_loop_0_0' is not healthy."
     assert _echo(server, [3.0]) == [3.0]
+
+
+@pytest.mark.parametrize("model", ["where_stub", "where_in_process"])
+def test_a_model_runs_in_a_stub_unless_it_opts_in_to_the_servers_process(server: ServerProcess, model: str) -> None:
+    client = httpclient.InferenceServerClient(server.http_url, network_timeout=60)
+    t = httpclient.InferInput("X", [3], "FP32")
+    t.set_data_from_numpy(np.array([1.0, 2.0, 3.0], np.float32))
+    result = client.infer(model, [t])
+    client.close()
+    assert result.as_numpy("Y").tolist() == [1.0, 2.0, 3.0]  # through BLS to a stub model, either way
+    pid = int(result.as_numpy("PID")[0])
+    assert (pid == server.proc.pid) == (model == "where_in_process")
