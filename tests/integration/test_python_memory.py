@@ -1,6 +1,6 @@
 """Unloading a Python model gives its memory back: the model's allocations live in its stub process,
 which ends with the unload. 200 load/unload cycles of a model holding 50 MB leave the server's resident
-memory where it was, and no stub process behind."""
+memory and open files where they were, and no stub process behind."""
 
 from __future__ import annotations
 
@@ -60,8 +60,11 @@ def _rss_kb(pid: int) -> int:
 
 
 def _children(pid: int) -> list[int]:
-    path = Path(f"/proc/{pid}/task/{pid}/children")
-    return [int(c) for c in path.read_text().split()] if path.exists() else []
+    """Child processes of any of ``pid``'s threads (stubs are started from worker threads)."""
+    children: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        children += [int(c) for c in (task / "children").read_text().split()]
+    return children
 
 
 def _cycle(server: ServerProcess, client: httpclient.InferenceServerClient) -> None:
@@ -81,16 +84,22 @@ def test_load_unload_cycles_give_the_memory_back(server: ServerProcess) -> None:
     pid = server.proc.pid
     for _ in range(WARM_UP):
         _cycle(server, client)
+    r = httpx.post(f"{server.base_url}/v2/repository/models/weights/load", json={}, timeout=120)
+    assert r.status_code == 200 and len(_children(pid)) == 1  # the model's stub, while it is loaded
+    httpx.post(f"{server.base_url}/v2/repository/models/weights/unload", json={}, timeout=120).raise_for_status()
     before = _rss_kb(pid)
+    fds_before = len(list(Path(f"/proc/{pid}/fd").iterdir()))
     peak = before
     for _ in range(CYCLES):
         _cycle(server, client)
         peak = max(peak, _rss_kb(pid))
     after = _rss_kb(pid)
+    fds_after = len(list(Path(f"/proc/{pid}/fd").iterdir()))
     client.close()
     print(
         f"server RSS: {before / 1024:.1f} MB after {WARM_UP} cycles, {after / 1024:.1f} MB after {CYCLES} more "
         f"(peak {peak / 1024:.1f} MB); each load held 50 MB in its stub"
     )
     assert after - before < 5 * 1024, (before, after)
+    assert fds_after <= fds_before + 2, (fds_before, fds_after)  # sockets and shared-memory segments closed
     assert _children(pid) == []  # every stub ended with its unload

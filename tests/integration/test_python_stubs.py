@@ -10,6 +10,7 @@ instance reports not ready while a new stub starts, and serves again.
 from __future__ import annotations
 
 import json
+import queue
 import textwrap
 import time
 from collections.abc import Iterator
@@ -20,6 +21,7 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
@@ -149,6 +151,41 @@ output [ {{ name: "Y" data_type: TYPE_FP32 dims: [ -1 ] }}, {{ name: "PID" data_
 """
 
 
+# decoupled: answers, then (on request) crashes from its sender thread with the stream still open
+STREAMER = """
+import ctypes
+import threading
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            crash = bool(pb_utils.get_input_tensor_by_name(request, "CRASH").as_numpy()[0])
+            sender = request.get_response_sender()
+            threading.Thread(target=self.stream, args=(sender, crash), daemon=True).start()
+        return None
+
+    def stream(self, sender, crash):
+        sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([1], np.int32))]))
+        if crash:
+            ctypes.string_at(0)
+        sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([2], np.int32))]),
+                    flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+"""
+
+STREAMER_CONFIG = """
+name: "streamer"
+backend: "python"
+max_batch_size: 0
+model_transaction_policy { decoupled: true }
+input [ { name: "CRASH" data_type: TYPE_BOOL dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+"""
+
+
 def _model(repo: Path, name: str, config: str, source: str) -> None:
     (repo / name / "1").mkdir(parents=True)
     (repo / name / "config.pbtxt").write_text(textwrap.dedent(config))
@@ -162,6 +199,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     _model(repo, "crash_loop", CRASHER_CONFIG.format(name="crash_loop"), CRASHER)
     _model(repo, "busy", BUSY_CONFIG, BUSY)
     _model(repo, "echo", ECHO_CONFIG, ECHO)
+    _model(repo, "streamer", STREAMER_CONFIG, STREAMER)
     _model(repo, "where_stub", WHERE_CONFIG.format(name="where_stub", parameters=""), WHERE)
     in_process = 'parameters { key: "KUBEINFER_IN_PROCESS" value: { string_value: "true" } }'
     _model(repo, "where_in_process", WHERE_CONFIG.format(name="where_in_process", parameters=in_process), WHERE)
@@ -295,3 +333,25 @@ def test_a_model_runs_in_a_stub_unless_it_opts_in_to_the_servers_process(server:
     assert result.as_numpy("Y").tolist() == [1.0, 2.0, 3.0]  # through BLS to a stub model, either way
     pid = int(result.as_numpy("PID")[0])
     assert (pid == server.proc.pid) == (model == "where_in_process")
+
+
+def test_a_stream_open_when_its_stub_dies_ends_with_the_error_after_what_was_sent(server: ServerProcess) -> None:
+    def stream(crash: bool) -> list[tuple[Any, Any]]:
+        got: queue.Queue[tuple[Any, Any]] = queue.Queue()
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        client.start_stream(callback=lambda result, error: got.put((result, error)))
+        t = grpcclient.InferInput("CRASH", [1], "BOOL")
+        t.set_data_from_numpy(np.array([crash]))
+        client.async_stream_infer("streamer", [t])
+        items = [got.get(timeout=60), got.get(timeout=60)]
+        client.stop_stream()
+        client.close()
+        return items
+
+    (first, e1), (_, e2) = stream(crash=True)
+    assert e1 is None and first.as_numpy("OUT").tolist() == [1]
+    assert e2 is not None and e2.message() == "Stub process 'streamer_0' is not healthy."
+    wait_for("streamer to be ready again", lambda: _ready(server, "streamer"))
+    (one, e1), (two, e2) = stream(crash=False)
+    assert e1 is None and e2 is None
+    assert [one.as_numpy("OUT").tolist(), two.as_numpy("OUT").tolist()] == [[1], [2]]

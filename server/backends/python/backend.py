@@ -15,6 +15,7 @@ value: { string_value: "true" } }`` runs a model's instances in the server's pro
 from __future__ import annotations
 
 import asyncio
+import logging
 import sys
 import threading
 from pathlib import Path
@@ -32,6 +33,8 @@ from .loader import ModelLoadError, ModelModule
 from .runner import exception_text as exception_text
 from .stub_instance import StubInstance
 from .stub_process import Launch, StubLost, StubProcess
+
+log = logging.getLogger(__name__)
 
 # existing Triton models do `import triton_python_backend_utils as pb_utils` (in-process models)
 sys.modules.setdefault("triton_python_backend_utils", pb_utils)
@@ -59,7 +62,7 @@ def launch_for(config: pb.ModelConfig, version_path: Path) -> Launch:
         env=env,
         timeout=_positive("stub-timeout-seconds", 30.0),
         health_interval=_positive("stub-health-interval-seconds", 5.0),
-        arena_bytes=int(_positive("shm-default-byte-size", float(4 << 20))),
+        arena_bytes=int(_positive("shm-default-byte-size", float(1 << 20))),
     )
 
 
@@ -87,6 +90,13 @@ class PythonBackend(Backend):
         self.in_process = in_process(config)
         if self.in_process and context_view is not None:
             context.bind_host(InProcessHost(context_view))
+        if self.in_process and EXECUTION_ENV_PATH in config.parameters:
+            log.warning(
+                "model '%s': %s is ignored: %s runs the model in the server's own interpreter",
+                config.name,
+                EXECUTION_ENV_PATH,
+                IN_PROCESS,
+            )
         self.metrics: CustomMetrics = context_view.custom_metrics if context_view is not None else CustomMetrics()
         #: custom metric families this load creates belong to it (gone when it unloads)
         self.metrics_owner = f"{config.name}/{version}/{id(self):x}"

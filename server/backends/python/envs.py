@@ -37,9 +37,19 @@ def cache_dir() -> Path:
     return Path(configured) if configured else Path(tempfile.gettempdir()) / "kubeinfer-python-envs"
 
 
+#: glibc's malloc in a stub: blocks up to 32 MiB from the heap, and freed memory kept up to 128 MiB. With
+#: the defaults a small process gives large blocks back at once, so every large numpy temporary is a fresh
+#: mapping whose pages fault in again (README "Python models" has the measured cost). Not when the
+#: server's environment sets its own (GLIBC_TUNABLES, MALLOC_*). A stub's memory goes back when it ends.
+MALLOC_TUNABLES = "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=134217728"
+
+
 def base_env() -> dict[str, str]:
-    """The environment a stub gets when the model names none: the server's."""
-    return dict(os.environ)
+    """The environment a stub gets when the model names none: the server's (and the malloc settings)."""
+    env = dict(os.environ)
+    if "GLIBC_TUNABLES" not in env and not any(k.startswith("MALLOC_") for k in env):
+        env["GLIBC_TUNABLES"] = MALLOC_TUNABLES
+    return env
 
 
 def resolve(value: str, model_dir: Path) -> Path:

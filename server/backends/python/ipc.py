@@ -22,7 +22,9 @@ Stub-safe (standard library and numpy only): see ``context``.
 from __future__ import annotations
 
 import bisect
+import functools
 import json
+import math
 import mmap
 import os
 import secrets
@@ -279,7 +281,7 @@ class SegmentMap:
             finally:
                 self.release(sid, offset)
         dtype = _dtype(dtype_text)
-        if int(np.prod(shape, dtype=np.int64)) * dtype.itemsize != nbytes:
+        if math.prod(shape) * dtype.itemsize != nbytes:
             raise ValueError(f"tensor '{name}': {nbytes} bytes do not hold {dtype} {list(shape)}")
         array: np.ndarray = np.ndarray(shape, dtype, buffer=mapping, offset=offset)
         weakref.finalize(array, self.release, sid, offset)
@@ -290,6 +292,7 @@ class SegmentMap:
             self.drop(sid)
 
 
+@functools.lru_cache(maxsize=64)
 def _dtype(text: str) -> np.dtype[Any]:
     dtype = np.dtype(text)
     if dtype.hasobject or dtype.fields is not None or dtype.shape != ():
@@ -308,7 +311,7 @@ def encode_bytes(array: np.ndarray) -> bytes:
 
 
 def decode_bytes(buffer: memoryview, shape: tuple[int, ...]) -> np.ndarray:
-    count = int(np.prod(shape, dtype=np.int64))
+    count = math.prod(shape)
     values: list[bytes] = []
     offset = 0
     end = len(buffer)

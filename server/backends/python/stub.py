@@ -37,20 +37,20 @@ from .pb_request import InferenceRequest, SenderState
 from .pb_types import InferenceResponse, Tensor, TritonError, TritonModelException
 from .runner import InitializeError, ModelRunner, exception_text
 
-#: bytes of the first segment of the stub's arena (more are added as responses need them)
-INITIAL_ARENA = 4 << 20
+#: bytes of the first segment of the stub's arena, unless the server says (more are added as needed)
+INITIAL_ARENA = 1 << 20
 _STOP = object()
 
 
 class Channel:
     """The stub's end of the socket: messages out from any thread, in on the reader thread."""
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, arena_bytes: int = INITIAL_ARENA) -> None:
         self.sock = sock
         self.lock = threading.Lock()
         self._frees: list[list[int]] = []
         self.arena_lock = threading.Lock()
-        self.arena = ipc.Arena(INITIAL_ARENA, self._announce, self._retire)
+        self.arena = ipc.Arena(arena_bytes, self._announce, self._retire)
         self.segments = ipc.SegmentMap(self._release)
 
     def send(self, message: dict[str, Any], fds: tuple[int, ...] = ()) -> None:
@@ -67,6 +67,9 @@ class Channel:
                     self.sock.sendall(data)
             except OSError:
                 os._exit(0)  # the server is gone: nothing here is of use to anyone
+
+    def has_frees(self) -> bool:
+        return bool(self._frees)
 
     def flush_frees(self) -> None:
         if self._frees:
@@ -300,8 +303,8 @@ class WireState(SenderState):
 
 # ---- the process ------------------------------------------------------------------------------------
 class Stub:
-    def __init__(self, sock: socket.socket) -> None:
-        self.channel = Channel(sock)
+    def __init__(self, sock: socket.socket, arena_bytes: int = INITIAL_ARENA) -> None:
+        self.channel = Channel(sock, arena_bytes)
         self.host = StubHost(self.channel)
         self.work: queue.Queue[Any] = queue.Queue()
         self.runner: ModelRunner | None = None
@@ -313,10 +316,11 @@ class Stub:
         sock = self.channel.sock
         try:
             while True:
-                ready, _, _ = select.select([sock], [], [], 0.05)
-                if not ready:
-                    self.channel.flush_frees()
-                    continue
+                if self.channel.has_frees():  # blocks the model let go of: tell the server soon, even if idle
+                    ready, _, _ = select.select([sock], [], [], 0.05)
+                    if not ready:
+                        self.channel.flush_frees()
+                        continue
                 data = ipc.recv(sock, self._fds)
                 if not data:
                     break
@@ -341,6 +345,8 @@ class Stub:
         elif op == "drop":
             self.channel.segments.drop(message["s"])
         else:  # init, exec, fin, autocomplete: the main thread's work, in order
+            if "fr" in message:  # blocks the server read, sent along with an execute
+                self.channel.free(message.pop("fr"))
             self.work.put(message)
 
     # ---- main thread -------------------------------------------------------------------------
@@ -434,10 +440,10 @@ class Stub:
 
 
 def main(argv: list[str]) -> None:
-    """``stub_boot.py <socket fd>``."""
+    """``stub_boot.py <socket fd> [<bytes of the first arena segment>]``."""
     sock = socket.socket(fileno=int(argv[0]))
     sock.setblocking(True)
-    stub = Stub(sock)
+    stub = Stub(sock, int(argv[1]) if len(argv) > 1 else INITIAL_ARENA)
     context.bind_host(stub.host)
     sys.modules.setdefault("triton_python_backend_utils", pb_utils)
     try:

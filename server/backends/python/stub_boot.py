@@ -1,4 +1,4 @@
-"""Entry point of a stub process: ``<python> stub_boot.py <socket fd>``.
+"""Entry point of a stub process: ``<python> stub_boot.py <socket fd> <arena bytes>``.
 
 Imports this folder as the package ``_kubeinfer_python_backend`` without leaving it on ``sys.path`` (its
 module names must not shadow a model's own ``helper`` or ``context``), then runs ``stub.main``. Runs

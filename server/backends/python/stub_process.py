@@ -23,6 +23,7 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -45,6 +46,8 @@ model_log = logging.getLogger("kubeinfer.python_model")
 BOOT = Path(__file__).with_name("stub_boot.py")
 _KINDS = {0: store.COUNTER, 1: store.GAUGE, 2: store.HISTOGRAM}
 _LEVELS = {0: logging.INFO, 1: logging.WARNING, 2: logging.ERROR, 3: logging.DEBUG}
+#: seconds a block the server read may wait to be freed with others (the next execute takes them at once)
+FREE_DELAY = 0.05
 
 
 @dataclass(frozen=True)
@@ -57,8 +60,8 @@ class Launch:
     timeout: float = 30.0
     #: seconds between health checks
     health_interval: float = 5.0
-    #: bytes of the first segment of the server's arena per stub (Triton's ``shm-default-byte-size``)
-    arena_bytes: int = 4 << 20
+    #: bytes of the first shared-memory segment each way per stub (Triton's ``shm-default-byte-size``)
+    arena_bytes: int = 1 << 20
 
 
 class StubLost(Exception):
@@ -105,6 +108,7 @@ class StubProcess:
         self._out: list[tuple[bytes, tuple[int, ...]]] = []
         self._frees: list[list[int]] = []
         self._flush_scheduled = False
+        self._loop_thread = 0
         self.arena = ipc.Arena(launch.arena_bytes, self._announce, self._retire)
         self.segments = ipc.SegmentMap(self._release)
         self._ids = itertools.count(1)
@@ -123,7 +127,7 @@ class StubProcess:
         try:
             self.proc = await asyncio.to_thread(
                 subprocess.Popen,
-                [self.launch.python, str(BOOT), str(child.fileno())],
+                [self.launch.python, str(BOOT), str(child.fileno()), str(self.launch.arena_bytes)],
                 pass_fds=(child.fileno(),),
                 env=self.launch.env,
                 stdin=subprocess.DEVNULL,
@@ -135,6 +139,7 @@ class StubProcess:
         finally:
             child.close()
         self.pid = self.proc.pid
+        self._loop_thread = threading.get_ident()
         parent.setblocking(False)
         self.sock = parent
         self.loop.add_reader(parent.fileno(), self._on_readable)
@@ -302,18 +307,26 @@ class StubProcess:
         self.send({"op": "drop", "s": sid})
 
     def _release(self, sid: int, offset: int) -> None:
-        """A view of a stub block died here (any thread): tell the stub, soon, with the others."""
+        """A view of a stub block died here (any thread): tell the stub soon, with the others (or with the
+        next ``execute``, whichever comes first)."""
         self._frees.append([sid, offset])
         if not self._flush_scheduled:
             self._flush_scheduled = True
             try:
-                self.loop.call_soon_threadsafe(self._flush_frees)
+                if threading.get_ident() == self._loop_thread:
+                    self.loop.call_later(FREE_DELAY, self._flush_frees)
+                else:
+                    self.loop.call_soon_threadsafe(self.loop.call_later, FREE_DELAY, self._flush_frees)
             except RuntimeError:  # the loop is closed: the server is stopping
                 pass
 
+    def _take_frees(self) -> list[list[int]]:
+        frees, self._frees = self._frees, []
+        return frees
+
     def _flush_frees(self) -> None:
         self._flush_scheduled = False
-        frees, self._frees = self._frees, []
+        frees = self._take_frees()
         if frees and self.lost is None:
             self.send({"op": "free", "b": frees})
 
@@ -331,7 +344,10 @@ class StubProcess:
             raise StubLost(self.lost)
         exec_id = next(self._ids)
         future = self._execs[exec_id] = self.loop.create_future()
-        self.send({"op": "exec", "id": exec_id, "reqs": requests})
+        message: dict[str, Any] = {"op": "exec", "id": exec_id, "reqs": requests}
+        if self._frees:
+            message["fr"] = self._take_frees()
+        self.send(message)
         answers: list[Any] = await future
         return answers
 
