@@ -8,7 +8,7 @@ from: the server writes request tensors into its arena, the stub writes response
 A message carries a tensor's descriptor ``[name, dtype, shape, segment, offset, nbytes]`` and the other
 side reads it in place (``SegmentMap.array``): one copy each way, into the arena and never out of it.
 A block goes back to its owner's free list when the reader's last view of it is gone (a ``free``
-message, sent from a ``weakref.finalize`` on the view).
+message, sent after a weak reference to the view fires).
 
 Segments are files in ``/dev/shm`` (so the pod's ``/dev/shm`` size bounds them, as Triton's), unlinked as
 soon as they are created: they have no name another process could open, nothing is left behind when a
@@ -215,6 +215,8 @@ class Arena:
 
     def _trim(self) -> None:
         """Give back extra segments that have been wholly free for a while (the first one stays)."""
+        if len(self.segments) < 2:
+            return
         now = time.monotonic()
         first = min(self.segments, default=None)
         for sid, segment in list(self.segments.items()):
@@ -246,6 +248,8 @@ class SegmentMap:
     def __init__(self, release: Callable[[int, int], None]) -> None:
         self.maps: dict[int, tuple[int, mmap.mmap]] = {}
         self.release = release
+        #: a weak reference per view handed out, with the block it reads (``weakref.finalize`` costs ~10x)
+        self._views: dict[int, tuple[weakref.ref[np.ndarray], int, int]] = {}
 
     def add(self, sid: int, fd: int, size: int) -> None:
         try:
@@ -284,8 +288,14 @@ class SegmentMap:
         if math.prod(shape) * dtype.itemsize != nbytes:
             raise ValueError(f"tensor '{name}': {nbytes} bytes do not hold {dtype} {list(shape)}")
         array: np.ndarray = np.ndarray(shape, dtype, buffer=mapping, offset=offset)
-        weakref.finalize(array, self.release, sid, offset)
+        ref = weakref.ref(array, self._gone)
+        self._views[id(ref)] = (ref, sid, offset)
         return array
+
+    def _gone(self, ref: weakref.ref[np.ndarray]) -> None:
+        entry = self._views.pop(id(ref), None)
+        if entry is not None:
+            self.release(entry[1], entry[2])
 
     def close(self) -> None:
         for sid in list(self.maps):
