@@ -16,7 +16,9 @@ Points: ``tiny`` (an identity on 16 floats: what the hand-off costs when there i
 gain over one GIL), the example repository's ``preprocessor`` on 480x640 images (0.9 MB a request,
 numpy work: what the copies cost), and the example ``cifar10_pipeline`` end to end (preprocessor ->
 ResNet-18 -> postprocessor) on 32x32 and 480x640 images. Server CPU per request counts the server's
-whole process tree (stubs included). Writes ``benchmarks/results/python-stubs-<time>.json``.
+whole process tree (stubs included). Also the example preprocessor alone in a fresh process, with glibc's
+default malloc settings and with the stubs' (page faults and CPU per call).
+Writes ``benchmarks/results/python-stubs-<time>.json``.
 A measurement, never a test: nothing asserts a speed.
 """
 
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -136,6 +139,39 @@ def repositories(root: Path, work: int) -> dict[str, Path]:
     return {"stubs": stubs, "in-process": inproc, "triton": triton}
 
 
+MALLOC_PROBE = """
+import resource, sys, time, types
+import numpy as np
+sys.modules["triton_python_backend_utils"] = types.ModuleType("triton_python_backend_utils")
+from kubeinfer.server.examples import python_models
+namespace = {}
+exec(python_models.source("preprocessor"), namespace)
+image = np.random.default_rng(0).integers(0, 256, (480, 640, 3), dtype=np.uint8)
+namespace["preprocess"](image)
+faults, cpu = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.process_time()
+for _ in range(200):
+    namespace["preprocess"](image)
+print(round((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / 200, 1),
+      round((time.process_time() - cpu) / 200 * 1000, 3))
+"""
+
+
+def malloc_probe() -> dict[str, dict[str, float]]:
+    """The example preprocessor on a 480x640 image in a fresh process: page faults and CPU ms a call, with
+    glibc's default malloc settings and with the ones stubs get (``envs.MALLOC_TUNABLES``)."""
+    from kubeinfer.server.backends.python import envs
+
+    out = {}
+    for label, tunables in (("glibc defaults", None), ("stub settings", envs.MALLOC_TUNABLES)):
+        env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
+        if tunables:
+            env["GLIBC_TUNABLES"] = tunables
+        done = subprocess.run([sys.executable, "-c", MALLOC_PROBE], capture_output=True, text=True, env=env)
+        faults, ms = (float(v) for v in done.stdout.split())
+        out[label] = {"page_faults_per_call": faults, "cpu_ms_per_call": ms}
+    return out
+
+
 def perf(
     peer: peers.Peer, model: str, extra: list[str], args: argparse.Namespace, out: Path, work: int
 ) -> dict[str, Any]:
@@ -216,6 +252,8 @@ def main(argv: list[str] | None = None) -> int:
         "points": [],
     }
     started = time.time()
+    report["malloc_probe"] = malloc_probe()
+    print(f"preprocessor in a fresh process: {json.dumps(report['malloc_probe'])}", flush=True)
     with tempfile.TemporaryDirectory(prefix="kubeinfer-stubs-bench-") as tmp:
         root = Path(tmp)
         repos = repositories(root, args.work)

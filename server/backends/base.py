@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -93,6 +93,11 @@ class BackendInstance(ABC):
     def unready_reason(self) -> str:
         """Why it is not ready ("" when it is)."""
         return ""
+
+    def when_ready(self, callback: Callable[[], None]) -> bool:
+        """Call ``callback`` (on the event loop) once the instance can execute again and return True, or
+        return False when it can now. The instance pool keeps a restarting instance out of rotation so."""
+        return False
 
 
 class TensorBackendInstance(BackendInstance):

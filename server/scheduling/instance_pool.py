@@ -106,8 +106,10 @@ class InstancePool:
         if running is not None and not running.done():
             # the instance is still busy with the abandoned batch: free the slot when it finishes
             loop = asyncio.get_running_loop()
-            running.add_done_callback(lambda _: loop.call_soon_threadsafe(self._queue().put_nowait, slot))
+            running.add_done_callback(lambda _: loop.call_soon_threadsafe(self.release, slot))
             return
+        if self.instances[slot].when_ready(lambda: self._queue().put_nowait(slot)):
+            return  # restarting (a Python model's stub): the other instances take the work meanwhile
         self._queue().put_nowait(slot)
 
     async def execute(self, slot: int, batch: Batch) -> list[RequestResult]:

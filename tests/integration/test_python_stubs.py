@@ -59,8 +59,19 @@ backend: "python"
 max_batch_size: 0
 input [ {{ name: "MODE" data_type: TYPE_INT32 dims: [ 1 ] }} ]
 output [ {{ name: "PID" data_type: TYPE_INT64 dims: [ 1 ] }} ]
-instance_group [ {{ count: 1 kind: KIND_CPU }} ]
+instance_group [ {{ count: {count} kind: KIND_CPU }} ]
 """
+
+# a crasher whose initialize takes 5 s while <model folder>/slow exists (a slow restart)
+SLOW_START = CRASHER.replace(
+    "class TritonPythonModel:",
+    """class TritonPythonModel:
+    def initialize(self, args):
+        import time
+        if os.path.exists(os.path.join(args["model_repository"], "slow")):
+            time.sleep(5)
+""",
+)
 
 # pure-Python work; reports its process and its execution window on the system-wide monotonic clock
 BUSY = """
@@ -195,8 +206,9 @@ def _model(repo: Path, name: str, config: str, source: str) -> None:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     repo = tmp_path_factory.mktemp("stubs") / "repo"
-    _model(repo, "crasher", CRASHER_CONFIG.format(name="crasher"), CRASHER)
-    _model(repo, "crash_loop", CRASHER_CONFIG.format(name="crash_loop"), CRASHER)
+    _model(repo, "crasher", CRASHER_CONFIG.format(name="crasher", count=1), CRASHER)
+    _model(repo, "crash_loop", CRASHER_CONFIG.format(name="crash_loop", count=1), CRASHER)
+    _model(repo, "pair", CRASHER_CONFIG.format(name="pair", count=2), SLOW_START)
     _model(repo, "busy", BUSY_CONFIG, BUSY)
     _model(repo, "echo", ECHO_CONFIG, ECHO)
     _model(repo, "streamer", STREAMER_CONFIG, STREAMER)
@@ -355,3 +367,24 @@ def test_a_stream_open_when_its_stub_dies_ends_with_the_error_after_what_was_sen
     (one, e1), (two, e2) = stream(crash=False)
     assert e1 is None and e2 is None
     assert [one.as_numpy("OUT").tolist(), two.as_numpy("OUT").tolist()] == [[1], [2]]
+
+
+def test_while_an_instance_restarts_the_other_one_takes_its_work(server: ServerProcess) -> None:
+    repo = Path(server.args[server.args.index("--model-repository") + 1])
+    pids = {_mode("pair", server, 0) for _ in range(6)}
+    assert len(pids) == 2
+    (repo / "pair" / "slow").touch()  # the next initialize takes 5 s
+    try:
+        with pytest.raises(InferenceServerException):
+            _mode("pair", server, 1)
+        started = time.monotonic()
+        answered = [_mode("pair", server, 0) for _ in range(4)]
+        took = time.monotonic() - started
+        assert not _ready(server, "pair")  # until the other is back
+    finally:
+        (repo / "pair" / "slow").unlink()
+    (survivor,) = set(answered)  # all by the instance that did not die, without waiting for the other
+    assert survivor in pids
+    assert took < 4, took
+    wait_for("pair to be ready again", lambda: _ready(server, "pair"), timeout=60)
+    assert len({_mode("pair", server, 0) for _ in range(6)}) == 2

@@ -5,7 +5,8 @@ awaits the stub's answer on the server loop (``execute_async``: the instance poo
 
 When the stub dies (a segfault, ``os._exit``, the OOM killer) or misses a health check, only the
 requests it held fail, with Triton 2.51's text (``Stub process '<instance>' is not healthy.``, INTERNAL);
-requests queued for the instance wait for its next stub. The instance reports not ready (so does its
+the instance leaves the pool's rotation until its next stub serves (the other instances take the work;
+with none left, requests wait in the queue). The instance reports not ready (so does its
 model, and the repository index says why) and a new stub starts: at once the first time, then after a
 doubling delay. More than ``RESTART_LIMIT`` deaths within ``RESTART_WINDOW`` seconds and the instance
 gives up: not ready, every request fails with that text, until the model is loaded again. Each step is
@@ -17,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
@@ -71,6 +73,7 @@ class StubInstance(BackendInstance):
         self.gave_up = False
         self._deaths: list[float] = []
         self._serving = asyncio.Event()
+        self._waiting_for_ready: list[Callable[[], None]] = []
         self._restart: asyncio.Task[None] | None = None
         self.proc: StubProcess | None = None
         try:
@@ -85,6 +88,19 @@ class StubInstance(BackendInstance):
 
     def unready_reason(self) -> str:
         return self.reason
+
+    def when_ready(self, callback: Callable[[], None]) -> bool:
+        if self._serving.is_set():
+            return False
+        self._waiting_for_ready.append(callback)
+        return True
+
+    def _set_serving(self) -> None:
+        """Serving again (or given up, so that waiting requests fail now)."""
+        self._serving.set()
+        callbacks, self._waiting_for_ready = self._waiting_for_ready, []
+        for callback in callbacks:
+            callback()
 
     # ---- the process ----------------------------------------------------------------------------
     async def _start(self) -> StubProcess:
@@ -149,7 +165,7 @@ class StubInstance(BackendInstance):
                 f"{what}; it died {deaths} times in {RESTART_WINDOW:.0f} s and is not restarted (load the model again)"
             )
             log.error("%s", self.reason)
-            self._serving.set()  # requests waiting for it fail now
+            self._set_serving()  # requests waiting for it fail now
             return
         delay = 0.0 if deaths == 1 else min(RESTART_DELAY_MAX, 0.5 * 2 ** (deaths - 2))
         self.reason = f"{what}; restart {deaths} in {delay:.1f} s"
@@ -171,7 +187,7 @@ class StubInstance(BackendInstance):
         self.proc = proc
         self.reason = ""
         log.warning("instance '%s' serves again (stub process %d)", self.name, proc.pid)
-        self._serving.set()
+        self._set_serving()
 
     def unhealthy_text(self) -> str:
         """What requests a dead stub held get: Triton 2.51's text (seen with a segfaulting and with a stopped
