@@ -62,6 +62,21 @@ output [ {{ name: "PID" data_type: TYPE_INT64 dims: [ 1 ] }} ]
 instance_group [ {{ count: {count} kind: KIND_CPU }} ]
 """
 
+# three requests leave together (a lone one waits an hour for company): one execute holds all three
+BATCHED_CRASHER_CONFIG = """
+name: "batch_crasher"
+backend: "python"
+max_batch_size: 4
+input [ { name: "MODE" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "PID" data_type: TYPE_INT64 dims: [ 1 ] } ]
+dynamic_batching { preferred_batch_size: [ 3 ] max_queue_delay_microseconds: 3600000000 }
+"""
+
+BATCHED_CRASHER = CRASHER.replace(
+    'mode = int(pb_utils.get_input_tensor_by_name(request, "MODE").as_numpy()[0])',
+    'mode = int(pb_utils.get_input_tensor_by_name(request, "MODE").as_numpy()[0, 0])',
+).replace("np.array([os.getpid()], np.int64)", "np.array([[os.getpid()]], np.int64)")
+
 # a crasher whose initialize takes 5 s while <model folder>/slow exists (a slow restart)
 SLOW_START = CRASHER.replace(
     "class TritonPythonModel:",
@@ -209,6 +224,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     _model(repo, "crasher", CRASHER_CONFIG.format(name="crasher", count=1), CRASHER)
     _model(repo, "crash_loop", CRASHER_CONFIG.format(name="crash_loop", count=1), CRASHER)
     _model(repo, "pair", CRASHER_CONFIG.format(name="pair", count=2), SLOW_START)
+    _model(repo, "batch_crasher", BATCHED_CRASHER_CONFIG, BATCHED_CRASHER)
     _model(repo, "busy", BUSY_CONFIG, BUSY)
     _model(repo, "echo", ECHO_CONFIG, ECHO)
     _model(repo, "streamer", STREAMER_CONFIG, STREAMER)
@@ -388,3 +404,24 @@ def test_while_an_instance_restarts_the_other_one_takes_its_work(server: ServerP
     assert took < 4, took
     wait_for("pair to be ready again", lambda: _ready(server, "pair"), timeout=60)
     assert len({_mode("pair", server, 0) for _ in range(6)}) == 2
+
+
+def test_every_request_of_the_batch_a_stub_died_with_gets_the_error(server: ServerProcess) -> None:
+    def call(mode: int) -> tuple[str, str]:
+        client = httpclient.InferenceServerClient(server.http_url, network_timeout=120)
+        t = httpclient.InferInput("MODE", [1, 1], "INT32")
+        t.set_data_from_numpy(np.array([[mode]], np.int32))
+        try:
+            return "ok", str(client.infer("batch_crasher", [t]).as_numpy("PID")[0, 0])
+        except InferenceServerException as exc:
+            return exc.status() or "", exc.message()
+        finally:
+            client.close()
+
+    with ThreadPoolExecutor(3) as pool:
+        results = list(pool.map(call, [0, 1, 0]))  # the middle one segfaults the stub, in one execute
+    assert results == [("500", "Stub process 'batch_crasher_0' is not healthy.")] * 3
+    assert _echo(server, [4.0]) == [4.0]
+    wait_for("batch_crasher to be ready again", lambda: _ready(server, "batch_crasher"))
+    with ThreadPoolExecutor(3) as pool:
+        assert [status for status, _ in pool.map(call, [0, 0, 0])] == ["ok"] * 3
