@@ -75,8 +75,8 @@ class BackendInstance(ABC):
 
     may_run_on_loop: ClassVar[bool] = False
     #: an instance whose work happens elsewhere (a Python model's stub process) may offer
-    #: ``async def execute_async(batch)`` and the loop it must be awaited on (``async_loop``); the instance
-    #: pool then awaits it there instead of handing the batch to the instance's thread
+    #: ``execute_async(batch)`` (a coroutine or a future of the results) and the loop it must be called on
+    #: (``async_loop``); the instance pool then awaits it there instead of handing the batch to a thread
     async_loop: Any = None
 
     @abstractmethod

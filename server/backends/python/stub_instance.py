@@ -1,7 +1,8 @@
 """A Python model instance in its own stub process, as Triton runs one: isolation, and restarts.
 
-``execute`` copies the batch's input tensors into the instance's shared memory, sends one message and
-awaits the stub's answer on the server loop (``execute_async``: the instance pool calls it there).
+``execute_async`` copies the batch's input tensors into the instance's shared memory and sends one
+message, at once, on the server loop (the instance pool calls it there); the stub's answer resolves the
+future it returned.
 
 When the stub dies (a segfault, ``os._exit``, the OOM killer) or misses a health check, only the
 requests it held fail, with Triton 2.51's text (``Stub process '<instance>' is not healthy.``, INTERNAL);
@@ -202,15 +203,30 @@ class StubInstance(BackendInstance):
 
     def execute(self, batch: Batch) -> list[RequestResult]:
         """From a thread: the batch runs on the loop."""
-        return asyncio.run_coroutine_threadsafe(self.execute_async(batch), self.loop).result()
 
-    async def execute_async(self, batch: Batch) -> list[RequestResult]:
-        t0 = time.perf_counter_ns()
+        async def run() -> list[RequestResult]:
+            return await self.execute_async(batch)
+
+        return asyncio.run_coroutine_threadsafe(run(), self.loop).result()
+
+    def execute_async(self, batch: Batch) -> asyncio.Future[list[RequestResult]]:
+        """On the loop: the batch goes to the stub at once (no task to schedule first); a future of its
+        results. While a restart is on its way, it goes once the new stub serves."""
         if not self._serving.is_set():
-            await self._serving.wait()  # a restart is on its way: this slot waits for it
+            return asyncio.ensure_future(self._after_restart(batch))
+        return self._send(batch)
+
+    async def _after_restart(self, batch: Batch) -> list[RequestResult]:
+        await self._serving.wait()
+        return await self._send(batch)
+
+    def _send(self, batch: Batch) -> asyncio.Future[list[RequestResult]]:
+        t0 = time.perf_counter_ns()
+        out: asyncio.Future[list[RequestResult]] = self.loop.create_future()
         proc = self.proc
         if self.gave_up or proc is None or proc.lost is not None:
-            return [BackendError(self.unhealthy_text())] * len(batch.requests)
+            out.set_result([BackendError(self.unhealthy_text())] * len(batch.requests))
+            return out
         results: list[RequestResult] = [None] * len(batch.requests)
         wire: list[dict[str, Any]] = []
         sent: list[tuple[int, int, Pending]] = []  # (index in batch, key, record)
@@ -236,26 +252,31 @@ class StubInstance(BackendInstance):
                 }
             )
         t1 = time.perf_counter_ns()
-        if wire:
-            try:
-                answers = await proc.execute(wire)
-            except StubLost:
-                # the stub died with this batch: the death handler fails it (Triton's text)
-                proc.fail_pending(self.unhealthy_text())
-                answers = [None] * len(sent)
+        batch.timings.compute_input_ns = t1 - t0
+        if not wire:
+            out.set_result(results)
+            return out
+
+        def answered(done: asyncio.Future[list[Any]]) -> None:
             t2 = time.perf_counter_ns()
-            if len(answers) != len(sent):
+            try:
+                answers = done.result()
+            except StubLost:  # the stub died with this batch: its requests get Triton's text
+                answers = [None] * len(sent)
+                proc.fail_pending(self.unhealthy_text())
+            if len(answers) != len(sent):  # not what was asked: the stub is not to be trusted any more
                 proc.kill()
                 answers = [None] * len(sent)
                 proc.fail_pending(self.unhealthy_text())
             for (i, key, record), answer in zip(sent, answers, strict=True):
                 results[i] = self._result(proc, key, record, answer)
-        else:
-            t2 = t1
-        batch.timings.compute_input_ns = t1 - t0
-        batch.timings.compute_infer_ns = t2 - t1
-        batch.timings.compute_output_ns = time.perf_counter_ns() - t2
-        return results
+            batch.timings.compute_infer_ns = t2 - t1
+            batch.timings.compute_output_ns = time.perf_counter_ns() - t2
+            if not out.done():
+                out.set_result(results)
+
+        proc.execute(wire).add_done_callback(answered)
+        return out
 
     def _result(self, proc: StubProcess, key: int, record: Pending, answer: Any) -> RequestResult:
         if isinstance(answer, dict):  # execute returned this request's response

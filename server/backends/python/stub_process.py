@@ -338,18 +338,20 @@ class StubProcess:
         return bridge.outputs_or_error(tensors, None, wanted)
 
     # ---- execute ---------------------------------------------------------------------------------
-    async def execute(self, requests: list[dict[str, Any]]) -> list[Any]:
-        """Send one ``execute``; the stub's per-request results (a response, or None: answered apart)."""
+    def execute(self, requests: list[dict[str, Any]]) -> asyncio.Future[list[Any]]:
+        """Send one ``execute`` now; a future of the stub's per-request results (a response, or None:
+        answered apart). It fails with StubLost if the stub goes first."""
+        future: asyncio.Future[list[Any]] = self.loop.create_future()
         if self.lost is not None:
-            raise StubLost(self.lost)
+            future.set_exception(StubLost(self.lost))
+            return future
         exec_id = next(self._ids)
-        future = self._execs[exec_id] = self.loop.create_future()
+        self._execs[exec_id] = future
         message: dict[str, Any] = {"op": "exec", "id": exec_id, "reqs": requests}
         if self._frees:
             message["fr"] = self._take_frees()
         self.send(message)
-        answers: list[Any] = await future
-        return answers
+        return future
 
     def next_key(self) -> int:
         return next(self._ids)
