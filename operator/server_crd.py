@@ -345,7 +345,9 @@ INFERENCE_SERVER_SPEC = {
         "autoscaling": AUTOSCALING,
         "sharedMemorySize": {
             **_QUANTITY,
-            "description": "Size limit of the memory-backed /dev/shm (default 1Gi; python backend IPC).",
+            "description": "Size limit of the memory-backed /dev/shm (default 1Gi): Python model stubs' shared "
+            "memory (2 MiB per instance plus tensors in flight) and client shared-memory regions; counts against "
+            "the pod's memory.",
         },
         "drainSeconds": _i(
             "Seconds the pod keeps serving after it is told to stop (preStop), before the server drains (default 10).",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,6 +74,10 @@ class BackendInstance(ABC):
     """
 
     may_run_on_loop: ClassVar[bool] = False
+    #: an instance whose work happens elsewhere (a Python model's stub process) may offer
+    #: ``execute_async(batch)`` (a coroutine or a future of the results) and the loop it must be called on
+    #: (``async_loop``); the instance pool then awaits it there instead of handing the batch to a thread
+    async_loop: Any = None
 
     @abstractmethod
     def execute(self, batch: Batch) -> list[RequestResult]:
@@ -81,6 +85,19 @@ class BackendInstance(ABC):
 
     def close(self) -> None:
         """Release the instance's resources (sessions, device memory)."""
+
+    def ready(self) -> bool:
+        """Whether the instance can execute now (a Python model's stub process may be restarting)."""
+        return True
+
+    def unready_reason(self) -> str:
+        """Why it is not ready ("" when it is)."""
+        return ""
+
+    def when_ready(self, callback: Callable[[], None]) -> bool:
+        """Call ``callback`` (on the event loop) once the instance can execute again and return True, or
+        return False when it can now. The instance pool keeps a restarting instance out of rotation so."""
+        return False
 
 
 class TensorBackendInstance(BackendInstance):

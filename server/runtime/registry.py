@@ -156,7 +156,11 @@ class ModelRegistry:
                 s = states[v]
                 if ready_only and s.state != ModelState.READY:
                     continue
-                row = {"name": name, "version": str(v) if v else "", "state": s.state.value, "reason": s.reason}
+                reason = s.reason
+                serving = entry.serving.get(v)
+                if s.state == ModelState.READY and not reason and serving is not None:
+                    reason = serving.scheduler.unready_reason()  # e.g. a Python model's stub restarting
+                row = {"name": name, "version": str(v) if v else "", "state": s.state.value, "reason": reason}
                 if s.state == ModelState.READY and s.config_digest:
                     row["config_digest"] = s.config_digest  # kubeinfer's addition to Triton's index rows
                 rows.append(row)

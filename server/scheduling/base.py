@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..vocabulary.types import InferenceRequest
+
+if TYPE_CHECKING:
+    from .instance_pool import InstancePool
 
 
 class Scheduler(ABC):
@@ -24,8 +28,19 @@ class Scheduler(ABC):
         """
 
     def ready(self) -> bool:
-        """Whether the model can serve now beyond being loaded (an ensemble needs its members)."""
-        return True
+        """Whether the model can serve now beyond being loaded (an ensemble needs its members, a Python
+        model its stub processes)."""
+        pool = self.instance_pool()
+        return pool is None or pool.ready()
+
+    def unready_reason(self) -> str:
+        """Why ``ready()`` is False ("" otherwise)."""
+        pool = self.instance_pool()
+        return pool.unready_reason() if pool is not None else ""
+
+    def instance_pool(self) -> InstancePool | None:
+        """The version's instances (None for an ensemble)."""
+        return None
 
     @property
     def pending(self) -> int:

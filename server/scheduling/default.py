@@ -21,6 +21,9 @@ class DefaultScheduler(Scheduler):
         self.max_batch_size = max_batch_size
         self._waiting = 0
 
+    def instance_pool(self) -> InstancePool:
+        return self.pool
+
     @property
     def pending(self) -> int:
         return self._waiting

@@ -69,6 +69,9 @@ class DynamicBatcher(Scheduler):
         self._done: dict[int, tuple[Entry, RequestResult | None]] = {}
 
     # ---- Scheduler interface ----------------------------------------------------------------
+    def instance_pool(self) -> InstancePool:
+        return self.pool
+
     @property
     def pending(self) -> int:
         return len(self.queue)

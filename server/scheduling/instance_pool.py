@@ -73,7 +73,7 @@ class InstancePool:
         #: the last inline execution took long by the wall clock: measure the next one's CPU time
         self._verify_next = False
         #: slots whose batch still runs although its caller was cancelled: freed when the batch ends
-        self._held: dict[int, Future[tuple[list[RequestResult], int]]] = {}
+        self._held: dict[int, Future[tuple[list[RequestResult], int]] | asyncio.Future[list[RequestResult]]] = {}
 
     def _queue(self) -> asyncio.Queue[int]:
         if self._free is None:  # created lazily: bound to the running loop
@@ -106,8 +106,10 @@ class InstancePool:
         if running is not None and not running.done():
             # the instance is still busy with the abandoned batch: free the slot when it finishes
             loop = asyncio.get_running_loop()
-            running.add_done_callback(lambda _: loop.call_soon_threadsafe(self._queue().put_nowait, slot))
+            running.add_done_callback(lambda _: loop.call_soon_threadsafe(self.release, slot))
             return
+        if self.instances[slot].when_ready(lambda: self._queue().put_nowait(slot)):
+            return  # restarting (a Python model's stub): the other instances take the work meanwhile
         self._queue().put_nowait(slot)
 
     async def execute(self, slot: int, batch: Batch) -> list[RequestResult]:
@@ -121,6 +123,17 @@ class InstancePool:
             try:
                 results, took = self._run_inline(instance, batch)
             except Exception as exc:  # the whole batch failed (backend crash): every request gets the error
+                results = [exc] * len(batch.requests)
+        elif instance.async_loop is not None and instance.async_loop is asyncio.get_running_loop():
+            # the work happens in another process: await it here, no thread hand-off
+            task = asyncio.ensure_future(instance.execute_async(batch))  # type: ignore[attr-defined]
+            try:
+                results = await asyncio.shield(task)
+            except asyncio.CancelledError:
+                if not task.done():  # the caller went away; the batch still runs in the instance
+                    self._held[slot] = task
+                raise
+            except Exception as exc:  # the whole batch failed: every request gets the error
                 results = [exc] * len(batch.requests)
         else:
             running = self._executors[slot].submit(_cpu_timed, instance, batch)
@@ -165,6 +178,13 @@ class InstancePool:
             return results, wall
         self._verify_next = True
         return results, None
+
+    def ready(self) -> bool:
+        """Triton's model readiness: every instance ready (a Python stub restarting is not)."""
+        return all(i.ready() for i in self.instances)
+
+    def unready_reason(self) -> str:
+        return next((r for i in self.instances if (r := i.unready_reason())), "")
 
     async def run(self, batch: Batch) -> list[RequestResult]:
         slot = await self.acquire()

@@ -157,6 +157,9 @@ class SequenceBatcher(Scheduler):
         self._closing = False
         self._idle: asyncio.Event | None = None
 
+    def instance_pool(self) -> InstancePool:
+        return self.pool
+
     # ---- initial state ------------------------------------------------------------------------
     def _initial_state(self, st: pb.ModelSequenceBatching.State, model_dir: ModelFolder | None) -> np.ndarray:
         type_name = pb.DataType.Name(st.data_type)

@@ -15,7 +15,10 @@ state is per instance. Here:
 
 The running instance is the one marked on the current thread (``context.running``). Loading is
 serialised; a model importing a sibling lazily from two instances at the very same moment may see the
-other's copy for that one import (Triton's processes cannot).
+other's copy for that one import (Triton's processes cannot). In a stub process there is one instance,
+and the same rules hold.
+
+Stub-safe (standard library and numpy only): see ``context``.
 """
 
 from __future__ import annotations
@@ -32,8 +35,10 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from ...config import ConfigError
-from ...repository.model_files import pinned
+
+class ModelLoadError(ValueError):
+    """``model.py`` is missing, fails to import or defines no ``TritonPythonModel`` (a load failure)."""
+
 
 _ids = itertools.count()
 _load_lock = threading.RLock()
@@ -43,7 +48,10 @@ _local = threading.local()
 class ModelModule:
     """One instance's import of ``model.py`` and of the sibling modules it uses."""
 
-    def __init__(self, model_file: Path, label: str) -> None:
+    def __init__(self, model_file: Path, label: str, code: bytes | None = None) -> None:
+        """``code``: model.py's bytes as the server read them, once, through the model folder's descriptor
+        (``repository.model_files``), so that a file swapped after that read is not what runs; None reads
+        ``model_file`` (tests, tools)."""
         self.version_dir = model_file.parent
         self.search = [self.version_dir, self.version_dir.parent]
         self.package = f"_kubeinfer_model_{next(_ids)}"
@@ -52,10 +60,11 @@ class ModelModule:
         self._owned: set[str] = set()  # top-level sibling names
         self._dirty = False  # a sibling was imported during this call: take it out of sys.modules
         _install_finders()
-        try:  # the file the runtime opened for this load: model.py is read once, through its descriptor
-            code = pinned(model_file).read_bytes()
-        except (FileNotFoundError, IsADirectoryError):
-            raise ConfigError(f"python model file {model_file} not found") from None
+        if code is None:  # the server hands over what it read through the model folder's descriptor
+            try:
+                code = model_file.read_bytes()
+            except (FileNotFoundError, IsADirectoryError):
+                raise ModelLoadError(f"python model file {model_file} not found") from None
         with _load_lock, self.active():
             package = ModuleType(self.package)
             package.__path__ = [str(self.version_dir)]
@@ -73,12 +82,14 @@ class ModelModule:
                 spec.loader.exec_module(module)
             except Exception as exc:  # SyntaxError, ImportError, anything model.py raises at import
                 self.unload()
-                raise ConfigError(f"{label}: importing {model_file.name} failed: {type(exc).__name__}: {exc}") from None
+                raise ModelLoadError(
+                    f"{label}: importing {model_file.name} failed: {type(exc).__name__}: {exc}"
+                ) from None
         self.module = module
         cls = getattr(module, "TritonPythonModel", None)
         if not isinstance(cls, type):
             self.unload()
-            raise ConfigError(f"{label}: {model_file.name} defines no class TritonPythonModel")
+            raise ModelLoadError(f"{label}: {model_file.name} defines no class TritonPythonModel")
         self.model_class: type = cls
 
     @contextmanager

@@ -4,92 +4,53 @@ Incoming requests: ``get_response_sender()`` returns the request's ``InferenceRe
 rules and error texts are Triton's python_backend src/response_sender.cc (checked against Triton 2.51):
 ``send(response=None, flags=0)`` with ``flags`` 0 or ``TRITONSERVER_RESPONSE_COMPLETE_FINAL``; a
 non-decoupled model sends exactly one response (then, or with it, the final flag); nothing is sent after
-the final flag. A decoupled model's responses go to the request's ``ResponseStream`` as they are sent;
-a non-decoupled model's one response is held until the final flag and then answers the request.
+the final flag. ``SenderState`` holds these rules; where accepted responses go is its subclass's business
+(the request's stream in the server's process, the stub's channel in a stub process). A non-decoupled
+model's one response is held until the final flag and then answers the request.
 
-BLS: ``exec()`` / ``async_exec()`` run a request through the target model's scheduler on the server's
-event loop (batched with other traffic); ``exec(decoupled=True)`` returns an iterator over the target's
-responses, the last one empty when the target ends with a flag-only final, as Triton's does. Errors
-raised before the request is queued read ``Model <name> - Error when running inference: ...`` (pb_stub's
-``InferRequest::Exec``); a response error keeps its message and code.
+BLS: ``exec()`` / ``async_exec()`` hand the request to the host, which runs it through the target
+model's scheduler on the server (batched with other traffic); ``exec(decoupled=True)`` returns an
+iterator over the target's responses, the last one empty when the target ends with a flag-only final,
+as Triton's does. A request refused before it is queued answers with one error response (the host's
+text is Triton's ``Model <name> - Error when running inference: ...``).
+
+Stub-safe (standard library and numpy only): see ``context``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import threading
 from collections.abc import Awaitable, Iterator
-from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import numpy as np
-
-from ...vocabulary import errors
-from ...vocabulary.sequence import sequence_parameters
-from ...vocabulary.streaming import ResponseStream, StreamItem
-from ...vocabulary.types import InferenceRequest as CoreRequest
 from . import context
-from .pb_types import InferenceResponse, Tensor, TritonError, TritonModelException
-
-if TYPE_CHECKING:
-    from ..base import RequestResult
+from .pb_types import InferenceResponse, Tensor, TritonModelException
 
 log = logging.getLogger(__name__)
 
 FINAL = 1  # TRITONSERVER_RESPONSE_COMPLETE_FINAL
-#: request parameters Triton's front ends consume themselves; a model never sees them
-RESERVED_PARAMETERS = frozenset(
-    {"priority", "timeout", "sequence_id", "sequence_start", "sequence_end", "binary_data_output"}
-)
 
 
-def outputs_of(
-    response: InferenceResponse, wanted: frozenset[str] | None
-) -> dict[str, np.ndarray] | errors.ServerError:
-    """A pb_utils response as the runtime's outputs (pruned to the requested ones) or typed error."""
-    err = response.error()
-    if err is not None:
-        code = err.code().name
-        return errors.error_for_code(code, err.message(), "CANCELED" if code == "CANCELLED" else "BACKEND")
-    outputs: dict[str, np.ndarray] = {}
-    for t in response.output_tensors():
-        name = t.name()
-        if wanted is not None and name not in wanted:
-            continue
-        array = t.as_numpy()
-        if array.dtype == np.object_ and array.size:
-            array = np.vectorize(_to_bytes, otypes=[object])(array)
-        outputs[name] = array
-    return outputs
+class SenderState:
+    """How one incoming request is answered: the response sender's rules (response_sender.cc).
 
-
-def _to_bytes(v: Any) -> bytes:
-    return v if isinstance(v, bytes) else str(v).encode("utf-8")
-
-
-class RequestState:
-    """How one incoming request is answered: the sender's bookkeeping and where responses go.
-
-    ``done`` resolves when the request is complete: with its outputs or error (non-decoupled), or with
-    None once the final flag went to the stream (decoupled). Senders may be used from any thread.
+    Senders may be used from any thread. Subclasses deliver what the rules accept: ``_deliver`` (a
+    decoupled response or flag-only final, under the lock so responses keep the order they were
+    accepted in), ``_finish`` (a non-decoupled request's one response, sent through the sender),
+    ``_answer`` (one ``execute`` returned), ``_fail`` and ``_pending``.
     """
 
-    __slots__ = ("core", "decoupled", "wanted", "lock", "closed", "sent", "held", "done", "sender_used")
-
-    def __init__(self, core: CoreRequest, decoupled: bool, wanted: frozenset[str] | None) -> None:
-        self.core = core
+    def __init__(self, decoupled: bool) -> None:
         self.decoupled = decoupled
-        self.wanted = wanted
         self.lock = threading.Lock()
         self.closed = False
         self.sent = 0
         self.held: InferenceResponse | None = None
-        self.done: Future[RequestResult] = Future()
         self.sender_used = False
 
-    # ---- the response sender's rules (response_sender.cc) ---------------------------------------
+    # ---- the model's side --------------------------------------------------------------------------
     def send(self, response: InferenceResponse | None, flags: int) -> None:
         if flags not in (0, FINAL):
             raise TritonModelException("Unable to send response. Unsupported flag provided.")
@@ -121,72 +82,67 @@ class RequestState:
                 if final:
                     held, self.held = self.held, None
                     assert held is not None
-                    self.done.set_result(outputs_of(held, self.wanted))
+                    self._finish(held)
                 return
-            # under the lock: responses sent from several threads reach the stream in the order accepted
-            stream = self.core.stream
-            assert stream is not None, "decoupled requests carry a stream"
-            if response is None:
-                stream.send(None, final=True)
-            else:
-                result = outputs_of(response, self.wanted)
-                if isinstance(result, errors.ServerError):
-                    stream.send(None, error=result, final=final)
-                else:
-                    stream.send(result, final=final, parameters=response._parameters or None)
-        if final:
-            self.done.set_result(None)
+            self._deliver(response, final)
 
-    # ---- the backend's side ----------------------------------------------------------------------
-    def answer(self, response: InferenceResponse) -> RequestResult:
-        """``execute`` returned ``response`` for this request (non-decoupled)."""
+    def is_cancelled(self) -> bool:
+        raise NotImplementedError
+
+    # ---- the backend's side ------------------------------------------------------------------------
+    def answer(self, response: InferenceResponse) -> Any:
+        """``execute`` returned ``response`` for this request (non-decoupled): what the backend reports."""
         with self.lock:
             if self.closed:  # it answered through the sender already: that answer stands (as Triton)
                 log.error(
-                    "model '%s': execute returned a response for a request already answered through its response "
-                    "sender (Unable to send response. Non-decoupled model cannot send more than one response.)",
-                    self.core.model_name,
+                    "execute returned a response for a request already answered through its response sender "
+                    "(Unable to send response. Non-decoupled model cannot send more than one response.)"
                 )
-                return self.done
+                return self._pending()
             self.closed = True
             self.sent += 1
-        result = outputs_of(response, self.wanted)
-        if self.sender_used:
-            self.done.set_result(result)
-            return self.done
-        return result
+        return self._answer(response)
 
-    def fail(self, error: errors.ServerError) -> None:
-        """``execute`` failed: every request not yet complete gets ``error`` (and is complete)."""
+    def fail(self, message: str) -> None:
+        """``execute`` failed: a request not yet complete gets ``message`` as its error (and is complete)."""
         with self.lock:
             if self.closed:
                 return
             self.closed = True
-        if self.decoupled:
-            assert self.core.stream is not None
-            self.core.stream.fail(error)
-            self.done.set_result(None)
-        else:
-            self.done.set_result(error)
+        self._fail(message)
 
-    def result(self) -> RequestResult:
-        """What the scheduler gets back for this request when ``execute`` returns."""
-        if self.done.done() and not self.sender_used:
-            return self.done.result()
-        return self.done
+    def result(self) -> Any:
+        """What the backend reports for a request ``execute`` left to its sender (or failed)."""
+        return self._pending()
+
+    # ---- delivery: the subclass's ----------------------------------------------------------------
+    def _deliver(self, response: InferenceResponse | None, final: bool) -> None:
+        raise NotImplementedError
+
+    def _finish(self, response: InferenceResponse) -> None:
+        raise NotImplementedError
+
+    def _answer(self, response: InferenceResponse) -> Any:
+        raise NotImplementedError
+
+    def _fail(self, message: str) -> None:
+        raise NotImplementedError
+
+    def _pending(self) -> Any:
+        raise NotImplementedError
 
 
 class InferenceResponseSender:
     """``request.get_response_sender()``: sends this request's responses, from any thread."""
 
-    def __init__(self, state: RequestState) -> None:
+    def __init__(self, state: SenderState) -> None:
         self._state = state
 
     def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
         self._state.send(response, flags)
 
     def is_cancelled(self) -> bool:
-        return self._state.core.cancelled
+        return self._state.is_cancelled()
 
 
 # Triton's class name is InferenceResponseSender; older models refer to ResponseSender
@@ -223,29 +179,22 @@ class InferenceRequest:
         if isinstance(parameters, str):
             parameters = json.loads(parameters) if parameters else {}
         self._parameters = dict(parameters or {})
-        self._state: RequestState | None = None
+        self._state: SenderState | None = None
         self._sender: InferenceResponseSender | None = None
 
     @classmethod
-    def _incoming(
-        cls, core: CoreRequest, state: RequestState, output_names: list[str], version: int
-    ) -> InferenceRequest:
+    def _incoming(cls, fields: dict[str, Any], inputs: list[Tensor], state: SenderState) -> InferenceRequest:
+        """An incoming request from the fields the server filled (``bridge.incoming_fields``)."""
         request = cls(
-            request_id=core.id,
-            correlation_id=core.parameters.get("sequence_id", 0) or 0,
-            inputs=[Tensor(n, a) for n, a in core.inputs.items()],
-            requested_output_names=core.requested_outputs if core.requested_outputs is not None else output_names,
-            model_name=core.model_name,
-            model_version=version,
-            flags=_sequence_flags(core.parameters),
-            timeout=core.timeout_us,
-            parameters={
-                k: v
-                for k, v in core.parameters.items()
-                if k not in RESERVED_PARAMETERS
-                and not k.startswith("triton_")
-                and isinstance(v, (str, int, float, bool))
-            },
+            request_id=fields["id"],
+            correlation_id=fields["correlation_id"],
+            inputs=inputs,
+            requested_output_names=fields["requested"],
+            model_name=fields["model_name"],
+            model_version=fields["model_version"],
+            flags=fields["flags"],
+            timeout=fields["timeout"],
+            parameters=fields["parameters"],
         )
         request._state = state
         return request
@@ -290,7 +239,7 @@ class InferenceRequest:
         return None
 
     def is_cancelled(self) -> bool:
-        return self._state.core.cancelled if self._state is not None else False
+        return self._state.is_cancelled() if self._state is not None else False
 
     def get_response_sender(self) -> InferenceResponseSender:
         if self._state is None:
@@ -303,132 +252,76 @@ class InferenceRequest:
     # ---- BLS --------------------------------------------------------------------------------
     def exec(self, decoupled: bool = False) -> Any:
         """Run the request through its model's scheduler; blocks. ``decoupled=True``: an iterator of responses."""
-        started = on_loop(self._start(decoupled))
-        try:
-            stream = started.result()
-        except _IssueError as exc:
-            return _ResponseIterator(None, exc.response) if decoupled else exc.response
+        call = _host().bls(self, decoupled)
         if decoupled:
-            return _ResponseIterator(stream, None)
-        return on_loop(_last(stream)).result()
+            return _ResponseIterator(call)
+        return _last(call)
 
     def async_exec(self, decoupled: bool = False) -> Awaitable[Any]:
         """Awaitable form of ``exec`` for ``async def execute``."""
         return self._async_exec(decoupled)
 
     async def _async_exec(self, decoupled: bool) -> Any:
-        try:
-            stream = await asyncio.wrap_future(on_loop(self._start(decoupled)))
-        except _IssueError as exc:
-            return _ResponseIterator(None, exc.response) if decoupled else exc.response
+        call = _host().bls(self, decoupled)
         if decoupled:
-            return _ResponseIterator(stream, None)
-        return await asyncio.wrap_future(on_loop(_last(stream)))
+            first = await call.anext()  # the request is running (or refused) once this returns
+            return _ResponseIterator(call, first)
+        last = None
+        while (response := await call.anext()) is not None:
+            last = response
+        assert last is not None
+        return last
 
-    async def _start(self, decoupled: bool) -> ResponseStream:
-        """On the server loop: checks as pb_stub/request_executor.cc makes them, then start the request."""
-        registry = context.server.registry
-        assert registry is not None
-        name = self._model_name
-        version = "" if self._model_version in (-1, None) else str(self._model_version)
-        try:
-            if not registry.is_model_ready(name, version):
-                raise errors.Unavailable(f"Failed for execute the inference request. Model '{name}' is not ready.")
-            if not decoupled and registry.is_decoupled(name, version):
-                raise errors.DecoupledModelCall(
-                    f"Model {name} is using the decoupled. The current BLS request call doesn't support models "
-                    "using the decoupled transaction policy. Please use 'decoupled=True' argument to the 'exec' "
-                    "or 'async_exec' calls for decoupled models.'"
-                )
-            return registry.infer_stream(self._core_request(version))
-        except errors.ServerError as exc:
-            message = f"Model {name} - Error when running inference: {exc.message}"
-            raise _IssueError(InferenceResponse(error=TritonError(message, TritonError.INTERNAL))) from None
-
-    def _core_request(self, version: str) -> CoreRequest:
-        # a BLS step of a sequence: its id and start/end flags travel as the sequence extension's parameters
-        params = {**self._parameters, **sequence_parameters(self._correlation_id, self._flags)}
-        return CoreRequest(
-            model_name=self._model_name,
-            model_version=version,
-            inputs={t.name(): t.as_numpy() for t in self._inputs},
-            requested_outputs=list(self._requested) or None,
-            id=self._request_id,
-            parameters=params,
-            timeout_us=int(self._timeout or 0),
-        )
+    # ---- what the host reads of a BLS request ------------------------------------------------
+    def _bls_fields(self) -> dict[str, Any]:
+        return {
+            "model_name": self._model_name,
+            "model_version": "" if self._model_version in (-1, None) else str(self._model_version),
+            "requested": list(self._requested) or None,
+            "id": self._request_id,
+            "correlation_id": self._correlation_id,
+            "flags": self._flags,
+            "timeout": int(self._timeout or 0),
+            "parameters": dict(self._parameters),
+        }
 
 
-def _sequence_flags(params: dict[str, Any]) -> int:
-    return (1 if params.get("sequence_start") else 0) | (2 if params.get("sequence_end") else 0)
-
-
-class _IssueError(Exception):
-    """A BLS request refused before it was queued; Triton answers it with an error response."""
-
-    def __init__(self, response: InferenceResponse) -> None:
-        super().__init__(response.error())
-        self.response = response
-
-
-def on_loop(coro: Any) -> Future[Any]:
-    """Schedule ``coro`` on the server loop from a model's thread."""
-    loop = context.server.loop
-    if loop is None:
-        coro.close()
+def _host() -> context.Host:
+    host = context.host()
+    if host is None:
         raise TritonModelException("BLS is only available inside a model served by kubeinfer")
-    try:
-        running = asyncio.get_running_loop()
-    except RuntimeError:
-        running = None
-    if running is loop:
-        coro.close()
-        raise TritonModelException("BLS exec() must not be called on the server's event loop")
-    return asyncio.run_coroutine_threadsafe(coro, loop)
+    return host
 
 
-def _response_of(item: StreamItem) -> InferenceResponse:
-    if item.error is not None:
-        code = getattr(TritonError, errors.code_of(item.error))
-        return InferenceResponse(error=TritonError(item.error.message, code))
-    if item.response is None:  # a flag-only final: Triton's iterator yields an empty response
-        return InferenceResponse()
-    response = item.response
-    return InferenceResponse([Tensor(n, a) for n, a in response.outputs.items()], parameters=response.parameters)
-
-
-async def _last(stream: ResponseStream) -> InferenceResponse:
-    """The answer of a non-decoupled target: the stream's one item."""
+def _last(call: context.BlsCall) -> InferenceResponse:
+    """The answer of a non-decoupled target: the call's one response."""
     last = None
-    async for item in stream:
-        last = item
+    while (response := call.next()) is not None:
+        last = response
     assert last is not None
-    return _response_of(last)
+    return last
 
 
 class _ResponseIterator:
     """``exec(decoupled=True)``: the target's responses as they arrive (blocking iteration)."""
 
-    def __init__(self, stream: ResponseStream | None, error: InferenceResponse | None) -> None:
-        self._stream = stream
-        self._error = error
+    _NONE: Any = object()
+
+    def __init__(self, call: context.BlsCall, first: Any = _NONE) -> None:
+        self._call: context.BlsCall | None = call
+        self._first = first
 
     def __iter__(self) -> Iterator[InferenceResponse]:
         return self
 
     def __next__(self) -> InferenceResponse:
-        if self._error is not None:
-            error, self._error = self._error, None
-            return error
-        if self._stream is None:
+        if self._first is not self._NONE:
+            response, self._first = self._first, self._NONE
+        elif self._call is None:
             raise StopIteration
-        try:
-            item = on_loop(_next_item(self._stream)).result()
-        except StopAsyncIteration:
-            self._stream = None
-            raise StopIteration from None
-        return _response_of(item)
-
-
-async def _next_item(stream: ResponseStream) -> StreamItem:
-    return await stream.__anext__()
+        else:
+            response = self._call.next()
+        if response is None:
+            self._call = None
+            raise StopIteration
+        return response  # type: ignore[no-any-return]

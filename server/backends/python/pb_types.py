@@ -3,7 +3,9 @@
 Names, signatures and defaults follow Triton 2.51's ``c_python_backend_utils`` (read from its pybind
 docstrings): ``TritonError(message, code=INTERNAL)``, ``InferenceResponse(output_tensors=[], error=None)``
 (plus ``parameters``, which later Triton versions added), ``Logger.log(message, level=INFO)``. Tensors
-are host numpy arrays handed over by reference: models run in-process, nothing is copied.
+are host numpy arrays (in a stub process, views of the shared memory the server wrote them to).
+
+Stub-safe (standard library and numpy only): see ``context``.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import logging
 from typing import Any
 
 import numpy as np
+
+from . import context
 
 _log = logging.getLogger("kubeinfer.python_model")
 
@@ -177,6 +181,15 @@ _LEVELS = {
 }
 
 
+def log_line(level: int, message: str) -> None:
+    """Where a ``Logger`` line goes: the host (the server log), else this process's logger."""
+    host = context.host()
+    if host is not None:
+        host.log(int(level), str(message))
+    else:
+        _log.log(_LEVELS.get(_LogLevel(int(level)), logging.INFO), "%s", message)
+
+
 class Logger:
     """``pb_utils.Logger.log_info(...)``: goes to the server log (logger ``kubeinfer.python_model``)."""
 
@@ -188,20 +201,20 @@ class Logger:
 
     @staticmethod
     def log(message: str, level: int = _LogLevel.INFO) -> None:
-        _log.log(_LEVELS.get(_LogLevel(int(level)), logging.INFO), "%s", message)
+        log_line(_LogLevel(int(level)), message)
 
     @staticmethod
     def log_info(message: str) -> None:
-        _log.info("%s", message)
+        log_line(_LogLevel.INFO, message)
 
     @staticmethod
     def log_warn(message: str) -> None:
-        _log.warning("%s", message)
+        log_line(_LogLevel.WARNING, message)
 
     @staticmethod
     def log_error(message: str) -> None:
-        _log.error("%s", message)
+        log_line(_LogLevel.ERROR, message)
 
     @staticmethod
     def log_verbose(message: str) -> None:
-        _log.debug("%s", message)
+        log_line(_LogLevel.VERBOSE, message)

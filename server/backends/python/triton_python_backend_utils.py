@@ -8,24 +8,23 @@ from a running Triton, see the README's Python backend table), so a Triton model
 ``Logger``, ``ModelConfig`` (auto-complete), the tensor/config lookup helpers, ``get_model_dir``,
 ``is_model_ready``, ``load_model``/``unload_model`` and the ``TRITONSERVER_*`` constants.
 
-Tensors live in host memory (numpy): models run in-process, so handing a tensor over is a reference,
-never a copy.
+Tensors live in host memory (numpy). Everything that needs the server goes through the host
+(``context``): the stub's channel, or the registry itself for a model run in the server's process.
+
+Stub-safe (standard library and numpy only): see ``context``.
 """
 
 from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import numpy as np
 
-from ...vocabulary.errors import ServerError
-from ...vocabulary.registry_view import ModelControl
 from . import context
 from .pb_metrics import Metric, MetricFamily
-from .pb_request import InferenceRequest, InferenceResponseSender, ResponseSender, on_loop
+from .pb_request import InferenceRequest, InferenceResponseSender, ResponseSender
 from .pb_types import TYPE_CODES, InferenceResponse, Logger, Tensor, TritonError, TritonModelException
 from .pb_types import numpy_to_triton_type as numpy_to_triton_type
 
@@ -154,8 +153,8 @@ def get_model_dir() -> str:
 
 
 def is_model_ready(model_name: str, model_version: str = "") -> bool:
-    registry = context.server.registry
-    return bool(registry is not None and registry.is_model_ready(model_name, str(model_version or "")))
+    host = context.host()
+    return bool(host is not None and host.is_model_ready(model_name, str(model_version or "")))
 
 
 def load_model(model_name: str, config: str = "", files: object = None) -> None:
@@ -174,33 +173,27 @@ def load_model(model_name: str, config: str = "", files: object = None) -> None:
     parameters: dict[str, Any] = {"file:" + str(path).removeprefix("file:"): "" for path in files or {}}
     if config:
         parameters["config"] = config
-    _model_control("load", lambda control: control.load_with_parameters(model_name, parameters))
+    _model_control("load", model_name, parameters, False)
 
 
 def unload_model(model_name: str, unload_dependents: bool = False) -> None:
     """Stop serving ``model_name`` (explicit model control mode only). Returns without waiting for it to
     drain and unload, as Triton's, so a model may unload itself; a model that is not loaded is no error."""
+    _model_control("unload", model_name, {}, unload_dependents)
 
-    _model_control("unload", lambda control: control.unload_model(model_name, unload_dependents, wait=False))
 
-
-def _model_control(action: str, call: Callable[[ModelControl], Awaitable[None]]) -> None:
-    """Run ``call`` on the server loop with the server's model control; blocks the model's thread."""
-    registry = context.server.registry
-    control = registry.model_control if registry is not None else None
-    if control is None:
+def _model_control(action: str, name: str, parameters: dict[str, Any], unload_dependents: bool) -> None:
+    """Ask the server to load or unload ``name``; blocks the model's thread until it answers."""
+    host = context.host()
+    if host is None:
         raise TritonModelException(f"{action}_model() is only available inside a model served by kubeinfer")
-
-    async def run() -> None:
-        await call(control)
-
     try:
-        on_loop(run()).result()
-    except ServerError as exc:
+        host.model_control(action, name, parameters, unload_dependents)
+    except context.ControlRefused as exc:
         instance = context.current()
         where = instance.instance_name if instance is not None else ""
         raise TritonModelException(
-            f"Failed to {action} model: Failed to process the request for model '{where}', message: {exc.message}"
+            f"Failed to {action} model: Failed to process the request for model '{where}', message: {exc}"
         ) from None
 
 
