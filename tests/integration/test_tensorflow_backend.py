@@ -174,6 +174,7 @@ BAD = {
     "bad_share_count": "parameter 'MAX_SESSION_SHARE_COUNT' must be positive number for TensorFlow model "
     "'bad_share_count'",
     "link_out": "leads outside the model repository through a symlink",
+    "cpu_accelerator": "CPU Execution Accelerator is not supported in TensorFlow backend",
 }
 
 
@@ -232,6 +233,12 @@ def _bad_models(root: Path, built: Path) -> None:
         ("too_many_inputs", x + ', { name: "k" data_type: TYPE_INT32 dims: [ 1 ] }', y),
     ):
         _model(root, name, full.replace("{inputs}", inputs).replace("{outputs}", outputs), linear)
+    _model(
+        root,
+        "cpu_accelerator",
+        platform + 'optimization { execution_accelerators { cpu_execution_accelerator [ { name: "openvino" } ] } }\n',
+        linear,
+    )
     _model(root, "batch_without_batch_dim", platform + "max_batch_size: 4\n", _copy(built / "fixed"))
     _model(root, "rank_unknown", platform, _copy(built / "any_rank"))
 

@@ -216,6 +216,7 @@ class TensorFlowBackend(Backend):
 
     def create_instance(self, spec: InstanceSpec) -> BackendInstance:
         device = _device(spec, self.config.name)
+        _check_accelerators(self.config, spec)
         session = self._sessions.take(device or "", self.params.session_share_count, lambda: self._load(spec, device))
         try:
             return TensorFlowInstance(self.config, session)
@@ -227,6 +228,31 @@ class TensorFlowBackend(Backend):
         sig = read_signature(self.config, self.version_path, self.params)
         folder, shown = saved_model_folder(self.config, self.version_path)
         return _Session(self.config, sig, folder, shown, self.params, device)
+
+
+#: the GPU execution accelerators Triton's TensorFlow backend knows (TF-TRT, GPU I/O, auto mixed precision)
+_TF_ACCELERATORS = ("tensorrt", "gpu_io", "auto_mixed_precision")
+
+
+def _check_accelerators(config: pb.ModelConfig, spec: InstanceSpec) -> None:
+    """Triton's rules for ``optimization.execution_accelerators`` (tensorflow.cc CreateModel), its messages."""
+    accelerators = config.optimization.execution_accelerators
+    if accelerators.cpu_execution_accelerator:
+        raise ConfigError("CPU Execution Accelerator is not supported in TensorFlow backend")
+    gpu = list(accelerators.gpu_execution_accelerator)
+    if not gpu:
+        return
+    if spec.kind != "GPU":
+        log.warning("GPU Execution Accelerator will be ignored for model instance on CPU")
+        return
+    for accelerator in gpu:
+        if accelerator.name not in _TF_ACCELERATORS:
+            raise ConfigError(f"unknown Execution Accelerator '{accelerator.name}' is requested")
+    raise ConfigError(
+        f"model '{config.name}': GPU execution accelerators ({', '.join(a.name for a in gpu)}) are not supported "
+        "by this server's TensorFlow backend (TF-TRT needs NVIDIA's TensorFlow build); remove them, or convert "
+        "the SavedModel with `kubeinfer convert --tensorrt`"
+    )
 
 
 def _device(spec: InstanceSpec, model: str) -> str | None:
