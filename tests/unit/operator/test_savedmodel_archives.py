@@ -145,3 +145,20 @@ def test_render_takes_the_platform_and_names_the_folder() -> None:
     with pytest.raises(ConfigError) as info:
         render_model("tfm", _spec({"path": "uploads/sm.tgz"}), server_backends=["onnxruntime", "python"], server="pool")
     assert "InferenceServer 'pool' does not provide backend 'tensorflow'" in str(info.value)
+
+
+def test_a_new_version_of_an_existing_savedmodel_model(root: Path) -> None:
+    _tar(root / NS / "uploads" / "v1.tgz", _files())
+    _tar(root / NS / "uploads" / "v2.tgz", _files("model.savedmodel/"))
+    writer = make_writer(root)
+    server_dir = writer.server_dir(NS, "ns/pool")
+    writer.sync_model(server_dir, render_model("tfm", _spec({"path": "uploads/v1.tgz"})))
+    spec = _spec({"path": "uploads/v1.tgz"})
+    spec["versions"].append({"version": 2, "source": {"path": "uploads/v2.tgz"}})
+    spec["versionPolicy"] = {"all": {}}
+    result = writer.sync_model(server_dir, render_model("tfm", spec))
+    assert result.added_versions == [2]
+    assert sorted(read_model(server_dir, "tfm").versions) == [1, 2]
+    assert (server_dir / "tfm/2/model.savedmodel/variables/variables.index").read_bytes() == FILES[
+        "variables/variables.index"
+    ]
