@@ -306,7 +306,7 @@ class _Session:
         self.session = tf.compat.v1.Session(graph=self.graph, config=proto)
         try:
             with self.graph.as_default(), self.graph.device(device) if device else contextlib.nullcontext():
-                _quiet_load(tf, self.session, sig.tag, folder, device is not None)
+                _load_saved_model(tf, self.session, sig.tag, folder, device is not None)
             self.feeds = {t.name: self.graph.get_tensor_by_name(t.graph_name) for t in sig.inputs}
             self.fetches = {t.name: self.graph.get_tensor_by_name(t.graph_name) for t in sig.outputs}
         except (tf.errors.OpError, OSError, ValueError, KeyError, RuntimeError, TypeError) as exc:
@@ -340,17 +340,23 @@ class _Session:
             self.session.close()
 
 
-def _quiet_load(tf: Any, session: Any, tag: str, folder: Path, clear_devices: bool) -> None:
-    """``tf.compat.v1.saved_model.loader.load``, the loader TensorFlow Serving and Triton use (as C++), without
-    the deprecation notice TensorFlow logs on its first call (it points TF2 users at ``tf.saved_model.load``,
-    which cannot give each model its own session options)."""
+class _LoaderNotice(logging.Filter):
+    """Drops the deprecation notice TensorFlow logs on the first call of its v1 SavedModel loader: it points TF2
+    users at ``tf.saved_model.load``, which cannot give each model its own session options."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "loader_impl) is deprecated" not in record.getMessage()
+
+
+_NOTICE = _LoaderNotice()
+
+
+def _load_saved_model(tf: Any, session: Any, tag: str, folder: Path, clear_devices: bool) -> None:
+    """``tf.compat.v1.saved_model.loader.load``: the loader TensorFlow Serving and Triton use (as C++)."""
     logger = tf.get_logger()
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        tf.compat.v1.saved_model.loader.load(session, [tag], str(folder), clear_devices=clear_devices)
-    finally:
-        logger.setLevel(level)
+    if _NOTICE not in logger.filters:
+        logger.addFilter(_NOTICE)
+    tf.compat.v1.saved_model.loader.load(session, [tag], str(folder), clear_devices=clear_devices)
 
 
 class _Sessions:
