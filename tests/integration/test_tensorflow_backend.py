@@ -38,6 +38,7 @@ if importlib.util.find_spec("tensorflow") is not None:
     from tests.support import tf_models as tm
 
 SAVED = "model.savedmodel"
+HAVE_TORCH = importlib.util.find_spec("torch") is not None
 #: graph-loop rounds of the spin model: ~0.7 s an execution here (3000: 0.13 s), long next to the request overhead
 SPIN_ROUNDS = 15_000
 
@@ -148,6 +149,15 @@ def repo(built: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
         """,
         _copy(built / "spin"),
     )
+    if HAVE_TORCH:  # both frameworks in one server process
+        from tests.support import torch_models
+
+        torch_models.save_torchscript(torch_models.Pair(), root / "torch_pair" / "1" / "model.pt")
+        (root / "torch_pair" / "config.pbtxt").write_text(
+            'platform: "pytorch_libtorch"\nmax_batch_size: 4\n'
+            'input [ { name: "a" data_type: TYPE_FP32 dims: [ 3 ] }, { name: "b" data_type: TYPE_FP32 dims: [ 3 ] } ]\n'
+            'output [ { name: "SUM__0" data_type: TYPE_FP32 dims: [ 3 ] } ]\n'
+        )
     _bad_models(root, built)
     return root
 
@@ -469,6 +479,19 @@ def _compute_ns(server: ServerProcess, model: str) -> tuple[int, int]:
     stats = httpx.get(f"{server.base_url}/v2/models/{model}/stats", timeout=10).json()["model_stats"][0]
     infer = stats["inference_stats"]["compute_infer"]
     return int(infer["ns"]), int(infer["count"])
+
+
+@pytest.mark.skipif(not HAVE_TORCH, reason="torch is not installed: pip install kubeinfer[pytorch]")
+def test_tensorflow_and_pytorch_models_serve_from_one_process(server: ServerProcess, built: Path) -> None:
+    module, client = _client(server, "grpc")
+    a, b = _rows(30, 2, width=3), _rows(31, 2, width=3)
+    np.testing.assert_allclose(_infer(module, client, "torch_pair", {"a": a, "b": b}).as_numpy("SUM__0"), a + b)
+    x = _rows(32, 2)
+    np.testing.assert_allclose(
+        _infer(module, client, "linear", {"x": x}).as_numpy("y"),
+        tm.reference(built / "linear", {"x": x})["y"],
+        rtol=1e-6,
+    )
 
 
 # ---- errors -------------------------------------------------------------------------------------------
