@@ -7,10 +7,12 @@ description on every field it derives from ``model_config.proto``; a missing key
 CONFIG_FIELDS: dict[str, str] = {
     # ModelConfig (top level)
     "ModelConfig.platform": (
-        "Triton platform of the model: onnxruntime_onnx, tensorrt_plan, pytorch_libtorch or ensemble. Give platform or "
-        "backend; the InferenceServer must provide the matching backend (spec.backends)."
+        "Triton platform of the model: onnxruntime_onnx, tensorrt_plan, pytorch_libtorch, tensorflow_savedmodel or "
+        "ensemble. Give platform or backend; the InferenceServer must provide the matching backend (spec.backends)."
     ),
-    "ModelConfig.backend": "Backend that runs the model (onnxruntime, tensorrt, pytorch, python); implied by platform.",
+    "ModelConfig.backend": (
+        "Backend that runs the model (onnxruntime, tensorrt, pytorch, tensorflow, python); implied by platform."
+    ),
     "ModelConfig.version_policy": (
         "Which of the versions in spec.versions the server serves: latest (default, the newest 1), all, or specific."
     ),
@@ -25,8 +27,8 @@ CONFIG_FIELDS: dict[str, str] = {
     "ModelConfig.ensemble_scheduling": "Steps of an ensemble (platform: ensemble); each step calls another model.",
     "ModelConfig.instance_group": "Execution instances of the model: how many, and on which kind of device.",
     "ModelConfig.default_model_filename": (
-        "File name of the model inside each version folder; default model.onnx, model.plan or model.py by "
-        "platform/backend."
+        "File name of the model inside each version folder; default model.onnx, model.plan, model.pt, "
+        "model.savedmodel (a folder) or model.py by platform/backend."
     ),
     "ModelConfig.parameters": "Backend parameters (e.g. intra_op_thread_count), each as {stringValue: ...}.",
     "ModelConfig.model_warmup": "Warmup requests the server runs before marking the model ready.",

@@ -12,7 +12,9 @@ from .schema import CONFIG_TOP_FIELDS, MAX_VERSIONS, message_schema
 _SOURCE = {
     "type": "object",
     "description": "Where the version's model file comes from: a uri (http/https, with sha256) or a path on the "
-    "repository volume. Omit only for ensembles (their version folders are empty).",
+    "repository volume. For tensorflow_savedmodel it is a tar archive (plain, gzip, bzip2 or xz) of the SavedModel "
+    "folder, unpacked into model.savedmodel/ (only files and folders are taken). Omit only for ensembles (their "
+    "version folders are empty).",
     "properties": {
         "uri": {
             "type": "string",

@@ -28,12 +28,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kubeinfer.server.config import ConfigError, check_file_name
-from kubeinfer.server.config.platforms import backend_for
+from kubeinfer.server.config.platforms import backend_for, model_is_folder
 from kubeinfer.server.repository import confined, publish
 from kubeinfer.server.repository.layout import CONFIG_FILE, check_model_name, is_version_dir_name
 from kubeinfer.server.vocabulary.errors import InvalidArgument
 
-from . import artifacts
+from . import archives, artifacts
 from .artifacts import ArtifactError
 from .fetch import Fetch, Fetcher
 from .onnx_check import DEFAULT_CHECK_TIMEOUT, check_onnx
@@ -41,6 +41,8 @@ from .render import RenderedModel, Source
 
 #: dot-named record of where a version folder's file came from (the server ignores dot files)
 SOURCE_MARKER = ".kubeinfer-source.json"
+#: a folder model's archive while it is unpacked beside the folder (removed before the version is published)
+ARCHIVE_FILE = ".kubeinfer-archive"
 #: the operator's own folder at the volume root: staging and deletion happen here, mirroring server folders
 STAGING_DIR = ".kubeinfer-staging"
 
@@ -343,8 +345,11 @@ class RepositoryWriter:
         if model.filename:
             check_file_name_for_writer(model.filename)
             try:
-                with confined.opened(confined.create_new(folder, model.filename)) as dest:
-                    self._fetch(source, dest, place, fetch)
+                if model_is_folder(model.config):
+                    self._stage_folder(folder, model.filename, source, version, place, fetch)
+                else:
+                    with confined.opened(confined.create_new(folder, model.filename)) as dest:
+                        self._fetch(source, dest, place, fetch)
             except ArtifactError as exc:
                 raise ArtifactError(exc.reason, f"version {version}: {exc.message}", version) from None
             except OSError as exc:  # the volume is full, read-only, gone: a condition, not a crashed handler
@@ -357,13 +362,27 @@ class RepositoryWriter:
         publish.write_file(folder, SOURCE_MARKER, json.dumps(source.as_dict(), sort_keys=True))
         publish.fsync_dir(folder)
 
+    def _stage_folder(self, folder: int, name: str, source: Source, version: int, place: _Place, fetch: Fetch) -> None:
+        """A folder model (a SavedModel): its source is a tar archive, fetched beside the folder under a dot-name,
+        unpacked into ``name`` (``archives``) and removed."""
+        archive = ARCHIVE_FILE
+        with confined.opened(confined.create_new(folder, archive)) as packed:
+            self._fetch(source, packed, place, fetch)
+            os.mkdir(name, 0o755, dir_fd=folder)
+            with confined.opened(confined.open_dir(folder, name)) as dest:
+                shown = f"source.{'uri' if source.uri else 'path'} '{source.uri or source.path}'"
+                size = archives.unpack(packed, dest, shown=shown, max_bytes=self.max_bytes, cancelled=fetch.cancelled)
+        os.unlink(archive, dir_fd=folder)
+        fetch.count(place.rel.parts[0], size)  # the unpacked files are on the volume too
+
     def _version_current(self, model_fd: int, model: RenderedModel, version: int) -> bool:
         try:
             with confined.opened(confined.open_dir(model_fd, str(version))) as folder:
                 recorded = json.loads(confined.read_bytes(folder, SOURCE_MARKER))
                 if recorded != model.versions[version].as_dict():
                     return False
-                return not model.filename or confined.kind_of(folder, model.filename) == "file"
+                kind = "dir" if model_is_folder(model.config) else "file"
+                return not model.filename or confined.kind_of(folder, model.filename) == kind
         except (OSError, ValueError, confined.Refused):
             return False
 

@@ -19,6 +19,7 @@ _BUILTIN = {
     "python": "kubeinfer.server.backends.python.backend:PythonBackend",
     "pytorch": "kubeinfer.server.backends.pytorch:PyTorchBackend",
     "tensorrt": "kubeinfer.server.backends.tensorrt:TensorRTBackend",
+    "tensorflow": "kubeinfer.server.backends.tensorflow:TensorFlowBackend",
 }
 
 

@@ -7,6 +7,7 @@ read it, so a platform added here is known everywhere at once. Third-party backe
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from . import model_config_pb2 as pb
@@ -20,10 +21,14 @@ class Platform:
     platform: str
     #: the model file each version folder holds unless ``default_model_filename`` says otherwise
     model_filename: str
+    #: the "file" is a folder (a TensorFlow SavedModel: ``saved_model.pb``, ``variables/``, ``assets/``)
+    folder: bool = False
 
 
-#: in auto-complete order: a version folder with model.onnx is ONNX even if it also holds model.py
+#: in auto-complete order (Triton's: TensorFlow first, Python last): a version folder with model.onnx is ONNX
+#: even if it also holds model.py
 TABLE = (
+    Platform(backend="tensorflow", platform="tensorflow_savedmodel", model_filename="model.savedmodel", folder=True),
     Platform(backend="onnxruntime", platform="onnxruntime_onnx", model_filename="model.onnx"),
     Platform(backend="tensorrt", platform="tensorrt_plan", model_filename="model.plan"),
     # TorchScript (Triton's format) or, beyond Triton, a torch.export program: the archive tells which
@@ -31,6 +36,8 @@ TABLE = (
     Platform(backend="python", platform="", model_filename="model.py"),
     Platform(backend="", platform="ensemble", model_filename=""),
 )
+#: every default model file name (the entries auto-complete looks at)
+MODEL_FILENAMES = frozenset(p.model_filename for p in TABLE if p.model_filename)
 #: platform → the backend that serves it
 KNOWN_PLATFORMS = {p.platform: p.backend for p in TABLE if p.platform}
 #: backends built into the server
@@ -38,6 +45,7 @@ BUILTIN_BACKENDS = tuple(p.backend for p in TABLE if p.backend)
 BY_PLATFORM = {p.platform: p for p in TABLE if p.platform}
 _FILE_BY_PLATFORM = {p.platform: p.model_filename for p in TABLE if p.platform}
 _FILE_BY_BACKEND = {p.backend: p.model_filename for p in TABLE if p.backend}
+_ROW_BY_BACKEND = {p.backend: p for p in TABLE if p.backend}
 
 
 def backend_for(config: pb.ModelConfig) -> str:
@@ -52,9 +60,17 @@ def model_filename(config: pb.ModelConfig) -> str:
     return _FILE_BY_PLATFORM.get(config.platform) or _FILE_BY_BACKEND.get(config.backend) or ""
 
 
-def detect(files: set[str]) -> Platform | None:
-    """The platform a version folder's files imply (Triton's auto-complete without platform/backend)."""
+def model_is_folder(config: pb.ModelConfig) -> bool:
+    """Whether ``config``'s model "file" is a folder (its backend's row says so: TensorFlow SavedModels)."""
+    row = BY_PLATFORM.get(config.platform) or _ROW_BY_BACKEND.get(config.backend)
+    return row is not None and row.folder
+
+
+def detect(files: Collection[str], folders: Collection[str] = ()) -> Platform | None:
+    """The platform a version folder's entries imply (Triton's auto-complete without platform/backend):
+    ``files`` are its plain files, ``folders`` its folders; a row matches only an entry of its kind, as
+    Triton checks (a folder named model.onnx is not an ONNX model)."""
     for row in TABLE:
-        if row.model_filename and row.model_filename in files:
+        if row.model_filename and row.model_filename in (folders if row.folder else files):
             return row
     return None

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..config import ConfigError, check_file_names, parse_config_text, pb
-from ..config.platforms import detect, model_filename
+from ..config.platforms import MODEL_FILENAMES, detect, model_filename, model_is_folder
 from . import confined
 from .layout import CONFIG_FILE, MODEL_NAME, PathEscape, config_digest, is_version_dir_name
 from .model_files import ModelFolder
@@ -41,13 +42,36 @@ def infer_platform(config: pb.ModelConfig, folder: ModelFolder) -> None:
         except (OSError, PathEscape):
             continue
         with confined.opened(fd):
-            found = detect(set(confined.names(fd)))
+            candidates = [n for n in confined.names(fd) if n in MODEL_FILENAMES]
+        files, folders = _kinds(folder, version, candidates)
+        found = detect(files, folders)
         if found is not None:
             if found.platform:
                 config.platform = found.platform
             else:
                 config.backend = found.backend
             return
+
+
+def _kinds(folder: ModelFolder, version: str, names: list[str]) -> tuple[set[str], set[str]]:
+    """Which of ``names`` in a version folder are plain files and which are folders (symlinks followed while
+    they stay inside the repository). One that cannot be opened (a symlink leading out, no permission) counts
+    as both: the platform its name implies is picked and the load says what is wrong with it."""
+    files, folders = set(), set()
+    for name in names:
+        try:
+            fd = confined.open_beneath(folder.root, f"{version}/{name}", follow=True, start=(folder.fd, folder.name))
+        except (OSError, PathEscape):
+            files.add(name)
+            folders.add(name)
+            continue
+        with confined.opened(fd):
+            mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            folders.add(name)
+        elif stat.S_ISREG(mode):
+            files.add(name)
+    return files, folders
 
 
 def _digest_dir(fd: int) -> str:
@@ -143,6 +167,8 @@ def _read_model(folder: ModelFolder, source: ModelSource, override: pb.ModelConf
         return
     source.config = config
     filename = model_filename(config)
+    #: a SavedModel is a folder: the version counts once that folder is there
+    open_model = confined.open_dir if model_is_folder(config) else confined.open_file
     start = (folder.fd, name)
     for entry in confined.names(folder.fd):
         if not is_version_dir_name(entry):
@@ -157,7 +183,7 @@ def _read_model(folder: ModelFolder, source: ModelSource, override: pb.ModelConf
         with confined.opened(fd):
             if filename:
                 try:
-                    os.close(confined.open_file(folder.root, f"{entry}/{filename}", follow=True, start=start))
+                    os.close(open_model(folder.root, f"{entry}/{filename}", follow=True, start=start))
                 except confined.Refused as exc:
                     shown = f"{name}/{entry}/{filename}"
                     raise PathEscape(exc.describe(f"version {version} model file '{shown}'")) from None

@@ -1,6 +1,6 @@
 """``kubeinfer``: tools for model repositories and servers. ``kubeinfer convert`` turns ONNX into a TensorRT
-plan, and a PyTorch model (TorchScript ``model.pt`` or a ``torch.export`` ``model.pt2``) into ONNX and
-optionally TensorRT; ``kubeinfer perf`` load-tests a running server (perf_analyzer's flags);
+plan, and a PyTorch model (TorchScript ``model.pt`` or a ``torch.export`` ``model.pt2``) or a TensorFlow
+SavedModel into ONNX and optionally TensorRT; ``kubeinfer perf`` load-tests a running server (perf_analyzer's flags);
 ``kubeinfer tune`` searches batching and instance settings against a p99 budget."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import convert, convert_torch, perf, tune
+from . import convert, convert_tf, convert_torch, perf, tune
 from .perf.model import PerfError
 
 
@@ -17,12 +17,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     convert_parser = sub.add_parser(
         "convert",
-        help="ONNX → TensorRT plan; PyTorch (model.pt/.pt2) → ONNX (→ TensorRT)",
-        description=f"{convert.__doc__}\n{convert_torch.__doc__}",
+        help="ONNX → TensorRT plan; PyTorch (model.pt/.pt2) or TensorFlow (model.savedmodel) → ONNX (→ TensorRT)",
+        description=f"{convert.__doc__}\n{convert_torch.__doc__}\n{convert_tf.__doc__}",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     convert.add_arguments(convert_parser)
     convert_torch.add_arguments(convert_parser)
+    convert_tf.add_arguments(convert_parser)
     perf_parser = sub.add_parser(
         "perf",
         help="load-test a KServe v2 server over HTTP or gRPC (perf_analyzer's flags)",
@@ -47,6 +48,9 @@ def main(argv: list[str] | None = None) -> int:
         try:
             if convert_torch.is_torch_source(args.onnx):
                 convert_torch.run(convert_torch.options_from_args(args))
+                return 0
+            if args.onnx.is_dir():  # a SavedModel is a folder
+                convert_tf.run(convert_tf.options_from_args(args))
                 return 0
             options = convert.options_from_args(args)
             return convert.run(options)

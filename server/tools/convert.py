@@ -83,7 +83,9 @@ class Layout:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("onnx", type=Path, help="the ONNX model to convert")
+    p.add_argument(
+        "onnx", type=Path, help="the model to convert: model.onnx, model.pt/.pt2 or a model.savedmodel folder"
+    )
     p.add_argument("--repository", type=Path, required=True, help="model repository folder")
     p.add_argument("--name", required=True, help="model name (the folder under the repository)")
     p.add_argument("--version", type=int, default=1)

@@ -40,9 +40,11 @@ def is_torch_source(path: Path) -> bool:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Flags for PyTorch sources (the rest are shared with ONNX sources)."""
-    group = p.add_argument_group("PyTorch sources (model.pt / model.pt2)")
-    group.add_argument("--config", type=Path, help="the PyTorch model's config.pbtxt (default: ../../config.pbtxt)")
-    group.add_argument("--opset", type=int, default=17, help="ONNX opset for TorchScript sources (default 17)")
+    group = p.add_argument_group("PyTorch (model.pt / model.pt2) and TensorFlow (model.savedmodel) sources")
+    group.add_argument("--config", type=Path, help="the source model's config.pbtxt (default: ../../config.pbtxt)")
+    group.add_argument(
+        "--opset", type=int, default=17, help="ONNX opset for TorchScript and SavedModel sources (default 17)"
+    )
     group.add_argument("--tensorrt", action="store_true", help="also build a TensorRT plan from the ONNX model")
     group.add_argument("--trt-name", help="model name of the TensorRT plan (default <name>_trt)")
     p.set_defaults(version=None)
@@ -397,7 +399,7 @@ def _compare_onnx(
     ort_ms = _median_ms(lambda: session.run(names, inputs), runs)
     return {
         "errors": {n: {"max_abs": a, "max_rel": r} for n, (a, r) in errors.items()},
-        "torch_ms": torch_ms,
+        "source_ms": torch_ms,
         "converted_ms": ort_ms,
         "runtime": "onnxruntime (CPUExecutionProvider)",
     }
@@ -446,7 +448,7 @@ def _build_tensorrt(
         engine_runner.close()
     return {
         "errors": {n: {"max_abs": a, "max_rel": r} for n, (a, r) in errors.items()},
-        "torch_ms": torch_ms,
+        "source_ms": torch_ms,
         "converted_ms": trt_ms,
         "runtime": "TensorRT",
         "path": str(layout.plan),
@@ -455,15 +457,15 @@ def _build_tensorrt(
     }
 
 
-def _print(kind: str, part: dict[str, Any], source_format: str) -> None:
+def _print(kind: str, part: dict[str, Any], source_format: str, framework: str = "PyTorch") -> None:
     print(f"wrote {part['path']} (version {part['version']})")
     for name, e in part["errors"].items():
         print(
             f"{kind} output '{name}': max abs difference {e['max_abs']:.3g}, "
             f"max rel difference {e['max_rel']:.3g} vs {source_format}"
         )
-    speedup = part["torch_ms"] / part["converted_ms"] if part["converted_ms"] > 0 else float("inf")
+    speedup = part["source_ms"] / part["converted_ms"] if part["converted_ms"] > 0 else float("inf")
     print(
-        f"{kind} batch {part['batch']}: PyTorch ({source_format}, CPU) {part['torch_ms']:.3f} ms, "
+        f"{kind} batch {part['batch']}: {framework} ({source_format}, CPU) {part['source_ms']:.3f} ms, "
         f"{part['runtime']} {part['converted_ms']:.3f} ms, speed-up {speedup:.2f}x"
     )

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs every GPU test (TensorRT FP16/INT8 builds, plan serving with batching, ORT CUDA and TensorRT EPs,
-# instance groups pinned to gpus: [0], PyTorch on KIND_GPU, TorchScript → TensorRT) and prints a summary.
+# instance groups pinned to gpus: [0], PyTorch on KIND_GPU, TorchScript and SavedModel → TensorRT) and prints a
+# summary.
 # Needs an NVIDIA GPU plus
-# `pip install -e .[gpu,dev,pytorch]`, then `pip uninstall -y onnxruntime onnxruntime-gpu && pip install onnxruntime-gpu`
+# `pip install -e .[gpu,dev,pytorch,tensorflow]`, then `pip uninstall -y onnxruntime onnxruntime-gpu && pip install onnxruntime-gpu`
 # (both ONNX Runtime packages own the `onnxruntime` module: the CPU one can hide the CUDA provider).
 # Missing GPU packages fail the run (KUBEINFER_GPU_STRICT=1) instead of skipping.
 #   tests/gpu/run.sh [extra pytest args]
@@ -14,7 +15,7 @@ echo "== GPU environment"
 nvidia-smi -L 2>/dev/null || echo "nvidia-smi not found"
 "$PY" - <<'PYEOF'
 import importlib.util
-for name in ("tensorrt", "onnxruntime", "cuda", "torch"):
+for name in ("tensorrt", "onnxruntime", "cuda", "torch", "tensorflow"):
     spec = importlib.util.find_spec(name)
     if spec is None:
         print(f"{name}: not installed")

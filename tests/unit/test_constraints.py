@@ -22,7 +22,7 @@ else:  # pragma: no cover - Python 3.10
 ROOT = Path(__file__).resolve().parents[2]
 #: the extras scripts/test installs, and the image roles (subsets of the plain dependencies); ``gpu`` is
 #: left out: CI has no GPU to test those versions on
-LOCKED_EXTRAS = ("server", "cpu", "operator", "dev", "pytorch", "perf")
+LOCKED_EXTRAS = ("server", "cpu", "operator", "dev", "pytorch", "tensorflow", "perf")
 
 
 def lock_target() -> tuple[str, str]:
