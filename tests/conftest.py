@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,6 +28,12 @@ def example_server(example_repository: Path, tmp_path_factory: pytest.TempPathFa
     server = start_server(example_repository, log_dir=tmp_path_factory.mktemp("logs"))
     yield server
     server.terminate()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """TensorFlow and torch.export's compiler abort one process together (see tests/support/tf_worker.py)."""
+    if "tensorflow" in sys.modules:
+        raise pytest.UsageError("a test module imported tensorflow into the pytest process: use tests.support.tf_worker")
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

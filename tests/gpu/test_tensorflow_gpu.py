@@ -21,7 +21,7 @@ def test_savedmodel_to_tensorrt_is_served_with_the_same_outputs(tmp_path: Path, 
         importlib.util.find_spec("tensorflow") is not None and importlib.util.find_spec("tf2onnx") is not None,
         "tensorflow and tf2onnx are not installed: pip install kubeinfer[tensorflow]",
     )
-    from tests.support import tf_models as tm
+    from tests.support import tf_worker as tm
 
     repo = tmp_path / "repo"
     source = repo / "classifier" / "1" / "model.savedmodel"

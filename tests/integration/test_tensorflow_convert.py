@@ -29,7 +29,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 if importlib.util.find_spec("tensorflow") is not None:
-    from tests.support import tf_models as tm
+    from tests.support import tf_worker as tm
 
 #: FP32 conversion: the graphs compute the same function with different kernels
 TOLERANCE = 1e-4

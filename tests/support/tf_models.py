@@ -2,7 +2,8 @@
 
 Each builder writes a SavedModel folder (``tf.saved_model.save`` of a ``tf.Module``, or Keras'
 ``Model.export``); ``reference`` runs one of its signatures in this process (TF2's eager
-``tf.saved_model.load``, not the session path the server takes). Import only where tensorflow is installed.
+``tf.saved_model.load``, not the session path the server takes). Import only where tensorflow is installed,
+and never into a process that loads torch's compiler (tests use ``tf_worker``, which runs this in a child).
 """
 
 from __future__ import annotations
@@ -129,6 +130,12 @@ class AnyRank(tf.Module):
 
 def save_module(module: tf.Module, path: Path) -> None:
     tf.saved_model.save(module, str(path), signatures={"serving_default": module.serve})
+
+
+def save_named_module(class_name: str, path: Path) -> None:
+    """``save_module`` of one of the modules above, named by its class (for ``tf_worker``)."""
+    module = {"Spin": Spin, "Fixed": Fixed, "PerRow": PerRow, "AnyRank": AnyRank}[class_name]()
+    save_module(module, path)
 
 
 def reference(path: Path, inputs: dict[str, np.ndarray], signature: str = "serving_default") -> dict[str, np.ndarray]:
