@@ -33,7 +33,9 @@ def example_server(example_repository: Path, tmp_path_factory: pytest.TempPathFa
 def pytest_collection_finish(session: pytest.Session) -> None:
     """TensorFlow and torch.export's compiler abort one process together (see tests/support/tf_worker.py)."""
     if "tensorflow" in sys.modules:
-        raise pytest.UsageError("a test module imported tensorflow into the pytest process: use tests.support.tf_worker")
+        raise pytest.UsageError(
+            "a test module imported tensorflow into the pytest process: use tests.support.tf_worker"
+        )
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
