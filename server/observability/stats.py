@@ -69,6 +69,8 @@ class ModelStats:
         self.cache_hit = Duration()
         self.cache_miss = Duration()
         self.batch_stats: dict[int, BatchStats] = {}
+        #: Triton's ``memory_usage`` entries: what loading this version took (set by the model cache)
+        self.memory_usage: list[dict[str, Any]] = []
 
     def record_execution(self, batch_size: int, timings: ExecutionTimings) -> None:
         with self._lock:
@@ -152,5 +154,5 @@ class ModelStats:
                     }
                     for size, b in sorted(self.batch_stats.items())
                 ],
-                "memory_usage": [],
+                "memory_usage": list(self.memory_usage),
             }

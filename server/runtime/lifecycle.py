@@ -29,7 +29,7 @@ from ..repository.layout import check_model_name
 from ..repository.model_files import ModelFolder
 from ..vocabulary.errors import InvalidArgument, ServerError
 from ..vocabulary.registry_view import RegistryView
-from . import devices
+from . import devices, footprint
 from .cache import ResponseCache
 from .model import ModelVersion, build_model_version, prepare_config
 
@@ -108,6 +108,10 @@ class ModelLifecycle:
         self.response_cache = response_cache
         #: False with ``--allow-external-op-libraries=false``: op libraries only from the model's own folder
         self.allow_external_op_libraries = allow_external_op_libraries
+        #: measure each version's memory around its build (the model cache: loads do not overlap then)
+        self.measure_footprint = False
+        #: models load on request (the model cache): the poll reloads loaded models only
+        self.on_demand = False
 
     async def load_model(self, name: str, override: pb.ModelConfig | None = None) -> None:
         """Load or reload ``name``; ``override`` replaces its config.pbtxt for this load (as Triton).
@@ -211,12 +215,15 @@ class ModelLifecycle:
         vconfig = pb.ModelConfig()
         vconfig.CopyFrom(config)
         folder = await asyncio.to_thread(ModelFolder, self.repository_path, config.name)
+        before = None
         try:
             with folder.loading(path or folder.path / str(version), version):
                 backend_cls = await asyncio.to_thread(prepare_config, vconfig, path, self.auto_complete)
                 validate_config(vconfig, config.name, available_backends())
                 normalize_config(vconfig, range(devices.gpu_count()))
-                return await build_model_version(
+                if self.measure_footprint:  # after the backend's module loaded: that is the process's, not the model's
+                    before = await asyncio.to_thread(footprint.measure)
+                mv = await build_model_version(
                     vconfig,
                     backend_cls,
                     version,
@@ -230,6 +237,10 @@ class ModelLifecycle:
                 )
         finally:
             folder.close()
+        if before is not None:
+            mv.footprint = (await asyncio.to_thread(footprint.measure)).minus(before)
+            mv.stats.memory_usage = mv.footprint.memory_usage()
+        return mv
 
     def _record_failure(self, entry: ModelEntry, version: int, reason: str) -> list[str]:
         log.error("model '%s' is unavailable: %s", entry.name, reason)
@@ -330,6 +341,12 @@ class ModelLifecycle:
             await self.forget_model(name)
         for name in sorted(on_disk):
             entry = self.models.get(name)
+            if self.on_demand and (entry is None or not entry.serving):
+                # on demand, a model loads on its next request; a failed load whose files changed is
+                # forgotten, so that request tries the new files
+                if entry is not None and await self._changed(entry):
+                    self.models.pop(name, None)
+                continue
             if entry is not None and not await self._changed(entry):
                 continue
             try:

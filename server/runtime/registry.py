@@ -21,6 +21,7 @@ from ..vocabulary.types import InferenceRequest, InferenceResponse
 from .cache import ResponseCache
 from .lifecycle import ModelEntry, ModelLifecycle, ModelState
 from .model import ModelVersion
+from .model_cache import CacheSettings, ModelCache
 from .shutdown import GracefulShutdown
 
 
@@ -42,6 +43,7 @@ class ModelRegistry:
         custom_metrics: CustomMetrics | None = None,
         response_cache: ResponseCache | None = None,
         allow_external_op_libraries: bool = True,
+        model_cache: CacheSettings | None = None,
     ) -> None:
         self.repository_path = repository_path
         #: metric families Python models create; the metrics endpoint exports them
@@ -63,6 +65,8 @@ class ModelRegistry:
             allow_external_op_libraries=allow_external_op_libraries,
         )
         self._shutdown = GracefulShutdown(self.loop)
+        #: models on demand within a memory budget (None: models load as the control mode says)
+        self.cache = ModelCache(self, model_cache) if model_cache is not None else None
 
     @property
     def on_load_failure(self) -> list[Callable[[str, str, str], None]]:
@@ -107,12 +111,23 @@ class ModelRegistry:
     async def infer(self, request: InferenceRequest) -> InferenceResponse:
         if self._shutdown.started:
             raise Unavailable("server is shutting down")
-        mv = self.resolve(request.model_name, request.model_version)
+        cache = self.cache
+        if cache is None:
+            mv = self.resolve(request.model_name, request.model_version)
+        else:  # nothing awaits between the version's return and its in-flight count: no eviction in between
+            mv = await cache.resolve(request.model_name, request.model_version)
         return await self._shutdown.track(mv.infer(request))
+
+    async def loaded(self, name: str, version: str = "") -> None:
+        """With the model cache: load ``name`` if it is not loaded (metadata and config requests, streams)."""
+        if self.cache is not None:
+            await self.cache.resolve(name, version)
 
     def infer_stream(self, request: InferenceRequest) -> ResponseStream:
         if self._shutdown.started:
             raise Unavailable("server is shutting down")
+        if self.cache is not None:
+            return self.cache.resolve_now(request.model_name, request.model_version).infer_stream(request)
         return self.resolve(request.model_name, request.model_version).infer_stream(request)
 
     def is_decoupled(self, name: str, version: str = "") -> bool:
@@ -147,7 +162,7 @@ class ModelRegistry:
         for name in sorted(names):
             entry = self._models.get(name)
             if entry is None:
-                rows.append({"name": name})
+                rows += self.cache.index_rows([name]) if self.cache is not None else [{"name": name}]
                 continue
             states = dict(entry.states)
             if not states:
@@ -164,26 +179,46 @@ class ModelRegistry:
 
     # ---- lifecycle (see lifecycle.ModelLifecycle) ------------------------------------------------
     async def load_model(self, name: str, override: pb.ModelConfig | None = None) -> None:
-        await self.lifecycle.load_model(name, override)
+        """Load (or reload) ``name``; with the model cache within its budget, and pinned."""
+        if self.cache is not None:
+            await self.cache.load_pinned(name, override)
+        else:
+            await self.lifecycle.load_model(name, override)
 
     async def unload_model(self, name: str, unload_dependents: bool = False, wait: bool = True) -> None:
-        await self.lifecycle.unload_model(name, unload_dependents, wait)
+        if self.cache is not None:
+            await self.cache.unload(name, unload_dependents, wait)
+        else:
+            await self.lifecycle.unload_model(name, unload_dependents, wait)
 
     async def load_all(self) -> None:
+        """Load every model of the repository (with the model cache: none, they load on request)."""
+        if self.cache is not None:
+            return
         await self.lifecycle.load_all()
+
+    def start_background(self) -> None:
+        """Background work after the start-up loads (the model cache's idle unloading)."""
+        if self.cache is not None:
+            self.cache.start()
 
     def failed_models(self) -> list[str]:
         return self.lifecycle.failed_models()
 
     async def poll(self) -> None:
         """Bring the loaded set in line with the repository (poll mode)."""
-        await self.lifecycle.poll()
+        if self.cache is not None:
+            await self.cache.poll()
+        else:
+            await self.lifecycle.poll()
 
     async def shutdown(self, timeout: float) -> None:
         """Refuse new requests, let in-flight and queued ones finish (bounded by ``timeout``), then unload.
 
         Versions already retiring after a reload drain within the same bound (see ``shutdown``).
         """
+        if self.cache is not None:
+            self.cache.stop()
         everything = [mv for e in self._models.values() for mv in e.serving.values()]
         await self._shutdown.run(everything, self.lifecycle.background, timeout)
 

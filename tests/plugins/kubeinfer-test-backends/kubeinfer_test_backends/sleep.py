@@ -4,6 +4,7 @@ Besides OUTPUT0 (a copy of INPUT0) every row reports which instance executed it 
 rows that execution held (BATCH) and the model-wide number of that execution, counted from 1 in the
 order executions started (EXECUTION), so tests can see parallelism, batch formation and order from outside.
 
+Config parameter ``load_ms``: each instance takes this long to load (a slow load, for the model cache).
 Request parameters: ``sleep_ms`` overrides the config's for the execution (the batch sleeps for its
 longest request); ``fail: true`` makes that request alone fail, as a model error would; ``gate: <dir>``
 holds the execution until the file ``<dir>/open`` exists, after dropping one ``<dir>/entered-*`` file
@@ -46,6 +47,9 @@ class SleepBackend(Backend):
                 config.output.add(name=name, data_type=pb.TYPE_INT32).dims.append(1)
 
     def create_instance(self, spec: InstanceSpec) -> BackendInstance:
+        load = self.config.parameters.get("load_ms")
+        if load is not None and load.string_value:
+            time.sleep(float(load.string_value) / 1000)
         p = self.config.parameters.get("sleep_ms")
         sleep_ms = float(p.string_value) if p is not None and p.string_value else 0.0
         return SleepInstance(spec, sleep_ms / 1000, self.config.max_batch_size, self.executions)
