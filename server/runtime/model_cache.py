@@ -131,18 +131,18 @@ class ModelCache:
         return state
 
     # ---- the request path -------------------------------------------------------------------
-    async def resolve(self, name: str, version: str) -> ModelVersion:
+    async def resolve(self, name: str, version: str, sequence: object = None) -> ModelVersion:
         """The serving version for a request, loading the model first when it is not loaded."""
         entry = self.models.get(name)
         if entry is not None and entry.serving:
             state = self.known.get(name) or self._state(name)
             state.last_used = self._now()
             state.hits += 1
-            return self.registry.resolve(name, version)
+            return self.registry.resolve(name, version, sequence)
         if entry is not None and entry.states and name not in self._loading and not self._retiring(entry):
             # a failed load (its reason is in the index) is not retried per request: a change of its
             # files (the poll) or an explicit load tries again
-            return self.registry.resolve(name, version)
+            return self.registry.resolve(name, version, sequence)
         self._check_known(name)
         state = self._state(name)
         state.waiters += 1
@@ -158,7 +158,7 @@ class ModelCache:
                 state.wait_failures += 1
                 raise
             state.last_used = self._now()
-            return self.registry.resolve(name, version)
+            return self.registry.resolve(name, version, sequence)
         finally:
             state.waiters -= 1
 
@@ -177,7 +177,7 @@ class ModelCache:
             f"(--model-cache-memory-budget) are held by {len(self.loaded_names())} models that are all in use"
         )
 
-    def resolve_now(self, name: str, version: str) -> ModelVersion:
+    def resolve_now(self, name: str, version: str, sequence: object = None) -> ModelVersion:
         """For a request that cannot wait (a stream, started synchronously): the serving version; when the
         model is not loaded, its load starts and the request gets UNAVAILABLE (send it again)."""
         entry = self.models.get(name)
@@ -185,7 +185,7 @@ class ModelCache:
             state = self.known.get(name) or self._state(name)
             state.last_used = self._now()
             state.hits += 1
-            return self.registry.resolve(name, version)
+            return self.registry.resolve(name, version, sequence)
         if entry is None or self._retiring(entry):
             self._check_known(name)
             if name not in self._loading:
@@ -194,7 +194,7 @@ class ModelCache:
                 f"Request for unknown model: '{name}' has no available versions: {NOT_LOADED}; it is loading "
                 "now, send the request again"
             )
-        return self.registry.resolve(name, version)
+        return self.registry.resolve(name, version, sequence)
 
     def _start_load(self, name: str) -> asyncio.Task[None]:
         task = self._loading[name] = asyncio.ensure_future(self._load(name))

@@ -7,6 +7,8 @@ service in ``shutdown``. The registry is what schedulers and backends see as ``R
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import random
 from collections.abc import Callable
 from pathlib import Path
 
@@ -16,6 +18,7 @@ from ..repository import scan
 from ..vocabulary.custom_metrics import CustomMetrics
 from ..vocabulary.errors import InvalidArgument, NotFound, ServerError, Unavailable
 from ..vocabulary.registry_view import ModelControl
+from ..vocabulary.sequence import SEQUENCE_ID
 from ..vocabulary.streaming import ResponseStream
 from ..vocabulary.types import InferenceRequest, InferenceResponse
 from .cache import ResponseCache
@@ -30,6 +33,28 @@ def _running_loop() -> asyncio.AbstractEventLoop | None:
         return asyncio.get_running_loop()
     except RuntimeError:  # built outside a loop (unit tests)
         return None
+
+
+def weighted_version(
+    traffic: dict[int, float], serving: dict[int, ModelVersion], sequence: object = None
+) -> int | None:
+    """A version drawn by ``traffic`` among the serving ones (their weights scaled to 100), or None when no
+    weighted version serves. A sequence (its correlation id) always draws the same point, so all its
+    requests reach the version that holds its state while the weights stay."""
+    weighted = [(v, w) for v, w in sorted(traffic.items()) if w > 0 and v in serving]
+    if not weighted:
+        return None
+    total = sum(w for _, w in weighted)
+    if sequence in (None, 0, ""):
+        point = random.random() * total
+    else:
+        digest = hashlib.blake2b(repr(sequence).encode(), digest_size=8).digest()
+        point = int.from_bytes(digest, "big") / 2**64 * total
+    for v, w in weighted:
+        point -= w
+        if point < 0:
+            return v
+    return weighted[-1][0]
 
 
 class ModelRegistry:
@@ -78,7 +103,9 @@ class ModelRegistry:
         return self._shutdown.started
 
     # ---- routing -------------------------------------------------------------------------
-    def resolve(self, name: str, version: str = "") -> ModelVersion:
+    def resolve(self, name: str, version: str = "", sequence: object = None) -> ModelVersion:
+        """The version a request for ``name`` goes to: ``version``, else by the model's traffic weights (a
+        sequence's requests, named by ``sequence``, all to the same one), else the highest serving one."""
         entry = self._models.get(name)
         if entry is None:
             raise NotFound(f"Request for unknown model: '{name}' is not found")
@@ -87,6 +114,10 @@ class ModelRegistry:
             if not serving:
                 reason = self._reason(entry)
                 raise Unavailable(f"Request for unknown model: '{name}' has no available versions{reason}")
+            if entry.traffic:
+                chosen = weighted_version(entry.traffic, serving, sequence)
+                if chosen is not None:
+                    return serving[chosen]
             return serving[max(serving)]
         try:
             v = int(version)
@@ -112,10 +143,11 @@ class ModelRegistry:
         if self._shutdown.started:
             raise Unavailable("server is shutting down")
         cache = self.cache
+        sequence = request.parameters.get(SEQUENCE_ID) if request.parameters else None
         if cache is None:
-            mv = self.resolve(request.model_name, request.model_version)
+            mv = self.resolve(request.model_name, request.model_version, sequence)
         else:  # nothing awaits between the version's return and its in-flight count: no eviction in between
-            mv = await cache.resolve(request.model_name, request.model_version)
+            mv = await cache.resolve(request.model_name, request.model_version, sequence)
         return await self._shutdown.track(mv.infer(request))
 
     async def loaded(self, name: str, version: str = "") -> None:
@@ -126,9 +158,12 @@ class ModelRegistry:
     def infer_stream(self, request: InferenceRequest) -> ResponseStream:
         if self._shutdown.started:
             raise Unavailable("server is shutting down")
+        sequence = request.parameters.get(SEQUENCE_ID) if request.parameters else None
         if self.cache is not None:
-            return self.cache.resolve_now(request.model_name, request.model_version).infer_stream(request)
-        return self.resolve(request.model_name, request.model_version).infer_stream(request)
+            mv = self.cache.resolve_now(request.model_name, request.model_version, sequence)
+        else:
+            mv = self.resolve(request.model_name, request.model_version, sequence)
+        return mv.infer_stream(request)
 
     def is_decoupled(self, name: str, version: str = "") -> bool:
         return self.resolve(name, version).decoupled
