@@ -46,7 +46,8 @@ from .recheck import Rechecker
 from .render import DEFAULT_BACKENDS, render_model
 from .replicas import Endpoint, IndexReader, endpoints_from_slices
 from .repository_writer import RepositoryWriter
-from .server_access import AccessBook, ServerAccess
+from .rollout import Rollouts, weights_in_force
+from .server_access import PLAIN, AccessBook, ServerAccess
 from .tenant_volumes import DEFAULT_CLAIM, TenantVolumes
 
 #: backends whose models are code run by the server
@@ -184,6 +185,8 @@ class Reconciler:
         self._locks_guard = threading.Lock()
         self._failures: dict[str, _Failure] = {}
         self.autoscaler = Autoscaler(kube, config.prometheus_url)
+        #: weights between versions: numbers per version, spec.rollout's decisions (operator/rollout.py)
+        self.rollouts = Rollouts(self.reader)
         #: a kopf handler's context, for threads of our own that post events (set by the handlers)
         self.handler_context: contextvars.Context | None = None
         #: status patches written and skipped (unchanged), for the benchmark and the logs
@@ -198,6 +201,7 @@ class Reconciler:
         with self._locks_guard:
             self._locks.pop(uid, None)
             self._failures.pop(uid, None)
+        self.rollouts.forget(uid)
 
     def close(self) -> None:
         """Stop the rechecker and retries, close the HTTP clients (idempotent)."""
@@ -454,6 +458,8 @@ class Reconciler:
             delay = 0.0
             changed = False
             server = self.lookup.server(ns, server_name)
+            endpoints: list[Endpoint] = []
+            access: ServerAccess | str = PLAIN
             if server is None:
                 obs.render_error = (
                     "ServerNotFound",
@@ -466,7 +472,10 @@ class Reconciler:
                 held = self._held_failure(meta["uid"], generation) if from_timer else None
                 try:
                     subpath, server_dir = self._server_dir(ns, server_name, sspec)
-                    rendered = render_model(name, spec, sspec.get("backends") or DEFAULT_BACKENDS, server_name)
+                    traffic = weights_in_force(spec, prev, generation)
+                    rendered = render_model(
+                        name, spec, sspec.get("backends") or DEFAULT_BACKENDS, server_name, traffic=traffic
+                    )
                     _check_backend_allowed(rendered, server_name, sspec)
                     obs.target = select_versions(rendered.config, rendered.versions)
                     obs.config_digest = config_digest(rendered.config_text.encode("utf-8"))
@@ -505,14 +514,42 @@ class Reconciler:
                 access = self.access.for_server(ns, server_name, sspec)
                 obs.replicas = self.observe(server_name, endpoints, name, age, access=access)
             new = status.model_status(obs, prev)
+            decided = self._canary(body, prev, new, endpoints, access)
             self._post_events(body, prev, new)
             self._patch_status(MODELS, ns, name, prev, new)
             ready = _condition(new, "Ready")
-            if recheck and (changed or not from_timer) and ready.get("reason") in SETTLING:
-                self.rechecker.schedule((ns, name, meta["uid"]))
+            if decided or (recheck and (changed or not from_timer) and ready.get("reason") in SETTLING):
+                self.rechecker.schedule((ns, name, meta["uid"]))  # a rollout decision: rendered again at once
             if temporary:
                 raise kopf.TemporaryError(temporary, delay=delay)
             return new
+
+    def _canary(
+        self,
+        body: Mapping[str, Any],
+        prev: Mapping[str, Any],
+        new: dict[str, Any],
+        endpoints: list[Endpoint],
+        access: ServerAccess | str,
+    ) -> bool:
+        """Numbers per weighted version and spec.rollout's rule into ``new``; True when a decision was made."""
+        meta, spec = body["metadata"], body["spec"]
+        if not self.rollouts.tracked(spec) and not prev.get("versionTraffic") and not prev.get("rollout"):
+            return False
+        generation = meta.get("generation", 0)
+        stamp = status.now()
+        extra, decision = self.rollouts.extend(
+            meta["uid"], spec, generation, prev, new, endpoints, meta["name"], access, stamp
+        )
+        if extra:
+            new["conditions"] += status.conditions(extra, prev.get("conditions"), generation, stamp)
+        if decision:
+            phase = new["rollout"]["phase"]
+            if phase == "RolledBack":
+                kopf.warn(_ref(body), reason=phase, message=decision)
+            else:
+                _normal(body, phase, decision)
+        return decision is not None
 
     def _superseded(
         self, namespace: str, name: str, uid: str, generation: int, stopped: Callable[[], bool] | None

@@ -243,6 +243,14 @@ class TritonMetrics(Collector):
         with self._lock:
             s.load_failures += 1
 
+    def request_latency(self, model: str, version: str) -> tuple[list[int], list[int]] | None:
+        """(bucket upper bounds in µs, requests per bucket with +Inf last) of one version, or None."""
+        s = self._series.get((model, version))
+        if s is None:
+            return None
+        with self._lock:
+            return list(LATENCY_BUCKETS_US), list(s.request_hist.buckets)
+
     def refresh(self, model_registry: ServingModels) -> None:
         """At scrape time: queue lengths of the serving versions, and zero series for idle ones (as Triton)."""
         pending: dict[tuple[str, str], int] = {}

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..config import pb
-from ..repository.layout import check_model_name
+from ..repository.layout import NOT_LOADED, check_model_name
 from ..vocabulary.errors import InvalidArgument, NotFound, ServerError, Unavailable
 from . import footprint
 from .lifecycle import ModelEntry, ModelLifecycle, ModelState
@@ -38,8 +38,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: the index's reason for a repository model that is not loaded (a request loads it)
-NOT_LOADED = "not loaded: loads on its first request (model cache)"
 #: how often a load that waits for room looks again whether a model became idle (seconds)
 ROOM_POLL = 0.05
 #: recent loads whose bytes-per-file-byte estimate the cost of a model's first load
