@@ -30,7 +30,7 @@ from kubeinfer.server.config.version_policy import select_versions
 from kubeinfer.server.repository.layout import config_digest
 from kubernetes.client.exceptions import ApiException
 
-from . import manifests, network_policy, status
+from . import manifests, network_policy, sequence_routing, status
 from .api import GROUP, VERSION
 from .artifacts import DEFAULT_MAX_BYTES, ArtifactError
 from .autoscaling import Autoscaler
@@ -328,10 +328,12 @@ class Reconciler:
                         + ("the InferenceServer spec is refused" if refused else "no usable repository claim"),
                     )
                 )
-            else:
+            listed = self.kube.list_in(MODELS, ns)
+            if not (claim is None or refused):
                 try:
                     dep = self.kube.apply(manifests.deployment(body, claim))
-                    self.kube.apply(manifests.service(body))
+                    stateful = sequence_routing.sequence_models(listed, name)
+                    self.kube.apply(manifests.service(body, sequence_routing.affinity(spec, stateful)))
                     self._apply_network_policy(body)
                     scaling, scaling_status = self.autoscaler.reconcile(body)
                 except ApiException as exc:
@@ -356,9 +358,7 @@ class Reconciler:
                         (available.message if available else None) or f"{ready}/{spec.get('replicas', 1)} pods ready",
                     )
                 )
-            models = sorted(
-                m["metadata"]["name"] for m in self.kube.list_in(MODELS, ns) if m.get("spec", {}).get("server") == name
-            )
+            models = sorted(m["metadata"]["name"] for m in listed if m.get("spec", {}).get("server") == name)
             ok = all(c.status for c in conds)
             conds.append(
                 status.Condition(
@@ -515,6 +515,9 @@ class Reconciler:
                 obs.replicas = self.observe(server_name, endpoints, name, age, access=access)
             new = status.model_status(obs, prev)
             decided = self._canary(body, prev, new, endpoints, access)
+            routing = sequence_routing.model_condition(spec, server["spec"]) if server is not None else None
+            if routing is not None:
+                new["conditions"] += status.conditions([routing], prev.get("conditions"), generation)
             self._post_events(body, prev, new)
             self._patch_status(MODELS, ns, name, prev, new)
             ready = _condition(new, "Ready")
@@ -759,6 +762,9 @@ def register(reconciler: Reconciler, registry: kopf.OperatorRegistry) -> None:
     def on_model(body: kopf.Body, retry: int, **_: Any) -> None:
         reconciler.handler_context = contextvars.copy_context()
         reconciler.reconcile_model(body, retry)
+        if body["spec"].get("sequenceBatching") is not None and body["metadata"].get("namespace"):
+            # its pool's Service gets session affinity now, not at the next resync (sequence_routing.py)
+            reconciler.reconcile_server_named(body["metadata"]["namespace"], body["spec"]["server"])
 
     def on_model_timer(body: kopf.Body, **kwargs: Any) -> None:
         stopped = kwargs["stopped"]

@@ -297,20 +297,22 @@ def deployment(body: Mapping[str, Any], claim: str) -> dict[str, Any]:
     }
 
 
-def service(body: Mapping[str, Any]) -> dict[str, Any]:
+def service(body: Mapping[str, Any], affinity: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The pool's Service; ``affinity``: a ``sessionAffinityConfig`` (ClientIP affinity, for sequence models:
+    ``sequence_routing``), None for none."""
     name = body["metadata"]["name"]
     p = ports(body["spec"])
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": metadata(body),
-        "spec": {
-            "type": "ClusterIP",
-            "selector": selector_labels(name),
-            "ports": [
-                {"name": "http", "port": p["http"], "targetPort": "http", "protocol": "TCP"},
-                {"name": "grpc", "port": p["grpc"], "targetPort": "grpc", "protocol": "TCP", "appProtocol": "grpc"},
-                {"name": "metrics", "port": p["metrics"], "targetPort": "metrics", "protocol": "TCP"},
-            ],
-        },
+    spec: dict[str, Any] = {
+        "type": "ClusterIP",
+        "selector": selector_labels(name),
+        "ports": [
+            {"name": "http", "port": p["http"], "targetPort": "http", "protocol": "TCP"},
+            {"name": "grpc", "port": p["grpc"], "targetPort": "grpc", "protocol": "TCP", "appProtocol": "grpc"},
+            {"name": "metrics", "port": p["metrics"], "targetPort": "metrics", "protocol": "TCP"},
+        ],
+        # set either way: server-side apply leaves a field the operator stops sending as it was
+        "sessionAffinity": "ClientIP" if affinity else "None",
     }
+    if affinity:
+        spec["sessionAffinityConfig"] = dict(affinity)
+    return {"apiVersion": "v1", "kind": "Service", "metadata": metadata(body), "spec": spec}
