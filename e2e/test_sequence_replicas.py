@@ -20,10 +20,8 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +37,7 @@ from kubeinfer.operator.render import config_to_spec
 from kubeinfer.server.config import parse_config_text
 
 from tests.integration.test_sequence_batching import ZERO_STATE, accumulator_onnx, onnx_config
+from tests.support.host_operator import host_operator
 from tests.support.waiting import wait_for_cluster
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
@@ -109,37 +108,9 @@ class Pool:
 @pytest.fixture(scope="module")
 def pool(cluster: Any, node: dict, images: dict, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
     assert images["info"]["images"][0]["role"] == "server"
-    ns = f"e2e-seq-{uuid.uuid4().hex[:6]}"
-    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))
-    for crd in ("inferencemodels", "inferenceservers"):
-        cluster.kubectl("wait", "--for=condition=Established", f"crd/{crd}.serving.kubeinfer.io", "--timeout=60s")
-    cluster.kubectl("create", "namespace", ns)
-    claim = {
-        "apiVersion": "v1",
-        "kind": "PersistentVolumeClaim",
-        "metadata": {"name": "models"},
-        "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}},
-    }
-    cluster.kubectl("-n", ns, "apply", "-f", "-", input=json.dumps(claim))
-
-    def bound() -> Path | None:
-        pvc = json.loads(cluster.kubectl("-n", ns, "get", "pvc", "models", "-o", "json").stdout)
-        if pvc.get("status", {}).get("phase") != "Bound":
-            return None
-        return Path(cluster.kubectl_json("get", "pv", pvc["spec"]["volumeName"])["spec"]["hostPath"]["path"])
-
-    root = wait_for_cluster("the operator's claim Bound", bound, 120)
-    log = tmp_path_factory.mktemp("sequence-replicas") / "operator.log"
-    args = [
-        sys.executable, "-m", "kubeinfer.operator", "--kubeconfig", cluster.kubeconfig,
-        "--repository-root", str(root), "--claim-name", "models", "--claim-namespace", ns,
-        "--namespace", ns, "--resync-seconds", "3",
-    ]  # fmt: skip
-    with open(log, "wb") as out:
-        operator = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
-    p = Pool(cluster, ns, root, log, images)
-    try:
-        uploads = root / ns / "uploads"
+    with host_operator(cluster, node, "e2e-seq", tmp_path_factory.mktemp("sequence-replicas")) as op:
+        p = Pool(cluster, op.ns, op.root, op.log, images)
+        uploads = op.root / op.ns / "uploads"
         uploads.mkdir(parents=True, exist_ok=True)
         onnx.save(accumulator_onnx(), uploads / "acc.onnx")
         p.server(sessionAffinity="None")
@@ -154,18 +125,6 @@ def pool(cluster: Any, node: dict, images: dict, tmp_path_factory: pytest.TempPa
 
         wait_for_cluster("the sequence model Ready on 2 replicas", on_both, 300, describe=p.describe)
         yield p
-    finally:
-        p.kubectl("delete", "inferencemodels,inferenceservers", "--all", "--wait=true", "--timeout=90s", check=False)
-        operator.terminate()
-        try:
-            operator.wait(30)
-        except subprocess.TimeoutExpired:
-            operator.kill()
-        cluster.release_finalizers(ns)
-        cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
-        cluster.kubectl(
-            "delete", "pv", "-l", f"serving.kubeinfer.io/tenant-namespace={ns}", "--wait=false", check=False
-        )
 
 
 # ---- the clients ------------------------------------------------------------------------------------------

@@ -284,13 +284,19 @@ class WindowTracker:
         self._guard = threading.Lock()
 
     def observe(self, key: str, replicas: Mapping[str, Mapping[int, Numbers]], now: float) -> None:
+        """One read of every replica. The first read of a model is the baseline (what its replicas counted
+        before is not in any window); a replica first read later joined since (a new pod, one that just
+        became ready or loaded the model): everything it counted is new."""
         delta: dict[int, Numbers] = {}
         with self._guard:
+            first = key not in self._since
             for replica, versions in replicas.items():
                 before = self._last.get((key, replica))
                 self._last[(key, replica)] = dict(versions)
                 if before is None:
-                    continue  # the first read is the baseline
+                    if first:
+                        continue
+                    before = {}
                 for v, numbers in versions.items():
                     grown = numbers.minus(before[v]) if v in before else numbers
                     grown = grown if grown is not None else numbers  # restarted: all it counted is new

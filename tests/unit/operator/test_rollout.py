@@ -85,11 +85,15 @@ def test_the_window_counts_growth_per_replica_and_survives_a_restart() -> None:
         "m", {"a": {2: Numbers(20, 5, BOUNDS, [25, 0, 0, 0])}, "b": {2: Numbers(7, 0, BOUNDS, [7, 0, 0, 0])}}, now=20
     )
     window, covered = t.window("m", 60, now=20)
-    assert (window[2].success, window[2].failure, covered) == (120, 10, 20)  # 100+5 from a, then 20+5 after a's restart
+    # a: 100+5, then 20+5 after its restart; b joined after the first read: its 7 are new
+    assert (window[2].success, window[2].failure, covered) == (127, 10, 20)
     window, _ = t.window("m", 5, now=20)
-    assert (window[2].success, window[2].failure) == (20, 5)
+    assert (window[2].success, window[2].failure) == (27, 5)
     t.observe("m", {"b": {2: Numbers(17, 0, BOUNDS, [17, 0, 0, 0])}}, now=30)
     assert t.window("m", 5, now=30)[0][2].success == 10
+    # a replica that joins after the first read (a new pod): all it counted is in the window
+    t.observe("m", {"c": {2: Numbers(3, 1, BOUNDS, [4, 0, 0, 0])}}, now=40)
+    assert (t.window("m", 5, now=40)[0][2].success, t.window("m", 5, now=40)[0][2].failure) == (3, 1)
 
 
 def _window(success: int, failure: int, counts: list[int]) -> dict[int, Numbers]:
