@@ -85,6 +85,23 @@ def test_a_90_10_split_over_1000_requests(server: tuple[ServerProcess, Path]) ->
     assert 0.05 <= share <= 0.15, seen
 
 
+def test_statistics_carry_each_versions_latency_histogram(server: tuple[ServerProcess, Path]) -> None:
+    """HTTP rows add kubeinfer_request_duration_us (the operator's p99); gRPC keeps Triton's message."""
+    proc, _ = server
+    rows = httpx.get(f"{proc.base_url}/v2/models/canary/stats", timeout=10).json()["model_stats"]
+    for row in rows:
+        hist = row["kubeinfer_request_duration_us"]
+        assert len(hist["counts"]) == len(hist["bounds_us"]) + 1
+        stats = row["inference_stats"]
+        assert sum(hist["counts"]) == stats["success"]["count"] + stats["fail"]["count"] > 0
+    client = grpcclient.InferenceServerClient(proc.grpc_url)
+    try:
+        grpc_rows = client.get_inference_statistics("canary", as_json=True)["model_stats"]
+    finally:
+        client.close()
+    assert len(grpc_rows) == 2 and all("kubeinfer_request_duration_us" not in r for r in grpc_rows)
+
+
 def test_the_split_holds_over_grpc(server: tuple[ServerProcess, Path]) -> None:
     proc, _ = server
     client = grpcclient.InferenceServerClient(proc.grpc_url)
