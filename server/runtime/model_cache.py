@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 
 #: how often a load that waits for room looks again whether a model became idle (seconds)
 ROOM_POLL = 0.05
-#: recent loads whose bytes-per-file-byte estimate the cost of a model's first load
+#: recent loads whose sizes (and bytes per file byte) estimate the cost of a model's first load here
 RATIO_SAMPLES = 32
 
 
@@ -92,6 +92,10 @@ class ModelCache:
         self._idle_task: asyncio.Task[None] | None = None
         #: loads waiting for an idle model to unload, with the bytes they need (for the 503's words)
         self._room_wanted: dict[str, int] = {}
+        #: backends (or platforms) loaded once already: a backend's first load carries its runtime's start-up
+        self._backends_loaded: set[str] = set()
+        #: measured host bytes of recent loads (not a backend's first)
+        self._sizes: list[int] = []
         #: measured host bytes per byte of model files, of recent loads (for models never loaded here)
         self._ratios: list[float] = []
         self.lifecycle.measure_footprint = True
@@ -209,6 +213,19 @@ class ModelCache:
     def _retiring(entry: ModelEntry) -> bool:
         return all(s.state == ModelState.UNLOADING for s in entry.states.values())
 
+    def loadable(self, name: str) -> bool:
+        """A repository model a request would load now: not loaded, not failed (its reason stands)."""
+        entry = self.models.get(name)
+        if entry is not None and entry.serving:
+            return False
+        if entry is not None and entry.states and name not in self._loading and not self._retiring(entry):
+            return False
+        try:
+            self._check_known(name)
+        except NotFound:
+            return False
+        return True
+
     def _check_known(self, name: str) -> None:
         try:
             check_model_name(name)
@@ -245,9 +262,16 @@ class ModelCache:
                 state.pinned = True
             state.measured = self._model_footprint(name)
             files = await asyncio.to_thread(self._file_bytes, name)
-            if state.measured is not None and files > 1 << 20:  # small models say little about the ratio
-                self._ratios.append(state.measured.host / files)
-                del self._ratios[:-RATIO_SAMPLES]
+            entry = self.models.get(name)
+            backend = (entry.config.backend or entry.config.platform) if entry is not None and entry.config else ""
+            first = backend not in self._backends_loaded  # carries the runtime's own start-up
+            self._backends_loaded.add(backend)
+            if state.measured is not None and not first:
+                self._sizes.append(state.measured.host)
+                del self._sizes[:-RATIO_SAMPLES]
+                if files > 1 << 20:  # small files say little about the ratio
+                    self._ratios.append(state.measured.host / files)
+                    del self._ratios[:-RATIO_SAMPLES]
             log.info(
                 "model cache: loaded '%s' (%s) in %.2fs; %s of %s in use by %d models",
                 name,
@@ -277,7 +301,10 @@ class ModelCache:
             return state.measured.host
         ratios = sorted(self._ratios)
         ratio = max(1.0, ratios[len(ratios) // 2]) if ratios else 1.0
-        return int(self._file_bytes(name) * ratio)
+        by_files = int(self._file_bytes(name) * ratio)
+        # a model whose files say little (a Python model's code): as much as a typical load here
+        sizes = sorted(self._sizes) or sorted(s.measured.host for s in self.known.values() if s.measured)
+        return max(by_files, sizes[len(sizes) // 2] if sizes else 0)
 
     def _file_bytes(self, name: str) -> int:
         total = 0
@@ -318,8 +345,18 @@ class ModelCache:
             while self.used().host + needed > self.budget:
                 victim = self._victim(keep=name)
                 if victim is None:
-                    if not self.loaded_names() or [name] == self.loaded_names():
-                        return  # nothing else is loaded: try it (the measured size decides from then on)
+                    held = self.used().host
+                    if needed > self.budget or held == 0:
+                        # waiting for the models in use cannot make room (it would not fit alone, or they
+                        # hold nothing): it loads beside them; its measured size decides from its load on
+                        if needed > self.budget:
+                            log.warning(
+                                "model cache: '%s' needs %s, more than the whole budget of %s: loading it anyway",
+                                name,
+                                _bytes(needed),
+                                _bytes(self.budget),
+                            )
+                        return
                     if self._now() >= deadline:
                         raise Unavailable(
                             f"Request for unknown model: '{name}' has no available versions: "

@@ -174,6 +174,9 @@ class ModelRegistry:
         except ServerError:
             return False
 
+    def loads_on_demand(self, name: str) -> bool:
+        return self.cache is not None and self.cache.loadable(name)
+
     def model_names(self) -> list[str]:
         return sorted(self._models)
 

@@ -195,6 +195,38 @@ def test_unknown_model_is_not_found(drill: tuple[ServerProcess, dict, int]) -> N
     assert server.alive()
 
 
+def test_an_ensemble_whose_members_do_not_fit_together(tmp_path: Path, footprint: int) -> None:
+    """m00 → m01 as an ensemble, in a budget that holds one member: each step loads its member, evicting
+    the other, and every answer is right."""
+    repo = tmp_path / "repo"
+    weights = _matmul_repo(repo, 2)
+    (repo / "chain" / "1").mkdir(parents=True)
+    (repo / "chain" / "config.pbtxt").write_text(
+        f"""name: "chain"
+platform: "ensemble"
+max_batch_size: 4
+input [ {{ name: "IN" data_type: TYPE_FP32 dims: [ {SIZE} ] }} ]
+output [ {{ name: "OUT" data_type: TYPE_FP32 dims: [ {SIZE} ] }} ]
+ensemble_scheduling {{ step [
+  {{ model_name: "m00" model_version: -1 input_map {{ key: "IN" value: "IN" }} output_map {{ key: "OUT" value: "MID" }} }},
+  {{ model_name: "m01" model_version: -1 input_map {{ key: "IN" value: "MID" }} output_map {{ key: "OUT" value: "OUT" }} }}
+] }}
+"""
+    )
+    server = start_server(repo, f"--model-cache-memory-budget={int(footprint * 1.5)}", log_dir=tmp_path)
+    try:
+        x = np.random.default_rng(1).standard_normal((1, SIZE), dtype=np.float32) / 30
+        for _ in range(3):
+            r = _infer(server.base_url, "chain", x)
+            assert r.status_code == 200, r.text
+            out = np.array(r.json()["outputs"][0]["data"], np.float32).reshape(1, SIZE)
+            assert np.allclose(out, x @ weights["m00"] @ weights["m01"], rtol=1e-2, atol=1e-2)
+        assert _sum(_metrics(server), "kubeinfer_model_cache_evictions", reason="budget") >= 2
+        assert httpx.get(f"{server.base_url}/v2/models/chain/ready", timeout=10).status_code == 200
+    finally:
+        server.terminate()
+
+
 # ---- the edges, with the sleep test backend ------------------------------------------------------------
 
 
@@ -203,8 +235,14 @@ def sleep_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     require_sleep_backend()
     repo = tmp_path_factory.mktemp("sleepers") / "repo"
     write_sleep_model(repo, "slow_load", 0, 'parameters { key: "load_ms" value { string_value: "2500" } }\n')
-    for name in ("a", "b", "c"):
-        write_sleep_model(repo, name, 0)
+    for name in ("a", "b", "c"):  # each instance holds 8 MiB: a budget of 12 MiB fits one model
+        write_sleep_model(
+            repo,
+            name,
+            0,
+            f'parameters {{ key: "load_bytes" value {{ string_value: "{8 << 20}" }} }}\n'
+            "instance_group [ { count: 1 kind: KIND_CPU } ]\n",
+        )
     return repo
 
 
@@ -249,7 +287,7 @@ def test_a_model_with_a_request_in_flight_is_never_evicted(sleep_repo: Path) -> 
     """Budget of one model: while a's 3 s request runs, b's request waits for room (a is not evicted from
     under it); when a's request ends, a is evicted and b is served."""
     server = start_server(
-        sleep_repo, "--model-cache-memory-budget=1", "--model-load-timeout=20", log_dir=sleep_repo.parent
+        sleep_repo, "--model-cache-memory-budget=12Mi", "--model-load-timeout=20", log_dir=sleep_repo.parent
     )
     try:
         assert httpx.post(f"{server.base_url}/v2/models/a/infer", json=_sleep_body(), timeout=30).status_code == 200
@@ -278,7 +316,7 @@ def test_a_pinned_model_stays_and_a_full_cache_answers_503(sleep_repo: Path) -> 
     server = start_server(
         sleep_repo,
         "--model-control-mode=explicit",
-        "--model-cache-memory-budget=1",
+        "--model-cache-memory-budget=12Mi",
         "--model-load-timeout=1",
         log_dir=sleep_repo.parent,
     )
