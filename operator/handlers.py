@@ -30,7 +30,7 @@ from kubeinfer.server.config.version_policy import select_versions
 from kubeinfer.server.repository.layout import config_digest
 from kubernetes.client.exceptions import ApiException
 
-from . import manifests, network_policy, status
+from . import manifests, network_policy, sequence_routing, status
 from .api import GROUP, VERSION
 from .artifacts import DEFAULT_MAX_BYTES, ArtifactError
 from .autoscaling import Autoscaler
@@ -46,7 +46,8 @@ from .recheck import Rechecker
 from .render import DEFAULT_BACKENDS, render_model
 from .replicas import Endpoint, IndexReader, endpoints_from_slices
 from .repository_writer import RepositoryWriter
-from .server_access import AccessBook, ServerAccess
+from .rollout import Rollouts, weights_in_force
+from .server_access import PLAIN, AccessBook, ServerAccess
 from .tenant_volumes import DEFAULT_CLAIM, TenantVolumes
 
 #: backends whose models are code run by the server
@@ -184,6 +185,8 @@ class Reconciler:
         self._locks_guard = threading.Lock()
         self._failures: dict[str, _Failure] = {}
         self.autoscaler = Autoscaler(kube, config.prometheus_url)
+        #: weights between versions: numbers per version, spec.rollout's decisions (operator/rollout.py)
+        self.rollouts = Rollouts(self.reader)
         #: a kopf handler's context, for threads of our own that post events (set by the handlers)
         self.handler_context: contextvars.Context | None = None
         #: status patches written and skipped (unchanged), for the benchmark and the logs
@@ -198,6 +201,7 @@ class Reconciler:
         with self._locks_guard:
             self._locks.pop(uid, None)
             self._failures.pop(uid, None)
+        self.rollouts.forget(uid)
 
     def close(self) -> None:
         """Stop the rechecker and retries, close the HTTP clients (idempotent)."""
@@ -324,10 +328,12 @@ class Reconciler:
                         + ("the InferenceServer spec is refused" if refused else "no usable repository claim"),
                     )
                 )
-            else:
+            listed = self.kube.list_in(MODELS, ns)
+            if not (claim is None or refused):
                 try:
                     dep = self.kube.apply(manifests.deployment(body, claim))
-                    self.kube.apply(manifests.service(body))
+                    stateful = sequence_routing.sequence_models(listed, name)
+                    self.kube.apply(manifests.service(body, sequence_routing.affinity(spec, stateful)))
                     self._apply_network_policy(body)
                     scaling, scaling_status = self.autoscaler.reconcile(body)
                 except ApiException as exc:
@@ -352,9 +358,7 @@ class Reconciler:
                         (available.message if available else None) or f"{ready}/{spec.get('replicas', 1)} pods ready",
                     )
                 )
-            models = sorted(
-                m["metadata"]["name"] for m in self.kube.list_in(MODELS, ns) if m.get("spec", {}).get("server") == name
-            )
+            models = sorted(m["metadata"]["name"] for m in listed if m.get("spec", {}).get("server") == name)
             ok = all(c.status for c in conds)
             conds.append(
                 status.Condition(
@@ -454,6 +458,8 @@ class Reconciler:
             delay = 0.0
             changed = False
             server = self.lookup.server(ns, server_name)
+            endpoints: list[Endpoint] = []
+            access: ServerAccess | str = PLAIN
             if server is None:
                 obs.render_error = (
                     "ServerNotFound",
@@ -466,7 +472,10 @@ class Reconciler:
                 held = self._held_failure(meta["uid"], generation) if from_timer else None
                 try:
                     subpath, server_dir = self._server_dir(ns, server_name, sspec)
-                    rendered = render_model(name, spec, sspec.get("backends") or DEFAULT_BACKENDS, server_name)
+                    traffic = weights_in_force(spec, prev, generation)
+                    rendered = render_model(
+                        name, spec, sspec.get("backends") or DEFAULT_BACKENDS, server_name, traffic=traffic
+                    )
                     _check_backend_allowed(rendered, server_name, sspec)
                     obs.target = select_versions(rendered.config, rendered.versions)
                     obs.config_digest = config_digest(rendered.config_text.encode("utf-8"))
@@ -505,14 +514,45 @@ class Reconciler:
                 access = self.access.for_server(ns, server_name, sspec)
                 obs.replicas = self.observe(server_name, endpoints, name, age, access=access)
             new = status.model_status(obs, prev)
+            decided = self._canary(body, prev, new, endpoints, access)
+            routing = sequence_routing.model_condition(spec, server["spec"]) if server is not None else None
+            if routing is not None:
+                new["conditions"] += status.conditions([routing], prev.get("conditions"), generation)
             self._post_events(body, prev, new)
             self._patch_status(MODELS, ns, name, prev, new)
             ready = _condition(new, "Ready")
-            if recheck and (changed or not from_timer) and ready.get("reason") in SETTLING:
-                self.rechecker.schedule((ns, name, meta["uid"]))
+            if decided or (recheck and (changed or not from_timer) and ready.get("reason") in SETTLING):
+                self.rechecker.schedule((ns, name, meta["uid"]))  # a rollout decision: rendered again at once
             if temporary:
                 raise kopf.TemporaryError(temporary, delay=delay)
             return new
+
+    def _canary(
+        self,
+        body: Mapping[str, Any],
+        prev: Mapping[str, Any],
+        new: dict[str, Any],
+        endpoints: list[Endpoint],
+        access: ServerAccess | str,
+    ) -> bool:
+        """Numbers per weighted version and spec.rollout's rule into ``new``; True when a decision was made."""
+        meta, spec = body["metadata"], body["spec"]
+        if not self.rollouts.tracked(spec) and not prev.get("versionTraffic") and not prev.get("rollout"):
+            return False
+        generation = meta.get("generation", 0)
+        stamp = status.now()
+        extra, decision = self.rollouts.extend(
+            meta["uid"], spec, generation, prev, new, endpoints, meta["name"], access, stamp
+        )
+        if extra:
+            new["conditions"] += status.conditions(extra, prev.get("conditions"), generation, stamp)
+        if decision:
+            phase = new["rollout"]["phase"]
+            if phase == "RolledBack":
+                kopf.warn(_ref(body), reason=phase, message=decision)
+            else:
+                _normal(body, phase, decision)
+        return decision is not None
 
     def _superseded(
         self, namespace: str, name: str, uid: str, generation: int, stopped: Callable[[], bool] | None
@@ -722,6 +762,9 @@ def register(reconciler: Reconciler, registry: kopf.OperatorRegistry) -> None:
     def on_model(body: kopf.Body, retry: int, **_: Any) -> None:
         reconciler.handler_context = contextvars.copy_context()
         reconciler.reconcile_model(body, retry)
+        if body["spec"].get("sequenceBatching") is not None and body["metadata"].get("namespace"):
+            # its pool's Service gets session affinity now, not at the next resync (sequence_routing.py)
+            reconciler.reconcile_server_named(body["metadata"]["namespace"], body["spec"]["server"])
 
     def on_model_timer(body: kopf.Body, **kwargs: Any) -> None:
         stopped = kwargs["stopped"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from . import server_auth
+from . import model_cache, server_auth
 from .api import API_VERSION
 
 MODEL_REPOSITORY_MOUNT = "/models"
@@ -129,6 +129,7 @@ RESERVED_FLAGS = (
     "--grpc-max-connection-age",
     "--allowed-backends",
     "--allow-external-op-libraries",
+    *model_cache.FLAGS,
 )
 #: an argument that sets a reserved flag (``--flag`` or ``--flag=value``), as a regular expression (RE2 and re)
 RESERVED_FLAG_PATTERN = "^(" + "|".join(f.replace("-", "[-]") for f in RESERVED_FLAGS) + ")(=.*)?$"
@@ -164,6 +165,7 @@ def server_args(spec: Mapping[str, Any]) -> list[str]:
         args.append(f"--allowed-backends={','.join(backends)}")
     if not spec.get("allowExternalOpLibraries", True):
         args.append("--allow-external-op-libraries=false")
+    args += model_cache.server_flags(spec)
     reserved = set(reserved_extra_args(spec))
     return args + [a for a in flags.get("extraArgs") or [] if a not in reserved]
 
@@ -295,20 +297,22 @@ def deployment(body: Mapping[str, Any], claim: str) -> dict[str, Any]:
     }
 
 
-def service(body: Mapping[str, Any]) -> dict[str, Any]:
+def service(body: Mapping[str, Any], affinity: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The pool's Service; ``affinity``: a ``sessionAffinityConfig`` (ClientIP affinity, for sequence models:
+    ``sequence_routing``), None for none."""
     name = body["metadata"]["name"]
     p = ports(body["spec"])
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": metadata(body),
-        "spec": {
-            "type": "ClusterIP",
-            "selector": selector_labels(name),
-            "ports": [
-                {"name": "http", "port": p["http"], "targetPort": "http", "protocol": "TCP"},
-                {"name": "grpc", "port": p["grpc"], "targetPort": "grpc", "protocol": "TCP", "appProtocol": "grpc"},
-                {"name": "metrics", "port": p["metrics"], "targetPort": "metrics", "protocol": "TCP"},
-            ],
-        },
+    spec: dict[str, Any] = {
+        "type": "ClusterIP",
+        "selector": selector_labels(name),
+        "ports": [
+            {"name": "http", "port": p["http"], "targetPort": "http", "protocol": "TCP"},
+            {"name": "grpc", "port": p["grpc"], "targetPort": "grpc", "protocol": "TCP", "appProtocol": "grpc"},
+            {"name": "metrics", "port": p["metrics"], "targetPort": "metrics", "protocol": "TCP"},
+        ],
+        # set either way: server-side apply leaves a field the operator stops sending as it was
+        "sessionAffinity": "ClientIP" if affinity else "None",
     }
+    if affinity:
+        spec["sessionAffinityConfig"] = dict(affinity)
+    return {"apiVersion": "v1", "kind": "Service", "metadata": metadata(body), "spec": spec}

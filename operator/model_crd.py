@@ -7,6 +7,8 @@ from typing import Any
 from kubeinfer.server.config import MODEL_CONFIG
 
 from .api import CONDITIONS, crd
+from .rollout import ROLLOUT_SCHEMA, TRAFFIC_PERCENT_SCHEMA, TRAFFIC_RULE
+from .rollout import STATUS_SCHEMA as ROLLOUT_STATUS
 from .schema import CONFIG_TOP_FIELDS, MAX_VERSIONS, message_schema
 
 _SOURCE = {
@@ -77,12 +79,14 @@ _VERSIONS = {
                 "description": "Version number (the folder name).",
             },
             "source": _SOURCE,
+            "trafficPercent": TRAFFIC_PERCENT_SCHEMA,
         },
     },
 }
 
 _MODEL_RULES = [
     {"rule": "has(self.platform) || has(self.backend)", "message": "give spec.platform or spec.backend"},
+    TRAFFIC_RULE,
     {
         "rule": "self.versions.all(v, self.versions.exists_one(w, w.version == v.version))",
         "message": "spec.versions: version numbers must be unique",
@@ -145,6 +149,7 @@ def inference_model_spec_schema() -> dict[str, Any]:
         },
         **schema["properties"],
         "versions": _VERSIONS,
+        "rollout": ROLLOUT_SCHEMA,
     }
     schema["required"] = ["server", "versions"]
     schema["description"] = (
@@ -182,7 +187,8 @@ INFERENCE_MODEL_STATUS = {
                     "state": {
                         "type": "string",
                         "description": "READY, LOADING, UNLOADING or UNAVAILABLE (as the servers report it; "
-                        "when replicas differ, the state furthest from READY).",
+                        "when replicas differ, the state furthest from READY), or ON_DEMAND (a server with "
+                        "spec.modelCache loads it on its next request).",
                     },
                     "reason": {"type": "string", "description": "Why the version is not READY, if it is not."},
                     "replicas": {"type": "integer", "description": "Server replicas whose repository index was read."},
@@ -203,6 +209,7 @@ INFERENCE_MODEL_STATUS = {
                 "time": {"type": "string", "format": "date-time", "description": "When it happened."},
             },
         },
+        **ROLLOUT_STATUS,
         "repositoryPath": {
             "type": "string",
             "description": "Folder of the model inside the repository volume (<server subPath>/<model>).",

@@ -23,6 +23,7 @@ from kubeinfer.server.config import (
 from kubeinfer.server.config.platforms import BUILTIN_BACKENDS, backend_for, model_filename
 from kubeinfer.server.vocabulary import datatypes
 
+from . import rollout
 from .schema import CONFIG_TOP_FIELDS, TOP_LEVEL_ALIASES
 
 #: what an InferenceServer serves when its spec.backends is empty
@@ -86,7 +87,7 @@ def _convert_message(
 
 def spec_to_config(name: str, spec: Mapping[str, Any]) -> pb.ModelConfig:
     """The ModelConfig an InferenceModel spec describes (no validation beyond the schema's types)."""
-    config_part = {k: v for k, v in spec.items() if k not in ("server", "versions")}
+    config_part = {k: v for k, v in spec.items() if k not in ("server", "versions", "rollout")}
     data = _convert_message(MODEL_CONFIG, config_part, to_config=True, top=True)
     config = pb.ModelConfig()
     try:
@@ -147,9 +148,15 @@ class RenderedModel:
 
 
 def render_model(
-    name: str, spec: Mapping[str, Any], server_backends: Iterable[str] = DEFAULT_BACKENDS, server: str = ""
+    name: str,
+    spec: Mapping[str, Any],
+    server_backends: Iterable[str] = DEFAULT_BACKENDS,
+    server: str = "",
+    traffic: Mapping[int, float] | None = None,
 ) -> RenderedModel:
-    """Validate an InferenceModel spec against the server's schema and rules; ConfigError says what to fix."""
+    """Validate an InferenceModel spec against the server's schema and rules; ConfigError says what to fix.
+
+    ``traffic``: the weights in force between versions (``rollout.weights_in_force``; None: the spec's)."""
     config = spec_to_config(name, spec)
     backends = sorted(server_backends)
     if config.platform and config.platform not in KNOWN_PLATFORMS:
@@ -184,6 +191,7 @@ def render_model(
         versions[version] = source
     if not versions:
         raise ConfigError("spec.versions is empty: list at least one version")
+    rollout.apply_weights(config, rollout.spec_weights(spec) if traffic is None else traffic, versions)
     if config.version_policy.HasField("specific"):
         missing = sorted(set(config.version_policy.specific.versions) - set(versions))
         if missing:

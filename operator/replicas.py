@@ -99,6 +99,10 @@ class IndexReader:
                 self._tls_clients[access.tls_key] = client
             return client
 
+    def client_for(self, access: ServerAccess) -> httpx.Client:
+        """The pooled HTTP client for a pool's access (plain, or its TLS set-up): other reads share it."""
+        return self._client(access)
+
     def read(self, endpoint: Endpoint, max_age: float, access: ServerAccess = PLAIN) -> ReplicaIndex:
         """The endpoint's index, at most ``max_age`` seconds old (failures are remembered as long)."""
         url = access.url(endpoint.url)

@@ -8,6 +8,8 @@ from kubeinfer.server.config.platforms import BUILTIN_BACKENDS
 
 from .api import CONDITIONS, crd
 from .manifests import RESERVED_FLAG_PATTERN
+from .model_cache import SCHEMA as MODEL_CACHE
+from .sequence_routing import SCHEMA as SESSION_AFFINITY
 
 
 def _s(description: str, **extra: Any) -> dict[str, Any]:
@@ -343,6 +345,8 @@ INFERENCE_SERVER_SPEC = {
             ],
         },
         "autoscaling": AUTOSCALING,
+        "modelCache": MODEL_CACHE,
+        "sessionAffinity": SESSION_AFFINITY,
         "sharedMemorySize": {
             **_QUANTITY,
             "description": "Size limit of the memory-backed /dev/shm (default 1Gi): Python model stubs' shared "

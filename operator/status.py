@@ -11,6 +11,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from kubeinfer.server.repository.layout import NOT_LOADED
+
 
 def now() -> str:
     return dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
@@ -56,13 +58,22 @@ class VersionState:
     config_digest: str = ""
 
 
+#: a model the server loads on its next request (its model cache): servable, not loaded on that replica
+ON_DEMAND = "ON_DEMAND"
+
+
 def version_states(index: Iterable[Mapping[str, Any]], model: str) -> list[VersionState]:
-    """This model's entries of a ``POST /v2/repository/index`` response."""
+    """This model's entries of a ``POST /v2/repository/index`` response. A model the server has not loaded
+    but loads on demand is one entry, version 0, state ``ON_DEMAND`` (``model_status`` spreads it over the
+    target versions)."""
     out = []
     for entry in index:
         if entry.get("name") != model:
             continue
         version = str(entry.get("version") or "")
+        if not version and entry.get("reason") == NOT_LOADED:
+            out.append(VersionState(0, ON_DEMAND))
+            continue
         if not version.isdigit():
             continue
         out.append(
@@ -114,7 +125,18 @@ class ModelObservation:
 
 
 #: which state a version shows when replicas disagree: the one furthest from serving
-_STATE_ORDER = {"UNAVAILABLE": 0, "LOADING": 1, "UNLOADING": 2, "READY": 3}
+_STATE_ORDER = {"UNAVAILABLE": 0, "LOADING": 1, "UNLOADING": 2, ON_DEMAND: 3, "READY": 4}
+
+
+def _spread_on_demand(states: Iterable[VersionState], target: Iterable[int]) -> list[VersionState]:
+    """A replica's states with its model-level ON_DEMAND entry given to every target version it does not
+    report otherwise."""
+    states = list(states)
+    if not any(s.state == ON_DEMAND for s in states):
+        return states
+    named = [s for s in states if s.version]
+    seen = {s.version for s in named}
+    return named + [VersionState(v, ON_DEMAND) for v in target if v not in seen]
 
 
 #: render "errors" that are a wait, not a failure (status.lastFailure keeps the last real failure)
@@ -143,16 +165,18 @@ def model_status(obs: ModelObservation, previous: Mapping[str, Any] | None, when
     multi = len(judged) > 1
 
     def current(s: VersionState) -> bool:
-        """Serving from the config the operator rendered (servers that report no digest are trusted)."""
-        return s.state == "READY" and (
-            not obs.config_digest or not s.config_digest or s.config_digest == obs.config_digest
+        """Serving from the config the operator rendered (servers that report no digest are trusted), or
+        serving it on the next request (a model the replica loads on demand reads the config then)."""
+        return s.state == ON_DEMAND or (
+            s.state == "READY"
+            and (not obs.config_digest or not s.config_digest or s.config_digest == obs.config_digest)
         )
 
     by_version: dict[int, list[tuple[ReplicaView, VersionState]]] = {}
     for r in readable:
-        for s in r.states or ():
+        for s in _spread_on_demand(r.states or (), obs.target):
             by_version.setdefault(s.version, []).append((r, s))
-    active = sorted(v for v, seen in by_version.items() if any(s.state == "READY" for _, s in seen))
+    active = sorted(v for v, seen in by_version.items() if any(s.state in ("READY", ON_DEMAND) for _, s in seen))
     serving = {v: sum(1 for _, s in by_version.get(v, ()) if current(s)) for v in obs.target}
     missing = [v for v in obs.target if serving[v] < len(readable) or not readable]
     stale_config = [v for v in missing if any(s.state == "READY" and not current(s) for _, s in by_version.get(v, ()))]
@@ -217,7 +241,10 @@ def model_status(obs: ModelObservation, previous: Mapping[str, Any] | None, when
         ready = Condition("Ready", False, "ServerNotReady", f"no replica of {server} is ready to take requests")
     else:
         on = f" on {_plural(len(readable), 'replica')}" if multi else ""
-        ready = Condition("Ready", True, "Serving", f"versions {active} are READY{on}")
+        loaded = sum(1 for r in readable if any(s.state == "READY" for s in r.states or ()))
+        lazily = any(s.state == ON_DEMAND for r in readable for s in r.states or ())
+        demand = f" (loaded on demand: now on {loaded} of {_plural(len(readable), 'replica')})" if lazily else ""
+        ready = Condition("Ready", True, "Serving", f"versions {active} are READY{on}{demand}")
     conds.append(ready)
     serving_something = bool(active)
     degraded = not ready.status and serving_something
@@ -233,7 +260,7 @@ def model_status(obs: ModelObservation, previous: Mapping[str, Any] | None, when
     for v in sorted(by_version):
         seen = by_version[v]
         worst = min(seen, key=lambda rs: _STATE_ORDER.get(rs[1].state, -1))[1]
-        count = serving[v] if v in serving else sum(1 for _, s in seen if s.state == "READY")
+        count = serving[v] if v in serving else sum(1 for _, s in seen if s.state in ("READY", ON_DEMAND))
         states.append(
             {
                 "version": v,

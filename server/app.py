@@ -29,6 +29,7 @@ from .observability.metrics import TritonMetrics
 from .observability.trace import Tracer
 from .runtime.auth import BearerToken, TlsFiles
 from .runtime.cache import ResponseCache
+from .runtime.model_cache import CacheSettings
 from .runtime.registry import ModelRegistry
 from .runtime.service import InferenceService, ServiceOptions
 from .sharedmemory import SharedMemoryRegistry
@@ -70,6 +71,8 @@ class ServerSettings:
     allow_external_op_libraries: bool = True
     #: bytes of the local response cache (--cache-config local,size=N); 0 = no cache
     response_cache_bytes: int = 0
+    #: models on demand within a memory budget (--model-load-on-demand, --model-cache-memory-budget, ...)
+    model_cache: CacheSettings | None = None
     #: the trace extension's settings at start (--trace-config)
     trace_settings: dict[str, Any] = field(default_factory=dict)
     #: the logging extension's control, configured by the command line (None: defaults)
@@ -167,8 +170,10 @@ async def serve(settings: ServerSettings) -> int:
         load_threads=settings.load_threads,
         response_cache=cache,
         allow_external_op_libraries=settings.allow_external_op_libraries,
+        model_cache=settings.model_cache,
     )
     registry.on_load_failure.append(metrics.on_load_failure)
+    metrics.model_cache = registry.cache
     service = InferenceService(
         registry,
         ServiceOptions(

@@ -33,6 +33,7 @@ from .observability.logsettings import LogControl, LogSettings
 from .observability.trace import parse_trace_config
 from .runtime.auth import TlsFiles
 from .runtime.cache import parse_cache_config
+from .runtime.model_cache import CacheSettings
 from .vocabulary.limits import DEFAULT_LIMITS, Limits
 
 log = logging.getLogger("kubeinfer.server")
@@ -293,6 +294,37 @@ def _non_negative_int(value: str) -> int:
     return n
 
 
+_BYTE_SUFFIXES = {
+    "": 1,
+    "k": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+    "Ki": 1 << 10,
+    "Mi": 1 << 20,
+    "Gi": 1 << 30,
+    "Ti": 1 << 40,
+}
+
+
+def _byte_size(value: str) -> int:
+    """Bytes as an integer or a Kubernetes quantity (``512Mi``, ``2Gi``, ``1.5G``)."""
+    text = value.strip()
+    number = text.rstrip("kKMGTi")
+    suffix = text[len(number) :]
+    if suffix == "K":
+        suffix = "k"
+    try:
+        n = float(number) * _BYTE_SUFFIXES[suffix]
+    except (ValueError, KeyError):
+        raise argparse.ArgumentTypeError(
+            f"expected bytes (an integer, or a quantity such as 512Mi or 2Gi), got '{value}'"
+        ) from None
+    if not n >= 0:
+        raise argparse.ArgumentTypeError(f"expected bytes >= 0, got '{value}'")
+    return int(n)
+
+
 def _positive(value: str) -> int:
     try:
         n = int(value)
@@ -380,6 +412,36 @@ def build_parser(triton: bool = False) -> argparse.ArgumentParser:
     )
     repo.add_argument(
         "--model-load-thread-count", type=int, default=4, help="models loaded in parallel at start and on poll"
+    )
+    mc = p.add_argument_group("model cache: models on demand within a memory budget (beyond Triton)")
+    mc.add_argument(
+        "--model-load-on-demand",
+        type=_bool,
+        default=False,
+        help="load a repository model on its first request (which waits for it) instead of at start; the "
+        "index lists models not loaded as UNAVAILABLE 'not loaded'; a repository API load pins a model "
+        "(explicit mode)",
+    )
+    mc.add_argument(
+        "--model-cache-memory-budget",
+        type=_byte_size,
+        default=0,
+        metavar="BYTES",
+        help="host memory the loaded models may take (e.g. 4Gi; implies --model-load-on-demand): before a load "
+        "that would pass it, the least recently used idle models are unloaded (never one with requests in "
+        "flight, a live sequence or a pin). Each model's footprint is measured at its load (0: no budget)",
+    )
+    mc.add_argument(
+        "--model-idle-unload-seconds",
+        type=_non_negative,
+        default=0.0,
+        help="with on-demand loading: unload a model no request used for this long (0: never)",
+    )
+    mc.add_argument(
+        "--model-load-timeout",
+        type=_non_negative,
+        default=60.0,
+        help="with on-demand loading: seconds a request waits for its model to load, then 503 / UNAVAILABLE",
     )
     repo.add_argument(
         "--backend-config",
@@ -596,6 +658,7 @@ def settings_from_args(args: argparse.Namespace, triton: bool) -> ServerSettings
     if args.model_load_thread_count < 1:
         raise ValueError("--model-load-thread-count must be at least 1")
     auto_complete = not args.disable_auto_complete_config and not args.strict_model_config
+    model_cache = _model_cache(args)
     backend_config = parse_backend_config(args.backend_config)
     host = args.host
     http_tls, grpc_tls = _tls_settings(args)
@@ -621,6 +684,7 @@ def settings_from_args(args: argparse.Namespace, triton: bool) -> ServerSettings
         allow_client_shm=args.allow_client_shm,
         allow_external_op_libraries=args.allow_external_op_libraries,
         response_cache_bytes=_cache_bytes(args),
+        model_cache=model_cache,
         trace_settings=parse_trace_config(_trace_items(args)),
         shutdown_timeout=args.shutdown_timeout,
         connection_drain_seconds=args.connection_drain_seconds,
@@ -633,6 +697,26 @@ def settings_from_args(args: argparse.Namespace, triton: bool) -> ServerSettings
         http_tls=http_tls,
         grpc_tls=grpc_tls,
         log_level=_log_level(args),
+    )
+
+
+def _model_cache(args: argparse.Namespace) -> CacheSettings | None:
+    """The model cache's settings (None: models load as the control mode says)."""
+    on = args.model_load_on_demand or args.model_cache_memory_budget > 0
+    if not on:
+        for flag, value, default in (
+            ("--model-idle-unload-seconds", args.model_idle_unload_seconds, 0.0),
+            ("--model-load-timeout", args.model_load_timeout, 60.0),
+        ):
+            if value != default:
+                raise ValueError(f"{flag} needs --model-load-on-demand=true or --model-cache-memory-budget")
+        return None
+    if args.model_load_timeout <= 0:
+        raise ValueError("--model-load-timeout must be more than 0 seconds")
+    return CacheSettings(
+        memory_budget=args.model_cache_memory_budget,
+        idle_unload_seconds=args.model_idle_unload_seconds,
+        load_timeout=args.model_load_timeout,
     )
 
 

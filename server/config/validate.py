@@ -13,6 +13,7 @@ from . import model_config_pb2 as pb
 from .codec import ConfigError
 from .platforms import BUILTIN_BACKENDS, KNOWN_PLATFORMS
 from .sequence import check_sequence_batching
+from .traffic import parse_traffic
 
 #: longest file name Linux file systems take (NAME_MAX, in bytes)
 MAX_FILE_NAME_BYTES = 255
@@ -225,6 +226,7 @@ def validate_config(
     if config.HasField("sequence_batching"):
         # Triton allows sequence batching without batching (max_batch_size 0): one slot per instance
         check_sequence_batching(config)
+    parse_traffic(config)
     if config.platform == "ensemble":
         _check_ensemble(config)
     elif config.HasField("ensemble_scheduling"):

@@ -165,7 +165,8 @@ def metadata_to_pb(meta: dict[str, Any]) -> pb.ModelMetadataResponse:
 
 
 def statistics_to_pb(stats: dict[str, Any]) -> pb.ModelStatisticsResponse:
-    return json_format.ParseDict(stats, pb.ModelStatisticsResponse())
+    # the HTTP rows' kubeinfer additions (the latency histogram) have no field in Triton's message
+    return json_format.ParseDict(stats, pb.ModelStatisticsResponse(), ignore_unknown_fields=True)
 
 
 _INDEX_FIELDS = ("name", "version", "state", "reason")

@@ -52,9 +52,11 @@ class InferenceServicer:
         return pb.ServerMetadataResponse(name=meta["name"], version=meta["version"], extensions=meta["extensions"])
 
     async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: Any) -> pb.ModelMetadataResponse:
+        await self.service.ensure_loaded(request.name, request.version)
         return converters.metadata_to_pb(self.service.model_metadata(request.name, request.version))
 
     async def ModelConfig(self, request: pb.ModelConfigRequest, context: Any) -> pb.ModelConfigResponse:
+        await self.service.ensure_loaded(request.name, request.version)
         response = pb.ModelConfigResponse()
         response.config.CopyFrom(self.service.model_config(request.name, request.version))
         return response

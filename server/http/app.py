@@ -223,11 +223,13 @@ def build_app(service: InferenceService, shm: SharedMemoryRegistry | None = None
     # ---- model metadata, readiness, config ----------------------------------------------------
     @app.get("/v2/models/{name}")
     async def model_metadata(name: str) -> Response:
+        await service.ensure_loaded(name)
         return _json(service.model_metadata(name))
 
     @app.get("/v2/models/{name}/versions/{version}")
     async def version_metadata(name: str, version: str) -> Response:
         _numeric(version)
+        await service.ensure_loaded(name, version)
         return _json(service.model_metadata(name, version))
 
     # Triton (2.51) answers a model that is not ready, known or not, 400 {"error":"Model version not ready"}
@@ -242,11 +244,13 @@ def build_app(service: InferenceService, shm: SharedMemoryRegistry | None = None
 
     @app.get("/v2/models/{name}/config")
     async def model_config(name: str) -> Response:
+        await service.ensure_loaded(name)
         return Response(service.model_config_json(name).encode(), media_type=JSON)
 
     @app.get("/v2/models/{name}/versions/{version}/config")
     async def version_config(name: str, version: str) -> Response:
         _numeric(version)
+        await service.ensure_loaded(name, version)
         return Response(service.model_config_json(name, version).encode(), media_type=JSON)
 
     # inference (POST .../infer) is served by InferRoute in front of this app: see infer_route.py

@@ -45,6 +45,7 @@ RESPONSE_ERROR_STATUS = 400
 
 async def generate(service: InferenceService, name: str, version: str, request: Request, streaming: bool) -> Response:
     body = await request.body()
+    await service.ensure_loaded(name, version)
     stream = service.infer_stream(to_request(service, name, version, body))
     first = await anext(stream, None)
     status = RESPONSE_ERROR_STATUS if first is not None and first.error is not None else 200

@@ -156,6 +156,7 @@ class InferRoute:
         try:
             if header_length is not None and header_length.strip() == "0" and body:
                 # raw binary request: the body is the one input's bytes, outputs come back binary
+                await self.service.ensure_loaded(name, version)  # its config decodes the body
                 request = self.service.raw_request(name, version, body)
                 options: dict[str, Any] = {"__default_binary__": True}
             else:

@@ -177,6 +177,8 @@ class TritonMetrics(Collector):
         self._custom: Any = None  # the registry's CustomMetrics (models' pb_utils.MetricFamily)
         #: the server's response cache (gauges), set by the wiring; None = no cache configured
         self.response_cache: Any = None
+        #: the model cache (``runtime.model_cache.ModelCache``), set by the wiring; None = models load as usual
+        self.model_cache: Any = None
         #: (model, version) with the cache enabled: their per-model cache counters are exported even at 0
         self._cached_models: set[tuple[str, str]] = set()
         self._cpu = CpuUtilization()
@@ -241,6 +243,14 @@ class TritonMetrics(Collector):
         with self._lock:
             s.load_failures += 1
 
+    def request_latency(self, model: str, version: str) -> tuple[list[int], list[int]] | None:
+        """(bucket upper bounds in µs, requests per bucket with +Inf last) of one version, or None."""
+        s = self._series.get((model, version))
+        if s is None:
+            return None
+        with self._lock:
+            return list(LATENCY_BUCKETS_US), list(s.request_hist.buckets)
+
     def refresh(self, model_registry: ServingModels) -> None:
         """At scrape time: queue lengths of the serving versions, and zero series for idle ones (as Triton)."""
         pending: dict[tuple[str, str], int] = {}
@@ -298,6 +308,8 @@ class TritonMetrics(Collector):
             "counter",
             ((k, s.load_failures) for k, s in items if s.load_failures),
         )
+        if self.model_cache is not None:
+            yield from _model_cache_metrics(self.model_cache)
         yield from self._system()
         yield from self._models_own()
 
@@ -366,6 +378,56 @@ class TritonMetrics(Collector):
                     if value is not None:
                         m.add_sample(name, {"gpu_uuid": g.uuid}, value)
                 yield m
+
+
+#: (attribute of runtime.model_cache.CachedModel, name, help) of the model cache's per-model counters
+MODEL_CACHE_COUNTERS = (
+    ("loads", "kubeinfer_model_cache_loads", "Loads of the model by the model cache (on a request or explicit)"),
+    ("load_seconds", "kubeinfer_model_cache_load_seconds", "Seconds the model cache spent loading the model"),
+    ("hits", "kubeinfer_model_cache_hits", "Requests that found the model loaded"),
+    ("waits", "kubeinfer_model_cache_waits", "Requests that waited for the model to load"),
+    (
+        "wait_failures",
+        "kubeinfer_model_cache_wait_failures",
+        "Requests that waited for the model to load and got an error (load failed, timed out, no room)",
+    ),
+)
+
+
+def _model_cache_metrics(cache: Any) -> Iterator[Metric]:
+    """The model cache's counters per model, its evictions by reason, and its gauges."""
+    known = sorted(cache.known.items())
+    for attr, name, doc in MODEL_CACHE_COUNTERS:
+        m = Metric(name, doc, "counter")
+        for model, state in known:
+            m.add_sample(name, {"model": model}, getattr(state, attr))
+        yield m
+    m = Metric(
+        "kubeinfer_model_cache_evictions",
+        "Models unloaded by the model cache: to make room in the budget, or idle too long",
+        "counter",
+    )
+    for model, state in known:
+        m.add_sample(m.name, {"model": model, "reason": "budget"}, state.evictions_budget)
+        m.add_sample(m.name, {"model": model, "reason": "idle"}, state.evictions_idle)
+    yield m
+    used = cache.used()
+    for name, doc, value in (
+        ("kubeinfer_model_cache_budget_bytes", "Host memory budget of the model cache (0: none)", cache.budget),
+        ("kubeinfer_model_cache_used_bytes", "Host memory the loaded models took when they loaded", used.host),
+        ("kubeinfer_model_cache_loaded_models", "Models loaded now", len(cache.loaded_names())),
+    ):
+        g = Metric(name, doc, "gauge")
+        g.add_sample(name, {}, value)
+        yield g
+    g = Metric("kubeinfer_model_memory_bytes", "Memory each loaded model version took at its load", "gauge")
+    for model in cache.loaded_names():
+        for version, footprint in cache.footprints(model):
+            g.add_sample(g.name, {"model": model, "version": version, "kind": "CPU", "device": "0"}, footprint.host)
+            for device, size in sorted(footprint.gpu.items()):
+                labels = {"model": model, "version": version, "kind": "GPU", "device": str(device)}
+                g.add_sample(g.name, labels, size)
+    yield g
 
 
 def _snapshot(s: _Series) -> _Series:

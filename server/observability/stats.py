@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from ..vocabulary.statistics import LATENCY_KEY
 from ..vocabulary.types import ExecutionTimings, InferenceRequest
 
 
@@ -69,6 +70,8 @@ class ModelStats:
         self.cache_hit = Duration()
         self.cache_miss = Duration()
         self.batch_stats: dict[int, BatchStats] = {}
+        #: Triton's ``memory_usage`` entries: what loading this version took (set by the model cache)
+        self.memory_usage: list[dict[str, Any]] = []
 
     def record_execution(self, batch_size: int, timings: ExecutionTimings) -> None:
         with self._lock:
@@ -152,5 +155,16 @@ class ModelStats:
                     }
                     for size, b in sorted(self.batch_stats.items())
                 ],
-                "memory_usage": [],
-            }
+                "memory_usage": list(self.memory_usage),
+            } | self._latency()
+
+    def _latency(self) -> dict[str, Any]:
+        """kubeinfer's addition to the HTTP rows (gRPC keeps Triton's fields): the request latency histogram
+        a listener keeps (the metrics'), so that a reader of one model's statistics gets its p99."""
+        for listener in self.listeners:
+            histogram = getattr(listener, "request_latency", None)
+            found = histogram(self.model, self.version) if histogram is not None else None
+            if found is not None:
+                bounds, counts = found
+                return {LATENCY_KEY: {"bounds_us": bounds, "counts": counts}}
+        return {}

@@ -21,7 +21,9 @@ Readers (the server) open a model folder beneath the repository root and read th
 (``model_files``): symlinks count only while they stay inside the repository.
 
 The index reports, per serving version, ``config_digest`` of the config.pbtxt bytes it was loaded
-from: a writer compares it with the digest of what it wrote to know the server serves that config.
+from: a writer compares it with the digest of what it wrote to know the server serves that config. With
+models on demand (the server's model cache) a model that is not loaded has one row, without a version,
+whose reason is ``NOT_LOADED``: it serves on its next request.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ from ..config import MAX_FILE_NAME_BYTES, ConfigError
 from ..vocabulary.errors import InvalidArgument
 
 CONFIG_FILE = "config.pbtxt"
+#: the index's reason for a repository model the server loads on its first request (the model cache)
+NOT_LOADED = "not loaded: loads on its first request (model cache)"
 MODEL_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
 
 

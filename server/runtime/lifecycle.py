@@ -22,6 +22,7 @@ from typing import Any
 
 from ..backends.loader import available_backends
 from ..config import ConfigError, normalize_config, pb, validate_config
+from ..config.traffic import parse_traffic, routing_neutral_digest
 from ..config.version_policy import select_versions
 from ..observability.stats import StatsListener
 from ..repository import scan
@@ -29,7 +30,7 @@ from ..repository.layout import check_model_name
 from ..repository.model_files import ModelFolder
 from ..vocabulary.errors import InvalidArgument, ServerError
 from ..vocabulary.registry_view import RegistryView
-from . import devices
+from . import devices, footprint
 from .cache import ResponseCache
 from .model import ModelVersion, build_model_version, prepare_config
 
@@ -52,9 +53,10 @@ class VersionState:
     config_digest: str = ""
 
 
-def _serving_state(mv: ModelVersion, reason: str = "") -> VersionState:
-    # a version's digest is "<config digest>:<folder digest>" (see ``ModelLifecycle._wanted``)
-    return VersionState(ModelState.READY, reason, mv.digest.split(":", 1)[0])
+def _serving_state(entry: ModelEntry, mv: ModelVersion, reason: str = "") -> VersionState:
+    """READY with ``reason``, keeping the config digest the version was last found serving with."""
+    before = entry.states.get(mv.version)
+    return VersionState(ModelState.READY, reason, before.config_digest if before is not None else "")
 
 
 @dataclass
@@ -72,6 +74,8 @@ class ModelEntry:
     #: digest per version of the last load attempt, failed or not (poll mode retries only on change)
     attempted: dict[int, str] = field(default_factory=dict)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    #: version → percent for requests that name no version (``config.traffic``; empty: the highest serves)
+    traffic: dict[int, float] = field(default_factory=dict)
 
 
 class ModelLifecycle:
@@ -108,6 +112,10 @@ class ModelLifecycle:
         self.response_cache = response_cache
         #: False with ``--allow-external-op-libraries=false``: op libraries only from the model's own folder
         self.allow_external_op_libraries = allow_external_op_libraries
+        #: measure each version's memory around its build (the model cache: loads do not overlap then)
+        self.measure_footprint = False
+        #: models load on request (the model cache): the poll reloads loaded models only
+        self.on_demand = False
 
     async def load_model(self, name: str, override: pb.ModelConfig | None = None) -> None:
         """Load or reload ``name``; ``override`` replaces its config.pbtxt for this load (as Triton).
@@ -157,6 +165,7 @@ class ModelLifecycle:
         if not targets:
             return self._record_failure(entry, 0, "no version folder with a model file matches the version policy")
         failures: list[str] = []
+        failed: set[int] = set()
         new_serving: dict[int, ModelVersion] = {}
         replaced: list[ModelVersion] = []
         for v in targets:
@@ -173,24 +182,28 @@ class ModelLifecycle:
                 reason = str(exc) if isinstance(exc, (ConfigError, ServerError)) else f"{type(exc).__name__}: {exc}"
                 log.error("failed to load '%s' version %s: %s", name, v, reason)
                 failures.append(f"version {v}: {reason}")
+                failed.add(v)
                 if current is not None:
                     new_serving[v] = current  # keep serving what worked
-                    entry.states[v] = _serving_state(current, f"reload failed: {reason}")
+                    entry.states[v] = _serving_state(entry, current, f"reload failed: {reason}")
                 else:
                     entry.states[v] = VersionState(ModelState.UNAVAILABLE, reason)
                 for hook in self.on_load_failure:
                     hook(name, str(v), reason)
                 continue
             new_serving[v] = mv
-            entry.states[v] = _serving_state(mv)
             if current is not None:
                 replaced.append(current)
         if not new_serving and entry.serving:
             # nothing new could load: what was serving stays in place
             return failures
         removed = [mv for v, mv in entry.serving.items() if v not in new_serving]
+        entry.traffic = parse_traffic(config)  # weights change without a reload (see _wanted)
         entry.serving = new_serving  # the atomic switch
         entry.config = new_serving[max(new_serving)].config if new_serving else config
+        for v in new_serving:
+            if v not in failed:  # built or kept: it serves the config just read
+                entry.states[v] = VersionState(ModelState.READY, "", source.config_digest)
         for mv in removed:
             entry.states[mv.version] = VersionState(ModelState.UNLOADING)
         removed_versions = {mv.version for mv in removed}
@@ -211,12 +224,15 @@ class ModelLifecycle:
         vconfig = pb.ModelConfig()
         vconfig.CopyFrom(config)
         folder = await asyncio.to_thread(ModelFolder, self.repository_path, config.name)
+        before = None
         try:
             with folder.loading(path or folder.path / str(version), version):
                 backend_cls = await asyncio.to_thread(prepare_config, vconfig, path, self.auto_complete)
                 validate_config(vconfig, config.name, available_backends())
                 normalize_config(vconfig, range(devices.gpu_count()))
-                return await build_model_version(
+                if self.measure_footprint:  # after the backend's module loaded: that is the process's, not the model's
+                    before = await asyncio.to_thread(footprint.measure)
+                mv = await build_model_version(
                     vconfig,
                     backend_cls,
                     version,
@@ -230,13 +246,17 @@ class ModelLifecycle:
                 )
         finally:
             folder.close()
+        if before is not None:
+            mv.footprint = (await asyncio.to_thread(footprint.measure)).minus(before)
+            mv.stats.memory_usage = mv.footprint.memory_usage()
+        return mv
 
     def _record_failure(self, entry: ModelEntry, version: int, reason: str) -> list[str]:
         log.error("model '%s' is unavailable: %s", entry.name, reason)
         if entry.serving:
             # keep serving the last good config; say why the new one was refused
             for v, mv in entry.serving.items():
-                entry.states[v] = _serving_state(mv, f"reload failed: {reason}")
+                entry.states[v] = _serving_state(entry, mv, f"reload failed: {reason}")
         else:
             entry.states = {version: VersionState(ModelState.UNAVAILABLE, reason)}
         for hook in self.on_load_failure:
@@ -330,6 +350,12 @@ class ModelLifecycle:
             await self.forget_model(name)
         for name in sorted(on_disk):
             entry = self.models.get(name)
+            if self.on_demand and (entry is None or not entry.serving):
+                # on demand, a model loads on its next request; a failed load whose files changed is
+                # forgotten, so that request tries the new files
+                if entry is not None and await self._changed(entry):
+                    self.models.pop(name, None)
+                continue
             if entry is not None and not await self._changed(entry):
                 continue
             try:
@@ -341,7 +367,7 @@ class ModelLifecycle:
         source = await asyncio.to_thread(scan.read_model, self.repository_path, entry.name, entry.override)
         if source.config_digest != entry.config_digest:
             return True
-        config = entry.config or source.config
+        config = source.config or entry.config  # what _reconcile digests: the config as read, not as normalised
         if config is None or config.platform == "ensemble":
             return False
         return self._wanted(source, config) != entry.attempted
@@ -350,4 +376,6 @@ class ModelLifecycle:
     def _wanted(source: scan.ModelSource, config: pb.ModelConfig) -> dict[int, str]:
         """Digest per version the policy selects: what a load would (re)build."""
         targets = select_versions(config, source.versions)
-        return {v: source.config_digest + ":" + source.version_digests.get(v, "") for v in targets}
+        # the config's digest without its traffic weights: new weights alone reload nothing
+        neutral = routing_neutral_digest(config)
+        return {v: neutral + ":" + source.version_digests.get(v, "") for v in targets}

@@ -28,6 +28,7 @@ from ..vocabulary.registry_view import RegistryView
 from ..vocabulary.streaming import ResponseStream
 from ..vocabulary.types import InferenceRequest, InferenceResponse
 from .cache import ResponseCache, request_key
+from .footprint import Footprint
 from .validation import RequestValidator, check_outputs
 from .warmup import warm_up
 
@@ -109,6 +110,8 @@ class ModelVersion:
         self.validator = RequestValidator(config)
         self.decoupled = config.model_transaction_policy.decoupled
         self.inflight = 0
+        #: memory its load took (measured when loads do not overlap: the model cache)
+        self.footprint: Footprint | None = None
         self._idle = asyncio.Event()
         self._idle.set()
         self.closed = False

@@ -7,6 +7,8 @@ service in ``shutdown``. The registry is what schedulers and backends see as ``R
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import random
 from collections.abc import Callable
 from pathlib import Path
 
@@ -16,11 +18,13 @@ from ..repository import scan
 from ..vocabulary.custom_metrics import CustomMetrics
 from ..vocabulary.errors import InvalidArgument, NotFound, ServerError, Unavailable
 from ..vocabulary.registry_view import ModelControl
+from ..vocabulary.sequence import SEQUENCE_ID
 from ..vocabulary.streaming import ResponseStream
 from ..vocabulary.types import InferenceRequest, InferenceResponse
 from .cache import ResponseCache
 from .lifecycle import ModelEntry, ModelLifecycle, ModelState
 from .model import ModelVersion
+from .model_cache import CacheSettings, ModelCache
 from .shutdown import GracefulShutdown
 
 
@@ -29,6 +33,28 @@ def _running_loop() -> asyncio.AbstractEventLoop | None:
         return asyncio.get_running_loop()
     except RuntimeError:  # built outside a loop (unit tests)
         return None
+
+
+def weighted_version(
+    traffic: dict[int, float], serving: dict[int, ModelVersion], sequence: object = None
+) -> int | None:
+    """A version drawn by ``traffic`` among the serving ones (their weights scaled to 100), or None when no
+    weighted version serves. A sequence (its correlation id) always draws the same point, so all its
+    requests reach the version that holds its state while the weights stay."""
+    weighted = [(v, w) for v, w in sorted(traffic.items()) if w > 0 and v in serving]
+    if not weighted:
+        return None
+    total = sum(w for _, w in weighted)
+    if sequence in (None, 0, ""):
+        point = random.random() * total
+    else:
+        digest = hashlib.blake2b(repr(sequence).encode(), digest_size=8).digest()
+        point = int.from_bytes(digest, "big") / 2**64 * total
+    for v, w in weighted:
+        point -= w
+        if point < 0:
+            return v
+    return weighted[-1][0]
 
 
 class ModelRegistry:
@@ -42,6 +68,7 @@ class ModelRegistry:
         custom_metrics: CustomMetrics | None = None,
         response_cache: ResponseCache | None = None,
         allow_external_op_libraries: bool = True,
+        model_cache: CacheSettings | None = None,
     ) -> None:
         self.repository_path = repository_path
         #: metric families Python models create; the metrics endpoint exports them
@@ -63,6 +90,8 @@ class ModelRegistry:
             allow_external_op_libraries=allow_external_op_libraries,
         )
         self._shutdown = GracefulShutdown(self.loop)
+        #: models on demand within a memory budget (None: models load as the control mode says)
+        self.cache = ModelCache(self, model_cache) if model_cache is not None else None
 
     @property
     def on_load_failure(self) -> list[Callable[[str, str, str], None]]:
@@ -74,7 +103,9 @@ class ModelRegistry:
         return self._shutdown.started
 
     # ---- routing -------------------------------------------------------------------------
-    def resolve(self, name: str, version: str = "") -> ModelVersion:
+    def resolve(self, name: str, version: str = "", sequence: object = None) -> ModelVersion:
+        """The version a request for ``name`` goes to: ``version``, else by the model's traffic weights (a
+        sequence's requests, named by ``sequence``, all to the same one), else the highest serving one."""
         entry = self._models.get(name)
         if entry is None:
             raise NotFound(f"Request for unknown model: '{name}' is not found")
@@ -83,6 +114,10 @@ class ModelRegistry:
             if not serving:
                 reason = self._reason(entry)
                 raise Unavailable(f"Request for unknown model: '{name}' has no available versions{reason}")
+            if entry.traffic:
+                chosen = weighted_version(entry.traffic, serving, sequence)
+                if chosen is not None:
+                    return serving[chosen]
             return serving[max(serving)]
         try:
             v = int(version)
@@ -107,13 +142,28 @@ class ModelRegistry:
     async def infer(self, request: InferenceRequest) -> InferenceResponse:
         if self._shutdown.started:
             raise Unavailable("server is shutting down")
-        mv = self.resolve(request.model_name, request.model_version)
+        cache = self.cache
+        sequence = request.parameters.get(SEQUENCE_ID) if request.parameters else None
+        if cache is None:
+            mv = self.resolve(request.model_name, request.model_version, sequence)
+        else:  # nothing awaits between the version's return and its in-flight count: no eviction in between
+            mv = await cache.resolve(request.model_name, request.model_version, sequence)
         return await self._shutdown.track(mv.infer(request))
+
+    async def loaded(self, name: str, version: str = "") -> None:
+        """With the model cache: load ``name`` if it is not loaded (metadata and config requests, streams)."""
+        if self.cache is not None:
+            await self.cache.resolve(name, version)
 
     def infer_stream(self, request: InferenceRequest) -> ResponseStream:
         if self._shutdown.started:
             raise Unavailable("server is shutting down")
-        return self.resolve(request.model_name, request.model_version).infer_stream(request)
+        sequence = request.parameters.get(SEQUENCE_ID) if request.parameters else None
+        if self.cache is not None:
+            mv = self.cache.resolve_now(request.model_name, request.model_version, sequence)
+        else:
+            mv = self.resolve(request.model_name, request.model_version, sequence)
+        return mv.infer_stream(request)
 
     def is_decoupled(self, name: str, version: str = "") -> bool:
         return self.resolve(name, version).decoupled
@@ -123,6 +173,9 @@ class ModelRegistry:
             return self.resolve(name, version).scheduler.ready()
         except ServerError:
             return False
+
+    def loads_on_demand(self, name: str) -> bool:
+        return self.cache is not None and self.cache.loadable(name)
 
     def model_names(self) -> list[str]:
         return sorted(self._models)
@@ -147,7 +200,7 @@ class ModelRegistry:
         for name in sorted(names):
             entry = self._models.get(name)
             if entry is None:
-                rows.append({"name": name})
+                rows += self.cache.index_rows([name]) if self.cache is not None else [{"name": name}]
                 continue
             states = dict(entry.states)
             if not states:
@@ -168,26 +221,46 @@ class ModelRegistry:
 
     # ---- lifecycle (see lifecycle.ModelLifecycle) ------------------------------------------------
     async def load_model(self, name: str, override: pb.ModelConfig | None = None) -> None:
-        await self.lifecycle.load_model(name, override)
+        """Load (or reload) ``name``; with the model cache within its budget, and pinned."""
+        if self.cache is not None:
+            await self.cache.load_pinned(name, override)
+        else:
+            await self.lifecycle.load_model(name, override)
 
     async def unload_model(self, name: str, unload_dependents: bool = False, wait: bool = True) -> None:
-        await self.lifecycle.unload_model(name, unload_dependents, wait)
+        if self.cache is not None:
+            await self.cache.unload(name, unload_dependents, wait)
+        else:
+            await self.lifecycle.unload_model(name, unload_dependents, wait)
 
     async def load_all(self) -> None:
+        """Load every model of the repository (with the model cache: none, they load on request)."""
+        if self.cache is not None:
+            return
         await self.lifecycle.load_all()
+
+    def start_background(self) -> None:
+        """Background work after the start-up loads (the model cache's idle unloading)."""
+        if self.cache is not None:
+            self.cache.start()
 
     def failed_models(self) -> list[str]:
         return self.lifecycle.failed_models()
 
     async def poll(self) -> None:
         """Bring the loaded set in line with the repository (poll mode)."""
-        await self.lifecycle.poll()
+        if self.cache is not None:
+            await self.cache.poll()
+        else:
+            await self.lifecycle.poll()
 
     async def shutdown(self, timeout: float) -> None:
         """Refuse new requests, let in-flight and queued ones finish (bounded by ``timeout``), then unload.
 
         Versions already retiring after a reload drain within the same bound (see ``shutdown``).
         """
+        if self.cache is not None:
+            self.cache.stop()
         everything = [mv for e in self._models.values() for mv in e.serving.values()]
         await self._shutdown.run(everything, self.lifecycle.background, timeout)
 

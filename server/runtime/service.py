@@ -131,6 +131,7 @@ class InferenceService:
             await self.registry.load_all()
         if mode == CONTROL_POLL:
             self._poller = asyncio.create_task(self._poll_forever())
+        self.registry.start_background()
         self.started = True
 
     def startup_failures(self) -> list[str]:
@@ -176,6 +177,12 @@ class InferenceService:
 
     def model_ready(self, name: str, version: str = "") -> bool:
         return not self.registry.shutting_down and self.registry.is_model_ready(name, version)
+
+    async def ensure_loaded(self, name: str, version: str = "") -> None:
+        """With the model cache (``--model-load-on-demand``): load ``name`` now if it is not loaded, so that
+        metadata, config and stream requests see it as inference requests do (no-op otherwise)."""
+        if self.registry.cache is not None and self.started:
+            await self.registry.loaded(name, version)
 
     def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
         mv = self.registry.resolve(name, version)

@@ -47,5 +47,11 @@ class Scheduler(ABC):
         """Requests waiting in this scheduler's queue (``nv_inference_pending_request_count``)."""
         return 0
 
+    @property
+    def holds_state(self) -> bool:
+        """Whether unloading now would lose state between requests (live sequences); the model cache
+        never evicts such a version."""
+        return False
+
     async def close(self) -> None:
         """Stop background tasks; called once no request is in flight."""

@@ -61,11 +61,14 @@ class EnsembleScheduler(Scheduler):
         return self._running
 
     def unready_member(self) -> str | None:
-        """Why the ensemble cannot serve now (a member not ready), or None."""
+        """Why the ensemble cannot serve now (a member not ready), or None. A member the server loads on its
+        request (the model cache) counts as ready: its step's request loads it."""
         for step in self.steps:
             try:
                 self.registry.resolve(step.model_name, step.model_version)
             except ServerError as exc:
+                if self.registry.loads_on_demand(step.model_name):
+                    continue
                 return f"ensemble '{self.name}' is not ready: member '{step.model_name}' of {step.label}: {exc}"
         return None
 

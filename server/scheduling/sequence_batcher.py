@@ -200,6 +200,10 @@ class SequenceBatcher(Scheduler):
         queued = sum(len(s.queue) for row in self.slots for s in row)
         return queued + sum(len(b.entries) for b in self.backlogs)
 
+    @property
+    def holds_state(self) -> bool:
+        return bool(self.active or self.backlogs)
+
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         self._idle = asyncio.Event()

@@ -53,6 +53,10 @@ class RegistryView(Protocol):
 
     def is_model_ready(self, name: str, version: str = "") -> bool: ...
 
+    def loads_on_demand(self, name: str) -> bool:
+        """Whether a request for ``name`` would load it now (the model cache), though it is not loaded."""
+        ...
+
     def is_decoupled(self, name: str, version: str = "") -> bool:
         """Whether the model answers through a response stream; raises ServerError for an unknown model."""
         ...

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
@@ -48,3 +49,21 @@ def int64_add() -> onnx.ModelProto:
 
 def fp16_add() -> onnx.ModelProto:
     return binary("fp16s", "Add", TensorProto.FLOAT16, ["batch", 4])
+
+
+def matmul(size: int, seed: int) -> tuple[onnx.ModelProto, np.ndarray]:
+    """OUT[batch, size] = IN[batch, size] @ W with a random FP32 weight W of size × size (4·size² bytes), and W:
+    a model whose memory is its weight, and whose answer says which model answered."""
+    from onnx import numpy_helper
+
+    weight = np.random.default_rng(seed).standard_normal((size, size), dtype=np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["IN", "W"], ["OUT"])],
+        f"matmul{seed}",
+        [helper.make_tensor_value_info("IN", TensorProto.FLOAT, ["batch", size])],
+        [helper.make_tensor_value_info("OUT", TensorProto.FLOAT, ["batch", size])],
+        initializer=[numpy_helper.from_array(weight, "W")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model, weight

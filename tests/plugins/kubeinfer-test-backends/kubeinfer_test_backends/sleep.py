@@ -4,6 +4,8 @@ Besides OUTPUT0 (a copy of INPUT0) every row reports which instance executed it 
 rows that execution held (BATCH) and the model-wide number of that execution, counted from 1 in the
 order executions started (EXECUTION), so tests can see parallelism, batch formation and order from outside.
 
+Config parameters ``load_ms``: each instance takes this long to load (a slow load, for the model cache);
+``load_bytes``: each instance holds this much memory while loaded (a footprint, for the model cache).
 Request parameters: ``sleep_ms`` overrides the config's for the execution (the batch sleeps for its
 longest request); ``fail: true`` makes that request alone fail, as a model error would; ``gate: <dir>``
 holds the execution until the file ``<dir>/open`` exists, after dropping one ``<dir>/entered-*`` file
@@ -46,9 +48,16 @@ class SleepBackend(Backend):
                 config.output.add(name=name, data_type=pb.TYPE_INT32).dims.append(1)
 
     def create_instance(self, spec: InstanceSpec) -> BackendInstance:
+        load = self.config.parameters.get("load_ms")
+        if load is not None and load.string_value:
+            time.sleep(float(load.string_value) / 1000)
         p = self.config.parameters.get("sleep_ms")
         sleep_ms = float(p.string_value) if p is not None and p.string_value else 0.0
-        return SleepInstance(spec, sleep_ms / 1000, self.config.max_batch_size, self.executions)
+        instance = SleepInstance(spec, sleep_ms / 1000, self.config.max_batch_size, self.executions)
+        held = self.config.parameters.get("load_bytes")
+        if held is not None and held.string_value:
+            instance.held = np.ones(int(held.string_value), np.uint8)  # touched: resident
+        return instance
 
 
 class SleepInstance(BackendInstance):
@@ -59,6 +68,8 @@ class SleepInstance(BackendInstance):
         self.sleep_s = sleep_s
         self.max_batch_size = max_batch_size
         self.executions = executions
+        #: memory this instance holds while loaded (``load_bytes``)
+        self.held: np.ndarray | None = None
 
     def execute(self, batch: Batch) -> list[RequestResult]:
         t0 = time.perf_counter_ns()

@@ -1,0 +1,112 @@
+"""A namespace with the operator running as a host process on a volume of its own (e2e helpers).
+
+The shared cluster's pool of pre-made hostPath PersistentVolumes runs dry when many sessions use it, so
+the claim here binds a volume made for it (a hostPath folder of the real node, as the pool's are), deleted
+afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tests.support.waiting import wait_for_cluster
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class HostOperator:
+    ns: str
+    root: Path
+    log: Path
+    proc: subprocess.Popen[bytes]
+
+
+@contextmanager
+def host_operator(cluster: Any, node: dict, prefix: str, log_dir: Path) -> Iterator[HostOperator]:
+    """This tree's CRDs applied, a fresh namespace, a claim ``models`` on a volume of its own, and the
+    operator (this tree's code) watching the namespace with that claim as its repository."""
+    suffix = uuid.uuid4().hex[:6]
+    ns, pv_name = f"{prefix}-{suffix}", f"{prefix}-{suffix}"
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))
+    for crd in ("inferencemodels", "inferenceservers"):
+        cluster.kubectl("wait", "--for=condition=Established", f"crd/{crd}.serving.kubeinfer.io", "--timeout=60s")
+    cluster.kubectl("create", "namespace", ns)
+    folder = Path(node["volumes"]) / pv_name
+    folder.mkdir(parents=True)
+    folder.chmod(0o777)
+    pv = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": pv_name},
+        "spec": {
+            "capacity": {"storage": "1Gi"},
+            "accessModes": ["ReadWriteMany"],
+            "persistentVolumeReclaimPolicy": "Retain",
+            "storageClassName": node["storage_class"],
+            "hostPath": {"path": str(folder), "type": "Directory"},
+            "claimRef": {"namespace": ns, "name": "models"},
+            "nodeAffinity": {
+                "required": {
+                    "nodeSelectorTerms": [
+                        {
+                            "matchExpressions": [
+                                {"key": "kubernetes.io/hostname", "operator": "In", "values": [node["name"]]}
+                            ]
+                        }
+                    ]
+                }
+            },
+        },
+    }
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(pv))
+    claim = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "models"},
+        "spec": {
+            "accessModes": ["ReadWriteMany"],
+            "storageClassName": node["storage_class"],
+            "volumeName": pv_name,
+            "resources": {"requests": {"storage": "1Gi"}},
+        },
+    }
+    cluster.kubectl("-n", ns, "apply", "-f", "-", input=json.dumps(claim))
+
+    def bound() -> bool:
+        pvc = json.loads(cluster.kubectl("-n", ns, "get", "pvc", "models", "-o", "json").stdout)
+        return pvc.get("status", {}).get("phase") == "Bound"
+
+    wait_for_cluster("the operator's claim Bound", bound, 120)
+    log = log_dir / "operator.log"
+    args = [
+        sys.executable, "-m", "kubeinfer.operator", "--kubeconfig", cluster.kubeconfig,
+        "--repository-root", str(folder), "--claim-name", "models", "--claim-namespace", ns,
+        "--namespace", ns, "--resync-seconds", "3",
+    ]  # fmt: skip
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
+    try:
+        yield HostOperator(ns, folder, log, proc)
+    finally:
+        cluster.kubectl(
+            "-n", ns, "delete", "inferencemodels,inferenceservers", "--all", "--wait=true", "--timeout=90s", check=False
+        )
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        cluster.release_finalizers(ns)
+        cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+        for label in (f"serving.kubeinfer.io/tenant-namespace={ns}",):
+            cluster.kubectl("delete", "pv", "-l", label, "--wait=false", check=False)
+        cluster.kubectl("delete", "pv", pv_name, "--wait=false", check=False)

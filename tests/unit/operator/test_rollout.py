@@ -1,0 +1,150 @@
+"""Canary weights, numbers per version and the rollout rule (operator/rollout.py); spec.modelCache flags
+(operator/model_cache.py); models loaded on demand in the status (operator/status.py). Pure functions."""
+
+from __future__ import annotations
+
+import pytest
+from kubeinfer.operator import model_cache, rollout
+from kubeinfer.operator.manifests import reserved_extra_args, server_args
+from kubeinfer.operator.render import render_model
+from kubeinfer.operator.rollout import Numbers, Rule, WindowTracker, judge
+from kubeinfer.operator.status import ModelObservation, ReplicaView, model_status, version_states
+from kubeinfer.server.config import ConfigError
+from kubeinfer.server.config.traffic import TRAFFIC_PARAMETER
+from kubeinfer.server.repository.layout import NOT_LOADED
+
+BOUNDS = [1_000.0, 10_000.0, 100_000.0]  # µs
+
+
+def _spec(weights: dict[int, int] | None = None, **extra: object) -> dict:
+    versions = []
+    for v in (1, 2):
+        entry: dict = {"version": v, "source": {"path": f"m/{v}.onnx"}}
+        if weights and v in weights:
+            entry["trafficPercent"] = weights[v]
+        versions.append(entry)
+    return {
+        "server": "pool",
+        "platform": "onnxruntime_onnx",
+        "maxBatchSize": 4,
+        "inputs": [{"name": "IN", "dataType": "FP32", "dims": [4]}],
+        "outputs": [{"name": "OUT", "dataType": "FP32", "dims": [4]}],
+        "versions": versions,
+        **extra,
+    }
+
+
+def test_weights_render_into_the_parameter_and_load_both_versions() -> None:
+    rendered = render_model("m", _spec({1: 90, 2: 10}))
+    assert rendered.config.parameters[TRAFFIC_PARAMETER].string_value == "1:90,2:10"
+    assert list(rendered.config.version_policy.specific.versions) == [1, 2]
+    assert 'key: "kubeinfer.version_traffic"' in rendered.config_text
+    plain = render_model("m", _spec())
+    assert TRAFFIC_PARAMETER not in plain.config.parameters and not plain.config.HasField("version_policy")
+    # the weights a rollout decision put in force win over the spec's
+    decided = render_model("m", _spec({1: 90, 2: 10}), traffic={1: 100.0, 2: 0.0})
+    assert decided.config.parameters[TRAFFIC_PARAMETER].string_value == "1:100,2:0"
+
+
+def test_weights_that_cannot_be_served_are_refused() -> None:
+    with pytest.raises(ConfigError, match="add up to 110, not 100"):
+        render_model("m", _spec({1: 90, 2: 20}))
+    with pytest.raises(ConfigError, match="versionPolicy does not load"):
+        render_model("m", _spec({1: 90, 2: 10}, versionPolicy={"latest": {"numVersions": 1}}))
+    rendered = render_model("m", _spec({1: 90, 2: 10}, versionPolicy={"all": {}}))
+    assert rendered.config.version_policy.HasField("all")
+
+
+def test_weights_in_force_follow_a_decision_of_the_same_generation() -> None:
+    spec = _spec({1: 90, 2: 10}, rollout={"maxErrorRate": 0.05})
+    status = {
+        "rollout": {
+            "phase": "RolledBack",
+            "generation": 4,
+            "weights": [{"version": 1, "trafficPercent": 100}, {"version": 2, "trafficPercent": 0}],
+        }
+    }
+    assert rollout.weights_in_force(spec, status, 4) == {1: 100.0, 2: 0.0}
+    assert rollout.weights_in_force(spec, status, 5) == {1: 90.0, 2: 10.0}  # a new spec: its own weights
+
+
+def test_p99_interpolates_within_its_bucket() -> None:
+    n = Numbers(100, 0, BOUNDS, [50, 49, 1, 0])  # 99th request is the last of the 1-10 ms bucket
+    assert n.quantile(0.99) == pytest.approx(10_000.0)
+    n = Numbers(100, 0, BOUNDS, [0, 0, 100, 0])
+    assert n.quantile(0.5) == pytest.approx(55_000.0)
+    assert Numbers(5, 0, BOUNDS, [0, 0, 0, 5]).quantile(0.99) == BOUNDS[-1]  # +Inf: the highest finite bound
+    assert Numbers().quantile(0.99) is None
+
+
+def test_the_window_counts_growth_per_replica_and_survives_a_restart() -> None:
+    t = WindowTracker()
+    t.observe("m", {"a": {2: Numbers(1000, 10, BOUNDS, [1010, 0, 0, 0])}}, now=0)  # baseline only
+    t.observe("m", {"a": {2: Numbers(1100, 15, BOUNDS, [1115, 0, 0, 0])}}, now=10)
+    t.observe(
+        "m", {"a": {2: Numbers(20, 5, BOUNDS, [25, 0, 0, 0])}, "b": {2: Numbers(7, 0, BOUNDS, [7, 0, 0, 0])}}, now=20
+    )
+    window, covered = t.window("m", 60, now=20)
+    # a: 100+5, then 20+5 after its restart; b joined after the first read: its 7 are new
+    assert (window[2].success, window[2].failure, covered) == (127, 10, 20)
+    window, _ = t.window("m", 5, now=20)
+    assert (window[2].success, window[2].failure) == (27, 5)
+    t.observe("m", {"b": {2: Numbers(17, 0, BOUNDS, [17, 0, 0, 0])}}, now=30)
+    assert t.window("m", 5, now=30)[0][2].success == 10
+    # a replica that joins after the first read (a new pod): all it counted is in the window
+    t.observe("m", {"c": {2: Numbers(3, 1, BOUNDS, [4, 0, 0, 0])}}, now=40)
+    assert (t.window("m", 5, now=40)[0][2].success, t.window("m", 5, now=40)[0][2].failure) == (3, 1)
+
+
+def _window(success: int, failure: int, counts: list[int]) -> dict[int, Numbers]:
+    return {1: Numbers(900, 0, BOUNDS, [900, 0, 0, 0]), 2: Numbers(success, failure, BOUNDS, counts)}
+
+
+def test_the_rule_rolls_back_promotes_or_waits() -> None:
+    rule = Rule(window=60, min_requests=100, max_error_rate=0.05, max_p99_ms=50, promote=True)
+    weights = {1: 90.0, 2: 10.0}
+    phase, message, _ = judge(rule, 2, weights, _window(40, 20, [60, 0, 0, 0]), 30)
+    assert phase == "Progressing" and "60 of the 100 requests" in message
+    phase, message, decided = judge(rule, 2, weights, _window(80, 40, [120, 0, 0, 0]), 30)
+    assert phase == "RolledBack" and "error rate above 0.05" in message and decided == {1: 100.0, 2: 0.0}
+    phase, message, _ = judge(rule, 2, weights, _window(120, 0, [0, 0, 120, 0]), 30)
+    assert phase == "RolledBack" and "p99 above 50 ms" in message
+    phase, _, _ = judge(rule, 2, weights, _window(120, 1, [121, 0, 0, 0]), 30)
+    assert phase == "Progressing"  # within the limits, but the window is not full yet
+    phase, message, decided = judge(rule, 2, weights, _window(120, 1, [121, 0, 0, 0]), 60)
+    assert phase == "Promoted" and decided == {1: 0.0, 2: 100.0}
+    three = {1: 60.0, 2: 30.0, 3: 10.0}
+    _, _, decided = judge(rule, 3, three, {3: Numbers(0, 200, BOUNDS, [200, 0, 0, 0])}, 60)
+    assert decided == {1: pytest.approx(200 / 3), 2: pytest.approx(100 / 3), 3: 0.0}
+    assert rollout.canary_of({1: 90, 2: 10}) == 2 and rollout.canary_of({1: 0, 2: 100}) is None
+    assert rollout.canary_of({1: 100}) is None
+
+
+def test_model_cache_flags() -> None:
+    spec = {"image": "x", "modelCache": {"memoryBudget": "4Gi", "idleUnloadSeconds": 600, "loadTimeoutSeconds": 30}}
+    args = server_args(spec)
+    assert model_cache.server_flags(spec) == [
+        "--model-load-on-demand=true",
+        "--model-cache-memory-budget=4Gi",
+        "--model-idle-unload-seconds=600",
+        "--model-load-timeout=30",
+    ]
+    assert all(f in args for f in model_cache.server_flags(spec))
+    assert model_cache.server_flags({"modelCache": {}}) == ["--model-load-on-demand=true"]
+    assert model_cache.server_flags({}) == []
+    assert reserved_extra_args({"server": {"extraArgs": ["--model-cache-memory-budget=1Gi"]}})
+
+
+def test_a_model_loaded_on_demand_is_ready() -> None:
+    index = [{"name": "m", "version": "", "state": "UNAVAILABLE", "reason": NOT_LOADED}]
+    loaded = [{"name": "m", "version": "1", "state": "READY", "reason": "", "config_digest": "c1"}]
+    obs = ModelObservation(generation=1, target=[1], rendered=[1], config_digest="c1")
+    obs.replicas = [
+        ReplicaView("a", True, version_states(index, "m")),
+        ReplicaView("b", True, version_states(loaded, "m")),
+    ]
+    status = model_status(obs, None, when="t")
+    ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+    assert ready["status"] == "True" and "loaded on demand: now on 1 of 2 replicas" in ready["message"]
+    assert status["activeVersions"] == [1]
+    assert status["versionStates"][0]["state"] == "ON_DEMAND" and status["versionStates"][0]["readyReplicas"] == 2

@@ -1,0 +1,47 @@
+"""Sequences across replicas: the Service's session affinity and the models' SequenceRouting condition
+(operator/sequence_routing.py). Pure functions; e2e/test_sequence_replicas.py runs it on real pods."""
+
+from __future__ import annotations
+
+from kubeinfer.operator import sequence_routing as sr
+from kubeinfer.operator.manifests import service
+
+BODY = {"metadata": {"name": "pool", "namespace": "ns", "uid": "u"}, "spec": {"image": "x", "replicas": 2}}
+
+
+def _model(name: str, server: str = "pool", idle_us: int | None = None, stateful: bool = True) -> dict:
+    spec: dict = {"server": server}
+    if stateful:
+        spec["sequenceBatching"] = {} if idle_us is None else {"maxSequenceIdleMicroseconds": idle_us}
+    return {"metadata": {"name": name}, "spec": spec}
+
+
+def test_a_pool_with_a_sequence_model_gets_client_affinity() -> None:
+    models = [_model("plain", stateful=False), _model("acc", idle_us=60_000_000), _model("other", server="x")]
+    stateful = sr.sequence_models(models, "pool")
+    assert [m["metadata"]["name"] for m in stateful] == ["acc"]
+    config = sr.affinity(BODY["spec"], stateful)
+    assert config == {"clientIP": {"timeoutSeconds": 120}}  # twice the longest idle time
+    svc = service(BODY, config)["spec"]
+    assert svc["sessionAffinity"] == "ClientIP" and svc["sessionAffinityConfig"] == config
+    assert sr.affinity(BODY["spec"], [_model("acc")]) == {"clientIP": {"timeoutSeconds": 30}}  # at least 30 s
+
+
+def test_no_affinity_without_sequence_models_or_when_turned_off() -> None:
+    assert sr.affinity(BODY["spec"], []) is None
+    assert service(BODY, None)["spec"]["sessionAffinity"] == "None"
+    assert sr.affinity({**BODY["spec"], "sessionAffinity": "None"}, [_model("acc")]) is None
+    assert sr.affinity({**BODY["spec"], "sessionAffinity": "ClientIP"}, []) == {"clientIP": {"timeoutSeconds": 30}}
+
+
+def test_the_condition_says_what_holds() -> None:
+    stateful = {"sequenceBatching": {}}
+    assert sr.model_condition({}, BODY["spec"]) is None
+    c = sr.model_condition(stateful, BODY["spec"])
+    assert c is not None and (c.status, c.reason) == (True, "ClientAffinity")
+    c = sr.model_condition(stateful, {**BODY["spec"], "sessionAffinity": "None"})
+    assert c is not None and (c.status, c.reason) == (False, "NoAffinity") and "may reach another replica" in c.message
+    c = sr.model_condition(stateful, {"replicas": 1, "sessionAffinity": "None"})
+    assert c is not None and c.reason == "OneReplica"
+    c = sr.model_condition(stateful, {"replicas": 1, "autoscaling": {"maxReplicas": 4}, "sessionAffinity": "None"})
+    assert c is not None and c.reason == "NoAffinity"
