@@ -23,6 +23,7 @@ import httpx
 
 from .server_access import PLAIN, ServerAccess
 
+Rows = list[dict[str, Any]]
 #: cache entries beyond which endpoints unread for STALE_AFTER seconds are dropped
 PRUNE_ABOVE = 256
 STALE_AFTER = 600.0
@@ -62,11 +63,25 @@ def endpoints_from_slices(slices: Iterable[Mapping[str, Any]], port_name: str = 
 
 @dataclass(frozen=True)
 class ReplicaIndex:
-    """One replica's repository index (``rows``), or why it could not be read (``error``)."""
+    """One replica's repository index (``rows``, and the same by model name), or why it could not be read."""
 
     endpoint: Endpoint
     rows: list[dict[str, Any]] | None
     error: str = ""
+    by_model: Mapping[str, list[dict[str, Any]]] | None = None
+
+    def rows_of(self, model: str) -> list[dict[str, Any]]:
+        """This model's rows (looked up, not searched: a resync asks once per model of the index)."""
+        if self.by_model is not None:
+            return self.by_model.get(model, [])
+        return [r for r in self.rows or () if r.get("name") == model]
+
+
+def group_rows(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        out.setdefault(str(row.get("name")), []).append(row)
+    return out
 
 
 class IndexReader:
@@ -79,7 +94,7 @@ class IndexReader:
         #: one client per distinct TLS set-up of the pools with spec.auth.tls (ServerAccess.tls_key)
         self._tls_clients: dict[str, httpx.Client] = {}
         self.workdir = workdir
-        self._cache: dict[str, tuple[float, list[dict[str, Any]] | None, str]] = {}
+        self._cache: dict[str, tuple[float, Rows | None, str, dict[str, Rows] | None]] = {}
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
         self.requests = 0  # for the benchmark
@@ -88,7 +103,7 @@ class IndexReader:
         with self._guard:
             return self._locks.setdefault(url, threading.Lock())
 
-    def _client(self, access: ServerAccess) -> httpx.Client:
+    def client_for(self, access: ServerAccess) -> httpx.Client:
         if not access.tls_key:
             return self.client
         with self._guard:
@@ -105,12 +120,12 @@ class IndexReader:
         with self._lock(url):
             hit = self._cache.get(url)
             if hit is not None and time.monotonic() - hit[0] <= max_age:
-                return ReplicaIndex(endpoint, hit[1], hit[2])
+                return ReplicaIndex(endpoint, hit[1], hit[2], hit[3])
             rows: list[dict[str, Any]] | None = None
             error = ""
             try:
                 self.requests += 1
-                response = self._client(access).post(
+                response = self.client_for(access).post(
                     f"{url}/v2/repository/index", json={}, headers=dict(access.headers)
                 )
                 response.raise_for_status()
@@ -120,16 +135,17 @@ class IndexReader:
                 rows = [r for r in data if isinstance(r, dict)]
             except (httpx.HTTPError, ValueError) as exc:
                 error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-            self._cache[url] = (time.monotonic(), rows, error)
+            grouped = None if rows is None else group_rows(rows)
+            self._cache[url] = (time.monotonic(), rows, error, grouped)
         if len(self._cache) > PRUNE_ABOVE:
             self._prune()
-        return ReplicaIndex(endpoint, rows, error)
+        return ReplicaIndex(endpoint, rows, error, grouped)
 
     def _prune(self) -> None:
         """Forget endpoints not read for a while (pods come and go, and so do their addresses)."""
         cutoff = time.monotonic() - STALE_AFTER
         with self._guard:
-            for url in [u for u, (at, _, _) in list(self._cache.items()) if at < cutoff]:
+            for url in [u for u, (at, *_) in list(self._cache.items()) if at < cutoff]:
                 self._cache.pop(url, None)
                 self._locks.pop(url, None)
 
