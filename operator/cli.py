@@ -20,7 +20,7 @@ from kubernetes.client import CoordinationV1Api
 
 from . import logs
 from .egress import HostRules, parse_networks
-from .handlers import ModelDiffBase, OperatorConfig, Reconciler, register
+from .handlers import RECHECK_THREADS, ModelDiffBase, OperatorConfig, Reconciler, register
 from .kube import Kube, load_config
 from .leader import LeaseElector
 from .liveness import FollowerLiveness
@@ -275,7 +275,8 @@ def main(argv: list[str] | None = None) -> int:
     if not root.is_dir():
         print(f"kubeinfer-operator: --repository-root '{root}' is not a folder", file=sys.stderr)
         return 2
-    load_config(args.kubeconfig)
+    # the model work queue and kopf's executor (each --workers threads), the rechecks, the server resyncs
+    load_config(args.kubeconfig, connections=2 * args.workers + RECHECK_THREADS + 4)
     config = OperatorConfig(
         repository_root=root,
         resync_seconds=args.resync_seconds,

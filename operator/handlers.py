@@ -240,6 +240,8 @@ class Reconciler:
         #: uid -> the newest InferenceModel object seen (from its watch events); None until events are attached
         self.models: dict[str, dict[str, Any]] = {}
         self.models_attached = False
+        #: ``models`` holds every model (set at the first resync pass: kopf delivered them all by then)
+        self.models_complete = False
         #: uid -> generation queued for a reconcile, and the generation whose reconcile finished
         self._wanted: dict[str, int] = {}
         self._handled: dict[str, int] = {}
@@ -308,7 +310,7 @@ class Reconciler:
             if isinstance(access, str):  # the pool's auth Secrets cannot be read: say so for every replica
                 views.append(status.ReplicaView(endpoint.name, endpoint.ready, None, access))
                 continue
-            read = self.reader.read(endpoint, max_age, access) if access else self.reader.read(endpoint, max_age)
+            read = self.reader.read(endpoint, max_age, access or PLAIN, model)
             error = ""
             if read.rows is None:
                 error = (
@@ -525,7 +527,7 @@ class Reconciler:
             obs = status.ModelObservation(generation=generation, target=[], rendered=[], server=server_name)
             temporary: str | None = None
             delay = 0.0
-            changed = False
+            changed = nudged = False
             server = self.lookup.server(ns, server_name)
             endpoints: list[Endpoint] = []
             access: ServerAccess | str = PLAIN
@@ -551,15 +553,16 @@ class Reconciler:
                         return None  # the object is going away: nothing to report
                 endpoints, obs.index_error = self.endpoints(ns, server_name)
                 access = self.access.for_server(ns, server_name, sspec)
-                if changed and isinstance(access, ServerAccess):
-                    self._nudge(endpoints, access, name, (ns, name, uid))
+                if changed and isinstance(access, ServerAccess) and endpoints:
+                    nudged = self._nudge(endpoints, access, name, (ns, name, uid))
                 age = self.config.index_max_age if max_age is None else max_age
                 obs.replicas = self.observe(server_name, endpoints, name, age, access=access)
             new = status.model_status(obs, prev)
             self._post_events(body, prev, new)
             self._patch_status(MODELS, ns, name, prev, new)
             ready = _condition(new, "Ready")
-            if recheck and (changed or not from_timer) and ready.get("reason") in SETTLING:
+            # after a poll request the rechecks start when the replicas answered it (``_nudged``)
+            if recheck and (changed or not from_timer) and ready.get("reason") in SETTLING and not nudged:
                 self.rechecker.schedule((ns, name, uid), context=self.handler_context)
             if temporary:
                 raise kopf.TemporaryError(temporary, delay=delay)
@@ -669,19 +672,24 @@ class Reconciler:
                     )
         return changed, temporary, delay
 
-    def _nudge(self, endpoints: list[Endpoint], access: ServerAccess, name: str, key: tuple[str, str, str]) -> None:
-        """Ask the server's replicas to poll the model's folder now; rechecked as soon as they answer."""
+    def _nudge(self, endpoints: list[Endpoint], access: ServerAccess, name: str, key: tuple[str, str, str]) -> bool:
+        """Ask the server's replicas to poll the model's folder now; it is rechecked as soon as they answer."""
         for endpoint in endpoints:
             self._nudged_keys[(endpoint.url, name)] = key
             self.nudger.nudge(endpoint.url, access, [name])
+        return True
 
-    def _nudged(self, url: str, names: list[str]) -> None:
-        """A replica answered a poll request: its index is read afresh for those models' rechecks."""
-        self.reader.forget([url, "https://" + url.removeprefix("http://")])
+    def _nudged(
+        self, url: str, access: ServerAccess, names: list[str], rows: dict[str, list[dict[str, Any]]] | None
+    ) -> None:
+        """A replica answered a poll request about ``names`` (``rows`` per name; None: it did not): their rows are
+        fresh in the index cache and the models are rechecked now (without an answer: at the usual delays)."""
+        if rows is not None:
+            self.reader.update(url, access, rows)
         for name in names:
             key = self._nudged_keys.pop((url, name), None)
             if key is not None:
-                self.rechecker.schedule(key, context=self.handler_context, delay=0.0)
+                self.rechecker.schedule(key, context=self.handler_context, delay=0.0 if rows is not None else None)
 
     def _superseded(
         self, namespace: str, name: str, uid: str, generation: int, stopped: Callable[[], bool] | None
@@ -798,6 +806,7 @@ class Reconciler:
         """One resync pass over every model (the resync timer): status refreshed, drift repaired. Models whose
         render is needed again are queued; returns how many."""
         queued = 0
+        self.models_complete = self.models_attached
         context = self.handler_context or contextvars.copy_context()
         for uid, body in list(self.models.items()):
             if stopped():
@@ -816,11 +825,14 @@ class Reconciler:
         return queued
 
     def models_of(self, namespace: str, server: str) -> list[str]:
-        """Names of the server's models: from kopf's index of them once attached (complete before any handler
-        runs), else listed."""
-        found = self.lookup.values("model_names", (namespace, server))
-        if found is not None:
-            return sorted(found)
+        """Names of the server's models: from memory once the first resync pass began (kopf has delivered every
+        model by then), else listed."""
+        if self.models_complete:
+            return sorted(
+                b["metadata"]["name"]
+                for b in list(self.models.values())
+                if b["metadata"].get("namespace") == namespace and (b.get("spec") or {}).get("server") == server
+            )
         return sorted(
             m["metadata"]["name"]
             for m in self.kube.list_in(MODELS, namespace)
@@ -1174,14 +1186,8 @@ def register_indexes(reconciler: Reconciler, registry: kopf.OperatorRegistry) ->
         service = labels.get("kubernetes.io/service-name")
         return {(namespace, service): dict(body)} if service else None
 
-    @kopf.index(GROUP, VERSION, MODELS, id="model_names", registry=registry)
-    async def model_names(  # async: no thread hop per watch event
-        namespace: str | None, name: str, spec: kopf.Spec, **_: Any
-    ) -> dict[tuple[str | None, Any], str]:
-        return {(namespace, spec.get("server")): name}
-
     def start(**kwargs: Any) -> None:
-        reconciler.lookup.indices = {k: kwargs[k] for k in ("servers", "endpointslices", "model_names") if k in kwargs}
+        reconciler.lookup.indices = {k: kwargs[k] for k in ("servers", "endpointslices") if k in kwargs}
         reconciler.models_attached = True
         reconciler.start()
 

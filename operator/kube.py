@@ -49,8 +49,13 @@ log = logging.getLogger("kubeinfer.operator.kube")
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def load_config(kubeconfig: str | None) -> None:
-    """In-cluster service account when there is one and no kubeconfig is given, else the kubeconfig."""
+def load_config(kubeconfig: str | None, connections: int | None = None) -> None:
+    """In-cluster service account when there is one and no kubeconfig is given, else the kubeconfig.
+
+    ``connections``: the API connections kept open, at least one per thread that calls the API at once (the
+    client's default is 5 per CPU: with fewer, each call over it opens, and pays a TLS handshake for, a
+    connection of its own that is thrown away afterwards).
+    """
     if kubeconfig:
         os.environ["KUBECONFIG"] = kubeconfig  # kopf's own login reads it too
         kubernetes.config.load_kube_config(config_file=kubeconfig)
@@ -58,6 +63,10 @@ def load_config(kubeconfig: str | None) -> None:
         kubernetes.config.load_incluster_config()
     else:
         kubernetes.config.load_kube_config()
+    if connections:
+        config = kubernetes.client.Configuration.get_default_copy()
+        config.connection_pool_maxsize = max(config.connection_pool_maxsize or 0, connections)
+        kubernetes.client.Configuration.set_default(config)
 
 
 def is_temporary(exc: ApiException) -> bool:

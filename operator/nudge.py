@@ -62,13 +62,13 @@ class _Replica:
 
 
 class Nudger:
-    """``client(access)``: the HTTP client for a pool's access; ``done(url, names)``: called after each answered
-    request (the operator rechecks those models)."""
+    """``client(access)``: the HTTP client for a pool's access; ``done(url, access, names, rows)``: called after
+    each request with the names it asked about and their rows (None: no answer), to recheck those models."""
 
     def __init__(
         self,
         client: Callable[[ServerAccess], httpx.Client],
-        done: Callable[[str, list[str]], None] | None = None,
+        done: Callable[[str, ServerAccess, list[str], dict[str, Rows] | None], None] | None = None,
         timeout: float = 60.0,
         threads: int = 4,
     ) -> None:
@@ -130,9 +130,9 @@ class Nudger:
             for name, tickets in batch.items():
                 for ticket in tickets:
                     ticket.finish(None if rows is None else by_name[name])
-            if rows is not None and self.done is not None:
+            if self.done is not None:
                 try:
-                    self.done(replica.url, names)
+                    self.done(replica.url, access, names, None if rows is None else by_name)
                 except Exception:
                     log.exception("after the poll request to %s", replica.url)
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -84,6 +84,17 @@ def group_rows(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     return out
 
 
+@dataclass
+class _Entry:
+    """A replica's cached index: when it was read whole (``at``), and when models' rows came since (``fresh``)."""
+
+    at: float
+    rows: Rows | None
+    error: str
+    by_model: dict[str, Rows] | None
+    fresh: dict[str, float] = field(default_factory=dict)
+
+
 class IndexReader:
     """Reads ``POST /v2/repository/index`` with one pooled client and a short shared cache."""
 
@@ -94,7 +105,7 @@ class IndexReader:
         #: one client per distinct TLS set-up of the pools with spec.auth.tls (ServerAccess.tls_key)
         self._tls_clients: dict[str, httpx.Client] = {}
         self.workdir = workdir
-        self._cache: dict[str, tuple[float, Rows | None, str, dict[str, Rows] | None]] = {}
+        self._cache: dict[str, _Entry] = {}
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
         self.requests = 0  # for the benchmark
@@ -114,13 +125,19 @@ class IndexReader:
                 self._tls_clients[access.tls_key] = client
             return client
 
-    def read(self, endpoint: Endpoint, max_age: float, access: ServerAccess = PLAIN) -> ReplicaIndex:
-        """The endpoint's index, at most ``max_age`` seconds old (failures are remembered as long)."""
+    def read(
+        self, endpoint: Endpoint, max_age: float, access: ServerAccess = PLAIN, model: str | None = None
+    ) -> ReplicaIndex:
+        """The endpoint's index, at most ``max_age`` seconds old (failures are remembered as long); for ``model``,
+        rows the replica sent for it since (``update``) count as fresh too."""
         url = access.url(endpoint.url)
         with self._lock(url):
             hit = self._cache.get(url)
-            if hit is not None and time.monotonic() - hit[0] <= max_age:
-                return ReplicaIndex(endpoint, hit[1], hit[2], hit[3])
+            now = time.monotonic()
+            if hit is not None and (
+                now - hit.at <= max_age or (model is not None and now - hit.fresh.get(model, -1e18) <= max_age)
+            ):
+                return ReplicaIndex(endpoint, hit.rows, hit.error, hit.by_model)
             rows: list[dict[str, Any]] | None = None
             error = ""
             try:
@@ -135,17 +152,32 @@ class IndexReader:
                 rows = [r for r in data if isinstance(r, dict)]
             except (httpx.HTTPError, ValueError) as exc:
                 error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-            grouped = None if rows is None else group_rows(rows)
-            self._cache[url] = (time.monotonic(), rows, error, grouped)
+            entry = _Entry(time.monotonic(), rows, error, None if rows is None else group_rows(rows))
+            self._cache[url] = entry
         if len(self._cache) > PRUNE_ABOVE:
             self._prune()
-        return ReplicaIndex(endpoint, rows, error, grouped)
+        return ReplicaIndex(endpoint, entry.rows, entry.error, entry.by_model)
+
+    def update(self, url: str, access: ServerAccess, rows: Mapping[str, Rows]) -> None:
+        """Rows the replica at ``url`` just sent for some models (the answer to a poll request): fresh for
+        those models, without reading the whole index again (at 1,000 models that is a 1,000-row answer)."""
+        key = access.url(url)
+        with self._lock(key):
+            now = time.monotonic()
+            entry = self._cache.get(key)
+            if entry is None or entry.by_model is None:
+                entry = self._cache[key] = _Entry(-1e18, [], "", {})  # nothing else about it is known
+            assert entry.by_model is not None
+            for name, found in rows.items():
+                entry.by_model[name] = found
+                entry.fresh[name] = now
 
     def _prune(self) -> None:
         """Forget endpoints not read for a while (pods come and go, and so do their addresses)."""
         cutoff = time.monotonic() - STALE_AFTER
         with self._guard:
-            for url in [u for u, (at, *_) in list(self._cache.items()) if at < cutoff]:
+            stale = [u for u, e in list(self._cache.items()) if max(e.at, *e.fresh.values(), -1e18) < cutoff]
+            for url in stale:
                 self._cache.pop(url, None)
                 self._locks.pop(url, None)
 

@@ -114,6 +114,8 @@ class ModelLifecycle:
         self.response_cache = response_cache
         #: False with ``--allow-external-op-libraries=false``: op libraries only from the model's own folder
         self.allow_external_op_libraries = allow_external_op_libraries
+        #: polled models looked at (and loaded) at once
+        self._poll_gate = asyncio.Semaphore(self.load_threads)
 
     async def load_model(self, name: str, override: pb.ModelConfig | None = None, polled: bool = False) -> None:
         """Load or reload ``name``; ``override`` replaces its config.pbtxt for this load (as Triton).
@@ -340,16 +342,13 @@ class ModelLifecycle:
             return
         for name in sorted(set(self.models) - on_disk):
             await self._gone(name)
-        for name in sorted(on_disk):
-            await self._poll_one(name)
+        await self.poll_models(sorted(on_disk))
 
     async def poll_models(self, names: list[str]) -> None:
         """What ``poll`` does, now, for these models only (``load_threads`` at a time): a writer of the
         repository (the operator) says which folders it just changed instead of waiting for the next poll."""
-        gate = asyncio.Semaphore(self.load_threads)
-
         async def one(name: str) -> None:
-            async with gate:
+            async with self._poll_gate:  # shared by the poll loop and every poll request
                 await self._poll_one(name)
 
         await asyncio.gather(*(one(n) for n in dict.fromkeys(names)))

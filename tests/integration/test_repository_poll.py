@@ -142,3 +142,47 @@ def test_models_removed_while_the_server_polls_are_unloaded_without_an_error(tmp
         assert server.log().count("was removed from the repository: unloading the model") == len(names)
     finally:
         server.terminate()
+
+
+def test_the_operators_poll_requests_are_batched_per_replica_and_answered_with_rows(
+    tmp_path: Path, relu: bytes
+) -> None:
+    """The operator's Nudger against a real server: 30 names asked for one by one while a request is in flight
+    go in a few requests, every name's ticket gets its rows; a server that does not take poll requests (explicit
+    mode) is asked once, then left to itself."""
+    from kubeinfer.operator.nudge import Nudger
+    from kubeinfer.operator.replicas import IndexReader
+    from kubeinfer.operator.server_access import PLAIN
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    names = [f"n{i:02d}" for i in range(30)]
+    for name in names:
+        put_model(repo, name, relu)
+    server = start_server(repo, "--model-control-mode", "poll", "--repository-poll-secs", "3600", log_dir=tmp_path)
+    explicit_repo = tmp_path / "explicit"
+    explicit_repo.mkdir()
+    explicit = start_server(explicit_repo, "--model-control-mode", "explicit", log_dir=tmp_path)
+    reader = IndexReader()
+    answered: list[tuple[str, list[str]]] = []
+    nudger = Nudger(reader.client_for, lambda url, access, asked, rows: answered.append((url, asked)))
+    try:
+        tickets = [t for name in names for t in nudger.nudge(server.base_url, PLAIN, [name])]
+        rows = [t.wait(60) for t in tickets]
+        assert all(
+            r is not None and [(x["name"], x["state"]) for x in r] == [(n, "READY")] for r, n in zip(rows, names, strict=True)
+        )
+        assert nudger.requests < len(names) / 2, f"{nudger.requests} requests for {len(names)} names"
+        assert sorted(n for _, asked in answered for n in asked) == names
+
+        (ticket,) = nudger.nudge(explicit.base_url, PLAIN, ["x"])
+        assert ticket.wait(30) is None
+        before = nudger.requests
+        (ticket,) = nudger.nudge(explicit.base_url, PLAIN, ["y"])
+        assert ticket.wait(1) is None and nudger.requests == before  # not asked again
+        assert errors(server) == []
+    finally:
+        nudger.close()
+        reader.close()
+        server.terminate()
+        explicit.terminate()
