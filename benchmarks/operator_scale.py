@@ -435,8 +435,13 @@ class Bench:
 
         c = self.cluster
         c.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))
+        established = '{.status.conditions[?(@.type=="Established")].status}'
         for crd in ("inferencemodels", "inferenceservers"):
-            c.kubectl("wait", "--for=condition=Established", f"crd/{crd}.{GROUP}", "--timeout=60s")
+            wait(
+                f"CRD {crd} established",
+                lambda crd=crd: c.kubectl("get", f"crd/{crd}.{GROUP}", "-o", f"jsonpath={established}") == "True",
+                60,
+            )
         for ns in (NS, OPERATOR_NS):
             c.kubectl("create", "namespace", ns, check=False)
         uploads = self.root / NS / "uploads"

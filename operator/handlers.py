@@ -82,8 +82,12 @@ NUDGE_WAIT = 10.0
 #: seconds after which a resync renders and syncs an unchanged model anyway (a check of the fingerprint's
 #: premise: that nothing writes a model folder without changing its entries' change times)
 FULL_CHECK_AFTER = 600.0
-#: checks of models after a change that run at once
-RECHECK_THREADS = 4
+#: checks of models after a change that run at once (each may write a status: at 1,000 models rendered at
+#: once, the time to Ready is that many status writes)
+RECHECK_THREADS = 8
+#: seconds a render's status write waits for the replicas' answer to its poll request (Rendered and Ready in
+#: one write) before it is written anyway
+NUDGE_STATUS_WAIT = 2.0
 log = logging.getLogger("kubeinfer.operator")
 
 
@@ -558,11 +562,15 @@ class Reconciler:
                 age = self.config.index_max_age if max_age is None else max_age
                 obs.replicas = self.observe(server_name, endpoints, name, age, access=access)
             new = status.model_status(obs, prev)
+            ready = _condition(new, "Ready")
+            if nudged and ready.get("reason") == "Loading" and not temporary:
+                # the replicas are loading it right now: one status write once they answered (``_nudged``),
+                # "Rendered" and "Ready" together, rather than "Loading" now and "Ready" a moment later
+                self.rechecker.schedule((ns, name, uid), context=self.handler_context, delay=NUDGE_STATUS_WAIT)
+                return new
             self._post_events(body, prev, new)
             self._patch_status(MODELS, ns, name, prev, new)
-            ready = _condition(new, "Ready")
-            # after a poll request the rechecks start when the replicas answered it (``_nudged``)
-            if recheck and (changed or not from_timer) and ready.get("reason") in SETTLING and not nudged:
+            if recheck and (changed or not from_timer) and ready.get("reason") in SETTLING:
                 self.rechecker.schedule((ns, name, uid), context=self.handler_context)
             if temporary:
                 raise kopf.TemporaryError(temporary, delay=delay)
