@@ -77,7 +77,13 @@ class Files(http.server.SimpleHTTPRequestHandler):
 
 class Operator:
     def __init__(
-        self, cluster: Any, root: Path, namespace: str, server: ServerProcess, log_dir: Path, lazy: ServerProcess
+        self,
+        cluster: Any,
+        root: Path,
+        namespace: str,
+        server: ServerProcess,
+        log_dir: Path,
+        lazy: ServerProcess | None = None,
     ) -> None:
         self.args = [
             sys.executable, "-m", "kubeinfer.operator",
@@ -89,8 +95,9 @@ class Operator:
             "--allowed-network", "127.0.0.0/8",  # the test's file server; downloads reach public addresses only
             "--unload-timeout", "30",
             "--server-endpoint", f"{namespace}/{SERVER}={server.base_url}",
-            "--server-endpoint", f"{namespace}/{LAZY}={lazy.base_url}",
         ]  # fmt: skip
+        if lazy is not None:
+            self.args += ["--server-endpoint", f"{namespace}/{LAZY}={lazy.base_url}"]
         self.log_dir = log_dir
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
@@ -130,7 +137,7 @@ class Env:
         base_url: str,
         server: ServerProcess,
         op: Operator,
-        lazy: ServerProcess,
+        lazy: ServerProcess | None = None,
     ):
         self.cluster, self.ns, self.root, self.base_url, self.server, self.operator, self.lazy = (
             cluster, namespace, root, base_url, server, op, lazy,

@@ -20,7 +20,7 @@ from kubernetes.client import CoordinationV1Api
 
 from . import logs
 from .egress import HostRules, parse_networks
-from .handlers import RECHECK_THREADS, ModelDiffBase, OperatorConfig, Reconciler, register
+from .handlers import FINALIZER, RECHECK_THREADS, OperatorConfig, Reconciler, register
 from .kube import Kube, load_config
 from .leader import LeaseElector
 from .liveness import FollowerLiveness
@@ -352,8 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     kopf.on.cleanup(registry=registry, id="stop-flag")(release_stop_flag)
     settings = kopf.OperatorSettings()
     settings.posting.level = logging.WARNING  # kopf's own per-handler log lines are noise next to our events
-    settings.persistence.finalizer = "serving.kubeinfer.io/finalizer"
-    settings.persistence.diffbase_storage = ModelDiffBase()
+    settings.persistence.finalizer = FINALIZER  # kopf puts none on the kinds it handles (no delete handlers)
     settings.execution.max_workers = args.workers
     # with named namespaces kopf needs no cluster-wide reads: it serves those namespaces and the CRDs present
     # at startup, so the chart's namespaced install grants no ClusterRole (no namespaces/CRD list or watch)

@@ -49,9 +49,11 @@ from .autoscaling import Autoscaler
 from .claims import ClaimCheck
 from .credentials import credential_headers
 from .egress import AddressPolicy, HostRules, IPNetwork
+from .events import EventPoster
 from .fetch import DEFAULT_DEADLINE, Fetch, Fetcher
 from .kube import MODELS, SERVERS, Kube, is_temporary
 from .logs import UNLOAD_WAIT
+from .model_watch import ModelWatch
 from .nudge import Nudger
 from .onnx_check import DEFAULT_CHECK_TIMEOUT
 from .quota import DownloadGate, NamespaceQuota
@@ -77,6 +79,8 @@ FAILURE_BACKOFF = (60.0, 900.0)
 CANCEL_POLL = 3.0
 #: Ready reasons worth a quick recheck after a change (the server has yet to pick it up)
 SETTLING = {"Loading", "ServerUnreachable", "ServerNotReady", "ServerUnavailable"}
+#: held by every InferenceModel until its folder is removed and the servers unloaded it
+FINALIZER = "serving.kubeinfer.io/finalizer"
 #: seconds a deleted model's finalizer waits for the servers' answer to the poll request that unloads it
 NUDGE_WAIT = 10.0
 #: seconds after which a resync renders and syncs an unchanged model anyway (a check of the fingerprint's
@@ -251,7 +255,12 @@ class Reconciler:
         self._handled: dict[str, int] = {}
         self._retries: dict[str, int] = {}
         self._rendered: dict[str, _Rendered] = {}
+        #: uid -> when this process first saw the model being deleted (the unload wait counts from there)
+        self._deleting_since: dict[str, float] = {}
         self.queue = WorkQueue(self._work, max(2, config.workers), name="reconcile")
+        #: events about models (once started; before, kopf's event helpers, as in the unit tests)
+        self.poster: EventPoster | None = None
+        self.watch = ModelWatch(kube, config.namespaces, self.model_event, self._listed)
         self.autoscaler = Autoscaler(kube, config.prometheus_url)
         #: a kopf handler's context, for threads of our own that post events (set by the handlers)
         self.handler_context: contextvars.Context | None = None
@@ -268,18 +277,57 @@ class Reconciler:
             self._locks.pop(uid, None)
             self._failures.pop(uid, None)
         self.queue.discard(uid)
-        for memo in (self.models, self._wanted, self._handled, self._retries, self._rendered):
+        for memo in (self.models, self._wanted, self._handled, self._retries, self._rendered, self._deleting_since):
             memo.pop(uid, None)
 
     def start(self) -> None:
+        """Start the threads, then watch the models once kopf's indexes hold what exists (a model reconciled
+        before its server and the server's EndpointSlices are in them would get a wrong status)."""
+        self.poster = EventPoster(self.kube)
+        self.poster.start()
         self.rechecker.start()
         self.queue.start()
+        self.models_attached = True
+        threading.Thread(target=self._watch_when_indexed, daemon=True, name="watch-start").start()
+
+    def _watch_when_indexed(self, timeout: float = 60.0) -> None:
+        try:
+            servers = {
+                (b["metadata"]["namespace"], b["metadata"]["name"])
+                for b in self.kube.list_all(SERVERS, self.config.namespaces)
+            }
+            slices = {
+                (b["metadata"]["namespace"], str((b["metadata"].get("labels") or {}).get("kubernetes.io/service-name")))
+                for b in self.kube.server_slices(self.config.namespaces)
+            }
+        except Exception as exc:
+            log.warning("listing InferenceServers and their EndpointSlices failed (%s): watching models anyway", exc)
+            servers, slices = set(), set()
+        deadline = time.monotonic() + timeout
+        while not self.kube.stop.is_set() and time.monotonic() < deadline:
+            missing = [k for k in servers if not self.lookup.values("servers", k)]
+            missing += [k for k in slices if not self.lookup.values("endpointslices", k)]
+            if not missing:
+                break
+            self.kube.stop.wait(0.1)
+        else:
+            if not self.kube.stop.is_set():
+                log.warning("kopf's indexes lack %s after %.0fs: watching models anyway", missing[:3], timeout)
+        if not self.kube.stop.is_set():
+            self.watch.start()
+
+    def _listed(self, namespace: str | None) -> None:
+        if set(self.watch.namespaces) <= self.watch.listed:
+            self.models_complete = True
 
     def close(self) -> None:
-        """Stop the rechecker, the work queue and retries, close the HTTP clients (idempotent)."""
+        """Stop the model watch, the work queue, the rechecker and retries, close the HTTP clients (idempotent)."""
         self.kube.stop.set()
+        self.watch.stop()
         self.queue.stop()
         self.rechecker.stop()
+        if self.poster is not None:
+            self.poster.stop()
         self.nudger.close()
         self.reader.close()
         self.writer.fetcher.close()
@@ -545,7 +593,7 @@ class Reconciler:
                 sspec = server["spec"]
                 obs.endpoint = {**manifests.service_endpoint(ns, server_name, sspec), "model": name}
                 key = _server_key(ns, server_name, server)
-                memo = self._unchanged(uid, generation, key, ns, server_name, sspec, name) if from_timer else None
+                memo = self._unchanged(uid, generation, key, ns, server_name, sspec, name, prev) if from_timer else None
                 if memo is not None:
                     obs.target, obs.config_digest = memo.target, memo.config_digest
                     obs.repository_path, obs.rendered = memo.repository_path, memo.rendered
@@ -585,12 +633,15 @@ class Reconciler:
         server_name: str,
         sspec: Mapping[str, Any],
         name: str,
+        body_status: Mapping[str, Any] | None = None,
     ) -> _Rendered | None:
         """The last render, when nothing it depends on changed since: the generation, the server, the claim
         (checked again, from its cache) and the model folder's fingerprint."""
         memo = self._rendered.get(uid)
         if memo is None or memo.generation != generation or memo.server != key:
             return None
+        if (body_status or {}).get("repositoryPath") not in (None, memo.repository_path):
+            return None  # the status says it was elsewhere: a render looks (and removes it there if it is ours)
         if time.monotonic() - memo.at > FULL_CHECK_AFTER:
             return None
         try:
@@ -647,7 +698,7 @@ class Reconciler:
                 self._forget_old_location(ns, name, prev.get("repositoryPath"), obs.repository_path)
                 if result.changed:
                     changed = True
-                    _normal(body, "Rendered", _describe(result))
+                    self.event(body, "Normal", "Rendered", _describe(result))
         except ConfigError as exc:
             obs.render_error = ("InvalidSpec", str(exc))
         except ArtifactError as exc:
@@ -766,41 +817,52 @@ class Reconciler:
 
     # ------------------------------------------------------------------------- model events and queue
     def model_event(self, kind: str | None, body: Mapping[str, Any]) -> None:
-        """A watch event of an InferenceModel (kopf's listing at start: ``kind`` None). Cheap: it keeps the
-        newest object and queues a reconcile when the generation is new to this process."""
+        """A watch event of an InferenceModel (``kind`` None: listed). Cheap: it keeps the newest object and
+        queues the uid when there is work: a generation new to this process, the finalizer to add, a deletion."""
         meta = body["metadata"]
         uid = meta["uid"]
         if kind == "DELETED":
             self._forget(uid)
             return
         self.models[uid] = dict(body)
+        ours = FINALIZER in (meta.get("finalizers") or ())
         if meta.get("deletionTimestamp"):
-            self.queue.discard(uid)  # a render in progress sees it and gives up (``_superseded``)
+            if ours:  # a render in progress sees the deletion and gives up (``_superseded``); then the delete runs
+                self._deleting_since.setdefault(uid, time.monotonic())
+                self.queue.add(uid)
             return
         generation = meta.get("generation", 0)
-        if self._wanted.get(uid) != generation:
+        if not ours or self._wanted.get(uid) != generation:
             self._wanted[uid] = generation
             self.queue.add(uid)
 
     def _work(self, uid: Hashable) -> float | None:
-        """One queued reconcile of the newest object; returns when to run it again (a retry), or None."""
+        """One queued run for the newest object: its deletion, its finalizer, its reconcile. Returns when to run
+        it again (a retry), or None."""
         key = cast(str, uid)
         body = self.models.get(key)
-        if body is None or body["metadata"].get("deletionTimestamp"):
+        if body is None:
             return None
-        generation = body["metadata"].get("generation", 0)
+        meta = body["metadata"]
+        ns, name = meta["namespace"], meta["name"]
+        finalizers = list(meta.get("finalizers") or ())
+        if meta.get("deletionTimestamp"):
+            return self._finalize(key, body) if FINALIZER in finalizers else None
+        if FINALIZER not in finalizers:
+            # before anything is written: what is on the volume must outlive no InferenceModel
+            if not self.kube.set_finalizers(ns, name, [*finalizers, FINALIZER], meta.get("resourceVersion") or ""):
+                return 0.5  # changed meanwhile (or gone): again with the object the watch brings
+        generation = meta.get("generation", 0)
         # a generation already reconciled is here again for a render the resync asked for
         resync = self._handled.get(key) == generation
         retry = self._retries.get(key, 0)
-        context = self.handler_context or contextvars.copy_context()
         try:
-            context.copy().run(self.reconcile_model, body, retry, resync, None, None, True, True)
+            self.reconcile_model(body, retry, resync)
         except kopf.TemporaryError as exc:
             self._retries[key] = retry + 1
             return float(exc.delay or backoff(retry))
         except Exception as exc:
-            meta = body["metadata"]
-            log.warning("reconcile of InferenceModel %s/%s failed: %s", meta["namespace"], meta["name"], exc)
+            log.warning("reconcile of InferenceModel %s/%s failed: %s", ns, name, exc)
             if resync:
                 return None  # the next resync tries again
             self._retries[key] = retry + 1
@@ -810,12 +872,28 @@ class Reconciler:
             self._handled[key] = generation
         return None
 
+    def _finalize(self, uid: str, body: Mapping[str, Any]) -> float | None:
+        """The delete handler, then the finalizer released; a retry delay while a server still has it loaded."""
+        meta = body["metadata"]
+        ns, name = meta["namespace"], meta["name"]
+        waited = time.monotonic() - self._deleting_since.setdefault(uid, time.monotonic())
+        try:
+            self.delete_model(body, waited)
+        except kopf.TemporaryError as exc:  # waiting for the server to unload it: a retry by design, not an error
+            log.info("InferenceModel %s/%s: %s", ns, name, exc)
+            return float(exc.delay or 1.0)
+        except Exception as exc:
+            log.warning("deletion of InferenceModel %s/%s failed: %s; retrying", ns, name, exc)
+            return 2.0
+        rest = [f for f in meta.get("finalizers") or () if f != FINALIZER]
+        if not self.kube.set_finalizers(ns, name, rest, meta.get("resourceVersion") or ""):
+            return 0.2 if uid in self.models else None  # changed meanwhile: again; gone: done
+        return None
+
     def resync_models(self, stopped: Callable[[], bool]) -> int:
         """One resync pass over every model (the resync timer): status refreshed, drift repaired. Models whose
         render is needed again are queued; returns how many."""
         queued = 0
-        self.models_complete = self.models_attached
-        context = self.handler_context or contextvars.copy_context()
         for uid, body in list(self.models.items()):
             if stopped():
                 break
@@ -823,7 +901,7 @@ class Reconciler:
             if meta.get("deletionTimestamp") or self._handled.get(uid) != meta.get("generation", 0):
                 continue  # being deleted, or its change is queued
             try:
-                new = context.copy().run(self.reconcile_model, body, 0, True, stopped, None, True, False)
+                new = self.reconcile_model(body, 0, True, stopped, None, True, False)
             except Exception as exc:
                 log.warning("resync of InferenceModel %s/%s failed: %s", meta["namespace"], meta["name"], exc)
                 continue
@@ -891,9 +969,8 @@ class Reconciler:
         except ArtifactError as exc:
             log.warning("cannot remove %r of model %s/%s: %s", old, namespace, name, exc.message)
 
-    @staticmethod
-    def _post_events(body: Mapping[str, Any], prev: Mapping[str, Any], new: Mapping[str, Any]) -> None:
-        """One event per change of the Ready condition, not one per timer tick."""
+    def _post_events(self, body: Mapping[str, Any], prev: Mapping[str, Any], new: Mapping[str, Any]) -> None:
+        """One event per change of the Ready condition, not one per resync."""
         before: Mapping[str, Any] = _condition(prev, "Ready")
         after = _condition(new, "Ready")
         if (before.get("status"), before.get("reason"), before.get("message")) == (
@@ -903,9 +980,18 @@ class Reconciler:
         ):
             return
         if after["status"] == "True":
-            _normal(body, "Ready", after["message"])
+            self.event(body, "Normal", "Ready", after["message"])
         elif after["reason"] not in ("Loading",):
-            kopf.warn(_ref(body), reason=after["reason"], message=after["message"])
+            self.event(body, "Warning", after["reason"], after["message"])
+
+    def event(self, body: Mapping[str, Any], type: str, reason: str, message: str) -> None:
+        """An event about an InferenceModel: posted in the background once started, else through kopf."""
+        if self.poster is not None:
+            self.poster.post(body, type, reason, message)
+        elif type == "Normal":
+            _normal(body, reason, message)
+        else:
+            kopf.warn(_ref(body), reason=reason, message=message)
 
     def delete_model(self, body: Mapping[str, Any], runtime_seconds: float) -> None:
         """Remove the model folder, then hold the finalizer until no replica of the server has it loaded."""
@@ -946,7 +1032,6 @@ class Reconciler:
                 )
                 if loaded and runtime_seconds < self.config.unload_timeout:
                     raise kopf.TemporaryError(f"{UNLOAD_WAIT} versions {loaded}", delay=1)
-        self._forget(meta["uid"])
 
 
 #: reconcile_model(render=False) of a model that needs a render
@@ -1013,17 +1098,7 @@ def register(reconciler: Reconciler, registry: kopf.OperatorRegistry) -> None:
     # a fresh registry lacks kopf's default logins: the pod's service account, else $KUBECONFIG
     kopf.on.login(registry=registry, id="service-account")(kopf.login_with_service_account)
     kopf.on.login(registry=registry, id="kubeconfig")(kopf.login_with_kubeconfig)
-    model: dict[str, Any] = dict(group=GROUP, version=VERSION, plural=MODELS, registry=registry)
     server: dict[str, Any] = dict(group=GROUP, version=VERSION, plural=SERVERS, registry=registry)
-
-    # async: runs on kopf's event loop, no thread hop per watch event (it only updates memory and the queue)
-    async def on_model_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
-        if reconciler.handler_context is None:
-            reconciler.handler_context = contextvars.copy_context()
-        reconciler.model_event(event.get("type"), body)
-
-    def on_model_delete(body: kopf.Body, runtime: Any, **_: Any) -> None:
-        reconciler.delete_model(body, runtime.total_seconds())
 
     def on_server(body: kopf.Body, **_: Any) -> None:
         reconciler.handler_context = contextvars.copy_context()
@@ -1036,9 +1111,7 @@ def register(reconciler: Reconciler, registry: kopf.OperatorRegistry) -> None:
 
     for decorator in (kopf.on.create, kopf.on.update, kopf.on.resume):
         decorator(**server, id=f"server-{decorator.__name__}", backoff=10)(on_server)
-    kopf.on.event(**model, id="model-event")(on_model_event)
-    # the finalizer, and the delete handler that holds it until the servers unloaded the model
-    kopf.on.delete(**model, id="model-delete", backoff=2)(on_model_delete)
+    # InferenceModels are not kopf's: the Reconciler watches them (model_watch.py), see the module docstring
     register_model_resync(reconciler, registry)
     register_server_resync(reconciler, registry)
     register_indexes(reconciler, registry)
@@ -1051,33 +1124,6 @@ def register(reconciler: Reconciler, registry: kopf.OperatorRegistry) -> None:
         ("networking.k8s.io", "v1", "networkpolicies"),
     ):
         kopf.on.event(*resource, id=f"owned-{resource[-1]}", labels=owned, registry=registry)(on_owned)
-
-
-class ModelDiffBase(kopf.AnnotationsDiffBaseStorage):
-    """kopf's diff base (``last-handled-configuration``) for every kind but InferenceModels.
-
-    InferenceModels have no kopf change handler (their reconciles follow the generation, see the module
-    docstring): kopf would still build a deep copy of each of their events, and annotate each new model
-    with its essence (a patch and a watch event per model). Their essence is a constant instead: kopf sees
-    no change, stores nothing, and still runs the delete handler (deletion is told by the object's
-    ``deletionTimestamp``, not by the diff).
-    """
-
-    NONE: dict[str, Any] = {}
-
-    def build(self, *, body: kopf.Body, extra_fields: Any = None) -> Any:
-        if body.get("kind") == "InferenceModel":
-            return self.NONE
-        return super().build(body=body, extra_fields=extra_fields)
-
-    def fetch(self, *, body: kopf.Body) -> Any:
-        if body.get("kind") == "InferenceModel":
-            return self.NONE
-        return super().fetch(body=body)
-
-    def store(self, *, body: kopf.Body, patch: Any, essence: Any) -> None:
-        if body.get("kind") != "InferenceModel":
-            super().store(body=body, patch=patch, essence=essence)
 
 
 def register_model_resync(reconciler: Reconciler, registry: kopf.OperatorRegistry) -> None:

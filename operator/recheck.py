@@ -95,7 +95,7 @@ class Rechecker:
         while (item := self._next()) is not None:
             key, attempt, ctx = item
             try:
-                done = ctx.run(self.check, key)
+                done = ctx.copy().run(self.check, key)  # a context is entered by one thread at a time
             except Exception as exc:  # the resync timer will try again anyway
                 log.info("recheck of %s failed: %s", key, exc)
                 done = False
