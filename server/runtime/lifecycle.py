@@ -347,6 +347,7 @@ class ModelLifecycle:
     async def poll_models(self, names: list[str]) -> None:
         """What ``poll`` does, now, for these models only (``load_threads`` at a time): a writer of the
         repository (the operator) says which folders it just changed instead of waiting for the next poll."""
+
         async def one(name: str) -> None:
             async with self._poll_gate:  # shared by the poll loop and every poll request
                 await self._poll_one(name)

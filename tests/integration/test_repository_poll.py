@@ -170,7 +170,8 @@ def test_the_operators_poll_requests_are_batched_per_replica_and_answered_with_r
         tickets = [t for name in names for t in nudger.nudge(server.base_url, PLAIN, [name])]
         rows = [t.wait(60) for t in tickets]
         assert all(
-            r is not None and [(x["name"], x["state"]) for x in r] == [(n, "READY")] for r, n in zip(rows, names, strict=True)
+            r is not None and [(x["name"], x["state"]) for x in r] == [(n, "READY")]
+            for r, n in zip(rows, names, strict=True)
         )
         assert nudger.requests < len(names) / 2, f"{nudger.requests} requests for {len(names)} names"
         assert sorted(n for _, asked in answered for n in asked) == names
