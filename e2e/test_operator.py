@@ -40,6 +40,8 @@ pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[1]
 API = "serving.kubeinfer.io/v1alpha1"
 SERVER = "gpu-pool"
+#: a pool whose server polls its folder only once an hour: what it serves, it loaded when the operator asked
+LAZY = "lazy-pool"
 
 
 def sha256(path: Path) -> str:
@@ -74,7 +76,15 @@ class Files(http.server.SimpleHTTPRequestHandler):
 
 
 class Operator:
-    def __init__(self, cluster: Any, root: Path, namespace: str, server: ServerProcess, log_dir: Path) -> None:
+    def __init__(
+        self,
+        cluster: Any,
+        root: Path,
+        namespace: str,
+        server: ServerProcess,
+        log_dir: Path,
+        lazy: ServerProcess | None = None,
+    ) -> None:
         self.args = [
             sys.executable, "-m", "kubeinfer.operator",
             "--kubeconfig", cluster.kubeconfig,
@@ -86,6 +96,8 @@ class Operator:
             "--unload-timeout", "30",
             "--server-endpoint", f"{namespace}/{SERVER}={server.base_url}",
         ]  # fmt: skip
+        if lazy is not None:
+            self.args += ["--server-endpoint", f"{namespace}/{LAZY}={lazy.base_url}"]
         self.log_dir = log_dir
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
@@ -117,9 +129,18 @@ class Operator:
 class Env:
     """Everything a test needs: kubectl in the test namespace, the volume, the servers, the operator."""
 
-    def __init__(self, cluster: Any, namespace: str, root: Path, base_url: str, server: ServerProcess, op: Operator):
-        self.cluster, self.ns, self.root, self.base_url, self.server, self.operator = (
-            cluster, namespace, root, base_url, server, op,
+    def __init__(
+        self,
+        cluster: Any,
+        namespace: str,
+        root: Path,
+        base_url: str,
+        server: ServerProcess,
+        op: Operator,
+        lazy: ServerProcess | None = None,
+    ):
+        self.cluster, self.ns, self.root, self.base_url, self.server, self.operator, self.lazy = (
+            cluster, namespace, root, base_url, server, op, lazy,
         )  # fmt: skip
         self.uploads = root / namespace / "uploads"
         self.repo = root / namespace / SERVER
@@ -152,9 +173,9 @@ class Env:
             print(self.operator.log())
             raise
 
-    def model(self, name: str, versions: list[dict], **extra: Any) -> dict[str, Any]:
+    def model(self, name: str, versions: list[dict], server: str = SERVER, **extra: Any) -> dict[str, Any]:
         spec = {
-            "server": SERVER,
+            "server": server,
             "platform": "onnxruntime_onnx",
             "maxBatchSize": 8,
             "inputs": [{"name": "IN", "dataType": "FP32", "dims": [4]}],
@@ -225,9 +246,13 @@ def env(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]
     server = start_server(
         root / ns / SERVER, "--model-control-mode", "poll", "--repository-poll-secs", "1", log_dir=logs
     )
-    op = Operator(cluster, root, ns, server, logs)
+    (root / ns / LAZY).mkdir()
+    lazy = start_server(
+        root / ns / LAZY, "--model-control-mode", "poll", "--repository-poll-secs", "3600", log_dir=logs
+    )
+    op = Operator(cluster, root, ns, server, logs, lazy)
     op.start()
-    e = Env(cluster, ns, root, f"http://127.0.0.1:{httpd.server_address[1]}", server, op)
+    e = Env(cluster, ns, root, f"http://127.0.0.1:{httpd.server_address[1]}", server, op, lazy)
     e.apply(
         {
             "apiVersion": API,
@@ -244,6 +269,7 @@ def env(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]
         cluster.release_finalizers(ns)
         cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
         server.terminate()
+        lazy.terminate()
         httpd.shutdown()
 
 
@@ -258,7 +284,7 @@ def test_server_pool_objects_and_drift_repair(env: Env) -> None:
     assert "--model-control-mode=poll" in c["args"] and "--repository-poll-secs=1" in c["args"]
     assert c["resources"]["limits"]["nvidia.com/gpu"] == "1"
     mount = next(m for m in c["volumeMounts"] if m["name"] == "model-repository")
-    # the subPath is inside the pods' claim, which reaches only <volume>/<namespace>/
+    # the pods mount their namespace's claim (it reaches only <volume>/<namespace>/): the subPath is inside it
     assert (mount["mountPath"], mount["subPath"], mount["readOnly"]) == ("/models", SERVER, True)
     assert next(v for v in pod["volumes"] if v["name"] == "dshm")["emptyDir"]["medium"] == "Memory"
     assert c["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
@@ -637,11 +663,75 @@ def test_deletes_finish_promptly_under_resync(env: Env) -> None:
     env.kubectl("delete", "inferencemodel", slow, *names, "--wait=true", "--timeout=30s")
     wait_for_cluster("no staging leftovers", lambda: env.leftovers() == [])
     assert not any((env.repo / n).exists() for n in [slow, *names])
-    # waiting for the server to unload is a retry by design, logged at INFO, not ERROR
+    # the server unloads a deleted model when the operator asks it to poll; should the operator have to wait
+    # for an unload after all, that is a retry by design, logged at INFO, not ERROR
     lines = [
         line
         for log in sorted(env.operator.log_dir.glob("operator-*.log"))
         for line in log.read_text(errors="replace").splitlines()
         if "waiting for the server to unload" in line
     ]
-    assert lines and not [line for line in lines if " ERROR " in line], lines[:5]
+    assert not [line for line in lines if " ERROR " in line], lines[:5]
+
+
+def index_of(server: ServerProcess) -> dict[str, str]:
+    """model -> state of its (only) version in the server's repository index."""
+    rows = httpx.post(f"{server.base_url}/v2/repository/index", json={}, timeout=10).json()
+    return {r["name"]: r.get("state", "") for r in rows}
+
+
+def test_poll_mode_servers_load_what_was_rendered_without_waiting_for_their_poll(env: Env) -> None:
+    """The lazy pool's server polls once an hour: every model it serves, it loaded because the operator asked
+    it to poll those folders (POST /v2/repository/poll) right after rendering them; and it unloads them when
+    their InferenceModels are deleted, before the finalizers are released."""
+    env.apply(
+        {
+            "apiVersion": API,
+            "kind": "InferenceServer",
+            "metadata": {"name": LAZY},
+            "spec": server_spec(repository={"claimName": "c", "subPath": LAZY}, autoscaling=None),
+        }
+    )
+    names = [f"lazy-{i:02d}" for i in range(20)]
+    models = [env.model(n, [{"version": 1, "source": {"path": "uploads/relu.onnx"}}], server=LAZY) for n in names]
+    for body in models:
+        body["metadata"]["labels"] = {"batch": "lazy"}
+    env.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": models}))
+    started = time.monotonic()
+    for name in names:
+        env.wait_condition(name, "True", "Serving", timeout=120)
+    print(f"\n20 models Ready on a server that never polled, {time.monotonic() - started:.1f}s after the apply")
+    served = index_of(env.lazy)
+    assert all(served.get(n) == "READY" for n in names), served
+    x = np.ones((1, 4), dtype=np.float32)
+    np.testing.assert_array_equal(infer(env.lazy.http_url, names[0], x), x)
+
+    env.kubectl("delete", "inferencemodels", "-l", "batch=lazy", "--wait=true", "--timeout=60s")
+    # released only once the server unloaded them: nothing of them is left in its index
+    assert not set(names) & set(index_of(env.lazy)), index_of(env.lazy)
+    assert "was removed from the repository: unloading the model" in env.lazy.log()
+    assert [line for line in env.lazy.log().splitlines() if " ERROR " in line] == []
+    env.kubectl("delete", "inferenceserver", LAZY)
+
+
+def test_a_bulk_delete_logs_no_error_on_the_server(env: Env) -> None:
+    """50 models deleted at once while the server polls every second: every one is an INFO unload on the
+    server (its folder removed by the operator), never "model folder not found ... failed to load"."""
+    names = [f"quiet-{i:02d}" for i in range(50)]
+    models = [env.model(n, [{"version": 1, "source": {"path": "uploads/relu.onnx"}}]) for n in names]
+    for body in models:
+        body["metadata"]["labels"] = {"batch": "quiet"}
+    env.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": models}))
+    wait_for_cluster(
+        "50 models READY on the server", lambda: all(index_of(env.server).get(n) == "READY" for n in names), 180
+    )
+    for name in names:
+        env.wait_condition(name, "True", timeout=60)
+    offset = len(env.server.log())
+    env.kubectl("delete", "inferencemodels", "-l", "batch=quiet", "--wait=true", "--timeout=120s")
+    assert not any((env.repo / n).exists() for n in names)
+    assert not set(names) & set(index_of(env.server))
+    time.sleep(2)  # two more polls of the server
+    during = env.server.log()[offset:]
+    assert [line for line in during.splitlines() if " ERROR " in line] == [], during[-3000:]
+    assert during.count("was removed from the repository: unloading the model") == len(names)

@@ -306,7 +306,8 @@ def test_a_subpath_naming_another_namespace_stays_inside_its_own(tenants: Tenant
     dep = wait_for_cluster("Deployment", lambda: t.get(t.a, "deployment", "intruder"))
     mounts = dep["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]
     mount = next(m for m in mounts if m["name"] == "model-repository")
-    assert mount["subPath"] == f"{t.b}/{POOL}"  # inside A's claim, which reaches only <volume>/<A>/
+    # the pods mount A's own claim (it reaches only <volume>/A/): "B/gpu-pool" inside it is A/B/gpu-pool
+    assert mount["subPath"] == f"{t.b}/{POOL}"
     assert (t.root / t.a / t.b / POOL / "victim" / "1" / "model.py").read_text() == DOUBLE % 666
     t.assert_victim_intact()
     t.kubectl(t.a, "delete", "inferencemodel", "victim", "--wait=true", "--timeout=60s")

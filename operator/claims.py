@@ -154,16 +154,23 @@ class ClaimCheck:
         self.namespace = namespace
         self.ttl = ttl
         self._cache: dict[tuple[str, str], tuple[float, Any]] = {}
+        self._loading: dict[tuple[str, str], threading.Lock] = {}
         self._guard = threading.Lock()
 
     def _cached(self, key: tuple[str, str], load: Callable[[], Any]) -> Any:
         with self._guard:
             hit = self._cache.get(key)
+            loading = self._loading.setdefault(key, threading.Lock())
         if hit is not None and time.monotonic() - hit[0] < self.ttl:
             return hit[1]
-        value = load()
-        with self._guard:
-            self._cache[key] = (time.monotonic(), value)
+        with loading:  # one lookup when the entry expires, however many models ask at once
+            with self._guard:
+                hit = self._cache.get(key)
+            if hit is not None and time.monotonic() - hit[0] < self.ttl:
+                return hit[1]
+            value = load()
+            with self._guard:
+                self._cache[key] = (time.monotonic(), value)
         return value
 
     def forget(self, namespace: str, claim: str) -> None:

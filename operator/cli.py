@@ -20,7 +20,7 @@ from kubernetes.client import CoordinationV1Api
 
 from . import logs
 from .egress import HostRules, parse_networks
-from .handlers import OperatorConfig, Reconciler, register
+from .handlers import FINALIZER, RECHECK_THREADS, OperatorConfig, Reconciler, register
 from .kube import Kube, load_config
 from .leader import LeaseElector
 from .liveness import FollowerLiveness
@@ -179,7 +179,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=4,
         help="downloads the operator runs at once in all (0: no limit); keep it below --workers",
     )
-    p.add_argument("--workers", type=int, default=8, help="threads that run reconciles (kopf's max_workers)")
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=8,
+        help="threads that run model reconciles (and kopf's handler threads: deletes, servers)",
+    )
     p.add_argument(
         "--namespace-quota-bytes",
         type=int,
@@ -270,7 +275,8 @@ def main(argv: list[str] | None = None) -> int:
     if not root.is_dir():
         print(f"kubeinfer-operator: --repository-root '{root}' is not a folder", file=sys.stderr)
         return 2
-    load_config(args.kubeconfig)
+    # the model work queue and kopf's executor (each --workers threads), the rechecks, the server resyncs
+    load_config(args.kubeconfig, connections=2 * args.workers + RECHECK_THREADS + 4)
     config = OperatorConfig(
         repository_root=root,
         resync_seconds=args.resync_seconds,
@@ -300,6 +306,7 @@ def main(argv: list[str] | None = None) -> int:
             monitoring_namespaces=tuple(args.monitoring_namespace),
         ),
         server_image_prefixes=list(args.server_image_prefix),
+        workers=args.workers,
     )
     if args.claim_name and not args.claim_namespace:
         print("kubeinfer-operator: --claim-name needs --claim-namespace (or $POD_NAMESPACE)", file=sys.stderr)
@@ -345,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     kopf.on.cleanup(registry=registry, id="stop-flag")(release_stop_flag)
     settings = kopf.OperatorSettings()
     settings.posting.level = logging.WARNING  # kopf's own per-handler log lines are noise next to our events
-    settings.persistence.finalizer = "serving.kubeinfer.io/finalizer"
+    settings.persistence.finalizer = FINALIZER  # kopf puts none on the kinds it handles (no delete handlers)
     settings.execution.max_workers = args.workers
     # with named namespaces kopf needs no cluster-wide reads: it serves those namespaces and the CRDs present
     # at startup, so the chart's namespaced install grants no ClusterRole (no namespaces/CRD list or watch)

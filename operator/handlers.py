@@ -1,13 +1,25 @@
-"""kopf handlers: one idempotent reconcile per kind, from create/update/resume and a periodic resync.
+"""kopf handlers and the InferenceModel reconcile loop: one idempotent reconcile per object.
 
-Handlers are synchronous on purpose: kopf runs them in its thread pool, so downloads, file writes
-and the (blocking) kubernetes client never stall the event loop. A per-object lock keeps a timer
-and a change handler of the same object from writing at once. Status is written explicitly (no
-handler return values), conditions as full lists, and only when it changed.
+InferenceServers use kopf's change handlers (create/update/resume). InferenceModels, which come by the
+thousand, do not: kopf's change handlers write their progress and a diff base onto every object (a patch,
+and the watch event it causes, per model and change). A model's watch events only update an in-memory
+copy of it (``Reconciler.models``) and put its uid in a work queue when its generation is new to this
+process (created, changed, or first seen after a start); reconciles run in the queue's threads, one at a
+time per object. kopf keeps the finalizer and runs the delete handler. A resync pass over the in-memory
+copies replaces per-object timers, and a model whose generation, server and folder (its fingerprint:
+names, inodes, sizes and change times) are what the last render left is not rendered or synced again:
+only its status is refreshed from the servers' indexes.
 
 A resync of an unchanged model costs no API call: servers and EndpointSlices come from kopf's
 in-memory indexes (kept current by the watches), each server replica's repository index is read
-once per ``index_max_age`` for all its models, and an unchanged status is not written.
+once per ``index_max_age`` for all its models, and an unchanged status is not written. After a render
+the operator asks poll-mode servers to look at the changed folders at once (``nudge``) instead of
+waiting for their poll.
+
+Handlers and reconciles are synchronous on purpose: they run in threads, so downloads, file writes and
+the (blocking) kubernetes client never stall the event loop. A per-object lock keeps a resync and a change
+of the same object from writing at once. Status is written explicitly, conditions as full lists, and only
+when it changed.
 """
 
 from __future__ import annotations
@@ -37,9 +49,12 @@ from .autoscaling import Autoscaler
 from .claims import ClaimCheck
 from .credentials import credential_headers
 from .egress import AddressPolicy, HostRules, IPNetwork
+from .events import EventPoster
 from .fetch import DEFAULT_DEADLINE, Fetch, Fetcher
 from .kube import MODELS, SERVERS, Kube, is_temporary
 from .logs import UNLOAD_WAIT
+from .model_watch import ModelWatch
+from .nudge import Nudger
 from .onnx_check import DEFAULT_CHECK_TIMEOUT
 from .quota import DownloadGate, NamespaceQuota
 from .recheck import Rechecker
@@ -49,6 +64,7 @@ from .repository_writer import RepositoryWriter
 from .rollout import Rollouts, weights_in_force
 from .server_access import PLAIN, AccessBook, ServerAccess
 from .tenant_volumes import DEFAULT_CLAIM, TenantVolumes
+from .workqueue import WorkQueue
 
 #: backends whose models are code run by the server
 CODE_BACKENDS = ("python", "pytorch")
@@ -64,6 +80,19 @@ FAILURE_BACKOFF = (60.0, 900.0)
 CANCEL_POLL = 3.0
 #: Ready reasons worth a quick recheck after a change (the server has yet to pick it up)
 SETTLING = {"Loading", "ServerUnreachable", "ServerNotReady", "ServerUnavailable"}
+#: held by every InferenceModel until its folder is removed and the servers unloaded it
+FINALIZER = "serving.kubeinfer.io/finalizer"
+#: seconds a deleted model's finalizer waits for the servers' answer to the poll request that unloads it
+NUDGE_WAIT = 10.0
+#: seconds after which a resync renders and syncs an unchanged model anyway (a check of the fingerprint's
+#: premise: that nothing writes a model folder without changing its entries' change times)
+FULL_CHECK_AFTER = 600.0
+#: checks of models after a change that run at once (each may write a status: at 1,000 models rendered at
+#: once, the time to Ready is that many status writes)
+RECHECK_THREADS = 8
+#: seconds a render's status write waits for the replicas' answer to its poll request (Rendered and Ready in
+#: one write) before it is written anyway
+NUDGE_STATUS_WAIT = 2.0
 log = logging.getLogger("kubeinfer.operator")
 
 
@@ -107,6 +136,8 @@ class OperatorConfig:
     policy: network_policy.PolicyContext = field(default_factory=network_policy.PolicyContext)
     #: image prefixes InferenceServers may run (empty: any)
     server_image_prefixes: list[str] = field(default_factory=list)
+    #: threads that run model reconciles (the operator's --workers)
+    workers: int = 8
 
     @property
     def index_max_age(self) -> float:
@@ -121,7 +152,7 @@ class Lookup:
         self.kube = kube
         self.indices: Mapping[str, Any] | None = None
 
-    def _values(self, index: str, key: tuple[str, str]) -> list[Any] | None:
+    def values(self, index: str, key: tuple[str, str]) -> list[Any] | None:
         if self.indices is None or index not in self.indices:
             return None
         for _ in range(3):  # the store may change under a worker thread's iteration
@@ -132,13 +163,13 @@ class Lookup:
         return None
 
     def server(self, namespace: str, name: str) -> dict[str, Any] | None:
-        found = self._values("servers", (namespace, name))
+        found = self.values("servers", (namespace, name))
         if found is None:
             return self.kube.get(SERVERS, namespace, name)
         return found[0] if found else None
 
     def slices(self, namespace: str, service: str) -> list[dict[str, Any]]:
-        found = self._values("endpointslices", (namespace, service))
+        found = self.values("endpointslices", (namespace, service))
         return self.kube.endpoint_slices(namespace, service) if found is None else found
 
 
@@ -149,6 +180,34 @@ class _Failure:
     version: int | None
     delay: float
     retry_at: float
+
+
+@dataclass(frozen=True)
+class _Rendered:
+    """What the last successful render of a model left, for resyncs that find nothing changed."""
+
+    generation: int
+    #: the server's identity and the parts of its spec a render depends on
+    server: tuple[Any, ...]
+    server_dir: Path
+    fingerprint: tuple[object, ...]
+    target: list[int]
+    config_digest: str
+    repository_path: str
+    rendered: list[int]
+    at: float
+
+
+def _server_key(ns: str, name: str, server: Mapping[str, Any]) -> tuple[Any, ...]:
+    spec, meta = server["spec"], server["metadata"]
+    return (
+        meta.get("uid"),
+        meta.get("generation"),
+        manifests.repository_subpath(ns, name, spec),
+        (spec.get("repository") or {}).get("claimName"),
+        tuple(spec.get("backends") or ()),
+        tuple(spec.get("allowedBackends") or ()) if spec.get("allowedBackends") is not None else None,
+    )
 
 
 def backoff(retry: int) -> float:
@@ -180,10 +239,29 @@ class Reconciler:
         self.volumes = TenantVolumes(kube, self.claims, config.tenant_claim)
         self.access = AccessBook(lambda ns, name: self.kube.read_core("Secret", name, ns))
         self.lookup = Lookup(kube)
-        self.rechecker = Rechecker(self._recheck)
+        self.rechecker = Rechecker(self._recheck, threads=RECHECK_THREADS)
+        self.nudger = Nudger(self.reader.client_for, self._nudged)
+        #: (replica URL, model name) -> recheck key of the model, while a poll request for it is on its way
+        self._nudged_keys: dict[tuple[str, str], tuple[str, str, str]] = {}
         self._locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
         self._failures: dict[str, _Failure] = {}
+        #: uid -> the newest InferenceModel object seen (from its watch events); None until events are attached
+        self.models: dict[str, dict[str, Any]] = {}
+        self.models_attached = False
+        #: ``models`` holds every model (set at the first resync pass: kopf delivered them all by then)
+        self.models_complete = False
+        #: uid -> generation queued for a reconcile, and the generation whose reconcile finished
+        self._wanted: dict[str, int] = {}
+        self._handled: dict[str, int] = {}
+        self._retries: dict[str, int] = {}
+        self._rendered: dict[str, _Rendered] = {}
+        #: uid -> when this process first saw the model being deleted (the unload wait counts from there)
+        self._deleting_since: dict[str, float] = {}
+        self.queue = WorkQueue(self._work, max(2, config.workers), name="reconcile")
+        #: events about models (once started; before, kopf's event helpers, as in the unit tests)
+        self.poster: EventPoster | None = None
+        self.watch = ModelWatch(kube, config.namespaces, self.model_event, self._listed)
         self.autoscaler = Autoscaler(kube, config.prometheus_url)
         #: weights between versions: numbers per version, spec.rollout's decisions (operator/rollout.py)
         self.rollouts = Rollouts(self.reader)
@@ -202,11 +280,59 @@ class Reconciler:
             self._locks.pop(uid, None)
             self._failures.pop(uid, None)
         self.rollouts.forget(uid)
+        self.queue.discard(uid)
+        for memo in (self.models, self._wanted, self._handled, self._retries, self._rendered, self._deleting_since):
+            memo.pop(uid, None)
+
+    def start(self) -> None:
+        """Start the threads, then watch the models once kopf's indexes hold what exists (a model reconciled
+        before its server and the server's EndpointSlices are in them would get a wrong status)."""
+        self.poster = EventPoster(self.kube)
+        self.poster.start()
+        self.rechecker.start()
+        self.queue.start()
+        self.models_attached = True
+        threading.Thread(target=self._watch_when_indexed, daemon=True, name="watch-start").start()
+
+    def _watch_when_indexed(self, timeout: float = 60.0) -> None:
+        try:
+            servers = {
+                (b["metadata"]["namespace"], b["metadata"]["name"])
+                for b in self.kube.list_all(SERVERS, self.config.namespaces)
+            }
+            slices = {
+                (b["metadata"]["namespace"], str((b["metadata"].get("labels") or {}).get("kubernetes.io/service-name")))
+                for b in self.kube.server_slices(self.config.namespaces)
+            }
+        except Exception as exc:
+            log.warning("listing InferenceServers and their EndpointSlices failed (%s): watching models anyway", exc)
+            servers, slices = set(), set()
+        deadline = time.monotonic() + timeout
+        while not self.kube.stop.is_set() and time.monotonic() < deadline:
+            missing = [k for k in servers if not self.lookup.values("servers", k)]
+            missing += [k for k in slices if not self.lookup.values("endpointslices", k)]
+            if not missing:
+                break
+            self.kube.stop.wait(0.1)
+        else:
+            if not self.kube.stop.is_set():
+                log.warning("kopf's indexes lack %s after %.0fs: watching models anyway", missing[:3], timeout)
+        if not self.kube.stop.is_set():
+            self.watch.start()
+
+    def _listed(self, namespace: str | None) -> None:
+        if set(self.watch.namespaces) <= self.watch.listed:
+            self.models_complete = True
 
     def close(self) -> None:
-        """Stop the rechecker and retries, close the HTTP clients (idempotent)."""
-        self.rechecker.stop()
+        """Stop the model watch, the work queue, the rechecker and retries, close the HTTP clients (idempotent)."""
         self.kube.stop.set()
+        self.watch.stop()
+        self.queue.stop()
+        self.rechecker.stop()
+        if self.poster is not None:
+            self.poster.stop()
+        self.nudger.close()
         self.reader.close()
         self.writer.fetcher.close()
 
@@ -240,13 +366,13 @@ class Reconciler:
             if isinstance(access, str):  # the pool's auth Secrets cannot be read: say so for every replica
                 views.append(status.ReplicaView(endpoint.name, endpoint.ready, None, access))
                 continue
-            read = self.reader.read(endpoint, max_age, access) if access else self.reader.read(endpoint, max_age)
+            read = self.reader.read(endpoint, max_age, access or PLAIN, model)
             error = ""
             if read.rows is None:
                 error = (
                     f"cannot read the repository index of InferenceServer '{server}' at {endpoint.url}: {read.error}"
                 )
-            states = None if read.rows is None else status.version_states(read.rows, model)
+            states = None if read.rows is None else status.version_states(read.rows_of(model), model)
             views.append(status.ReplicaView(endpoint.name, endpoint.ready, states, error))
         return views
 
@@ -328,7 +454,7 @@ class Reconciler:
                         + ("the InferenceServer spec is refused" if refused else "no usable repository claim"),
                     )
                 )
-            listed = self.kube.list_in(MODELS, ns)
+            listed = self.model_bodies(ns)
             if not (claim is None or refused):
                 try:
                     dep = self.kube.apply(manifests.deployment(body, claim))
@@ -436,27 +562,30 @@ class Reconciler:
         cancelled: Callable[[], bool] | None = None,
         max_age: float | None = None,
         recheck: bool = True,
+        render: bool = True,
     ) -> dict[str, Any] | None:
         """Render, sync the repository, read every replica's index, write status (if it changed).
 
-        A failed render is not repeated by the resync timer for the same generation until its
-        backoff expires (a bad checksum would otherwise re-download the file every resync);
-        spec changes and kopf's own retries always render. After a change handler the model is
-        rechecked within seconds until Ready (``recheck``). Returns the status (None: cancelled).
+        A failed render is not repeated by the resync for the same generation until its backoff expires
+        (a bad checksum would otherwise re-download the file every resync); changes and retries always
+        render. A resync (``from_timer``) of a model whose generation, server and folder are as its last
+        render left them renders nothing; with ``render`` False it returns ``NEEDS_RENDER`` instead of
+        rendering (the resync pass hands such models to the work queue). After a change the model is
+        rechecked within seconds until Ready (``recheck``). Returns the status (None: skipped, cancelled).
         """
         meta, spec = body["metadata"], body["spec"]
-        ns, name, generation = meta["namespace"], meta["name"], meta.get("generation", 0)
+        ns, name, generation, uid = meta["namespace"], meta["name"], meta.get("generation", 0), meta["uid"]
         prev = body.get("status") or {}
-        # a resync tick of an object whose change handler is still rendering (a slow download) does not
-        # wait for it: waiting would hold a second worker thread for as long as the download runs
-        with _held(self._lock(meta["uid"]), wait=not from_timer) as got:
+        # a resync of an object whose change is still rendering (a slow download) does not wait for it:
+        # waiting would hold a second thread for as long as the download runs
+        with _held(self._lock(uid), wait=not from_timer) as got:
             if not got:
                 return None
             server_name = spec["server"]
             obs = status.ModelObservation(generation=generation, target=[], rendered=[], server=server_name)
             temporary: str | None = None
             delay = 0.0
-            changed = False
+            changed = nudged = False
             server = self.lookup.server(ns, server_name)
             endpoints: list[Endpoint] = []
             access: ServerAccess | str = PLAIN
@@ -465,64 +594,48 @@ class Reconciler:
                     "ServerNotFound",
                     f"InferenceServer '{server_name}' does not exist in namespace '{ns}'; create it or fix spec.server",
                 )
+                self._rendered.pop(uid, None)
             else:
                 sspec = server["spec"]
                 obs.endpoint = {**manifests.service_endpoint(ns, server_name, sspec), "model": name}
-                server_dir: Path | None = None
-                held = self._held_failure(meta["uid"], generation) if from_timer else None
-                try:
-                    subpath, server_dir = self._server_dir(ns, server_name, sspec)
-                    traffic = weights_in_force(spec, prev, generation)
-                    rendered = render_model(
-                        name, spec, sspec.get("backends") or DEFAULT_BACKENDS, server_name, traffic=traffic
-                    )
-                    _check_backend_allowed(rendered, server_name, sspec)
-                    obs.target = select_versions(rendered.config, rendered.versions)
-                    obs.config_digest = config_digest(rendered.config_text.encode("utf-8"))
-                    if held:
-                        obs.render_error, obs.failed_version = held
-                    else:
-                        superseded = self._superseded(ns, name, meta["uid"], generation, cancelled)
-                        fetch = Fetch(self._credentials(ns), superseded, self.gate, self.quota)
-                        succeeded = False
-                        try:
-                            result = self.writer.sync_model(server_dir, rendered, fetch=fetch)
-                            succeeded = True
-                        finally:
-                            fetch.finish(succeeded)
-                        obs.repository_path = f"{subpath}/{name}"
-                        self._forget_old_location(ns, name, prev.get("repositoryPath"), obs.repository_path)
-                        if result.changed:
-                            changed = True
-                            _normal(body, "Rendered", _describe(result))
-                except ConfigError as exc:
-                    obs.render_error = ("InvalidSpec", str(exc))
-                except ArtifactError as exc:
-                    if exc.reason == "Cancelled":
+                traffic = weights_in_force(spec, prev, generation)
+                key = (*_server_key(ns, server_name, server), tuple(sorted(traffic.items())))
+                memo = self._unchanged(uid, generation, key, ns, server_name, sspec, name, prev) if from_timer else None
+                if memo is not None:
+                    obs.target, obs.config_digest = memo.target, memo.config_digest
+                    obs.repository_path, obs.rendered = memo.repository_path, memo.rendered
+                elif not render:
+                    return NEEDS_RENDER
+                else:
+                    changed, temporary, delay = self._render(body, obs, key, from_timer, retry, cancelled, traffic)
+                    if obs.render_error and obs.render_error[0] == "Cancelled":
                         return None  # the object is going away: nothing to report
-                    obs.render_error = (exc.reason, exc.message)
-                    obs.failed_version = exc.version
-                    if exc.reason in TEMPORARY_REASONS:
-                        temporary = exc.message
-                        delay = QUEUE_RETRY * random.uniform(0.5, 1.5) if exc.reason == "Queued" else backoff(retry)
-                if not held and (obs.render_error or ("",))[0] != "Queued":  # waiting is not a failure
-                    self._remember_failure(meta["uid"], generation, obs)
-                if server_dir is not None:
-                    obs.rendered = self.writer.versions_on_disk(server_dir, name)
                 endpoints, obs.index_error = self.endpoints(ns, server_name)
-                age = self.config.index_max_age if max_age is None else max_age
                 access = self.access.for_server(ns, server_name, sspec)
+                if changed and isinstance(access, ServerAccess) and endpoints:
+                    nudged = self._nudge(endpoints, access, name, (ns, name, uid))
+                age = self.config.index_max_age if max_age is None else max_age
                 obs.replicas = self.observe(server_name, endpoints, name, age, access=access)
             new = status.model_status(obs, prev)
             decided = self._canary(body, prev, new, endpoints, access)
             routing = sequence_routing.model_condition(spec, server["spec"]) if server is not None else None
             if routing is not None:
                 new["conditions"] += status.conditions([routing], prev.get("conditions"), generation)
+            ready = _condition(new, "Ready")
+            if decided:
+                # a rollout decision changes the weights in force: rendered again at once, from this status
+                self._rendered.pop(uid, None)
+                if uid in self.models:
+                    self.models[uid] = {**self.models[uid], "status": new}
+            elif nudged and ready.get("reason") == "Loading" and not temporary:
+                # the replicas are loading it right now: one status write once they answered (``_nudged``),
+                # "Rendered" and "Ready" together, rather than "Loading" now and "Ready" a moment later
+                self.rechecker.schedule((ns, name, uid), context=self.handler_context, delay=NUDGE_STATUS_WAIT)
+                return new
             self._post_events(body, prev, new)
             self._patch_status(MODELS, ns, name, prev, new)
-            ready = _condition(new, "Ready")
             if decided or (recheck and (changed or not from_timer) and ready.get("reason") in SETTLING):
-                self.rechecker.schedule((ns, name, meta["uid"]))  # a rollout decision: rendered again at once
+                self.rechecker.schedule((ns, name, uid), context=self.handler_context)
             if temporary:
                 raise kopf.TemporaryError(temporary, delay=delay)
             return new
@@ -548,11 +661,137 @@ class Reconciler:
             new["conditions"] += status.conditions(extra, prev.get("conditions"), generation, stamp)
         if decision:
             phase = new["rollout"]["phase"]
-            if phase == "RolledBack":
-                kopf.warn(_ref(body), reason=phase, message=decision)
-            else:
-                _normal(body, phase, decision)
+            self.event(body, "Warning" if phase == "RolledBack" else "Normal", phase, decision)
         return decision is not None
+
+    def _unchanged(
+        self,
+        uid: str,
+        generation: int,
+        key: tuple[Any, ...],
+        ns: str,
+        server_name: str,
+        sspec: Mapping[str, Any],
+        name: str,
+        body_status: Mapping[str, Any] | None = None,
+    ) -> _Rendered | None:
+        """The last render, when nothing it depends on changed since: the generation, the server, the claim
+        (checked again, from its cache) and the model folder's fingerprint."""
+        memo = self._rendered.get(uid)
+        if memo is None or memo.generation != generation or memo.server != key:
+            return None
+        if (body_status or {}).get("repositoryPath") not in (None, memo.repository_path):
+            return None  # the status says it was elsewhere: a render looks (and removes it there if it is ours)
+        if time.monotonic() - memo.at > FULL_CHECK_AFTER:
+            return None
+        try:
+            self._claim(ns, server_name, sspec)
+        except (ArtifactError, OSError):
+            return None  # the render says why
+        if self.writer.fingerprint(memo.server_dir, name) != memo.fingerprint:
+            return None
+        return memo
+
+    def _render(
+        self,
+        body: Mapping[str, Any],
+        obs: status.ModelObservation,
+        key: tuple[Any, ...],
+        from_timer: bool,
+        retry: int,
+        cancelled: Callable[[], bool] | None,
+        traffic: Mapping[int, float],
+    ) -> tuple[bool, str | None, float]:
+        """Render and sync the model into its server's folder, filling ``obs``; returns (something changed,
+        the message of a temporary failure to retry, its delay). A cancelled render (the object is going away)
+        leaves ``obs.render_error`` ("Cancelled", ...)."""
+        meta, spec = body["metadata"], body["spec"]
+        ns, name, generation, uid = meta["namespace"], meta["name"], meta.get("generation", 0), meta["uid"]
+        server_name = spec["server"]
+        server = self.lookup.server(ns, server_name)
+        assert server is not None
+        sspec = server["spec"]
+        prev = body.get("status") or {}
+        changed = False
+        temporary: str | None = None
+        delay = 0.0
+        server_dir: Path | None = None
+        held = self._held_failure(uid, generation) if from_timer else None
+        self._rendered.pop(uid, None)
+        try:
+            subpath, server_dir = self._server_dir(ns, server_name, sspec)
+            rendered = render_model(
+                name, spec, sspec.get("backends") or DEFAULT_BACKENDS, server_name, traffic=dict(traffic)
+            )
+            _check_backend_allowed(rendered, server_name, sspec)
+            obs.target = select_versions(rendered.config, rendered.versions)
+            obs.config_digest = config_digest(rendered.config_text.encode("utf-8"))
+            if held:
+                obs.render_error, obs.failed_version = held
+            else:
+                superseded = self._superseded(ns, name, uid, generation, cancelled)
+                fetch = Fetch(self._credentials(ns), superseded, self.gate, self.quota)
+                succeeded = False
+                try:
+                    result = self.writer.sync_model(server_dir, rendered, fetch=fetch)
+                    succeeded = True
+                finally:
+                    fetch.finish(succeeded)
+                obs.repository_path = f"{subpath}/{name}"
+                self._forget_old_location(ns, name, prev.get("repositoryPath"), obs.repository_path)
+                if result.changed:
+                    changed = True
+                    self.event(body, "Normal", "Rendered", _describe(result))
+        except ConfigError as exc:
+            obs.render_error = ("InvalidSpec", str(exc))
+        except ArtifactError as exc:
+            if exc.reason == "Cancelled":
+                obs.render_error = ("Cancelled", exc.message)
+                obs.repository_path = ""
+                return False, None, 0.0
+            obs.render_error = (exc.reason, exc.message)
+            obs.failed_version = exc.version
+            if exc.reason in TEMPORARY_REASONS:
+                temporary = exc.message
+                delay = QUEUE_RETRY * random.uniform(0.5, 1.5) if exc.reason == "Queued" else backoff(retry)
+        if not held and (obs.render_error or ("",))[0] != "Queued":  # waiting is not a failure
+            self._remember_failure(uid, generation, obs)
+        if server_dir is not None:
+            obs.rendered = self.writer.versions_on_disk(server_dir, name)
+            if obs.render_error is None:
+                fingerprint = self.writer.fingerprint(server_dir, name)
+                if fingerprint is not None:
+                    self._rendered[uid] = _Rendered(
+                        generation,
+                        key,
+                        server_dir,
+                        fingerprint,
+                        obs.target,
+                        obs.config_digest,
+                        obs.repository_path,
+                        obs.rendered,
+                        time.monotonic(),
+                    )
+        return changed, temporary, delay
+
+    def _nudge(self, endpoints: list[Endpoint], access: ServerAccess, name: str, key: tuple[str, str, str]) -> bool:
+        """Ask the server's replicas to poll the model's folder now; it is rechecked as soon as they answer."""
+        for endpoint in endpoints:
+            self._nudged_keys[(endpoint.url, name)] = key
+            self.nudger.nudge(endpoint.url, access, [name])
+        return True
+
+    def _nudged(
+        self, url: str, access: ServerAccess, names: list[str], rows: dict[str, list[dict[str, Any]]] | None
+    ) -> None:
+        """A replica answered a poll request about ``names`` (``rows`` per name; None: it did not): their rows are
+        fresh in the index cache and the models are rechecked now (without an answer: at the usual delays)."""
+        if rows is not None:
+            self.reader.update(url, access, rows)
+        for name in names:
+            key = self._nudged_keys.pop((url, name), None)
+            if key is not None:
+                self.rechecker.schedule(key, context=self.handler_context, delay=0.0 if rows is not None else None)
 
     def _superseded(
         self, namespace: str, name: str, uid: str, generation: int, stopped: Callable[[], bool] | None
@@ -564,6 +803,16 @@ class Reconciler:
         ends. The fetch polls this between chunks; it reads the object at most every CANCEL_POLL s.
         """
         state = {"checked": time.monotonic(), "verdict": False}
+        if self.models_attached:
+            # the watch keeps the newest object in memory: no API call
+            def seen() -> bool:
+                if stopped is not None and stopped():
+                    return True
+                now = self.models.get(uid)
+                meta = (now or {}).get("metadata") or {}
+                return now is None or bool(meta.get("deletionTimestamp")) or meta.get("generation") != generation
+
+            return seen
 
         def check() -> bool:
             if state["verdict"] or (stopped is not None and stopped()):
@@ -603,11 +852,126 @@ class Reconciler:
     def _recheck(self, key: Hashable) -> bool:
         """A follow-up after a change; True when no more are needed (Ready, failed for good, or gone)."""
         ns, name, uid = cast(tuple[str, str, str], key)
-        body = self.kube.get(MODELS, ns, name)
+        body = self.models.get(uid) if self.models_attached else self.kube.get(MODELS, ns, name)
         if body is None or body["metadata"].get("uid") != uid or body["metadata"].get("deletionTimestamp"):
             return True
         new = self.reconcile_model(body, from_timer=True, max_age=0.5, recheck=False)
         return new is None or _condition(new, "Ready").get("reason") not in SETTLING
+
+    # ------------------------------------------------------------------------- model events and queue
+    def model_event(self, kind: str | None, body: Mapping[str, Any]) -> None:
+        """A watch event of an InferenceModel (``kind`` None: listed). Cheap: it keeps the newest object and
+        queues the uid when there is work: a generation new to this process, the finalizer to add, a deletion."""
+        meta = body["metadata"]
+        uid = meta["uid"]
+        if kind == "DELETED":
+            self._forget(uid)
+            return
+        self.models[uid] = dict(body)
+        ours = FINALIZER in (meta.get("finalizers") or ())
+        if meta.get("deletionTimestamp"):
+            if ours:  # a render in progress sees the deletion and gives up (``_superseded``); then the delete runs
+                self._deleting_since.setdefault(uid, time.monotonic())
+                self.queue.add(uid)
+            return
+        generation = meta.get("generation", 0)
+        if not ours or self._wanted.get(uid) != generation:
+            self._wanted[uid] = generation
+            self.queue.add(uid)
+
+    def _work(self, uid: Hashable) -> float | None:
+        """One queued run for the newest object: its deletion, its finalizer, its reconcile. Returns when to run
+        it again (a retry), or None."""
+        key = cast(str, uid)
+        body = self.models.get(key)
+        if body is None:
+            return None
+        meta = body["metadata"]
+        ns, name = meta["namespace"], meta["name"]
+        finalizers = list(meta.get("finalizers") or ())
+        if meta.get("deletionTimestamp"):
+            return self._finalize(key, body) if FINALIZER in finalizers else None
+        if FINALIZER not in finalizers:
+            # before anything is written: what is on the volume must outlive no InferenceModel
+            if not self.kube.set_finalizers(ns, name, [*finalizers, FINALIZER], meta.get("resourceVersion") or ""):
+                return 0.5  # changed meanwhile (or gone): again with the object the watch brings
+        generation = meta.get("generation", 0)
+        # a generation already reconciled is here again for a render the resync asked for
+        resync = self._handled.get(key) == generation
+        retry = self._retries.get(key, 0)
+        try:
+            self.reconcile_model(body, retry, resync)
+            if not resync and (body.get("spec") or {}).get("sequenceBatching") is not None:
+                # its pool's Service gets session affinity now, not at the next resync (sequence_routing.py)
+                self._in_handler_context(self.reconcile_server_named, ns, body["spec"]["server"])
+        except kopf.TemporaryError as exc:
+            self._retries[key] = retry + 1
+            return float(exc.delay or backoff(retry))
+        except Exception as exc:
+            log.warning("reconcile of InferenceModel %s/%s failed: %s", ns, name, exc)
+            if resync:
+                return None  # the next resync tries again
+            self._retries[key] = retry + 1
+            return backoff(retry)
+        self._retries.pop(key, None)
+        if key in self.models:
+            self._handled[key] = generation
+        return None
+
+    def _in_handler_context(self, call: Callable[..., Any], *args: Any) -> Any:
+        """``call(*args)`` in a copy of a kopf handler's context (kopf's event posting lives there)."""
+        context = self.handler_context
+        return call(*args) if context is None else context.copy().run(call, *args)
+
+    def _finalize(self, uid: str, body: Mapping[str, Any]) -> float | None:
+        """The delete handler, then the finalizer released; a retry delay while a server still has it loaded."""
+        meta = body["metadata"]
+        ns, name = meta["namespace"], meta["name"]
+        waited = time.monotonic() - self._deleting_since.setdefault(uid, time.monotonic())
+        try:
+            self.delete_model(body, waited)
+        except kopf.TemporaryError as exc:  # waiting for the server to unload it: a retry by design, not an error
+            log.info("InferenceModel %s/%s: %s", ns, name, exc)
+            return float(exc.delay or 1.0)
+        except Exception as exc:
+            log.warning("deletion of InferenceModel %s/%s failed: %s; retrying", ns, name, exc)
+            return 2.0
+        rest = [f for f in meta.get("finalizers") or () if f != FINALIZER]
+        if not self.kube.set_finalizers(ns, name, rest, meta.get("resourceVersion") or ""):
+            return 0.2 if uid in self.models else None  # changed meanwhile: again; gone: done
+        return None
+
+    def resync_models(self, stopped: Callable[[], bool]) -> int:
+        """One resync pass over every model (the resync timer): status refreshed, drift repaired. Models whose
+        render is needed again are queued; returns how many."""
+        queued = 0
+        for uid, body in list(self.models.items()):
+            if stopped():
+                break
+            meta = body["metadata"]
+            if meta.get("deletionTimestamp") or self._handled.get(uid) != meta.get("generation", 0):
+                continue  # being deleted, or its change is queued
+            try:
+                new = self.reconcile_model(body, 0, True, stopped, None, True, False)
+            except Exception as exc:
+                log.warning("resync of InferenceModel %s/%s failed: %s", meta["namespace"], meta["name"], exc)
+                continue
+            if new is NEEDS_RENDER:
+                self.queue.add(uid)
+                queued += 1
+        return queued
+
+    def model_bodies(self, namespace: str) -> list[Mapping[str, Any]]:
+        """The namespace's InferenceModels: from memory once the model watch listed them all, else listed."""
+        if self.models_complete:
+            return [b for b in list(self.models.values()) if b["metadata"].get("namespace") == namespace]
+        return list(self.kube.list_in(MODELS, namespace))
+
+    def models_of(self, namespace: str, server: str) -> list[str]:
+        """Names of the server's models."""
+        return sorted(
+            m["metadata"]["name"] for m in self.model_bodies(namespace) if (m.get("spec") or {}).get("server") == server
+        )
 
     def _held_failure(self, uid: str, generation: int) -> tuple[tuple[str, str], int | None] | None:
         with self._locks_guard:
@@ -653,9 +1017,8 @@ class Reconciler:
         except ArtifactError as exc:
             log.warning("cannot remove %r of model %s/%s: %s", old, namespace, name, exc.message)
 
-    @staticmethod
-    def _post_events(body: Mapping[str, Any], prev: Mapping[str, Any], new: Mapping[str, Any]) -> None:
-        """One event per change of the Ready condition, not one per timer tick."""
+    def _post_events(self, body: Mapping[str, Any], prev: Mapping[str, Any], new: Mapping[str, Any]) -> None:
+        """One event per change of the Ready condition, not one per resync."""
         before: Mapping[str, Any] = _condition(prev, "Ready")
         after = _condition(new, "Ready")
         if (before.get("status"), before.get("reason"), before.get("message")) == (
@@ -665,9 +1028,18 @@ class Reconciler:
         ):
             return
         if after["status"] == "True":
-            _normal(body, "Ready", after["message"])
+            self.event(body, "Normal", "Ready", after["message"])
         elif after["reason"] not in ("Loading",):
-            kopf.warn(_ref(body), reason=after["reason"], message=after["message"])
+            self.event(body, "Warning", after["reason"], after["message"])
+
+    def event(self, body: Mapping[str, Any], type: str, reason: str, message: str) -> None:
+        """An event about an InferenceModel: posted in the background once started, else through kopf."""
+        if self.poster is not None:
+            self.poster.post(body, type, reason, message)
+        elif type == "Normal":
+            _normal(body, reason, message)
+        else:
+            kopf.warn(_ref(body), reason=reason, message=message)
 
     def delete_model(self, body: Mapping[str, Any], runtime_seconds: float) -> None:
         """Remove the model folder, then hold the finalizer until no replica of the server has it loaded."""
@@ -686,13 +1058,32 @@ class Reconciler:
             if server is not None:
                 endpoints, _ = self.endpoints(ns, spec["server"])
                 access = self.access.for_server(ns, spec["server"], server["spec"])
-                views = self.observe(spec["server"], endpoints, name, max_age=0.5, every=True, access=access)
+                answered: dict[str, list[dict[str, Any]]] = {}
+                if isinstance(access, ServerAccess):
+                    # the replicas unload it now, and say so, rather than at their next poll
+                    tickets = {e.url: self.nudger.nudge(e.url, access, [name]) for e in endpoints}
+                    deadline = time.monotonic() + NUDGE_WAIT
+                    for url, (ticket,) in ((u, t) for u, t in tickets.items() if t):
+                        rows = ticket.wait(max(0.0, deadline - time.monotonic()))
+                        if rows is not None:
+                            answered[url] = rows
+                views = [
+                    status.ReplicaView(e.name, e.ready, status.version_states(answered[e.url], name))
+                    for e in endpoints
+                    if e.url in answered
+                ]
+                rest = [e for e in endpoints if e.url not in answered]
+                if rest:
+                    views += self.observe(spec["server"], rest, name, max_age=0.5, every=True, access=access)
                 loaded = sorted(
                     {s.version for v in views for s in v.states or () if s.state in ("READY", "LOADING", "UNLOADING")}
                 )
                 if loaded and runtime_seconds < self.config.unload_timeout:
                     raise kopf.TemporaryError(f"{UNLOAD_WAIT} versions {loaded}", delay=1)
-        self._forget(meta["uid"])
+
+
+#: reconcile_model(render=False) of a model that needs a render
+NEEDS_RENDER: dict[str, Any] = {}
 
 
 def _check_backend_allowed(model: Any, server: str, server_spec: Mapping[str, Any]) -> None:
@@ -752,29 +1143,10 @@ def _describe(result: Any) -> str:
 
 def register(reconciler: Reconciler, registry: kopf.OperatorRegistry) -> None:
     """Attach the handlers to ``registry`` (a fresh one per operator, so tests can build their own)."""
-    interval = reconciler.config.resync_seconds
     # a fresh registry lacks kopf's default logins: the pod's service account, else $KUBECONFIG
     kopf.on.login(registry=registry, id="service-account")(kopf.login_with_service_account)
     kopf.on.login(registry=registry, id="kubeconfig")(kopf.login_with_kubeconfig)
-    model: dict[str, Any] = dict(group=GROUP, version=VERSION, plural=MODELS, registry=registry)
     server: dict[str, Any] = dict(group=GROUP, version=VERSION, plural=SERVERS, registry=registry)
-
-    def on_model(body: kopf.Body, retry: int, **_: Any) -> None:
-        reconciler.handler_context = contextvars.copy_context()
-        reconciler.reconcile_model(body, retry)
-        if body["spec"].get("sequenceBatching") is not None and body["metadata"].get("namespace"):
-            # its pool's Service gets session affinity now, not at the next resync (sequence_routing.py)
-            reconciler.reconcile_server_named(body["metadata"]["namespace"], body["spec"]["server"])
-
-    def on_model_timer(body: kopf.Body, **kwargs: Any) -> None:
-        stopped = kwargs["stopped"]
-        # ``stopped`` is set when the object is being deleted or the operator stops: a download in
-        # progress gives up at its next chunk, so the timer never holds the finalizer for long
-        if not body["metadata"].get("deletionTimestamp") and not stopped:
-            reconciler.reconcile_model(body, from_timer=True, cancelled=lambda: bool(stopped))
-
-    def on_model_delete(body: kopf.Body, runtime: Any, **_: Any) -> None:
-        reconciler.delete_model(body, runtime.total_seconds())
 
     def on_server(body: kopf.Body, **_: Any) -> None:
         reconciler.handler_context = contextvars.copy_context()
@@ -785,17 +1157,10 @@ def register(reconciler: Reconciler, registry: kopf.OperatorRegistry) -> None:
         if owner and namespace:
             reconciler.reconcile_server_named(namespace, owner)
 
-    for decorator, fn, kw, kind in (
-        (kopf.on.create, on_model, model, "model"),
-        (kopf.on.update, on_model, model, "model"),
-        (kopf.on.resume, on_model, model, "model"),
-        (kopf.on.create, on_server, server, "server"),
-        (kopf.on.update, on_server, server, "server"),
-        (kopf.on.resume, on_server, server, "server"),
-    ):
-        decorator(**kw, id=f"{kind}-{decorator.__name__}", backoff=10)(fn)
-    kopf.on.delete(**model, id="model-delete", backoff=2)(on_model_delete)
-    kopf.timer(**model, id="model-resync", interval=interval, initial_delay=interval)(on_model_timer)
+    for decorator in (kopf.on.create, kopf.on.update, kopf.on.resume):
+        decorator(**server, id=f"server-{decorator.__name__}", backoff=10)(on_server)
+    # InferenceModels are not kopf's: the Reconciler watches them (model_watch.py), see the module docstring
+    register_model_resync(reconciler, registry)
     register_server_resync(reconciler, registry)
     register_indexes(reconciler, registry)
     # user edits to (or deletion of) owned objects are put back at once, not at the next resync
@@ -807,6 +1172,41 @@ def register(reconciler: Reconciler, registry: kopf.OperatorRegistry) -> None:
         ("networking.k8s.io", "v1", "networkpolicies"),
     ):
         kopf.on.event(*resource, id=f"owned-{resource[-1]}", labels=owned, registry=registry)(on_owned)
+
+
+def register_model_resync(reconciler: Reconciler, registry: kopf.OperatorRegistry) -> None:
+    """The resync of every InferenceModel, one pass per period from a thread of our own (one kopf timer per
+    object costs a task, a thread hop and kopf's bookkeeping per object and tick)."""
+    stop = threading.Event()
+    threads: list[threading.Thread] = []
+
+    def loop() -> None:
+        while not stop.wait(reconciler.config.resync_seconds):
+            started = time.monotonic()
+            try:
+                queued = reconciler.resync_models(stop.is_set)
+            except Exception:  # never let one bad pass end the resyncs
+                log.exception("resync of InferenceModels failed")
+                continue
+            log.debug(
+                "resync of %d InferenceModels took %.2fs; %d queued for a render",
+                len(reconciler.models),
+                time.monotonic() - started,
+                queued,
+            )
+
+    def start(**_: Any) -> None:
+        thread = threading.Thread(target=contextvars.copy_context().run, args=(loop,), daemon=True, name="model-resync")
+        threads.append(thread)
+        thread.start()
+
+    def finish(**_: Any) -> None:
+        stop.set()
+        for thread in threads:
+            thread.join(10)
+
+    kopf.on.startup(registry=registry, id="model-resync-start")(start)
+    kopf.on.cleanup(registry=registry, id="model-resync-stop")(finish)
 
 
 def register_server_resync(reconciler: Reconciler, registry: kopf.OperatorRegistry) -> None:
@@ -890,7 +1290,8 @@ def register_indexes(reconciler: Reconciler, registry: kopf.OperatorRegistry) ->
 
     def start(**kwargs: Any) -> None:
         reconciler.lookup.indices = {k: kwargs[k] for k in ("servers", "endpointslices") if k in kwargs}
-        reconciler.rechecker.start()
+        reconciler.models_attached = True
+        reconciler.start()
 
     def finish(**_: Any) -> None:
         reconciler.close()

@@ -13,11 +13,12 @@ delays it instead of failing it. Spec errors (other 4xx) are raised at once.
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeVar, cast
 
 import kubernetes
@@ -49,8 +50,13 @@ log = logging.getLogger("kubeinfer.operator.kube")
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def load_config(kubeconfig: str | None) -> None:
-    """In-cluster service account when there is one and no kubeconfig is given, else the kubeconfig."""
+def load_config(kubeconfig: str | None, connections: int | None = None) -> None:
+    """In-cluster service account when there is one and no kubeconfig is given, else the kubeconfig.
+
+    ``connections``: the API connections kept open, at least one per thread that calls the API at once (the
+    client's default is 5 per CPU: with fewer, each call over it opens, and pays a TLS handshake for, a
+    connection of its own that is thrown away afterwards).
+    """
     if kubeconfig:
         os.environ["KUBECONFIG"] = kubeconfig  # kopf's own login reads it too
         kubernetes.config.load_kube_config(config_file=kubeconfig)
@@ -58,6 +64,10 @@ def load_config(kubeconfig: str | None) -> None:
         kubernetes.config.load_incluster_config()
     else:
         kubernetes.config.load_kube_config()
+    if connections:
+        config = kubernetes.client.Configuration.get_default_copy()
+        config.connection_pool_maxsize = max(config.connection_pool_maxsize or 0, connections)
+        kubernetes.client.Configuration.set_default(config)
 
 
 def is_temporary(exc: ApiException) -> bool:
@@ -224,11 +234,89 @@ class Kube:
         return list(listing["items"])
 
     @retried
+    def list_models(self, namespace: str | None) -> tuple[list[dict[str, Any]], str]:
+        """Every InferenceModel (of ``namespace``, or of the cluster), and the resourceVersion to watch from."""
+        listing = cast(
+            dict[str, Any],
+            self.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, MODELS, **TIMEOUT)
+            if namespace
+            else self.custom.list_cluster_custom_object(GROUP, VERSION, MODELS, **TIMEOUT),
+        )
+        return list(listing["items"]), str(listing["metadata"]["resourceVersion"])
+
+    def watch_models(
+        self, namespace: str | None, resource_version: str, timeout: int = 300
+    ) -> Iterator[dict[str, Any]]:
+        """The watch events of InferenceModels from ``resource_version`` (dicts with ``type`` and ``object``, each
+        decoded once), until the API server ends the stream (after ``timeout`` seconds)."""
+        kwargs: dict[str, Any] = dict(
+            watch=True,
+            resource_version=resource_version,
+            allow_watch_bookmarks=True,
+            timeout_seconds=timeout,
+            _preload_content=False,
+            _request_timeout=(5.0, timeout + 60.0),
+        )
+        response: Any = (
+            self.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, MODELS, **kwargs)
+            if namespace
+            else self.custom.list_cluster_custom_object(GROUP, VERSION, MODELS, **kwargs)
+        )
+        try:
+            rest = b""
+            for chunk in response.stream(amt=None, decode_content=False):
+                lines = (rest + chunk).split(b"\n")
+                rest = lines.pop()
+                for line in lines:
+                    if line.strip():
+                        yield json.loads(line)
+        finally:
+            response.release_conn()
+
+    def set_finalizers(self, namespace: str, name: str, finalizers: list[str], resource_version: str) -> bool:
+        """Replace an InferenceModel's finalizers, if it is still at ``resource_version``; False when it changed
+        meanwhile (409: try again with the newer object) or is gone."""
+        return self._set_finalizers(namespace, name, finalizers, resource_version)
+
+    @retried
+    def _set_finalizers(self, namespace: str, name: str, finalizers: list[str], resource_version: str) -> bool:
+        body = {"metadata": {"finalizers": finalizers, "resourceVersion": resource_version}}
+        try:
+            response: Any = self.custom.patch_namespaced_custom_object(
+                GROUP, VERSION, namespace, MODELS, name, body, _content_type=MERGE, _preload_content=False, **TIMEOUT
+            )
+            response.drain_conn()
+            response.release_conn()
+        except ApiException as exc:
+            if exc.status in (404, 409):  # gone, or changed since: not retried here
+                return False
+            raise
+        return True
+
+    @retried
+    def create_event(self, namespace: str, event: Mapping[str, Any]) -> None:
+        body: Any = dict(event)  # the client serializes plain dicts as they are
+        response: Any = self.core.create_namespaced_event(namespace, body, _preload_content=False, **TIMEOUT)
+        response.drain_conn()
+        response.release_conn()
+
+    @retried
     def patch_status(self, plural: str, namespace: str, name: str, status: Mapping[str, Any]) -> None:
         try:
-            self.custom.patch_namespaced_custom_object_status(
-                GROUP, VERSION, namespace, plural, name, {"status": dict(status)}, _content_type=MERGE, **TIMEOUT
+            # the object the API answers with is not needed: not decoded (the bulk of a status write's CPU)
+            response: Any = self.custom.patch_namespaced_custom_object_status(
+                GROUP,
+                VERSION,
+                namespace,
+                plural,
+                name,
+                {"status": dict(status)},
+                _content_type=MERGE,
+                _preload_content=False,
+                **TIMEOUT,
             )
+            response.drain_conn()  # read, not decoded: the connection goes back to the pool
+            response.release_conn()
         except ApiException as exc:
             if exc.status != 404:  # deleted meanwhile: nothing to report on
                 raise
@@ -287,6 +375,23 @@ class Kube:
         except ApiException as exc:
             if exc.status != 404:
                 raise
+
+    def server_slices(self, namespaces: list[str]) -> list[dict[str, Any]]:
+        """The EndpointSlices of the Services of InferenceServers (the operator's label), in the given namespaces
+        or cluster-wide."""
+        scopes: list[str | None] = list(namespaces) or [None]
+        return [s for ns in scopes for s in self._server_slices(ns)]
+
+    @retried
+    def _server_slices(self, namespace: str | None) -> list[dict[str, Any]]:
+        selector = "serving.kubeinfer.io/server"
+        listing = (
+            self.discovery.list_namespaced_endpoint_slice(namespace, label_selector=selector, **TIMEOUT)
+            if namespace
+            else self.discovery.list_endpoint_slice_for_all_namespaces(label_selector=selector, **TIMEOUT)
+        )
+        listing = self.client.sanitize_for_serialization(listing)
+        return list(cast(dict[str, Any], listing).get("items") or [])
 
     @retried
     def endpoint_slices(self, namespace: str, service: str) -> list[dict[str, Any]]:

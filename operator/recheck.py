@@ -3,7 +3,8 @@
 After a render the server needs one poll interval plus the load time to pick the change up; the
 resync timer (30 s by default) would report Ready that much later. The rechecker calls back at
 growing delays (1, 1, 2, 2, 4, 4, 8 s: ~22 s in all) until the callback says it is done (Ready,
-failed for good, or gone); then the regular resync takes over. One thread serves every model.
+failed for good, or gone); then the regular resync takes over. A few threads serve every model (a
+check that changed something writes a status: a round trip to the API server).
 Each check runs in the context of the handler that scheduled it: kopf's event posting lives in
 context variables that only its per-object tasks set.
 """
@@ -22,22 +23,26 @@ log = logging.getLogger("kubeinfer.operator.recheck")
 
 
 class Rechecker:
-    def __init__(self, check: Callable[[Hashable], bool], delays: tuple[float, ...] = DELAYS) -> None:
+    def __init__(self, check: Callable[[Hashable], bool], delays: tuple[float, ...] = DELAYS, threads: int = 1) -> None:
         self.check = check
         self.delays = delays
+        #: checks that run at once (each may write a status: a round trip to the API server)
+        self.threads = threads
         self._heap: list[tuple[float, int, Hashable, int]] = []
         #: key -> (sequence number of its live heap entry, context it runs in)
         self._due: dict[Hashable, tuple[int, contextvars.Context]] = {}
         self._seq = 0
         self._cond = threading.Condition()
         self._stop = False
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
 
-    def schedule(self, key: Hashable, attempt: int = 0, context: contextvars.Context | None = None) -> None:
-        """Check ``key`` after the attempt's delay; a new schedule restarts the series."""
+    def schedule(
+        self, key: Hashable, attempt: int = 0, context: contextvars.Context | None = None, delay: float | None = None
+    ) -> None:
+        """Check ``key`` after the attempt's delay (or ``delay``); a new schedule restarts the series."""
         if attempt >= len(self.delays):
             return
-        when = time.monotonic() + self.delays[attempt]
+        when = time.monotonic() + (self.delays[attempt] if delay is None else delay)
         ctx = context or contextvars.copy_context()
         with self._cond:
             self._seq += 1
@@ -50,17 +55,22 @@ class Rechecker:
             return len(self._due)
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, daemon=True, name="recheck")
-        self._thread.start()
+        self._threads = [
+            threading.Thread(target=self._loop, daemon=True, name=f"recheck-{i}") for i in range(self.threads)
+        ]
+        for thread in self._threads:
+            thread.start()
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Stop and wait for a check in progress (a daemon thread still running native code while the
+        """Stop and wait for the checks in progress (a daemon thread still running native code while the
         interpreter exits can abort the process)."""
         with self._cond:
             self._stop = True
-            self._cond.notify()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout)
+            self._cond.notify_all()
+        deadline = time.monotonic() + timeout
+        for thread in self._threads:
+            if thread is not threading.current_thread():
+                thread.join(max(0.0, deadline - time.monotonic()))
 
     def _next(self) -> tuple[Hashable, int, contextvars.Context] | None:
         with self._cond:
@@ -85,7 +95,7 @@ class Rechecker:
         while (item := self._next()) is not None:
             key, attempt, ctx = item
             try:
-                done = ctx.run(self.check, key)
+                done = ctx.copy().run(self.check, key)  # a context is entered by one thread at a time
             except Exception as exc:  # the resync timer will try again anyway
                 log.info("recheck of %s failed: %s", key, exc)
                 done = False

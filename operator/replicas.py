@@ -16,13 +16,14 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
 from .server_access import PLAIN, ServerAccess
 
+Rows = list[dict[str, Any]]
 #: cache entries beyond which endpoints unread for STALE_AFTER seconds are dropped
 PRUNE_ABOVE = 256
 STALE_AFTER = 600.0
@@ -62,11 +63,36 @@ def endpoints_from_slices(slices: Iterable[Mapping[str, Any]], port_name: str = 
 
 @dataclass(frozen=True)
 class ReplicaIndex:
-    """One replica's repository index (``rows``), or why it could not be read (``error``)."""
+    """One replica's repository index (``rows``, and the same by model name), or why it could not be read."""
 
     endpoint: Endpoint
     rows: list[dict[str, Any]] | None
     error: str = ""
+    by_model: Mapping[str, list[dict[str, Any]]] | None = None
+
+    def rows_of(self, model: str) -> list[dict[str, Any]]:
+        """This model's rows (looked up, not searched: a resync asks once per model of the index)."""
+        if self.by_model is not None:
+            return self.by_model.get(model, [])
+        return [r for r in self.rows or () if r.get("name") == model]
+
+
+def group_rows(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        out.setdefault(str(row.get("name")), []).append(row)
+    return out
+
+
+@dataclass
+class _Entry:
+    """A replica's cached index: when it was read whole (``at``), and when models' rows came since (``fresh``)."""
+
+    at: float
+    rows: Rows | None
+    error: str
+    by_model: dict[str, Rows] | None
+    fresh: dict[str, float] = field(default_factory=dict)
 
 
 class IndexReader:
@@ -79,7 +105,7 @@ class IndexReader:
         #: one client per distinct TLS set-up of the pools with spec.auth.tls (ServerAccess.tls_key)
         self._tls_clients: dict[str, httpx.Client] = {}
         self.workdir = workdir
-        self._cache: dict[str, tuple[float, list[dict[str, Any]] | None, str]] = {}
+        self._cache: dict[str, _Entry] = {}
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
         self.requests = 0  # for the benchmark
@@ -88,7 +114,8 @@ class IndexReader:
         with self._guard:
             return self._locks.setdefault(url, threading.Lock())
 
-    def _client(self, access: ServerAccess) -> httpx.Client:
+    def client_for(self, access: ServerAccess) -> httpx.Client:
+        """The pooled HTTP client for a pool's access (plain, or its TLS set-up): other reads share it."""
         if not access.tls_key:
             return self.client
         with self._guard:
@@ -99,22 +126,24 @@ class IndexReader:
                 self._tls_clients[access.tls_key] = client
             return client
 
-    def client_for(self, access: ServerAccess) -> httpx.Client:
-        """The pooled HTTP client for a pool's access (plain, or its TLS set-up): other reads share it."""
-        return self._client(access)
-
-    def read(self, endpoint: Endpoint, max_age: float, access: ServerAccess = PLAIN) -> ReplicaIndex:
-        """The endpoint's index, at most ``max_age`` seconds old (failures are remembered as long)."""
+    def read(
+        self, endpoint: Endpoint, max_age: float, access: ServerAccess = PLAIN, model: str | None = None
+    ) -> ReplicaIndex:
+        """The endpoint's index, at most ``max_age`` seconds old (failures are remembered as long); for ``model``,
+        rows the replica sent for it since (``update``) count as fresh too."""
         url = access.url(endpoint.url)
         with self._lock(url):
             hit = self._cache.get(url)
-            if hit is not None and time.monotonic() - hit[0] <= max_age:
-                return ReplicaIndex(endpoint, hit[1], hit[2])
+            now = time.monotonic()
+            if hit is not None and (
+                now - hit.at <= max_age or (model is not None and now - hit.fresh.get(model, -1e18) <= max_age)
+            ):
+                return ReplicaIndex(endpoint, hit.rows, hit.error, hit.by_model)
             rows: list[dict[str, Any]] | None = None
             error = ""
             try:
                 self.requests += 1
-                response = self._client(access).post(
+                response = self.client_for(access).post(
                     f"{url}/v2/repository/index", json={}, headers=dict(access.headers)
                 )
                 response.raise_for_status()
@@ -124,16 +153,32 @@ class IndexReader:
                 rows = [r for r in data if isinstance(r, dict)]
             except (httpx.HTTPError, ValueError) as exc:
                 error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-            self._cache[url] = (time.monotonic(), rows, error)
+            entry = _Entry(time.monotonic(), rows, error, None if rows is None else group_rows(rows))
+            self._cache[url] = entry
         if len(self._cache) > PRUNE_ABOVE:
             self._prune()
-        return ReplicaIndex(endpoint, rows, error)
+        return ReplicaIndex(endpoint, entry.rows, entry.error, entry.by_model)
+
+    def update(self, url: str, access: ServerAccess, rows: Mapping[str, Rows]) -> None:
+        """Rows the replica at ``url`` just sent for some models (the answer to a poll request): fresh for
+        those models, without reading the whole index again (at 1,000 models that is a 1,000-row answer)."""
+        key = access.url(url)
+        with self._lock(key):
+            now = time.monotonic()
+            entry = self._cache.get(key)
+            if entry is None or entry.by_model is None:
+                entry = self._cache[key] = _Entry(-1e18, [], "", {})  # nothing else about it is known
+            assert entry.by_model is not None
+            for name, found in rows.items():
+                entry.by_model[name] = found
+                entry.fresh[name] = now
 
     def _prune(self) -> None:
         """Forget endpoints not read for a while (pods come and go, and so do their addresses)."""
         cutoff = time.monotonic() - STALE_AFTER
         with self._guard:
-            for url in [u for u, (at, _, _) in list(self._cache.items()) if at < cutoff]:
+            stale = [u for u, e in list(self._cache.items()) if max(e.at, *e.fresh.values(), -1e18) < cutoff]
+            for url in stale:
                 self._cache.pop(url, None)
                 self._locks.pop(url, None)
 

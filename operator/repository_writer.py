@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -84,6 +85,18 @@ def check_file_name_for_writer(name: str) -> None:
 
 #: seconds a server folder's listing of dot-names is shared between models' leftover checks
 LISTING_TTL = 2.0
+
+
+def _entries(fd: int, out: list[object], prefix: str) -> list[tuple[str, bool]]:
+    """Append (name, mode, inode, size, ctime) of each entry of the open folder ``fd`` to ``out``; returns
+    (name, is a real folder) for each."""
+    found = []
+    with os.scandir(fd) as it:
+        for entry in sorted(it, key=lambda e: e.name):
+            st = entry.stat(follow_symlinks=False)
+            out.append((prefix, entry.name, st.st_mode, st.st_ino, st.st_size, st.st_ctime_ns))
+            found.append((entry.name, stat.S_ISDIR(st.st_mode)))
+    return found
 
 
 def _rejected(exc: confined.Refused, base: Path) -> ArtifactError:
@@ -240,6 +253,26 @@ class RepositoryWriter:
                 return []
             with confined.opened(fd):
                 return self._versions(fd)
+
+    def fingerprint(self, server_dir: Path, name: str) -> tuple[object, ...] | None:
+        """What a sync of ``server_dir/name`` would look at, cheaply: every entry of the model folder and of its
+        version folders with its kind, inode, size and change time (never following a symlink; the change time
+        moves with any write, rename or ``utime``). Equal fingerprints: the folder was not touched in between,
+        so a sync would change nothing. None when the folder cannot be walked (missing, a symlink on the way).
+        """
+        rel = server_dir.relative_to(self.root) / name
+        out: list[object] = []
+        try:
+            with self._root() as root, confined.opened(confined.open_dir(root, rel)) as model_fd:
+                st = os.fstat(model_fd)
+                out.append((st.st_ino, st.st_ctime_ns))
+                for entry, kind in _entries(model_fd, out, ""):
+                    if kind and is_version_dir_name(entry):
+                        with confined.opened(confined.open_dir(model_fd, entry)) as version_fd:
+                            _entries(version_fd, out, entry)
+        except (OSError, confined.Refused):
+            return None
+        return tuple(out)
 
     @staticmethod
     def _versions(model_fd: int) -> list[int]:

@@ -76,6 +76,7 @@ class AccessBook:
         self.read = read
         self.ttl = ttl
         self._cache: dict[tuple[str, str, str], tuple[float, ServerAccess | str]] = {}
+        self._loading: dict[tuple[str, str, str], threading.Lock] = {}
         self._guard = threading.Lock()
 
     def _secret(self, namespace: str, name: str) -> Mapping[str, Any]:
@@ -120,12 +121,18 @@ class AccessBook:
         key = (namespace, server, json.dumps(server_auth.auth_spec(spec), sort_keys=True))
         with self._guard:
             hit = self._cache.get(key)
+            loading = self._loading.setdefault(key, threading.Lock())
         if hit is not None and time.monotonic() - hit[0] < self.ttl:
             return hit[1]
-        try:
-            access: ServerAccess | str = self._build(namespace, spec)
-        except AccessError as exc:
-            access = str(exc)
-        with self._guard:
-            self._cache[key] = (time.monotonic(), access)
+        with loading:  # one read of the Secrets when the entry expires, however many models ask at once
+            with self._guard:
+                hit = self._cache.get(key)
+            if hit is not None and time.monotonic() - hit[0] < self.ttl:
+                return hit[1]
+            try:
+                access: ServerAccess | str = self._build(namespace, spec)
+            except AccessError as exc:
+                access = str(exc)
+            with self._guard:
+                self._cache[key] = (time.monotonic(), access)
         return access

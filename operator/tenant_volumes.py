@@ -85,6 +85,7 @@ class TenantVolumes:
         self.claim = claim
         self.ttl = ttl
         self._ready: dict[str, float] = {}
+        self._loading: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
 
     def provide(self, namespace: str) -> str:
@@ -92,6 +93,14 @@ class TenantVolumes:
         with self._guard:
             if time.monotonic() - self._ready.get(namespace, -1e9) < self.ttl:
                 return self.claim
+            loading = self._loading.setdefault(namespace, threading.Lock())
+        with loading:  # one check when the entry expires, however many models ask at once
+            with self._guard:
+                if time.monotonic() - self._ready.get(namespace, -1e9) < self.ttl:
+                    return self.claim
+            return self._provide(namespace)
+
+    def _provide(self, namespace: str) -> str:
         own_name, own = self.claims.own_volume()
         source = namespace_source(own, namespace)
         if source is None:

@@ -33,6 +33,8 @@ from .infer_route import InferRoute
 log = logging.getLogger(__name__)
 
 JSON = "application/json"
+#: model names one repository poll request may name
+MAX_POLLED = 10_000
 NOT_READY = "Model version not ready"
 
 
@@ -301,6 +303,16 @@ def build_app(service: InferenceService, shm: SharedMemoryRegistry | None = None
     async def repository_index(request: Request) -> Response:
         body = await _json_body(request)
         return _json(service.repository_index(_flag(body, "ready")))
+
+    @app.post("/v2/repository/poll")
+    async def repository_poll(request: Request) -> Response:
+        body = await _json_body(request)
+        names = body.get("models")
+        if names is not None and (
+            not isinstance(names, list) or not all(isinstance(n, str) for n in names) or len(names) > MAX_POLLED
+        ):
+            raise InvalidArgument(f"'models' must be a list of at most {MAX_POLLED} model names")
+        return _json(await service.poll_repository(names))
 
     # {name:path}: a name with "/" reaches the handler and gets a 400 from the name check, not a bare 404
     @app.post("/v2/repository/models/{name:path}/load")

@@ -26,6 +26,8 @@ class ModelSource:
     versions: dict[int, Path] = field(default_factory=dict)
     #: why the model cannot be used at all (broken config), else ""
     error: str = ""
+    #: the folder is not there (removed from the repository), as opposed to there but unusable
+    missing: bool = False
     #: changes when the config text changes
     config_digest: str = ""
     #: per version, changes when any file in the version folder changes
@@ -116,8 +118,9 @@ def read_model(repo: Path, name: str, override: pb.ModelConfig | None = None) ->
     except PathEscape as exc:
         source.error = str(exc)
         return source
-    except OSError:
+    except OSError as exc:
         source.error = f"model folder '{name}' not found in the repository"
+        source.missing = isinstance(exc, (FileNotFoundError, NotADirectoryError))
         return source
     try:
         with folder:

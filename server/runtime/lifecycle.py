@@ -37,6 +37,10 @@ from .model import ModelVersion, build_model_version, prepare_config
 log = logging.getLogger(__name__)
 
 
+class FolderGone(Exception):
+    """A polled model's folder is not in the repository (any more): unload it, it did not fail."""
+
+
 class ModelState(str, Enum):
     READY = "READY"
     LOADING = "LOADING"
@@ -76,6 +80,9 @@ class ModelEntry:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     #: version → percent for requests that name no version (``config.traffic``; empty: the highest serves)
     traffic: dict[int, float] = field(default_factory=dict)
+
+    #: its folder is gone and it is being unloaded (a poll that finds it gone again does nothing)
+    gone: bool = False
 
 
 class ModelLifecycle:
@@ -117,21 +124,26 @@ class ModelLifecycle:
         #: models load on request (the model cache): the poll reloads loaded models only
         self.on_demand = False
 
-    async def load_model(self, name: str, override: pb.ModelConfig | None = None) -> None:
+        #: polled models looked at (and loaded) at once
+        self._poll_gate = asyncio.Semaphore(self.load_threads)
+
+    async def load_model(self, name: str, override: pb.ModelConfig | None = None, polled: bool = False) -> None:
         """Load or reload ``name``; ``override`` replaces its config.pbtxt for this load (as Triton).
 
         Raises InvalidArgument when a selected version failed to load; whatever was serving before
-        keeps serving, and the message says so.
+        keeps serving, and the message says so. ``polled`` (a poll's load): a folder that is gone by the
+        time it is read raises ``FolderGone`` instead, for the poll to unload the model.
         """
         check_model_name(name)
         entry = self.models.get(name)
-        if entry is None:
-            entry = self.models.setdefault(name, ModelEntry(name))
+        if entry is None or entry.gone:  # gone: its unload goes on; a folder of that name is back
+            entry = self.models[name] = ModelEntry(name)
         async with entry.lock:
             entry.override = override
-            failures = await self._reconcile(entry)
+            failures = await self._reconcile(entry, polled)
         if not entry.serving and (not entry.states or not (self.repository_path / name).is_dir()):
-            self.models.pop(name, None)  # nothing to show in the index for a folder that does not exist
+            if self.models.get(name) is entry:  # nothing to show in the index for a folder that does not exist
+                self.models.pop(name, None)
             if not (self.repository_path / name).is_dir():
                 # Triton 2.51's words, with the reason it writes only to its log; 400, not its 500: a name
                 # the repository does not hold is the client's mistake, not the server's failure
@@ -145,10 +157,12 @@ class ModelLifecycle:
                 f"failed to load '{name}': " + ("; ".join(failures) if failures else "no version to serve") + kept
             )
 
-    async def _reconcile(self, entry: ModelEntry) -> list[str]:
+    async def _reconcile(self, entry: ModelEntry, polled: bool = False) -> list[str]:
         """Bring ``entry`` in line with the repository; returns why each failed part failed."""
         name = entry.name
         source = await asyncio.to_thread(scan.read_model, self.repository_path, name, entry.override)
+        if polled and source.missing:
+            raise FolderGone(name)
         entry.config_digest = source.config_digest
         if source.error or source.config is None:
             return self._record_failure(entry, 0, source.error or "no config")
@@ -305,9 +319,11 @@ class ModelLifecycle:
 
     async def forget_model(self, name: str) -> None:
         """Unload and drop from the index (its folder was removed from the repository)."""
-        if name in self.models:
+        entry = self.models.get(name)
+        if entry is not None:
             await self.unload_model(name)
-            self.models.pop(name, None)
+            if self.models.get(name) is entry:  # not a model of that name loaded anew meanwhile
+                self.models.pop(name, None)
 
     async def load_all(self) -> None:
         """Load every model of the repository, ``load_threads`` at a time (Triton's model-load thread pool)."""
@@ -347,24 +363,51 @@ class ModelLifecycle:
             )
             return
         for name in sorted(set(self.models) - on_disk):
-            await self.forget_model(name)
-        for name in sorted(on_disk):
-            entry = self.models.get(name)
+            await self._gone(name)
+        await self.poll_models(sorted(on_disk))
+
+    async def poll_models(self, names: list[str]) -> None:
+        """What ``poll`` does, now, for these models only (``load_threads`` at a time): a writer of the
+        repository (the operator) says which folders it just changed instead of waiting for the next poll."""
+
+        async def one(name: str) -> None:
+            async with self._poll_gate:  # shared by the poll loop and every poll request
+                await self._poll_one(name)
+
+        await asyncio.gather(*(one(n) for n in dict.fromkeys(names)))
+
+    async def _poll_one(self, name: str) -> None:
+        """Load a new or changed model folder; unload one that is gone (an INFO line, not a failed load:
+        its writer removed it, e.g. the operator after its InferenceModel was deleted)."""
+        entry = self.models.get(name)
+        try:
             if self.on_demand and (entry is None or not entry.serving):
                 # on demand, a model loads on its next request; a failed load whose files changed is
                 # forgotten, so that request tries the new files
                 if entry is not None and await self._changed(entry):
                     self.models.pop(name, None)
-                continue
+                return
             if entry is not None and not await self._changed(entry):
-                continue
-            try:
-                await self.load_model(name)
-            except ServerError as exc:
-                log.error("%s", exc)
+                return
+            await self.load_model(name, polled=True)
+        except FolderGone:
+            await self._gone(name)
+        except ServerError as exc:
+            log.error("%s", exc)
+
+    async def _gone(self, name: str) -> None:
+        entry = self.models.get(name)
+        if entry is None or entry.gone:
+            return  # unknown, or already being unloaded by another poll
+        entry.gone = True
+        if entry.serving:
+            log.info("model folder '%s' was removed from the repository: unloading the model", name)
+        await self.forget_model(name)
 
     async def _changed(self, entry: ModelEntry) -> bool:
         source = await asyncio.to_thread(scan.read_model, self.repository_path, entry.name, entry.override)
+        if source.missing:
+            raise FolderGone(entry.name)
         if source.config_digest != entry.config_digest:
             return True
         config = source.config or entry.config  # what _reconcile digests: the config as read, not as normalised

@@ -191,13 +191,17 @@ class ModelRegistry:
         ready = ModelState.READY
         return all(e.serving and all(s.state == ready for s in e.states.values()) for e in self._models.values())
 
-    def index(self, ready_only: bool = False) -> list[dict[str, str]]:
-        """Triton's repository index: one row per known version (or per model without versions)."""
+    def index(self, ready_only: bool = False, names: list[str] | None = None) -> list[dict[str, str]]:
+        """Triton's repository index: one row per known version (or per model without versions); with
+        ``names``, the rows of those models only (a name neither loaded nor in the repository has none)."""
         rows: list[dict[str, str]] = []
-        names = set(self._models)
-        if not ready_only:
-            names |= set(scan.list_model_names(self.repository_path))
-        for name in sorted(names):
+        if names is not None:
+            wanted = {n for n in names if n in self._models or (self.repository_path / n).is_dir()}
+        else:
+            wanted = set(self._models)
+            if not ready_only:
+                wanted |= set(scan.list_model_names(self.repository_path))
+        for name in sorted(wanted):
             entry = self._models.get(name)
             if entry is None:
                 rows += self.cache.index_rows([name]) if self.cache is not None else [{"name": name}]
@@ -253,6 +257,10 @@ class ModelRegistry:
             await self.cache.poll()
         else:
             await self.lifecycle.poll()
+
+    async def poll_models(self, names: list[str]) -> None:
+        """``poll`` for these models only, now."""
+        await self.lifecycle.poll_models(names)
 
     async def shutdown(self, timeout: float) -> None:
         """Refuse new requests, let in-flight and queued ones finish (bounded by ``timeout``), then unload.

@@ -15,6 +15,7 @@ from .. import SERVER_NAME, __version__
 from ..config import ConfigError, config_from_dict, config_to_triton_json, pb
 from ..observability.logsettings import LogControl
 from ..observability.trace import Tracer
+from ..repository.layout import check_model_name
 from ..vocabulary import datatypes
 from ..vocabulary.errors import DeadlineExceeded, InvalidArgument, NotFound, Unavailable, Unsupported
 from ..vocabulary.streaming import ResponseStream
@@ -108,6 +109,8 @@ class InferenceService:
         #: stopping: responses send their connections away (see close_connections)
         self.closing_connections = False
         self._poller: asyncio.Task[None] | None = None
+        #: full repository polls run one at a time (the poll loop's and those asked for)
+        self._full_poll = asyncio.Lock()
         #: --request-timeout of the requests in flight
         self._deadlines = RequestDeadlines()
         #: --load-model names that failed in explicit mode (the registry forgets unknown names)
@@ -144,7 +147,8 @@ class InferenceService:
         while True:
             await asyncio.sleep(self.options.poll_secs)
             try:
-                await self.registry.poll()
+                async with self._full_poll:
+                    await self.registry.poll()
             except Exception:  # keep polling whatever one scan hit
                 log.exception("repository poll failed")
 
@@ -299,6 +303,28 @@ class InferenceService:
     # ---- repository ---------------------------------------------------------------------
     def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
         return self.registry.index(ready_only)
+
+    async def poll_repository(self, names: list[str] | None = None) -> list[dict[str, str]]:
+        """kubeinfer's repository poll (poll mode only): bring these models (every model when ``names`` is
+        None) in line with the repository now, as the next poll would, and return their index rows.
+
+        For a writer of the repository (the operator) that knows which folders it just changed: the server
+        loads them (or unloads them, their folder removed) at once instead of at its next poll. It changes
+        nothing the repository does not already say, so it is allowed wherever the index may be read.
+        """
+        if self.options.control_mode != CONTROL_POLL:
+            raise Unavailable(
+                f"a repository poll needs --model-control-mode=poll (this server runs in "
+                f"{self.options.control_mode!r} mode: load and unload models instead)"
+            )
+        if names is None:
+            async with self._full_poll:  # one full scan at a time, however many callers ask
+                await self.registry.poll()
+            return self.registry.index()
+        for name in names:
+            check_model_name(name)
+        await self.registry.poll_models(names)
+        return self.registry.index(names=names)
 
     def _check_explicit(self) -> None:
         if self.options.control_mode != CONTROL_EXPLICIT:

@@ -302,8 +302,9 @@ def test_emptying_or_deleting_the_token_file_revokes_the_token(token_server: Ser
 
 
 def test_the_extension_endpoints_need_the_token(token_server: ServerProcess) -> None:
-    """Logging, trace settings (global and per model), the repository API and shared-memory registration
-    are refused without the token on both protocols, and a refused update changes nothing."""
+    """Logging, trace settings (global and per model), the repository API (poll requests included) and
+    shared-memory registration are refused without the token on both protocols, and a refused update changes
+    nothing."""
     base = token_server.base_url
     good = {"Authorization": "Bearer s3cret-token"}
     calls = [
@@ -316,6 +317,7 @@ def test_the_extension_endpoints_need_the_token(token_server: ServerProcess) -> 
         ("POST", "/v2/repository/index", {}),
         ("POST", "/v2/repository/models/relu/load", {}),
         ("POST", "/v2/repository/models/relu/unload", {}),
+        ("POST", "/v2/repository/poll", {"models": ["relu"]}),
         ("GET", "/v2/systemsharedmemory/status", None),
         ("POST", "/v2/systemsharedmemory/region/r/register", {"key": "/k", "offset": 0, "byte_size": 8}),
         ("GET", "/v2/models/relu/config", None),

@@ -146,3 +146,48 @@ def test_the_operator_claim_itself_must_be_bound():
     with pytest.raises(ArtifactError) as err:
         ClaimCheck(read, "pending", "team-1").check("team-1", "pool", "mine")
     assert err.value.reason == "OperatorClaimUnusable"
+
+
+def test_an_expired_lookup_is_made_once_however_many_threads_ask():
+    """At the end of a cache period every model of a namespace asks at once: one API read each, not one per
+    thread (claims, the tenant claim the operator provides, a pool's auth Secrets)."""
+    import threading
+    import time
+
+    from kubeinfer.operator.server_access import AccessBook
+    from kubeinfer.operator.tenant_volumes import TenantVolumes
+
+    calls: list[tuple] = []
+
+    def slow_read(*key):
+        calls.append(key)
+        time.sleep(0.05)  # an API round trip: every other thread arrives meanwhile
+        return OBJECTS.get(key if len(key) == 3 else (*key, None))
+
+    claims = ClaimCheck(slow_read, "models", "ops")
+    secret = {"data": {"token": "dG9rZW4="}}
+    book = AccessBook(lambda ns, name: calls.append(("Secret", name, ns)) or time.sleep(0.05) or secret)
+    spec = {"auth": {"tokenSecret": {"name": "t"}}}
+
+    class Kube:
+        def read_core(self, *key):
+            calls.append(key)
+            time.sleep(0.05)
+            return None
+
+        def create_core(self, manifest):
+            calls.append(("create", manifest["kind"]))
+
+    volumes = TenantVolumes(Kube(), ClaimCheck(lambda *k: OBJECTS.get((*k, None)[:3]), "models", "ops"))
+    for ask in (
+        lambda: claims.check("team-1", "pool", "mine"),
+        lambda: book.for_server("team-1", "pool", spec),
+        lambda: volumes.provide("team-1"),
+    ):
+        calls.clear()
+        threads = [threading.Thread(target=ask) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(calls) == len(set(calls)), calls  # each object read (or made) once

@@ -11,6 +11,7 @@ test_leader.py.
 from __future__ import annotations
 
 import copy
+import os
 import threading
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -24,6 +25,7 @@ from kubeinfer.operator import handlers
 from kubeinfer.operator.egress import parse_networks
 from kubeinfer.operator.handlers import FAILURE_BACKOFF, OperatorConfig, Reconciler
 from kubeinfer.operator.kube import SERVERS
+from kubeinfer.operator.render import render_model
 from onnx import TensorProto
 
 from tests.support.models import unary
@@ -248,9 +250,55 @@ def test_a_new_generation_renders_at_once_and_a_fixed_source_clears_the_failure(
     assert new is not None and condition(new, "Rendered")["status"] == "True"
     assert (root / NS / "pool" / "m" / "1" / "model.onnx").is_file()
 
-    # and with the failure forgotten, later ticks render (a no-op for an unchanged model) without waiting
+    # and with the failure forgotten, the next tick does not wait out a backoff: a folder that drifted is
+    # repaired at once (an unchanged one is not even looked at again, see the test below)
+    (root / NS / "pool" / "m" / "1" / "model.onnx").unlink()
+    fixed["status"] = new
     reconciler.reconcile_model(fixed, from_timer=True, recheck=False)
     assert syncs == ["m", "m", "m"]
+    assert (root / NS / "pool" / "m" / "1" / "model.onnx").is_file()
+
+
+def test_a_resync_with_nothing_changed_renders_nothing_and_writes_nothing(
+    reconciler: Reconciler, kube: FakeKube, root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The resync of an unchanged model: no render, no sync, no write on the volume, no status write; any
+    change to its folder (a file touched, removed, added; a version folder replaced) brings the render back."""
+    add_server(kube, "pool")
+    body = model("pool")
+    body["status"] = reconciler.reconcile_model(body, recheck=False)
+    syncs = counting_syncs(reconciler, monkeypatch)
+    renders = []
+    monkeypatch.setattr(handlers, "render_model", lambda *a, **k: renders.append(a[0]) or render_model(*a, **k))
+    folder = root / NS / "pool" / "m"
+
+    def snapshot() -> list[tuple[str, int, int]]:
+        return sorted((str(p), p.stat().st_ino, p.stat().st_ctime_ns) for p in [folder, *folder.rglob("*")])
+
+    before, writes = snapshot(), len(kube.statuses)
+    for _ in range(3):
+        assert reconciler.reconcile_model(body, from_timer=True, recheck=False) == body["status"]
+    assert (syncs, renders, len(kube.statuses), snapshot()) == ([], [], writes, before)
+
+    model_file = folder / "1" / "model.onnx"
+    drifts = [
+        lambda: model_file.write_bytes(model_file.read_bytes()),  # same bytes, written again
+        lambda: os.utime(model_file, (0, 0)),  # times set back: the change time still moves
+        lambda: (folder / "1" / "extra.txt").write_text("x"),
+        lambda: (folder / "config.pbtxt").unlink(),
+    ]
+    for i, drift in enumerate(drifts, 1):
+        drift()
+        reconciler.reconcile_model(body, from_timer=True, recheck=False)
+        assert len(syncs) == i, f"drift {i} was not looked at"
+        reconciler.reconcile_model(body, from_timer=True, recheck=False)
+        assert len(syncs) == i, f"after drift {i} the next resync rendered again"
+    assert (folder / "config.pbtxt").is_file()
+    # a change of the server's spec (a new generation) renders again too
+    server = kube.objects[(SERVERS, NS, "pool")]
+    server["metadata"]["generation"] = 2
+    reconciler.reconcile_model(body, from_timer=True, recheck=False)
+    assert len(syncs) == len(drifts) + 1
 
 
 def test_a_temporary_fetch_failure_is_retried_by_kopf_with_growing_delays(

@@ -1,0 +1,171 @@
+"""Telling poll-mode servers which model folders just changed, instead of waiting for their next poll.
+
+A server in poll mode notices a new, changed or removed model folder at its next poll (5 s by default),
+then loads the models one after another; at 1,000 models that is most of the time from "rendered" to
+"Ready". The operator knows which folders it wrote or removed, so it asks each replica to look at those
+now: ``POST /v2/repository/poll`` with their names (kubeinfer's extension; the server does what its next
+poll would do for them, ``--model-load-thread-count`` at a time, and answers with their index rows).
+
+Names are batched per replica: while one request is in flight, the names that come in wait and go
+together in the next one, so a bulk apply or delete costs a handful of requests, not one per model. A
+replica that does not take the request (an older server, explicit or none mode: 404 or 503) is not
+asked again for a while; the operator then waits for its poll (and its rechecks see the result).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from .server_access import ServerAccess
+
+#: names one request carries at most (each is one load or unload on the server)
+MAX_BATCH = 200
+#: seconds a replica that refused the request is not asked again
+UNSUPPORTED_FOR = 300.0
+#: replicas remembered beyond which the idle ones are forgotten
+PRUNE_ABOVE = 256
+log = logging.getLogger("kubeinfer.operator.nudge")
+
+Rows = list[dict[str, Any]]
+
+
+class Ticket:
+    """The outcome of one name's nudge: its rows on the replica once polled, None when the request failed."""
+
+    def __init__(self) -> None:
+        self._done = threading.Event()
+        self.rows: Rows | None = None
+
+    def finish(self, rows: Rows | None) -> None:
+        self.rows = rows
+        self._done.set()
+
+    def wait(self, timeout: float) -> Rows | None:
+        return self.rows if self._done.wait(timeout) else None
+
+
+@dataclass
+class _Replica:
+    url: str
+    access: ServerAccess
+    pending: dict[str, list[Ticket]] = field(default_factory=dict)
+    busy: bool = False
+    refused_until: float = 0.0
+
+
+class Nudger:
+    """``client(access)``: the HTTP client for a pool's access; ``done(url, access, names, rows)``: called after
+    each request with the names it asked about and their rows (None: no answer), to recheck those models."""
+
+    def __init__(
+        self,
+        client: Callable[[ServerAccess], httpx.Client],
+        done: Callable[[str, ServerAccess, list[str], dict[str, Rows] | None], None] | None = None,
+        timeout: float = 60.0,
+        threads: int = 4,
+    ) -> None:
+        self.client = client
+        self.done = done
+        self.timeout = timeout
+        self._replicas: dict[str, _Replica] = {}
+        self._guard = threading.Lock()
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="nudge")
+        self._closed = False
+        self.requests = 0  # for the benchmark
+
+    def nudge(self, url: str, access: ServerAccess, names: Iterable[str]) -> list[Ticket]:
+        """Ask the replica at ``url`` (plain http URL; ``access`` says how to call it) to poll ``names`` now."""
+        tickets = []
+        with self._guard:
+            if self._closed:
+                return []
+            replica = self._replicas.get(url)
+            if replica is None:
+                if len(self._replicas) > PRUNE_ABOVE:  # pods come and go, and so do their addresses
+                    for old in [u for u, r in self._replicas.items() if not r.busy and not r.pending]:
+                        del self._replicas[old]
+                replica = self._replicas[url] = _Replica(url, access)
+            replica.access = access
+            refused = time.monotonic() < replica.refused_until
+            for name in names:
+                ticket = Ticket()
+                tickets.append(ticket)
+                if refused:
+                    ticket.finish(None)
+                else:
+                    replica.pending.setdefault(name, []).append(ticket)
+            start = bool(replica.pending) and not replica.busy
+            if start:
+                replica.busy = True
+        if start:
+            self._pool.submit(self._send, replica)
+        return tickets
+
+    def _send(self, replica: _Replica) -> None:
+        while True:
+            with self._guard:
+                if not replica.pending or self._closed:
+                    replica.busy = False
+                    for tickets in replica.pending.values():
+                        for ticket in tickets:
+                            ticket.finish(None)
+                    replica.pending.clear()
+                    return
+                names = list(replica.pending)[:MAX_BATCH]
+                batch = {name: replica.pending.pop(name) for name in names}
+                access = replica.access
+            rows = self._post(replica, access, names)
+            by_name: dict[str, Rows] = {name: [] for name in names}
+            for row in rows or ():
+                if row.get("name") in by_name:
+                    by_name[row["name"]].append(row)
+            for name, tickets in batch.items():
+                for ticket in tickets:
+                    ticket.finish(None if rows is None else by_name[name])
+            if self.done is not None:
+                try:
+                    self.done(replica.url, access, names, None if rows is None else by_name)
+                except Exception:
+                    log.exception("after the poll request to %s", replica.url)
+
+    def _post(self, replica: _Replica, access: ServerAccess, names: list[str]) -> Rows | None:
+        self.requests += 1
+        try:
+            response = self.client(access).post(
+                f"{access.url(replica.url)}/v2/repository/poll",
+                json={"models": names},
+                headers=dict(access.headers),
+                timeout=self.timeout,
+            )
+        except httpx.HTTPError as exc:
+            log.info("poll request to %s failed (%s): the server's own poll will pick the changes up", replica.url, exc)
+            return None
+        if response.status_code in (404, 405, 503):
+            with self._guard:
+                replica.refused_until = time.monotonic() + UNSUPPORTED_FOR
+            log.info(
+                "%s does not take poll requests (HTTP %s): waiting for its own poll instead",
+                replica.url,
+                response.status_code,
+            )
+            return None
+        try:
+            response.raise_for_status()
+            data = response.json()
+        except (httpx.HTTPError, ValueError) as exc:
+            log.info("poll request to %s failed: %s", replica.url, exc)
+            return None
+        return [r for r in data if isinstance(r, dict)] if isinstance(data, list) else None
+
+    def close(self) -> None:
+        with self._guard:
+            self._closed = True
+        self._pool.shutdown(wait=False, cancel_futures=True)
