@@ -21,7 +21,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 from typing import TYPE_CHECKING, Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -38,8 +37,6 @@ class _HeadTooLarge(Exception):
     pass
 
 
-#: measured: see OneWriteResponses (KUBEINFER_HTTP_COALESCE=0 turns it off)
-COALESCE = os.environ.get("KUBEINFER_HTTP_COALESCE", "1") == "1"
 #: seconds between two looks at the connections' head and body deadlines: a timeout fires up to this late.
 #: One timer per listener rather than one per request phase: call_later + cancel cost ~2 us each, twice per
 #: request on the direct path, where storing a deadline costs a loop.time() call (0.1 us)
@@ -224,7 +221,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         if app is not None or _chunked_with_length(self.headers):
             cycle.keep_alive = False  # answered, then the connection closes
         # HEAD: uvicorn writes no body at all, so nothing would release a held head
-        if COALESCE and cycle.scope["method"] != "HEAD":
+        if cycle.scope["method"] != "HEAD":
             cycle.transport = OneWriteResponses(self.transport)
 
     def on_body(self, body: bytes) -> None:

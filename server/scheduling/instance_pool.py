@@ -16,7 +16,6 @@ request at equal throughput. ResNet-18's executions take milliseconds: they stay
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Protocol
@@ -25,9 +24,9 @@ from ..backends.base import BackendInstance, Batch, RequestResult
 from ..vocabulary.types import ExecutionTimings
 
 #: executions averaging less than this (CPU ns of the executing thread, moving average) run on the event
-#: loop's thread; a thread
-#: hand-off costs ~50-100 µs of wake-ups on a busy machine (0 turns this off)
-INLINE_BELOW_NS = int(os.environ.get("KUBEINFER_INLINE_BELOW_NS", "200000"))
+#: loop's thread: below it, a thread hand-off's wake-ups cost more than the execution blocks the loop
+#: (README "Performance" measures both)
+INLINE_BELOW_NS = 200_000
 #: executions on the instance's thread before the average is trusted
 _LEARN = 8
 
