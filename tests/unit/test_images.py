@@ -99,6 +99,14 @@ def test_chart_default_image_is_what_the_build_tags() -> None:
     chart = yaml.safe_load((ROOT / "helm" / "kubeinfer" / "Chart.yaml").read_text())
     values = yaml.safe_load((ROOT / "helm" / "kubeinfer" / "values.yaml").read_text())
     assert chart["appVersion"] == PYPROJECT["version"] == images.project_version()
+
+
+def test_one_version_everywhere() -> None:
+    """pyproject.toml's version is the one the server reports (/v2 metadata) and the chart ships."""
+    import kubeinfer.server
+
+    chart = yaml.safe_load((ROOT / "helm" / "kubeinfer" / "Chart.yaml").read_text())
+    assert kubeinfer.server.__version__ == PYPROJECT["version"] == chart["version"] == chart["appVersion"]
     assert values["image"]["repository"] == "kubeinfer-operator" and not values["image"]["tag"]
 
 
