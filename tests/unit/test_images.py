@@ -99,6 +99,7 @@ def test_chart_default_image_is_what_the_build_tags() -> None:
     chart = yaml.safe_load((ROOT / "helm" / "kubeinfer" / "Chart.yaml").read_text())
     values = yaml.safe_load((ROOT / "helm" / "kubeinfer" / "values.yaml").read_text())
     assert chart["appVersion"] == PYPROJECT["version"] == images.project_version()
+    assert values["image"]["repository"] == "kubeinfer-operator" and not values["image"]["tag"]
 
 
 def test_one_version_everywhere() -> None:
@@ -107,7 +108,6 @@ def test_one_version_everywhere() -> None:
 
     chart = yaml.safe_load((ROOT / "helm" / "kubeinfer" / "Chart.yaml").read_text())
     assert kubeinfer.server.__version__ == PYPROJECT["version"] == chart["version"] == chart["appVersion"]
-    assert values["image"]["repository"] == "kubeinfer-operator" and not values["image"]["tag"]
 
 
 def test_dockerfiles_take_the_base_as_an_argument_and_copy_only_the_hashed_context() -> None:
