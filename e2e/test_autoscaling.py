@@ -468,7 +468,7 @@ def test_pool_scales_up_under_load_and_back_without_failed_requests(
                                                   "-o", "json").stdout)["items"]) == 1,
                 180, 1, describe,
             )  # fmt: skip
-            time.sleep(3)  # a last sample with the single pod
+            wait_for("a sample with the single pod", lambda: bool(timeline) and timeline[-1]["pods"] == 1, 30, 0.5)
         finally:
             stop.set()
             sampler.join(10)

@@ -1,7 +1,8 @@
 """The user's path, for real: ``helm install`` → InferenceServer + InferenceModel → pods from our images on
 the real node → tritonclient over HTTP and gRPC through the Service's ClusterIP.
 
-Steps (one module, in order, sharing one installation):
+Steps (one module sharing one installation; the installation and the served model are module fixtures,
+``installed`` and ``served``, so steps 1-3 each run on their own; steps 4-7 go on from each other, in order):
 
 1. ``helm install`` of the chart with its default values (only the watched namespace narrowed to this
    test's and a release name of its own, because other sessions share the cluster): the operator pod,
@@ -241,15 +242,47 @@ def path(cluster, node, images, tmp_path_factory) -> Iterator[UserPath]:
 # ------------------------------------------------------------------------------------------ steps
 
 
-def test_1_helm_install_runs_the_operator_image(path: UserPath) -> None:
-    c = path.cluster
-    c.helm(
+@pytest.fixture(scope="module")
+def installed(path: UserPath) -> UserPath:
+    """Step 1's set-up: the chart installed with its default values, and the volume its claim is bound to."""
+    path.cluster.helm(
         "install", path.release, str(CHART), "-n", path.ns, "--create-namespace",
         "--set", f"operator.watchNamespaces={{{path.ns}}}",
         # the test's file server runs on this machine, a private address: downloads reach public ones only
         "--set", f"artifacts.allowedNetworks={{{path.node['host_ip']}/32}}",
         "--wait", "--timeout", "5m", timeout=330,
     )  # fmt: skip
+    pvc = path.get("pvc", "kubeinfer-models")
+    pv = path.cluster.kubectl_json("get", "pv", pvc["spec"]["volumeName"])
+    path.volume = Path(pv["spec"]["hostPath"]["path"])
+    return path
+
+
+@pytest.fixture(scope="module")
+def served(installed: UserPath) -> UserPath:
+    """Step 2's set-up: the example InferenceServer, and the example model with version 1 from the test's file
+    server, Ready (what later steps serve from)."""
+    path = installed
+    server = yaml.safe_load((EXAMPLES / "inferenceserver.yaml").read_text())
+    server["spec"]["image"] = path.images["server"]
+    server["spec"]["resources"] = {"requests": {"cpu": "200m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}}
+    server["spec"]["server"] = {"pollIntervalSeconds": 1}
+    path.apply(server)
+    model = yaml.safe_load((EXAMPLES / "cifar10-resnet.yaml").read_text())
+    v1 = path.files / "cifar10-v1.onnx"
+    model["spec"]["versions"] = [{"version": 1, "source": {"uri": f"{path.files_url}/{v1.name}", "sha256": sha256(v1)}}]
+    path.apply(model)
+
+    def serving() -> dict | None:
+        c = path.condition()
+        return c if c.get("status") == "True" else None
+
+    wait_for_cluster("InferenceModel Ready", serving, timeout=300, describe=path.describe)
+    return path
+
+
+def test_1_helm_install_runs_the_operator_image(installed: UserPath) -> None:
+    path = installed
     dep = path.get("deployment", path.operator)
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
     container = dep["spec"]["template"]["spec"]["containers"][0]
@@ -278,12 +311,12 @@ def test_1_helm_install_runs_the_operator_image(path: UserPath) -> None:
     pvc = path.get("pvc", "kubeinfer-models")
     assert pvc["status"]["phase"] == "Bound" and pvc["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
     pv = path.cluster.kubectl_json("get", "pv", pvc["spec"]["volumeName"])
-    path.volume = Path(pv["spec"]["hostPath"]["path"])
-    assert path.volume.is_dir()
+    assert Path(pv["spec"]["hostPath"]["path"]) == path.volume and path.volume.is_dir()
 
 
-def test_1b_the_sample_manifests_pass_the_apiservers_validation(path: UserPath) -> None:
+def test_1b_the_sample_manifests_pass_the_apiservers_validation(installed: UserPath) -> None:
     """examples/kubernetes/*.yaml (the README's quick start) against the CRDs' schemas and CEL rules."""
+    path = installed
     samples = sorted(EXAMPLES.glob("*.yaml"))
     assert {p.name for p in samples} >= {"inferenceserver.yaml", "inferenceserver-gpu.yaml", "cifar10-resnet.yaml"}
     for sample in samples:
@@ -291,23 +324,11 @@ def test_1b_the_sample_manifests_pass_the_apiservers_validation(path: UserPath) 
         assert "(server dry run)" in out, out
 
 
-def test_2_models_fetched_by_the_operator_pod_become_ready(path: UserPath) -> None:
-    server = yaml.safe_load((EXAMPLES / "inferenceserver.yaml").read_text())
-    server["spec"]["image"] = path.images["server"]
-    server["spec"]["resources"] = {"requests": {"cpu": "200m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}}
-    server["spec"]["server"] = {"pollIntervalSeconds": 1}
-    path.apply(server)
-    model = yaml.safe_load((EXAMPLES / "cifar10-resnet.yaml").read_text())
+def test_2_models_fetched_by_the_operator_pod_become_ready(served: UserPath) -> None:
+    path = served
     v1 = path.files / "cifar10-v1.onnx"
-    model["spec"]["versions"] = [{"version": 1, "source": {"uri": f"{path.files_url}/{v1.name}", "sha256": sha256(v1)}}]
-    path.apply(model)
-
-    def serving() -> dict | None:
-        c = path.condition()
-        return c if c.get("status") == "True" else None
-
-    cond = wait_for_cluster("InferenceModel Ready", serving, timeout=300, describe=path.describe)
-    assert cond["reason"] == "Serving", cond
+    cond = path.condition()
+    assert cond["status"] == "True" and cond["reason"] == "Serving", cond
     status = path.get("inferencemodel", MODEL)["status"]
     assert status["activeVersions"] == [1] and status["targetVersions"] == [1]
     rendered = path.volume / path.ns / SERVER / MODEL  # the InferenceServer's folder on the volume
@@ -333,7 +354,8 @@ def test_2_models_fetched_by_the_operator_pod_become_ready(path: UserPath) -> No
     assert MODEL in probe.stdout
 
 
-def test_3_tritonclient_http_and_grpc_through_the_cluster_ip(path: UserPath) -> None:
+def test_3_tritonclient_http_and_grpc_through_the_cluster_ip(served: UserPath) -> None:
+    path = served
     ip = path.cluster_ip()
     http_client = httpclient.InferenceServerClient(f"{ip}:8000")
     assert http_client.is_server_ready() and http_client.is_model_ready(MODEL)
@@ -350,7 +372,8 @@ def test_3_tritonclient_http_and_grpc_through_the_cluster_ip(path: UserPath) -> 
     assert out.shape == (4, 10) and np.isfinite(out).all()
 
 
-def test_3b_the_server_pods_image_carries_the_rust_grpc_transport(path: UserPath) -> None:
+def test_3b_the_server_pods_image_carries_the_rust_grpc_transport(served: UserPath) -> None:
+    path = served
     """scripts/images builds the Rust gRPC transport on the host and ships it in the server image (CI requires
     it): the pod's python3 loads it. Which transport serves is the server's choice (``--grpc-transport``; its
     log names it)."""
@@ -365,7 +388,8 @@ def test_3b_the_server_pods_image_carries_the_rust_grpc_transport(path: UserPath
     assert probe.stdout.strip().endswith("/kubeinfer_grpc_transport.abi3.so"), probe.stdout  # CPython's stable ABI
 
 
-def test_3c_the_operators_pods_serve_grpc_on_the_rust_transport(path: UserPath) -> None:
+def test_3c_the_operators_pods_serve_grpc_on_the_rust_transport(served: UserPath) -> None:
+    path = served
     """``--grpc-transport auto`` (the default) picks the Rust transport when the image carries it and the
     configuration needs nothing it lacks (only gRPC TLS falls back); the operator's pods carry
     ``--grpc-max-connection-age``, which it serves. Step 3's tritonclient gRPC calls went through it."""
@@ -379,7 +403,8 @@ def test_3c_the_operators_pods_serve_grpc_on_the_rust_transport(path: UserPath) 
         assert re.search(r"gRPC listening on \S+ \(Rust transport\)", log), log[-3000:]
 
 
-def test_4_version_2_from_the_volume_under_load(path: UserPath) -> None:
+def test_4_version_2_from_the_volume_under_load(served: UserPath) -> None:
+    path = served
     # the user puts version 2 on the volume, under the namespace's folder, owned by the operator's user
     uploads = path.volume / path.ns / "uploads"
     uploads.mkdir(parents=True, exist_ok=True)
@@ -404,7 +429,8 @@ def test_4_version_2_from_the_volume_under_load(path: UserPath) -> None:
     assert path.condition()["status"] == "True"
 
 
-def test_5_two_replicas_both_ready_and_serving(path: UserPath) -> None:
+def test_5_two_replicas_both_ready_and_serving(served: UserPath) -> None:
+    path = served
     path.kubectl("scale", "inferenceserver", SERVER, "--replicas=2")
 
     def both_ready() -> list[dict] | None:
@@ -424,7 +450,9 @@ def test_5_two_replicas_both_ready_and_serving(path: UserPath) -> None:
     )
 
 
-def test_5b_the_model_status_counts_every_replica(path: UserPath) -> None:
+def test_5b_the_model_status_counts_every_replica(served: UserPath) -> None:
+    path = served
+
     def counted() -> dict | None:
         status = path.get("inferencemodel", MODEL)["status"]
         v2 = next((s for s in status.get("versionStates") or [] if s["version"] == 2), {})
@@ -434,7 +462,8 @@ def test_5b_the_model_status_counts_every_replica(path: UserPath) -> None:
     assert status["activeVersions"] == [2]
 
 
-def test_6_deleting_a_pod_under_load_fails_no_request(path: UserPath) -> None:
+def test_6_deleting_a_pod_under_load_fails_no_request(served: UserPath) -> None:
+    path = served
     dep = path.get("deployment", SERVER)
     spec = dep["spec"]["template"]["spec"]
     container = spec["containers"][0]
@@ -479,7 +508,8 @@ def test_6_deleting_a_pod_under_load_fails_no_request(path: UserPath) -> None:
     assert "kubeinfer-server stopped" in out, out[-3000:]
 
 
-def test_7_helm_uninstall_removes_the_operator_and_keeps_the_models(path: UserPath) -> None:
+def test_7_helm_uninstall_removes_the_operator_and_keeps_the_models(served: UserPath) -> None:
+    path = served
     rendered = path.volume / path.ns / SERVER / MODEL
     before = {p.relative_to(rendered) for p in rendered.rglob("*")}
     # the whole path left nothing wrong in the operator pod's log (e.g. events posted from its resync thread)

@@ -221,7 +221,7 @@ def encode_response(
     """
     parts = _binary_parts(response, options)
     if parts is not None:
-        head = _BINARY_HEADS.get(parts[0])
+        head = BINARY_HEADS.get(parts[0])
         if head is not None:
             return b"".join([head, *parts[1]]), len(head)
     default_binary = options.get("__default_binary__", False)
@@ -254,15 +254,12 @@ def encode_response(
     if not buffers:
         return head, None
     if parts is not None:
-        if len(_BINARY_HEADS) >= _BINARY_HEADS_CAPACITY:
-            _BINARY_HEADS.pop(next(iter(_BINARY_HEADS)), None)
-        _BINARY_HEADS[parts[0]] = head
+        BINARY_HEADS.keep(parts[0], head)
     return b"".join([head, *buffers]), len(head)
 
 
 #: JSON headers of all-binary responses already written, by ``_binary_parts``' key (oldest dropped first)
-_BINARY_HEADS: dict[tuple[Any, ...], bytes] = {}
-_BINARY_HEADS_CAPACITY = 256
+BINARY_HEADS: header_plans.Kept[tuple[Any, ...], bytes] = header_plans.Kept(256)
 
 
 def _binary_parts(
@@ -272,7 +269,7 @@ def _binary_parts(
     model, version and each output's name, dtype and shape alone: every output goes back as plain binary
     (no classification, no shared memory, no BYTES) and there is no id or response parameter.
 
-    A client calling in a loop gets the same header every time: taking it from ``_BINARY_HEADS`` makes
+    A client calling in a loop gets the same header every time: taking it from ``BINARY_HEADS`` makes
     encode_response 2.7 -> 1.55 us on the binary add_sub response.
     """
     if response.id or response.parameters:

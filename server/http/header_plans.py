@@ -16,7 +16,7 @@ churn the table.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -58,12 +58,31 @@ class HeaderPlan:
         return request, dict(self.options)
 
 
-_PLANS: dict[bytes, HeaderPlan] = {}
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class Kept(dict[K, V]):
+    """At most ``capacity`` entries, the oldest dropped first: what a key decodes or encodes to, kept so that
+    a key seen again is not worked out again. Its length and keys are public: they say what was kept."""
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__()
+        self.capacity = capacity
+
+    def keep(self, key: K, value: V) -> None:
+        if len(self) >= self.capacity:
+            self.pop(next(iter(self)), None)
+        self[key] = value
+
+
+#: the plans kept, by header bytes
+PLANS: Kept[bytes, HeaderPlan] = Kept(CAPACITY)
 
 
 def lookup(head: bytes, body_len: int, limits: Limits) -> HeaderPlan | None:
     """The plan of ``head`` when it was decoded before under ``limits`` and the body has its binary size."""
-    plan = _PLANS.get(head)
+    plan = PLANS.get(head)
     if plan is None or plan.limits is not limits or body_len - len(head) != plan.binary_size:
         return None
     return plan
@@ -88,6 +107,4 @@ def remember(
         return
     requested = None if request.requested_outputs is None else tuple(request.requested_outputs)
     plan = HeaderPlan(limits, tuple(inputs), sum(i[3] for i in inputs), requested, dict(options))
-    if len(_PLANS) >= CAPACITY:
-        _PLANS.pop(next(iter(_PLANS)), None)
-    _PLANS[head] = plan
+    PLANS.keep(head, plan)

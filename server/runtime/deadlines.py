@@ -32,6 +32,11 @@ class RequestDeadlines:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0
 
+    @property
+    def in_flight(self) -> int:
+        """Requests started and neither finished nor expired."""
+        return len(self._pending)
+
     def start(self, timeout: float) -> Deadline | None:
         """Cancel the running task in ``timeout`` seconds unless ``finish`` comes first; None outside a task."""
         task = asyncio.current_task(self._loop) if self._loop is not None else None

@@ -28,7 +28,7 @@ from ..vocabulary.types import ExecutionTimings
 #: (README "Performance" measures both)
 INLINE_BELOW_NS = 200_000
 #: executions on the instance's thread before the average is trusted
-_LEARN = 8
+LEARN_EXECUTIONS = 8
 
 
 def _cpu_timed(instance: BackendInstance, batch: Batch) -> tuple[list[RequestResult], int]:
@@ -98,7 +98,7 @@ class InstancePool:
     @property
     def runs_inline(self) -> bool:
         """Whether the next ``execute`` runs on the event loop's thread (see the module docstring)."""
-        return self._inline_ok and self._seen >= _LEARN and self._average_ns < INLINE_BELOW_NS
+        return self._inline_ok and self._seen >= LEARN_EXECUTIONS and self._average_ns < INLINE_BELOW_NS
 
     def release(self, slot: int) -> None:
         running = self._held.pop(slot, None)

@@ -128,8 +128,10 @@ def test_gpu_group_without_that_gpu_fails_to_load_with_a_reason(server: ServerPr
     assert entry["state"] == "UNAVAILABLE"
     # Triton's words (core ValidateInstanceGroup)
     assert "of model on_gpu specifies invalid or unsupported gpu id 7. GPUs with at least" in entry["reason"], entry
-    status, _, _ = post_infer(server.base_url, "on_gpu", infer_body())
-    assert status in (400, 404, 503)
+    status, answer, _ = post_infer(server.base_url, "on_gpu", infer_body())
+    # Triton's answer for a model whose load failed: UNAVAILABLE, with the load's reason
+    assert status == 503, answer
+    assert answer["error"] == f"Request for unknown model: 'on_gpu' has no available versions: {entry['reason']}"
 
 
 def test_onnx_instances_in_parallel_compute_correctly(server: ServerProcess) -> None:

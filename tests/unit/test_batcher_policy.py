@@ -83,8 +83,9 @@ def test_preferred_size_is_waited_for_until_the_delay() -> None:
         b, inst = make("dynamic_batching { preferred_batch_size: [ 3 ] max_queue_delay_microseconds: 10000000 }")
         await b.start()
         tasks = [asyncio.create_task(b.submit(req(f"r{i}"))) for i in range(2)]
-        await until(lambda: b._timer is not None)  # the batcher looked and set its wake-up for the delay
-        assert b.pending == 2  # 2 rows reach no preferred size: they wait
+        await until(lambda: b.pending == 2)
+        await asyncio.sleep(0.2)  # the batcher had time to look: 2 rows reach no preferred size, they wait
+        assert b.pending == 2 and b.pool.has_free() and inst.batches == []
         tasks.append(asyncio.create_task(b.submit(req("r2"))))
         inst.gate.release()
         await asyncio.gather(*tasks)

@@ -16,7 +16,7 @@ BINARY = {"binary": True, "classification": 0, "shm": None}
 
 @pytest.fixture(autouse=True)
 def _fresh_table() -> None:
-    codec._BINARY_HEADS.clear()
+    codec.BINARY_HEADS.clear()
 
 
 def _response(rows: int = 1, **kw: Any) -> InferenceResponse:
@@ -42,13 +42,13 @@ def _split(body: bytes, length: int | None) -> tuple[dict[str, Any], bytes]:
 )
 def test_a_kept_header_gives_the_same_body(options: dict[str, Any]) -> None:
     first = encode_response(_response(), options)
-    assert len(codec._BINARY_HEADS) == 1
+    assert len(codec.BINARY_HEADS) == 1
     assert encode_response(_response(), options) == first
     header, data = _split(*encode_response(_response(3), options))  # other shapes: their own header
     assert [o["shape"] for o in header["outputs"]] == [[3, 16], [3]]
     assert [o["parameters"]["binary_data_size"] for o in header["outputs"]] == [192, 24]
     assert data == _response(3).outputs["OUTPUT0"].tobytes() + _response(3).outputs["OUTPUT1"].tobytes()
-    assert len(codec._BINARY_HEADS) == 2
+    assert len(codec.BINARY_HEADS) == 2
 
 
 def test_same_header_other_values() -> None:
@@ -75,5 +75,5 @@ def test_responses_whose_header_is_not_decided_by_shapes_alone_are_not_kept(
     response: InferenceResponse, options: dict[str, Any]
 ) -> None:
     body = encode_response(response, options)
-    assert codec._BINARY_HEADS == {}
+    assert len(codec.BINARY_HEADS) == 0
     assert encode_response(response, options) == body

@@ -10,7 +10,7 @@ import orjson
 import pytest
 from kubeinfer.server.http import header_plans
 from kubeinfer.server.http.codec import decode_request
-from kubeinfer.server.vocabulary.errors import InvalidArgument
+from kubeinfer.server.vocabulary.errors import InvalidArgument, Unsupported
 from kubeinfer.server.vocabulary.limits import DEFAULT_LIMITS, Limits
 from kubeinfer.server.vocabulary.types import InferenceRequest
 
@@ -48,7 +48,7 @@ def _same(first: Decoded, second: Decoded) -> None:
 
 @pytest.fixture(autouse=True)
 def _fresh_table() -> None:
-    header_plans._PLANS.clear()
+    header_plans.PLANS.clear()
 
 
 @pytest.mark.parametrize(
@@ -63,7 +63,7 @@ def _fresh_table() -> None:
 def test_a_kept_header_decodes_to_the_same_request(header: dict[str, object]) -> None:
     body, length = _binary(**header)
     first = decode_request(body, length, "add_sub", "1")
-    assert len(header_plans._PLANS) == 1
+    assert header_plans.lookup(body[: int(length)], len(body), DEFAULT_LIMITS) is not None  # kept
     second = decode_request(body, length, "add_sub", "1")
     _same(first, second)
     other = body[: int(length)] + B.tobytes() + A.tobytes()  # same header, other tensors
@@ -81,22 +81,27 @@ def test_a_kept_header_decodes_to_the_same_request(header: dict[str, object]) ->
 )
 def test_headers_that_change_per_call_or_need_the_registry_are_not_kept(header: dict[str, object]) -> None:
     body, length = _binary(**header)
-    try:
-        decode_request(body, length, "add_sub", "1")
-    except Exception:  # the shared-memory output: no registry here
-        pass
-    assert header_plans._PLANS == {}
+    if "outputs" in header:  # the shared-memory output: refused without a registry, and not kept
+        with pytest.raises(Unsupported, match="^client shared memory is disabled on this server"):
+            decode_request(body, length, "add_sub", "1")
+    else:
+        request, _ = decode_request(body, length, "add_sub", "1")
+        assert request.id == header.get("id", "") and request.parameters == header.get("parameters", {})
+    assert header_plans.lookup(body[: int(length)], len(body), DEFAULT_LIMITS) is None
+    assert len(header_plans.PLANS) == 0
 
 
 def test_json_and_bytes_inputs_are_not_kept() -> None:
     head = orjson.dumps({"inputs": [{"name": "X", "shape": [2], "datatype": "INT32", "data": [1, 2]}]})
-    decode_request(head, None, "m", "")
-    raw = b"\x01\0\0\0a"
+    request, _ = decode_request(head, None, "m", "")
+    assert request.inputs["X"].tolist() == [1, 2]
+    raw = b"\x05\0\0\0hello"
     head = orjson.dumps(
         {"inputs": [{"name": "S", "shape": [1], "datatype": "BYTES", "parameters": {"binary_data_size": len(raw)}}]}
     )
-    decode_request(head + raw, str(len(head)), "m", "")
-    assert header_plans._PLANS == {}
+    request, _ = decode_request(head + raw, str(len(head)), "m", "")
+    assert request.inputs["S"].tolist() == [b"hello"]
+    assert len(header_plans.PLANS) == 0
 
 
 def test_a_body_of_another_length_gets_the_full_checks_and_their_text() -> None:
@@ -118,13 +123,19 @@ def test_a_plan_is_used_only_under_the_limits_it_was_checked_against() -> None:
     tight = Limits(max_tensor_elements=8)
     with pytest.raises(InvalidArgument, match="--max-tensor-elements"):
         decode_request(body, length, "add_sub", "1", tight)
-    decode_request(body, length, "add_sub", "1", DEFAULT_LIMITS)
+    request, _ = decode_request(body, length, "add_sub", "1", DEFAULT_LIMITS)
+    assert np.array_equal(request.inputs["INPUT0"], A) and np.array_equal(request.inputs["INPUT1"], B)
 
 
-def test_the_table_keeps_at_most_its_capacity() -> None:
+def test_the_table_keeps_at_most_its_capacity_and_drops_the_oldest() -> None:
+    heads = []
     for rows in range(header_plans.CAPACITY + 10):
         head = orjson.dumps(
             {"inputs": [{"name": "X", "shape": [rows], "datatype": "INT8", "parameters": {"binary_data_size": rows}}]}
         )
-        decode_request(head + bytes(rows), str(len(head)), "m", "")
-    assert len(header_plans._PLANS) == header_plans.CAPACITY
+        request, _ = decode_request(head + bytes(rows), str(len(head)), "m", "")
+        assert request.inputs["X"].shape == (rows,)
+        heads.append(head)
+    assert len(header_plans.PLANS) == header_plans.CAPACITY
+    kept = [header_plans.lookup(h, len(h) + rows, DEFAULT_LIMITS) is not None for rows, h in enumerate(heads)]
+    assert kept == [False] * 10 + [True] * header_plans.CAPACITY

@@ -25,10 +25,11 @@ class Timed(BackendInstance):
 
     def __init__(self) -> None:
         self.took_ns = 10_000
-        self.threads: list[str] = []
+        #: the thread each execution ran on
+        self.threads: list[int] = []
 
     def execute(self, batch: Batch) -> list[RequestResult]:
-        self.threads.append(threading.current_thread().name)
+        self.threads.append(threading.get_ident())
         until = time.thread_time_ns() + self.took_ns
         while time.thread_time_ns() < until:
             pass
@@ -53,16 +54,16 @@ def test_short_executions_move_to_the_loop_and_back_when_they_get_slow() -> None
     pool = InstancePool([instance], Recorder(), "m")
 
     async def scenario() -> None:
-        await _run(pool, instance_pool._LEARN)  # learning: on the instance's thread
-        assert all(t.startswith("m-0") for t in instance.threads)
+        await _run(pool, instance_pool.LEARN_EXECUTIONS)  # learning: on the instance's thread
+        assert threading.get_ident() not in instance.threads
         instance.threads.clear()
         await _run(pool, 3)
-        assert instance.threads == [threading.current_thread().name] * 3  # the loop's own thread
+        assert instance.threads == [threading.get_ident()] * 3  # the loop's own thread
         instance.took_ns = 3 * instance_pool.INLINE_BELOW_NS  # the model got slow (bigger batches)
         await _run(pool, 4)
         instance.threads.clear()
         await _run(pool, 2)
-        assert all(t.startswith("m-0") for t in instance.threads)
+        assert instance.threads and threading.get_ident() not in instance.threads
 
     asyncio.run(scenario())
     pool.close()
@@ -72,7 +73,7 @@ class Sleepy(Timed):
     """Takes long by the wall clock but hardly any CPU, like a run that waited for a core."""
 
     def execute(self, batch: Batch) -> list[RequestResult]:
-        self.threads.append(threading.current_thread().name)
+        self.threads.append(threading.get_ident())
         time.sleep(self.took_ns / 1e9)
         return [{"OUT": np.zeros(1)} for _ in batch.requests]
 
@@ -82,11 +83,11 @@ def test_a_long_wall_time_without_cpu_time_stays_on_the_loop() -> None:
     pool = InstancePool([instance], Recorder(), "m")
 
     async def scenario() -> None:
-        await _run(pool, instance_pool._LEARN)
+        await _run(pool, instance_pool.LEARN_EXECUTIONS)
         instance.took_ns = 3 * instance_pool.INLINE_BELOW_NS  # slow by the clock only (a busy machine)
         instance.threads.clear()
         await _run(pool, 6)
-        assert instance.threads == [threading.current_thread().name] * 6
+        assert instance.threads == [threading.get_ident()] * 6
 
     asyncio.run(scenario())
     pool.close()
@@ -95,6 +96,7 @@ def test_a_long_wall_time_without_cpu_time_stays_on_the_loop() -> None:
 def test_instances_that_may_not_run_on_the_loop_never_do() -> None:
     instance = Unsafe()
     pool = InstancePool([instance], Recorder(), "m")
-    asyncio.run(_run(pool, 3 * instance_pool._LEARN))
-    assert all(t.startswith("m-0") for t in instance.threads)
+    loop_thread = threading.get_ident()  # asyncio.run's loop runs on this thread
+    asyncio.run(_run(pool, 3 * instance_pool.LEARN_EXECUTIONS))
+    assert len(instance.threads) == 3 * instance_pool.LEARN_EXECUTIONS and loop_thread not in instance.threads
     pool.close()

@@ -38,7 +38,7 @@ def test_each_request_expires_at_its_own_deadline_and_finished_ones_never() -> N
         assert await later == "timed out"
         elapsed = [e for _, e in log]
         assert all(e >= t for e, t in zip(elapsed, (0.05, 0.2, 0.2), strict=True)), elapsed
-        assert not deadlines._pending
+        assert deadlines.in_flight == 0  # none left behind, expired or answered
         # a request that finishes in time is left alone although the timer armed for it still fires
         assert await _request(deadlines, 0.05, 0.01, log) == "answered"
         await asyncio.sleep(0.1)

@@ -115,7 +115,8 @@ def test_resync_ticks_are_debug_lines() -> None:
 
     from kopf._core.intents.handlers import TimerHandler
 
-    # the line kopf writes after each tick of the handler registered as id="model-resync" (kopf's own format)
+    # the line kopf writes after each tick of the handler registered as id="model-resync" (kopf's own format):
+    # read from kopf's private TimerHandler on purpose, kopf pinned in constraints.txt; this fails when it changes
     assert f"{TimerHandler.__str__(SimpleNamespace(id='model-resync'))} succeeded." == RESYNC_TICK  # type: ignore[arg-type]
     logger = logging.getLogger("kopf.objects")
     before = logger.level
