@@ -17,6 +17,7 @@ import httpx
 import pytest
 from kubeinfer.operator.autoscaling import quantity
 
+from tests.support import processes
 from tests.support.operator_logs import problems
 from tests.support.waiting import wait_for
 
@@ -58,12 +59,8 @@ class Namespace:
             )  # fmt: skip
 
     def stop_operator(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+        if self.proc:
+            processes.stop(self.proc)
 
     def describe(self, *what: str) -> str:
         out = [self.kubectl("get", *what, "-o", "yaml", check=False).stdout]

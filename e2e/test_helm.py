@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.support import processes
 from tests.support.operator_logs import problems
 from tests.support.waiting import wait_for
 
@@ -476,11 +477,7 @@ def test_operator_reconciles_under_the_charts_rbac(cluster, helm, kubectl, tmp_p
         assert proc.poll() is None, text[-5000:]
     finally:
         if proc is not None:
-            proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            processes.stop(proc)
         helm("uninstall", release, "-n", ops, check=False)
         for ns in (ops, team, other):
             kubectl("delete", "namespace", ns, "--wait=false", check=False)

@@ -30,6 +30,7 @@ import pytest
 import tritonclient.http as httpclient
 from onnx import TensorProto
 
+from tests.support import processes
 from tests.support.models import unary
 from tests.support.server import ServerProcess, free_port, start_server
 from tests.support.specs import server_spec
@@ -114,13 +115,8 @@ class Operator:
         self.proc.wait(10)
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        if self.proc:
+            processes.stop(self.proc)
 
     def log(self) -> str:
         return "\n".join(p.read_text(errors="replace")[-6000:] for p in sorted(self.log_dir.glob("operator-*.log")))

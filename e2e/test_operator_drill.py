@@ -18,7 +18,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import signal
 import statistics
 import subprocess
 import sys
@@ -33,7 +32,7 @@ from typing import Any
 import pytest
 from onnx import TensorProto
 
-from tests.support import hostile
+from tests.support import hostile, processes
 from tests.support.models import unary
 from tests.support.server import ServerProcess, start_server
 from tests.support.waiting import wait_for_cluster
@@ -178,13 +177,7 @@ def drill(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dr
         for ns in (evil, good):
             cluster.kubectl("-n", ns, "delete", "inferencemodels,inferenceservers", "--all", "--wait=true",
                             "--timeout=60s", check=False, timeout=90)  # fmt: skip
-        if operator.poll() is None:
-            operator.send_signal(signal.SIGTERM)
-            try:
-                operator.wait(30)
-            except subprocess.TimeoutExpired:
-                operator.kill()
-                operator.wait(10)
+        processes.stop(operator)
         for ns in (evil, good):
             cluster.release_finalizers(ns)
             cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)

@@ -35,6 +35,7 @@ import pytest
 from onnx import TensorProto
 from test_operator import API, Files
 
+from tests.support import processes
 from tests.support.https import ScriptedServer, make_ca_and_cert
 from tests.support.models import unary
 from tests.support.server import ServerProcess, start_server
@@ -221,11 +222,7 @@ def stage(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[St
         stage.kubectl(
             "delete", "inferencemodels,inferenceservers", "--all", "--wait=true", "--timeout=60s", check=False
         )
-        operator.terminate()
-        try:
-            operator.wait(30)
-        except subprocess.TimeoutExpired:
-            operator.kill()
+        processes.stop(operator)
         cluster.release_finalizers(ns)
         cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
         pvs = cluster.kubectl("get", "pv", "-o", "name", check=False).stdout.split()

@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import uuid
@@ -27,6 +26,7 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
+from tests.support import processes
 from tests.support.server import ServerProcess, start_server
 from tests.support.waiting import wait_for_cluster
 
@@ -174,13 +174,7 @@ def tenants(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
             t.kubectl(
                 ns, "delete", "inferencemodels,inferenceservers", "--all", "--wait=true", "--timeout=60s", check=False
             )
-        if operator.poll() is None:
-            operator.send_signal(signal.SIGTERM)
-            try:
-                operator.wait(30)
-            except subprocess.TimeoutExpired:
-                operator.kill()
-                operator.wait(10)
+        processes.stop(operator)
         for ns in (a, b):
             cluster.release_finalizers(ns)
             cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)

@@ -32,6 +32,7 @@ import tritonclient.grpc as grpcclient
 from onnx import TensorProto
 from tritonclient.utils import InferenceServerException
 
+from tests.support import processes
 from tests.support.models import unary
 from tests.support.waiting import wait_for_cluster
 
@@ -179,11 +180,7 @@ def tenants(cluster: Any, node: dict, images: dict, tmp_path_factory: pytest.Tem
             t.kubectl(
                 ns, "delete", "inferencemodels,inferenceservers", "--all", "--wait=true", "--timeout=90s", check=False
             )
-        operator.terminate()
-        try:
-            operator.wait(30)
-        except subprocess.TimeoutExpired:
-            operator.kill()
+        processes.stop(operator)
         for ns in (a, b, c):
             cluster.release_finalizers(ns)
         for ns in (ops, a, b, c):

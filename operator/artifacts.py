@@ -10,8 +10,9 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Protocol
 
 from kubeinfer.server.repository import confined
 
@@ -27,11 +28,6 @@ class ArtifactError(Exception):
         self.reason = reason
         self.message = message
         self.version = version
-
-
-def _fsync_write(handle: object) -> None:
-    handle.flush()  # type: ignore[attr-defined]
-    os.fsync(handle.fileno())  # type: ignore[attr-defined]
 
 
 def volume_file(root_fd: int, relative: str, namespace: str) -> int:
@@ -69,6 +65,45 @@ def volume_file(root_fd: int, relative: str, namespace: str) -> int:
         raise ArtifactError("PathRejected", f"source.path '{relative}' cannot be used: {exc.strerror}") from None
 
 
+class Digest(Protocol):
+    def update(self, data: bytes, /) -> None: ...
+
+
+def copy_chunks(
+    chunks: Iterable[bytes],
+    write: Callable[[bytes], object],
+    digest: Digest,
+    *,
+    copy: str,
+    source: str,
+    max_bytes: int,
+    cancelled: Callable[[], bool] | None = None,
+    on_chunk: Callable[[int], None] | None = None,
+) -> int:
+    """Writes every chunk and hashes it into ``digest``; returns the bytes copied. The one copy loop of a
+    model file, from the volume or a download: ``Cancelled`` ("<copy> cancelled") as soon as ``cancelled()``
+    says so, ``TooLarge`` ("<source> is larger than ...") once more than ``max_bytes`` came; ``on_chunk`` sees
+    each chunk's size before it is written (the download's deadline, the namespace quota) and may raise."""
+    size = 0
+    for chunk in chunks:
+        if cancelled is not None and cancelled():
+            raise ArtifactError("Cancelled", f"{copy} cancelled")
+        size += len(chunk)
+        if size > max_bytes:
+            raise ArtifactError("TooLarge", f"{source} is larger than the operator's limit of {max_bytes} bytes")
+        if on_chunk is not None:
+            on_chunk(len(chunk))
+        digest.update(chunk)
+        write(chunk)
+    return size
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
 def copy_from_volume(
     root_fd: int,
     relative: str,
@@ -82,20 +117,16 @@ def copy_from_volume(
     """Copy a file of the namespace's folder ``root_fd`` into the open staged file ``dest_fd``, checking
     sha256 when given; ``dest_fd`` is written from its start and fsynced, and stays open."""
     digest = hashlib.sha256()
-    size = 0
     with confined.opened(volume_file(root_fd, relative, namespace)) as src:
-        while chunk := os.read(src, CHUNK):
-            if cancelled is not None and cancelled():
-                raise ArtifactError("Cancelled", f"copy of source.path '{relative}' cancelled")
-            size += len(chunk)
-            if size > max_bytes:
-                raise ArtifactError(
-                    "TooLarge", f"source.path '{relative}' is larger than the limit of {max_bytes} bytes"
-                )
-            digest.update(chunk)
-            view = memoryview(chunk)
-            while view:
-                view = view[os.write(dest_fd, view) :]
+        size = copy_chunks(
+            iter(lambda: os.read(src, CHUNK), b""),
+            lambda chunk: _write_all(dest_fd, chunk),
+            digest,
+            copy=f"copy of source.path '{relative}'",
+            source=f"source.path '{relative}'",
+            max_bytes=max_bytes,
+            cancelled=cancelled,
+        )
         os.fsync(dest_fd)
     if sha256 and digest.hexdigest() != sha256.lower():
         raise ArtifactError(

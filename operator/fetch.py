@@ -33,7 +33,7 @@ from typing import Any, BinaryIO
 import httpcore
 import httpx
 
-from .artifacts import ArtifactError
+from .artifacts import ArtifactError, Digest, copy_chunks
 from .egress import AddressPolicy, EgressRefused, HostRules, IPAddress, literal_address, normal_host
 from .quota import DownloadGate, NamespaceQuota
 
@@ -383,7 +383,7 @@ class Fetcher:
         url: httpx.URL,
         response: httpcore.Response,
         out: BinaryIO,
-        digest: Any,
+        digest: Digest,
         started: float,
         max_bytes: int,
         cancelled: Callable[[], bool] | None,
@@ -405,21 +405,23 @@ class Fetcher:
             raise ArtifactError(
                 "TooLarge", f"{shown(url)} is {declared} bytes, over the operator's limit of {max_bytes} bytes"
             )
-        size = 0
-        for chunk in response.iter_stream():  # as received: the deadline and cancellation are checked often
-            if cancelled is not None and cancelled():
-                raise ArtifactError("Cancelled", f"download of {shown(url)} cancelled")
+
+        def on_chunk(nbytes: int) -> None:
             self._check_deadline(started)
-            size += len(chunk)
-            if size > max_bytes:
-                raise ArtifactError(
-                    "TooLarge", f"{shown(url)} is larger than the operator's limit of {max_bytes} bytes"
-                )
             if on_bytes is not None:
-                on_bytes(len(chunk))
-            digest.update(chunk)
-            out.write(chunk)
-        return size
+                on_bytes(nbytes)
+
+        # as received: the deadline and cancellation are checked often
+        return copy_chunks(
+            response.iter_stream(),
+            out.write,
+            digest,
+            copy=f"download of {shown(url)}",
+            source=shown(url),
+            max_bytes=max_bytes,
+            cancelled=cancelled,
+            on_chunk=on_chunk,
+        )
 
     def _check_deadline(self, started: float) -> None:
         if time.monotonic() - started >= self.deadline:

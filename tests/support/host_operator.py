@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tests.support import processes
 from tests.support.waiting import wait_for_cluster
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -100,11 +101,7 @@ def host_operator(cluster: Any, node: dict, prefix: str, log_dir: Path) -> Itera
         cluster.kubectl(
             "-n", ns, "delete", "inferencemodels,inferenceservers", "--all", "--wait=true", "--timeout=90s", check=False
         )
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        processes.stop(proc)
         cluster.release_finalizers(ns)
         cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
         for label in (f"serving.kubeinfer.io/tenant-namespace={ns}",):

@@ -20,6 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from tests.support import processes
+
 #: spec.containers[0].args of KServe's kserve-tritonserver ClusterServingRuntime, verbatim
 KSERVE_TRITON_ARGS = [
     "tritonserver",
@@ -86,12 +88,8 @@ def main() -> int:
     except Exception as exc:  # reported to the test as data
         result["error"] = f"{type(exc).__name__}: {exc}"
     finally:
-        proc.terminate()
-        try:
-            result["exit_code"] = proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            result["exit_code"] = "killed"
+        code = processes.stop(proc, 60)
+        result["exit_code"] = "killed" if code is processes.KILLED else code
         result["log"] = log_path.read_text(errors="replace")[-4000:]
     print(json.dumps(result))
     return 0

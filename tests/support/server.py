@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 
+from tests.support import processes
 from tests.support.waiting import wait_for
 
 
@@ -63,14 +64,9 @@ class ServerProcess:
         return self.proc.poll() is None
 
     def terminate(self, timeout: float = 60) -> int:
-        """SIGTERM and wait; returns the exit code."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            return self.proc.wait(10)
+        """SIGTERM and wait; returns the exit code (-9 when it had to be killed after ``timeout``)."""
+        code = processes.stop(self.proc, timeout)
+        return -signal.SIGKILL if code is processes.KILLED else code
 
     def ready(self) -> bool:
         """``/v2/health/ready`` answers 200; raises if the process has exited."""

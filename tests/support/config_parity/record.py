@@ -29,6 +29,7 @@ import httpx
 import tritonclient.grpc as grpcclient
 from google.protobuf import json_format
 
+from tests.support import processes
 from tests.support.config_parity import RECORD, RECORDER, names, write_repository
 from tests.support.server import free_port
 
@@ -87,8 +88,7 @@ def main() -> None:
         try:
             record = capture(f"http://127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}", out, proc)
         finally:
-            proc.terminate()
-            proc.wait(60)
+            processes.stop(proc, 60)
     RECORD.write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     print(f"wrote {RECORD} ({len(record['models'])} models)")
 
