@@ -29,7 +29,7 @@ import numpy as np
 from ..config import ConfigError, config_to_text, pb
 from ..config.platforms import BY_PLATFORM
 from . import convert_torch
-from .convert import ConvertError, _say
+from .convert import ConvertError, say
 
 ONNX_FILE = BY_PLATFORM["onnxruntime_onnx"].model_filename
 PLATFORM = "tensorflow_savedmodel"
@@ -124,7 +124,7 @@ def run(options: TFConvertOptions) -> dict[str, Any]:
         report: dict[str, Any] = {"onnx": {}, "tensorrt": None}
         with tempfile.TemporaryDirectory(prefix=".convert-", dir=options.repository) as tmp:
             onnx_path = Path(tmp) / ONNX_FILE
-            _say(f"converting {options.source} (signature '{sig.key}', tag '{sig.tag}') to ONNX with tf2onnx")
+            say(f"converting {options.source} (signature '{sig.key}', tag '{sig.tag}') to ONNX with tf2onnx")
             tf2onnx(options.source, onnx_path, sig.key, sig.tag, options.opset)
             rendered = convert_torch.onnx_config(config, options.name)
             convert_torch._check_onnx(rendered, onnx_path)

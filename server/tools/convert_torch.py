@@ -28,7 +28,7 @@ from ..config import ConfigError, config_to_text, load_config_file, pb, validate
 from ..config.platforms import BY_PLATFORM
 from ..repository import confined, publish
 from ..repository.layout import CONFIG_FILE
-from .convert import ConvertError, _median_ms, _say, error_stats
+from .convert import ConvertError, error_stats, median_ms, say
 
 ONNX_FILE = BY_PLATFORM["onnxruntime_onnx"].model_filename
 TORCH_SUFFIXES = (".pt", ".pt2", ".pth", ".ts", ".torchscript")
@@ -113,7 +113,7 @@ def source_config(options: TorchConvertOptions) -> pb.ModelConfig | None:
         config = load_config_file(path)
     except (ConfigError, OSError) as exc:
         raise ConvertError(f"cannot read {path}: {exc}") from None
-    _say(f"tensor names, types and dims from {path}")
+    say(f"tensor names, types and dims from {path}")
     return config
 
 
@@ -352,7 +352,7 @@ def run(options: TorchConvertOptions) -> dict[str, Any]:
     report: dict[str, Any] = {"onnx": {}, "tensorrt": None}
     with tempfile.TemporaryDirectory(prefix=".convert-", dir=options.repository) as tmp:
         onnx_path = Path(tmp) / ONNX_FILE
-        _say(f"exporting {options.source} ({loaded.format}) to ONNX")
+        say(f"exporting {options.source} ({loaded.format}) to ONNX")
         export_onnx(
             options,
             loaded,
@@ -395,8 +395,8 @@ def _compare_onnx(
     names = list(reference)
     got = dict(zip(names, session.run(names, inputs), strict=True))
     errors = error_stats(reference, got)
-    torch_ms = _median_ms(lambda: runner(inputs), runs)
-    ort_ms = _median_ms(lambda: session.run(names, inputs), runs)
+    torch_ms = median_ms(lambda: runner(inputs), runs)
+    ort_ms = median_ms(lambda: session.run(names, inputs), runs)
     return {
         "errors": {n: {"max_abs": a, "max_rel": r} for n, (a, r) in errors.items()},
         "source_ms": torch_ms,
@@ -442,8 +442,8 @@ def _build_tensorrt(
     try:
         got = engine_runner.run(inputs, names)
         errors = error_stats(reference, got)
-        torch_ms = _median_ms(lambda: runner(inputs), options.compare_runs)
-        trt_ms = _median_ms(lambda: engine_runner.run(inputs, names), options.compare_runs)
+        torch_ms = median_ms(lambda: runner(inputs), options.compare_runs)
+        trt_ms = median_ms(lambda: engine_runner.run(inputs, names), options.compare_runs)
     finally:
         engine_runner.close()
     return {
