@@ -11,18 +11,21 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from kubeinfer.server.vocabulary import server_defaults
+
 from . import model_cache, server_auth
 from .api import API_VERSION
 
 MODEL_REPOSITORY_MOUNT = "/models"
 MANAGED_BY = "kubeinfer-operator"
 SERVER_LABEL = "serving.kubeinfer.io/server"
-DEFAULT_PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
+#: the server's own defaults: the operator passes them unless the spec names others
+DEFAULT_PORTS = server_defaults.DEFAULT_PORTS
 DEFAULT_POLL_SECONDS = 5
 DEFAULT_SHM = "1Gi"
 DEFAULT_DRAIN_SECONDS = 10
 #: the server's --shutdown-timeout: after preStop, in-flight and queued requests get this long to finish
-SHUTDOWN_SECONDS = 30
+SHUTDOWN_SECONDS = server_defaults.SHUTDOWN_TIMEOUT_SECONDS
 #: the server's --connection-drain-seconds: after SIGTERM (the pod already left the endpoints during the preStop
 #: drain) it keeps answering this long, sending keep-alive HTTP clients and gRPC channels pinned to it elsewhere
 CONNECTION_DRAIN_SECONDS = 3

@@ -7,7 +7,17 @@ from typing import Any
 from kubeinfer.server.config.platforms import BUILTIN_BACKENDS
 
 from .api import CONDITIONS, crd
-from .manifests import RESERVED_FLAG_PATTERN
+from .manifests import (
+    CONNECTION_DRAIN_SECONDS,
+    DEFAULT_DRAIN_SECONDS,
+    DEFAULT_POLL_SECONDS,
+    DEFAULT_PORTS,
+    DEFAULT_SHM,
+    EXIT_MARGIN_SECONDS,
+    PROBE_DEFAULTS,
+    RESERVED_FLAG_PATTERN,
+    SHUTDOWN_SECONDS,
+)
 from .model_cache import SCHEMA as MODEL_CACHE
 from .sequence_routing import SCHEMA as SESSION_AFFINITY
 
@@ -23,18 +33,23 @@ def _i(description: str, **extra: Any) -> dict[str, Any]:
 _QUANTITY = {"x-kubernetes-int-or-string": True, "anyOf": [{"type": "integer"}, {"type": "string"}]}
 
 
-def _probe(what: str, period: int, failures: int) -> dict[str, Any]:
+def _probe(what: str, *, periodSeconds: int, timeoutSeconds: int, failureThreshold: int) -> dict[str, Any]:
     return {
         "type": "object",
         "description": f"Timing of the {what} (the path is fixed by the server).",
         "properties": {
             "initialDelaySeconds": _i("Seconds before the first probe.", minimum=0),
-            "periodSeconds": _i(f"Seconds between probes (default {period}).", minimum=1),
-            "timeoutSeconds": _i("Seconds before a probe times out (default 1).", minimum=1),
-            "failureThreshold": _i(f"Failed probes in a row that count as failure (default {failures}).", minimum=1),
+            "periodSeconds": _i(f"Seconds between probes (default {periodSeconds}).", minimum=1),
+            "timeoutSeconds": _i(f"Seconds before a probe times out (default {timeoutSeconds}).", minimum=1),
+            "failureThreshold": _i(
+                f"Failed probes in a row that count as failure (default {failureThreshold}).", minimum=1
+            ),
         },
     }
 
+
+#: the three ports as the server will use them, each defaulted as the server does (CEL)
+_PORTS = "[" + ", ".join(f"has(self.{k}Port) ? self.{k}Port : {v}" for k, v in DEFAULT_PORTS.items()) + "]"
 
 _PROMQL_DURATION = "^([0-9]+(ms|s|m|h|d|w|y))+$"
 
@@ -305,16 +320,20 @@ INFERENCE_SERVER_SPEC = {
             "type": "object",
             "description": "kubeinfer-server flags.",
             "properties": {
-                "httpPort": _i("HTTP/REST port (default 8000).", minimum=1, maximum=65535),
-                "grpcPort": _i("gRPC port (default 8001).", minimum=1, maximum=65535),
-                "metricsPort": _i("Prometheus metrics port (default 8002).", minimum=1, maximum=65535),
+                "httpPort": _i(f"HTTP/REST port (default {DEFAULT_PORTS['http']}).", minimum=1, maximum=65535),
+                "grpcPort": _i(f"gRPC port (default {DEFAULT_PORTS['grpc']}).", minimum=1, maximum=65535),
+                "metricsPort": _i(
+                    f"Prometheus metrics port (default {DEFAULT_PORTS['metrics']}).", minimum=1, maximum=65535
+                ),
                 "pollIntervalSeconds": _i(
-                    "Repository poll interval in seconds (--repository-poll-secs, default 5).", minimum=1
+                    f"Repository poll interval in seconds (--repository-poll-secs, default {DEFAULT_POLL_SECONDS}).",
+                    minimum=1,
                 ),
                 "logLevel": _s("Log level (default info).", enum=["debug", "info", "warning", "error"]),
                 "shutdownTimeoutSeconds": _i(
-                    "Seconds in-flight and queued requests get after SIGTERM (--shutdown-timeout, default 30); "
-                    "terminationGracePeriodSeconds is drainSeconds + this + 5.",
+                    "Seconds in-flight and queued requests get after SIGTERM (--shutdown-timeout, default "
+                    f"{SHUTDOWN_SECONDS}); terminationGracePeriodSeconds is drainSeconds + this + "
+                    f"{CONNECTION_DRAIN_SECONDS + EXIT_MARGIN_SECONDS}.",
                     minimum=1,
                 ),
                 "extraArgs": {
@@ -336,10 +355,7 @@ INFERENCE_SERVER_SPEC = {
             },
             "x-kubernetes-validations": [
                 {
-                    "rule": "[has(self.httpPort) ? self.httpPort : 8000, has(self.grpcPort) ? self.grpcPort : 8001, "
-                    "has(self.metricsPort) ? self.metricsPort : 8002].all(p, "
-                    "[has(self.httpPort) ? self.httpPort : 8000, has(self.grpcPort) ? self.grpcPort : 8001, "
-                    "has(self.metricsPort) ? self.metricsPort : 8002].exists_one(q, q == p))",
+                    "rule": f"{_PORTS}.all(p, {_PORTS}.exists_one(q, q == p))",
                     "message": "httpPort, grpcPort and metricsPort must differ",
                 }
             ],
@@ -349,21 +365,22 @@ INFERENCE_SERVER_SPEC = {
         "sessionAffinity": SESSION_AFFINITY,
         "sharedMemorySize": {
             **_QUANTITY,
-            "description": "Size limit of the memory-backed /dev/shm (default 1Gi): Python model stubs' shared "
-            "memory (2 MiB per instance plus tensors in flight) and client shared-memory regions; counts against "
-            "the pod's memory.",
+            "description": f"Size limit of the memory-backed /dev/shm (default {DEFAULT_SHM}): Python model stubs' "
+            "shared memory (2 MiB per instance plus tensors in flight) and client shared-memory regions; counts "
+            "against the pod's memory.",
         },
         "drainSeconds": _i(
-            "Seconds the pod keeps serving after it is told to stop (preStop), before the server drains (default 10).",
+            "Seconds the pod keeps serving after it is told to stop (preStop), before the server drains "
+            f"(default {DEFAULT_DRAIN_SECONDS}).",
             minimum=0,
         ),
         "probes": {
             "type": "object",
             "description": "Probe timing: liveness /v2/health/live, readiness and startup /v2/health/ready.",
             "properties": {
-                "liveness": _probe("liveness probe", 10, 3),
-                "readiness": _probe("readiness probe", 5, 3),
-                "startup": _probe("startup probe (sized for model loading)", 10, 60),
+                "liveness": _probe("liveness probe", **PROBE_DEFAULTS["liveness"]),
+                "readiness": _probe("readiness probe", **PROBE_DEFAULTS["readiness"]),
+                "startup": _probe("startup probe (sized for model loading)", **PROBE_DEFAULTS["startup"]),
             },
         },
     },

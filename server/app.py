@@ -35,6 +35,7 @@ from .runtime.service import InferenceService, ServiceOptions
 from .sharedmemory import SharedMemoryRegistry
 from .sharedmemory.cuda import cuda_available
 from .vocabulary.limits import DEFAULT_LIMITS, Limits
+from .vocabulary.server_defaults import GRPC_PORT, HTTP_PORT, METRICS_PORT, SHUTDOWN_TIMEOUT_SECONDS
 
 log = logging.getLogger("kubeinfer.server")
 
@@ -47,9 +48,9 @@ class ServerSettings:
     http_host: str = ""
     grpc_host: str = ""
     metrics_host: str = ""
-    http_port: int | None = 8000
-    grpc_port: int | None = 8001
-    metrics_port: int | None = 8002
+    http_port: int | None = HTTP_PORT
+    grpc_port: int | None = GRPC_PORT
+    metrics_port: int | None = METRICS_PORT
     control_mode: str = "none"
     poll_secs: float = 15.0
     load_models: tuple[str, ...] = ()
@@ -77,7 +78,7 @@ class ServerSettings:
     trace_settings: dict[str, Any] = field(default_factory=dict)
     #: the logging extension's control, configured by the command line (None: defaults)
     log_control: LogControl | None = None
-    shutdown_timeout: float = 30.0
+    shutdown_timeout: float = SHUTDOWN_TIMEOUT_SECONDS
     #: after SIGTERM, seconds of answering while sending connections to other replicas (see serve())
     connection_drain_seconds: float = 0.0
     #: milliseconds after which gRPC connections get a graceful GOAWAY (0: never; see start_grpc_server)

@@ -35,6 +35,7 @@ from .runtime.auth import TlsFiles
 from .runtime.cache import parse_cache_config
 from .runtime.model_cache import CacheSettings
 from .vocabulary.limits import DEFAULT_LIMITS, Limits
+from .vocabulary.server_defaults import GRPC_PORT, HTTP_PORT, METRICS_PORT, SHUTDOWN_TIMEOUT_SECONDS
 
 log = logging.getLogger("kubeinfer.server")
 
@@ -471,9 +472,9 @@ def build_parser(triton: bool = False) -> argparse.ArgumentParser:
     net.add_argument("--http-address", default=None)
     net.add_argument("--grpc-address", default=None)
     net.add_argument("--metrics-address", default=None)
-    net.add_argument("--http-port", type=int, default=8000)
-    net.add_argument("--grpc-port", type=int, default=8001)
-    net.add_argument("--metrics-port", type=int, default=8002)
+    net.add_argument("--http-port", type=int, default=HTTP_PORT)
+    net.add_argument("--grpc-port", type=int, default=GRPC_PORT)
+    net.add_argument("--metrics-port", type=int, default=METRICS_PORT)
     net.add_argument(
         "--grpc-transport",
         choices=GRPC_TRANSPORTS,
@@ -522,7 +523,7 @@ def build_parser(triton: bool = False) -> argparse.ArgumentParser:
         "--shutdown-timeout",
         dest="shutdown_timeout",
         type=float,
-        default=30.0,
+        default=float(SHUTDOWN_TIMEOUT_SECONDS),
         help="seconds in-flight requests may take to finish after SIGTERM",
     )
     srv.add_argument(

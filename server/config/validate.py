@@ -27,7 +27,7 @@ def check_file_name(value: str, field: str, alternative: str = "") -> None:
     op library), used by the server (config.pbtxt and the load API's overrides) and the operator
     (InferenceModel specs, mirrored as CEL rules in the CRD): one path component, no leading ``.`` (so
     no ``..`` and no hidden names, which the repository contract reserves for staging), no separators,
-    no control characters, at most 255 bytes. ``alternative`` ends the message with what else the field
+    no control characters, at most ``MAX_FILE_NAME_BYTES``. ``alternative`` ends the message with what else the field
     takes (an op library may also be an absolute path).
     """
     problem = ""
@@ -45,7 +45,8 @@ def check_file_name(value: str, field: str, alternative: str = "") -> None:
         shown = value if len(value) <= 80 else value[:80] + "..."
         raise ConfigError(
             f"{field} {shown!r} {problem}: it must be a single file name inside the model's folder "
-            f"(no '/', '\\' or control characters, not starting with '.', at most 255 bytes){alternative}"
+            f"(no '/', '\\' or control characters, not starting with '.', at most {MAX_FILE_NAME_BYTES} bytes)"
+            f"{alternative}"
         )
 
 

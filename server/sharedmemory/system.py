@@ -20,10 +20,12 @@ import stat
 import weakref
 from dataclasses import dataclass, field
 
+from ..config import MAX_FILE_NAME_BYTES
 from ..vocabulary.errors import InvalidArgument
 
 SHM_DIR = "/dev/shm"
-NAME_MAX = 255
+#: longest POSIX shared-memory name after its '/': a file name under /dev/shm
+NAME_MAX = MAX_FILE_NAME_BYTES
 
 
 @dataclass
@@ -94,7 +96,7 @@ def _path(name: str, key: str) -> str:
     if not bare or "/" in bare or bare in (".", "..") or len(bare.encode()) > NAME_MAX or "\0" in bare:
         raise InvalidArgument(
             f"failed to register shared memory region '{name}': invalid key '{key}': a POSIX shared-memory "
-            "name is '/' followed by up to 255 characters without '/'"
+            f"name is '/' followed by up to {NAME_MAX} characters without '/'"
         )
     return os.path.join(SHM_DIR, bare)
 

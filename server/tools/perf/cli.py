@@ -9,13 +9,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ...vocabulary.server_defaults import GRPC_PORT, HTTP_PORT
 from . import report, wire
 from .load import Level, Setup, WorkerPool
 from .measure import Plan, measure_level
 from .model import PerfError, input_steps, model_info, parse_shapes, resolve_shapes
 from .server import CpuProbe, ServerApi
 
-DEFAULT_URL = {"http": "localhost:8000", "grpc": "localhost:8001"}
+DEFAULT_URL = {"http": f"localhost:{HTTP_PORT}", "grpc": f"localhost:{GRPC_PORT}"}
 
 
 def parse_range(text: str, kind: type[Any], flag: str) -> list[Any]:
@@ -44,7 +45,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("target")
     g.add_argument("-m", "--model-name", dest="model", required=True, help="the model to load-test")
     g.add_argument("-x", "--model-version", dest="version", default="", help="its version (default: the server's)")
-    g.add_argument("-u", "--url", default=None, help="host:port (default localhost:8000 for HTTP, :8001 for gRPC)")
+    g.add_argument(
+        "-u", "--url", default=None, help=f"host:port (default localhost:{HTTP_PORT} for HTTP, :{GRPC_PORT} for gRPC)"
+    )
     g.add_argument("-i", "--protocol", choices=["http", "grpc"], default="http")
     g.add_argument("-H", "--header", action="append", default=[], help="'Name: value' sent with every request")
     g.add_argument("--streaming", action="store_true", help="gRPC: send over ModelStreamInfer streams")

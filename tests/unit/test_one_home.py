@@ -1,0 +1,81 @@
+"""Facts stated in more than one place agree with their one home: the server's flag defaults (CLI, settings,
+the operator's manifests, ``kubeinfer perf``), the file-name limit in its messages, and the gRPC texts the
+Rust transport and the Python side both write."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+from kubeinfer.operator import manifests
+from kubeinfer.server.app import ServerSettings
+from kubeinfer.server.cli import build_parser
+from kubeinfer.server.config import MAX_FILE_NAME_BYTES, ConfigError, check_file_name
+from kubeinfer.server.sharedmemory import system
+from kubeinfer.server.tools.perf import cli as perf_cli
+from kubeinfer.server.vocabulary import server_defaults
+from kubeinfer.server.vocabulary.errors import InvalidArgument
+
+ROOT = Path(__file__).resolve().parents[2]
+RUST = ROOT / "server" / "grpc" / "rust" / "src"
+
+
+def test_server_flag_defaults_have_one_home() -> None:
+    ports = server_defaults.DEFAULT_PORTS
+    parser = build_parser()
+    assert {k: parser.get_default(f"{k}_port") for k in ports} == ports
+    settings = ServerSettings(model_repository=Path("."))
+    assert (settings.http_port, settings.grpc_port, settings.metrics_port) == tuple(ports.values())
+    assert (
+        parser.get_default("shutdown_timeout") == settings.shutdown_timeout == server_defaults.SHUTDOWN_TIMEOUT_SECONDS
+    )
+    assert manifests.DEFAULT_PORTS is ports and manifests.SHUTDOWN_SECONDS == server_defaults.SHUTDOWN_TIMEOUT_SECONDS
+    assert perf_cli.DEFAULT_URL == {"http": f"localhost:{ports['http']}", "grpc": f"localhost:{ports['grpc']}"}
+
+
+def test_the_file_name_limit_in_its_messages(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kubeinfer.server.config import validate
+
+    monkeypatch.setattr(validate, "MAX_FILE_NAME_BYTES", 12)
+    with pytest.raises(ConfigError) as info:
+        validate.check_file_name("a" * 13, "default_model_filename")
+    assert "is 13 bytes long (at most 12)" in str(info.value) and "at most 12 bytes)" in str(info.value)
+    monkeypatch.undo()
+    with pytest.raises(ConfigError, match=f"at most {MAX_FILE_NAME_BYTES} bytes\\)"):
+        check_file_name("a" * (MAX_FILE_NAME_BYTES + 1), "default_model_filename")
+    assert system.NAME_MAX == MAX_FILE_NAME_BYTES
+    with pytest.raises(InvalidArgument, match=f"up to {MAX_FILE_NAME_BYTES} characters"):
+        system._path("r", "/" + "k" * (MAX_FILE_NAME_BYTES + 1))
+
+
+def _python_strings(path: Path) -> dict[str, str]:
+    """Module-level ``NAME = "text"`` of a Python file (read, not imported: no built transport needed)."""
+    found = {}
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+            for target in node.targets:
+                if isinstance(target, ast.Name):
+                    found[target.id] = node.value.value
+    return found
+
+
+def _rust_strings() -> dict[str, str]:
+    """``pub const NAME: &str = "text";`` of the Rust transport."""
+    found = {}
+    for path in sorted(RUST.glob("*.rs")):
+        for name, text in re.findall(r'pub const (\w+): &str = "((?:[^"\\]|\\.)*)";', path.read_text()):
+            found[name] = text.encode().decode("unicode_escape")
+    return found
+
+
+def test_grpc_texts_agree_between_the_rust_transport_and_python() -> None:
+    rust = _rust_strings()
+    python: dict[str, str] = {}
+    for path in sorted((ROOT / "server" / "grpc").glob("*.py")):
+        python.update(_python_strings(path))
+    shared = sorted(set(rust) & set(python))
+    assert "METHOD_NOT_FOUND" in shared, (sorted(rust), sorted(python))
+    assert {n: rust[n] for n in shared} == {n: python[n] for n in shared}
+    assert rust["METHOD_NOT_FOUND"] == "Method not found!"  # grpc-core's text, which Triton's clients see
