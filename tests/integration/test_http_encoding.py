@@ -24,6 +24,7 @@ import tritonclient.http as httpclient
 from onnx import TensorProto
 
 from tests.support import models as test_models
+from tests.support.byte_counter import ByteCounter
 from tests.support.repos import write_model
 from tests.support.server import ServerProcess, start_server
 
@@ -99,18 +100,24 @@ def test_a_raw_body_chunked_by_hand_with_a_content_length_is_read_as_chunked(ser
 @pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
 @pytest.mark.parametrize("binary", [False, True], ids=["json", "binary"])
 def test_tritonclient_compressed_requests_are_served(server: ServerProcess, algorithm: str, binary: bool) -> None:
-    client = httpclient.InferenceServerClient(server.http_url)
-    try:
-        x = np.arange(64, dtype=np.float32).reshape(1, 64)
-        inp = httpclient.InferInput("IN", [1, 64], "FP32")
-        inp.set_data_from_numpy(x, binary_data=binary)
+    x = np.tile(np.array([1.0, -2.0], np.float32), 2048).reshape(1, 4096)  # 16 KB that compress to a few dozen
+    inp = httpclient.InferInput("IN", [1, 4096], "FP32")
+    inp.set_data_from_numpy(x, binary_data=binary)
+    sent = {}
+    for request in (None, algorithm):
         for response in (None, "gzip", "deflate"):  # the answer comes back uncompressed either way
-            result = client.infer(
-                "neg", [inp], request_compression_algorithm=algorithm, response_compression_algorithm=response
-            )
-            np.testing.assert_array_equal(result.as_numpy("OUT"), -x)
-    finally:
-        client.close()
+            with ByteCounter(server.http_url) as wire:  # what the client sent, counted on the wire
+                client = httpclient.InferenceServerClient(wire.address)
+                try:
+                    result = client.infer(
+                        "neg", [inp], request_compression_algorithm=request, response_compression_algorithm=response
+                    )
+                finally:
+                    client.close()
+                np.testing.assert_array_equal(result.as_numpy("OUT"), -x)
+                sent[request, response] = wire.sent
+    for response in (None, "gzip", "deflate"):
+        assert sent[None, response] > x.nbytes > 4 * sent[algorithm, response], sent
 
 
 @pytest.mark.parametrize("encoding", ["gzip", "deflate", "GZIP", "identity"])
