@@ -166,8 +166,9 @@ def test_reject_timeout_and_preserve_ordering() -> None:
         busy = asyncio.create_task(b.submit(req("busy")))
         await until(executing(b))
         late = asyncio.create_task(b.submit(req("late", timeout_us=10_000_000)))  # cannot raise the timeout
-        await until(lambda: b._done)  # rejected after 50 ms, the answer held back ...
-        assert b.pending == 0
+        await until(lambda: b.pending == 1)
+        await until(lambda: b.pending == 0)  # rejected after 50 ms, the answer held back ...
+        await asyncio.sleep(0.1)
         assert not late.done()  # ... until "busy", which arrived first, is answered
         inst.gate.release()
         await busy

@@ -13,7 +13,7 @@ from kubeinfer.operator import manifests
 from kubeinfer.server.app import ServerSettings
 from kubeinfer.server.cli import build_parser
 from kubeinfer.server.config import MAX_FILE_NAME_BYTES, ConfigError, check_file_name
-from kubeinfer.server.sharedmemory import system
+from kubeinfer.server.sharedmemory import SharedMemoryRegistry, system
 from kubeinfer.server.tools.perf import cli as perf_cli
 from kubeinfer.server.vocabulary import server_defaults
 from kubeinfer.server.vocabulary.errors import InvalidArgument
@@ -47,7 +47,7 @@ def test_the_file_name_limit_in_its_messages(monkeypatch: pytest.MonkeyPatch) ->
         check_file_name("a" * (MAX_FILE_NAME_BYTES + 1), "default_model_filename")
     assert system.NAME_MAX == MAX_FILE_NAME_BYTES
     with pytest.raises(InvalidArgument, match=f"up to {MAX_FILE_NAME_BYTES} characters"):
-        system._path("r", "/" + "k" * (MAX_FILE_NAME_BYTES + 1))
+        SharedMemoryRegistry(enabled=True).register_system("r", "/" + "k" * (MAX_FILE_NAME_BYTES + 1), 0, 64)
 
 
 def _python_strings(path: Path) -> dict[str, str]:
