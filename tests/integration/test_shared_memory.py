@@ -67,13 +67,18 @@ class Regions:
 
     def __init__(self, client: Any) -> None:
         self.client = client
-        self.handles: list[Any] = []
+        #: (region name, handle) of every region created
+        self.handles: list[tuple[str, Any]] = []
         self.tag = f"{os.getpid()}_{id(self)}"
 
+    def key(self, name: str) -> str:
+        """The POSIX shared-memory key of the region ``create(name)`` made."""
+        return f"/kubeinfer_test_{self.tag}_{name}"
+
     def create(self, name: str, byte_size: int, register: bool = True) -> Any:
-        key = f"/kubeinfer_test_{self.tag}_{name}"
+        key = self.key(name)
         handle = shm.create_shared_memory_region(f"{name}_{self.tag}", key, byte_size)
-        self.handles.append(handle)
+        self.handles.append((f"{name}_{self.tag}", handle))
         if register:
             self.client.register_system_shared_memory(f"{name}_{self.tag}", key, byte_size)
         return handle
@@ -82,9 +87,9 @@ class Regions:
         return f"{name}_{self.tag}"
 
     def close(self) -> None:
-        for h in self.handles:
+        for name, h in self.handles:
             try:
-                self.client.unregister_system_shared_memory(h._triton_shm_name)
+                self.client.unregister_system_shared_memory(name)
             except InferenceServerException:
                 pass
             shm.destroy_shared_memory_region(h)
@@ -218,7 +223,7 @@ def test_a_region_truncated_after_registration_is_refused_and_the_server_keeps_s
     inp = regions.create("trunc_in", 4096)
     out = regions.create("trunc_out", 4096)
     shm.set_shared_memory_region(inp, [a])
-    files = {n: Path("/dev/shm") / h._shm_key.lstrip("/") for n, h in (("in", inp), ("out", out))}
+    files = {n: Path("/dev/shm") / regions.key(f"trunc_{n}").lstrip("/") for n in ("in", "out")}
     output = mod.InferRequestedOutput("OUT")
     output.set_shared_memory(regions.name("trunc_out"), 16)
     client.infer("add", _add_inputs(mod, regions.name("trunc_in")), outputs=[output])  # works while whole
@@ -254,8 +259,8 @@ def test_a_region_truncated_after_registration_is_refused_and_the_server_keeps_s
 
 
 def test_registration_errors(client: Any, regions: Regions) -> None:
-    handle = regions.create("dup", 64)
-    key = handle._shm_key
+    regions.create("dup", 64)
+    key = regions.key("dup")
     with pytest.raises(
         InferenceServerException, match=f"shared memory region '{regions.name('dup')}' already in manager"
     ):
