@@ -373,10 +373,10 @@ def test_3_tritonclient_http_and_grpc_through_the_cluster_ip(served: UserPath) -
 
 
 def test_3b_the_server_pods_image_carries_the_rust_grpc_transport(served: UserPath) -> None:
-    path = served
     """scripts/images builds the Rust gRPC transport on the host and ships it in the server image (CI requires
     it): the pod's python3 loads it. Which transport serves is the server's choice (``--grpc-transport``; its
     log names it)."""
+    path = served
     server = next(i for i in path.images["info"]["images"] if i["role"] == "server")
     if not server.get("grpc_transport"):
         pytest.skip("the server image was built without the Rust gRPC transport (no cargo; scripts/images said why)")
@@ -389,10 +389,10 @@ def test_3b_the_server_pods_image_carries_the_rust_grpc_transport(served: UserPa
 
 
 def test_3c_the_operators_pods_serve_grpc_on_the_rust_transport(served: UserPath) -> None:
-    path = served
     """``--grpc-transport auto`` (the default) picks the Rust transport when the image carries it and the
     configuration needs nothing it lacks (only gRPC TLS falls back); the operator's pods carry
     ``--grpc-max-connection-age``, which it serves. Step 3's tritonclient gRPC calls went through it."""
+    path = served
     server = next(i for i in path.images["info"]["images"] if i["role"] == "server")
     if not server.get("grpc_transport"):
         pytest.skip("the server image was built without the Rust gRPC transport (no cargo; scripts/images said why)")
