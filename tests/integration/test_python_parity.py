@@ -206,6 +206,14 @@ def _http(server: Any, model: str, path: int) -> int:
         client.close()
 
 
+def _grpc(server: Any, model: str, path: int) -> int:
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        return int(client.infer(model, [_path_input(path, grpcclient)], client_timeout=30).as_numpy("OUT")[0][0])
+    finally:
+        client.close()
+
+
 SENDERS = [f"sender_paths{kind}{place}" for kind in ("", "_async") for place in PLACES]
 
 
@@ -214,6 +222,7 @@ def test_each_request_answers_once_along_its_path_over_grpc(server: Any, model: 
     # returned; sent before execute returns (with or without the final flag apart); sent after it returned
     for path, code in [(RETURN, 100), (PRE, 200), (PRE_FINAL, 201), (POST, 300), (POST_FINAL, 301)]:
         assert _codes(_stream(server, model, [path], wait=2.0)) == [code], path
+    assert _grpc(server, model, POST) == 300  # ModelInfer too
 
 
 @pytest.mark.parametrize("model", SENDERS)
@@ -235,6 +244,8 @@ def test_a_response_sent_first_stands_when_the_model_then_breaks_the_senders_rul
         assert _http(server, model, TWO_PRE) == 210
     assert _http(server, model, RETURN_AND_POST) == 130
     assert _http(server, model, PRE_AND_RETURN) == 220
+    assert _grpc(server, model, RETURN_AND_POST) == 130
+    assert _grpc(server, model, PRE_AND_RETURN) == 220
 
 
 @pytest.mark.parametrize("model", SENDERS)
