@@ -177,20 +177,24 @@ def _path_input(path: int, module: Any) -> Any:
     return t
 
 
-def _stream(server: Any, model: str, paths: list[int], wait: float = 3.0) -> list[tuple[Any, Any]]:
-    """gRPC ModelStreamInfer: ``paths`` as requests on one stream; every (result, error) that came back
-    within ``wait`` seconds, as Triton's ResponseSenderTest collects them."""
+def _stream(server: Any, model: str, paths: list[int]) -> list[tuple[Any, Any]]:
+    """gRPC ModelStreamInfer: ``paths`` as requests on one stream; every (result, error) that came back,
+    waiting for one per request and then a while for any more (a request must answer exactly once)."""
     answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
     client = grpcclient.InferenceServerClient(server.grpc_url)
     client.start_stream(lambda result, error: answers.put((result, error)))
     try:
         for path in paths:
             client.async_stream_infer(model, [_path_input(path, grpcclient)])
-        time.sleep(wait)
+        try:
+            got = [answers.get(timeout=30) for _ in paths]
+        except queue.Empty:
+            pytest.fail(f"{model}: fewer than {len(paths)} answers to {paths} within 30 s")
+        time.sleep(1.0)  # past the model's later sends (0.3 s after execute returned)
     finally:
         client.stop_stream()
         client.close()
-    return [answers.get() for _ in range(answers.qsize())]
+    return got + [answers.get() for _ in range(answers.qsize())]
 
 
 def _codes(answers: list[tuple[Any, Any]]) -> list[int]:
@@ -221,7 +225,7 @@ SENDERS = [f"sender_paths{kind}{place}" for kind in ("", "_async") for place in 
 def test_each_request_answers_once_along_its_path_over_grpc(server: Any, model: str) -> None:
     # returned; sent before execute returns (with or without the final flag apart); sent after it returned
     for path, code in [(RETURN, 100), (PRE, 200), (PRE_FINAL, 201), (POST, 300), (POST_FINAL, 301)]:
-        assert _codes(_stream(server, model, [path], wait=2.0)) == [code], path
+        assert _codes(_stream(server, model, [path])) == [code], path
     assert _grpc(server, model, POST) == 300  # ModelInfer too
 
 
@@ -250,7 +254,7 @@ def test_a_response_sent_first_stands_when_the_model_then_breaks_the_senders_rul
 
 @pytest.mark.parametrize("model", SENDERS)
 def test_a_final_flag_before_any_response_fails_the_request_with_tritons_text(server: Any, model: str) -> None:
-    answers = _stream(server, model, [FINAL_FIRST], wait=2.0)
+    answers = _stream(server, model, [FINAL_FIRST])
     assert len(answers) == 1 and answers[0][0] is None
     assert "Non-decoupled model cannot send complete final before sending a response" in answers[0][1].message()
     with pytest.raises(InferenceServerException, match="cannot send complete final before sending a response"):
