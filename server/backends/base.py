@@ -159,6 +159,9 @@ class Backend(ABC):
     #: those libraries, resolved and checked (``repository.layout.op_library_path``); set by the runtime
     #: before the first ``create_instance``
     op_libraries: Sequence[Path] = ()
+    #: whether the runtime holds each output to the datatype and dims its config gives (a 500 when they
+    #: differ); False where Triton hands over what the model returned (its python backend)
+    checks_outputs: ClassVar[bool] = True
 
     def __init__(
         self, config: pb.ModelConfig, version_path: Path, version: int, context: RegistryView | None = None

@@ -94,7 +94,10 @@ class ModelVersion:
         digest: str,
         labels: dict[str, list[str]] | None = None,
         cache: ResponseCache | None = None,
+        checks_outputs: bool = True,
     ) -> None:
+        """``checks_outputs``: outputs must match the config's datatype and dims (the backend's
+        ``Backend.checks_outputs``)."""
         self.config = config
         #: the server's response cache, when this version uses it (response_cache { enable: true })
         self.cache = cache
@@ -107,7 +110,7 @@ class ModelVersion:
         self.stats = stats
         self.digest = digest
         self.labels = labels or {}
-        self.validator = RequestValidator(config)
+        self.validator = RequestValidator(config, checks_outputs)
         self.decoupled = config.model_transaction_policy.decoupled
         self.inflight = 0
         #: memory its load took (measured when loads do not overlap: the model cache)
@@ -288,7 +291,10 @@ async def build_model_version(
                 raise
     scheduler = make_scheduler(config, pool, registry, model_dir)
     await scheduler.start()
-    return ModelVersion(config, version, scheduler, pool, stats, digest, labels, _cache_for(config, cache))
+    checks_outputs = backend_cls.checks_outputs if backend_cls is not None else True
+    return ModelVersion(
+        config, version, scheduler, pool, stats, digest, labels, _cache_for(config, cache), checks_outputs
+    )
 
 
 def _labels(model_dir: ModelFolder, output: pb.ModelOutput) -> list[str]:

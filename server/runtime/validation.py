@@ -15,7 +15,9 @@ from ..vocabulary.types import InferenceRequest
 class RequestValidator:
     """Precomputed per model version, so the hot path is a few dict lookups."""
 
-    def __init__(self, config: pb.ModelConfig) -> None:
+    def __init__(self, config: pb.ModelConfig, checks_outputs: bool = True) -> None:
+        """``checks_outputs`` False: ``check_outputs`` lets every output through (Triton's python backend
+        hands over the datatype and shape ``execute`` returned)."""
         self.name = config.name
         self.max_batch_size = config.max_batch_size
         self.inputs = {
@@ -27,7 +29,7 @@ class RequestValidator:
         self.output_specs = {
             t.name: (datatypes.from_config(pb.DataType.Name(t.data_type)).v2, list(t.dims))
             for t in config.output
-            if t.dims and not t.HasField("reshape") and t.data_type != pb.TYPE_INVALID
+            if checks_outputs and t.dims and not t.HasField("reshape") and t.data_type != pb.TYPE_INVALID
         }
         self.required = [n for n, (_, _, optional) in self.inputs.items() if not optional]
         #: ``accepts``' tables: numpy dtype and dims per input and output (dims as a tuple, -1 = any size)

@@ -122,3 +122,13 @@ def test_check_outputs_without_batching() -> None:
     assert _outcome(lambda: check_outputs(validator, {"X": np.zeros((1, 3), np.int32)})) == (
         "BackendError: model 'p' returned output 'X' with shape [1, 3], but its configuration says [3]"
     )
+
+
+def test_outputs_of_a_backend_that_does_not_check_them_pass_as_they_are() -> None:
+    # Triton's python backend: the datatype and shape execute returned go out
+    validator = RequestValidator(parse_config_text(PLAIN), checks_outputs=False)
+    for array in (np.zeros((1, 3), np.int32), np.zeros(3, np.int64), np.zeros((2, 2, 2), np.float32)):
+        assert _outcome(lambda array=array: check_outputs(validator, {"X": array})) == "ok"
+    # the requests are still checked
+    bad = InferenceRequest(model_name="p", inputs={"A": np.zeros((3, 1), np.int32)})
+    assert _outcome(lambda: validator.validate(bad)).startswith("InvalidArgument")

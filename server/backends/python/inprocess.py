@@ -248,6 +248,9 @@ class PythonInstance(BackendInstance):
         self.version = backend.version
         self.decoupled = config.model_transaction_policy.decoupled
         self.output_names = backend.output_names()
+        #: what goes out when a request names no outputs: every output the config names (Triton's
+        #: python backend drops the others)
+        self.all_outputs = frozenset(self.output_names)
         try:
             self.runner = ModelRunner(
                 info, backend.model_file(), f"model '{config.name}'", self.decoupled, backend.code
@@ -264,7 +267,7 @@ class PythonInstance(BackendInstance):
         states: list[CoreState] = []
         requests = []
         for core in batch.requests:
-            wanted = frozenset(core.requested_outputs) if core.requested_outputs is not None else None
+            wanted = frozenset(core.requested_outputs) if core.requested_outputs is not None else self.all_outputs
             state = CoreState(core, self.decoupled, wanted)
             states.append(state)
             fields = bridge.incoming_fields(core, self.output_names, self.version)

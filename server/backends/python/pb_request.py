@@ -6,7 +6,8 @@ rules and error texts are Triton's python_backend src/response_sender.cc (checke
 non-decoupled model sends exactly one response (then, or with it, the final flag); nothing is sent after
 the final flag. ``SenderState`` holds these rules; where accepted responses go is its subclass's business
 (the request's stream in the server's process, the stub's channel in a stub process). A non-decoupled
-model's one response is held until the final flag and then answers the request.
+model's one response is held until the final flag and then answers the request; if ``execute`` fails
+before the flag, the response sent stands (Triton sent it at once: its client sees it, not the error).
 
 BLS: ``exec()`` / ``async_exec()`` hand the request to the host, which runs it through the target
 model's scheduler on the server (batched with other traffic); ``exec(decoupled=True)`` returns an
@@ -104,11 +105,18 @@ class SenderState:
         return self._answer(response)
 
     def fail(self, message: str) -> None:
-        """``execute`` failed: a request not yet complete gets ``message`` as its error (and is complete)."""
+        """``execute`` failed: a request not yet complete gets ``message`` as its error (and is complete).
+
+        A non-decoupled request that already sent its one response (without the final flag) is answered
+        with that response: Triton sends it to the client when it is sent, and drops the error after it."""
         with self.lock:
             if self.closed:
                 return
             self.closed = True
+            held, self.held = self.held, None
+        if held is not None:
+            self._finish(held)
+            return
         self._fail(message)
 
     def result(self) -> Any:

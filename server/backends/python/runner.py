@@ -6,7 +6,8 @@ runs them. The same code runs in a stub process (``stub``) and in the server's o
 
 * non-decoupled: a list with one ``InferenceResponse`` per request, where ``None`` (or returning ``None``
   altogether) means the request answers through its response sender, possibly after ``execute`` returns;
-  a coroutine ``execute`` runs to completion on the instance's own event loop;
+  a coroutine ``execute`` runs to completion on the instance's background event loop (which keeps
+  running, so tasks it started may answer after it returned, as Triton's stub runs it);
 * decoupled: ``execute`` returns ``None`` and every response goes through the senders, from ``execute``
   or from any thread later; an ``async def execute`` runs on the instance's background event loop, so
   the instance takes the next requests while earlier coroutines still answer;
@@ -24,6 +25,7 @@ import inspect
 import threading
 import traceback
 from collections.abc import Iterator
+from concurrent import futures
 from concurrent.futures import Future
 from contextlib import contextmanager
 from pathlib import Path
@@ -34,7 +36,7 @@ from .loader import ModelModule, enter_module
 from .pb_request import InferenceRequest, SenderState
 from .pb_types import InferenceResponse, Logger, TritonModelException
 
-_OWN_FILES = (str(Path(__file__).parent), str(Path(asyncio.__file__).parent))
+_OWN_FILES = (str(Path(__file__).parent), str(Path(asyncio.__file__).parent), str(Path(futures.__file__).parent))
 
 
 class InitializeError(Exception):
@@ -96,8 +98,8 @@ class ModelRunner:
                     if self.decoupled:
                         self._run_in_background(returned, states)
                         returned = None
-                    else:
-                        returned = self._private_loop().run_until_complete(returned)
+                    else:  # on the loop that keeps running: tasks it starts go on after it returns
+                        returned = asyncio.run_coroutine_threadsafe(returned, self._background_loop()).result()
         except Exception as exc:  # fails every request of this call that is not complete yet
             return self._fail_all(states, exception_text(exc))
         return self._collect(returned, states)

@@ -67,6 +67,9 @@ class StubInstance(BackendInstance):
         self.metrics = metrics
         self.decoupled = config.model_transaction_policy.decoupled
         self.output_names: list[str] = backend.output_names()
+        #: what goes out when a request names no outputs: every output the config names (Triton's
+        #: python backend drops the others)
+        self.all_outputs = frozenset(self.output_names)
         self.version = backend.version
         self.label = f"model '{config.name}'"
         self.closing = False
@@ -233,7 +236,7 @@ class StubInstance(BackendInstance):
         wire: list[dict[str, Any]] = []
         sent: list[tuple[int, int, Pending]] = []  # (index in batch, key, record)
         for i, core in enumerate(batch.requests):
-            wanted = frozenset(core.requested_outputs) if core.requested_outputs is not None else None
+            wanted = frozenset(core.requested_outputs) if core.requested_outputs is not None else self.all_outputs
             try:
                 descs = ipc.write_tensors(proc.arena, core.inputs.items())
             except ipc.ShmError as exc:
