@@ -751,7 +751,13 @@ class Reconciler:
                 return False, None, 0.0
             obs.render_error = (exc.reason, exc.message)
             obs.failed_version = exc.version
-            if exc.reason in TEMPORARY_REASONS:
+            earlier = self._failure_of(uid, generation) if exc.reason == "Queued" else None
+            if earlier is not None:
+                # a failed render tried again finds the namespace's download slots busy: the status keeps
+                # saying why it failed (not "Queued"), and the resync tries again after the failure's backoff;
+                # no retries every few seconds, so models waiting since their apply take the slots first
+                obs.render_error, obs.failed_version = earlier
+            elif exc.reason in TEMPORARY_REASONS:
                 temporary = exc.message
                 delay = QUEUE_RETRY * random.uniform(0.5, 1.5) if exc.reason == "Queued" else backoff(retry)
         if not held and (obs.render_error or ("",))[0] != "Queued":  # waiting is not a failure
@@ -977,6 +983,14 @@ class Reconciler:
         with self._locks_guard:
             failure = self._failures.get(uid)
         if failure and failure.generation == generation and time.monotonic() < failure.retry_at:
+            return failure.error, failure.version
+        return None
+
+    def _failure_of(self, uid: str, generation: int) -> tuple[tuple[str, str], int | None] | None:
+        """The last failed render of this generation (held or not), as (error, version)."""
+        with self._locks_guard:
+            failure = self._failures.get(uid)
+        if failure and failure.generation == generation:
             return failure.error, failure.version
         return None
 

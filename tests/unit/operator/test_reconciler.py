@@ -356,6 +356,35 @@ def test_a_download_over_its_namespaces_share_is_queued_and_gives_its_thread_bac
     assert reconciler.gate.running(NS) == 1  # the render gave its slot back
 
 
+def test_a_failed_render_tried_again_while_the_slots_are_busy_keeps_its_failure(
+    reconciler: Reconciler, kube: FakeKube, clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The e2e drill's hostile namespace: models that failed (here: nothing listens) are tried again by the
+    resync; when slow downloads hold the namespace's slots the status keeps the failure rather than flipping
+    to Queued, and no quick retry is asked for (models waiting since their apply take the slots first)."""
+    add_server(kube, "pool")
+    body = model("pool")
+    body["spec"]["versions"][0]["source"] = {"uri": "http://127.0.0.1:9/relu.onnx", "sha256": "0" * 64}
+    with pytest.raises(kopf.TemporaryError):
+        reconciler.reconcile_model(body, recheck=False)
+    assert condition(kube.statuses[-1][2], "Rendered")["reason"] == "FetchFailed"
+    for _ in range(reconciler.config.downloads_per_namespace):
+        reconciler.gate.acquire(NS)
+    clock.now += handlers.FAILURE_BACKOFF[0] + 1  # past the failure's backoff: the resync renders again
+    syncs = counting_syncs(reconciler, monkeypatch)
+    again = reconciler.reconcile_model(body, from_timer=True, recheck=False)  # no TemporaryError: no quick retry
+    assert syncs == ["m"], "the resync did not try again"
+    assert again is not None and condition(again, "Rendered")["reason"] == "FetchFailed"
+    assert "the connection could not be made" in condition(again, "Rendered")["message"]
+    # a model that never failed still says Queued and is retried soon
+    fresh = model("pool")
+    fresh["metadata"]["uid"] = "uid-fresh"
+    fresh["spec"]["versions"][0]["source"] = {"uri": "http://127.0.0.1:9/other.onnx", "sha256": "1" * 64}
+    with pytest.raises(kopf.TemporaryError):
+        reconciler.reconcile_model(fresh, recheck=False)
+    assert condition(kube.statuses[-1][2], "Rendered")["reason"] == "Queued"
+
+
 def test_a_resync_tick_does_not_wait_for_a_render_in_progress(
     reconciler: Reconciler, kube: FakeKube, events: list[tuple[str, str, str]]
 ) -> None:
