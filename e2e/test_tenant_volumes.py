@@ -263,7 +263,14 @@ def test_a_pool_with_a_token_refuses_calls_without_it(tenants: Tenants) -> None:
     t.ready(t.a, "inferencemodel", "guarded-relu", timeout=300)
     ip = t.get(t.a, "service", "guarded")["spec"]["clusterIP"]
     base = f"http://{ip}:8000"
-    assert httpx.get(f"{base}/v2/health/ready", timeout=10).status_code == 200  # probes need no token
+
+    def ready() -> bool:  # the Service's rules reach the node a moment after the endpoint is ready
+        try:
+            return httpx.get(f"{base}/v2/health/ready", timeout=10).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    wait_for_cluster("the pool's Service to answer its health probe without a token", ready, 60)  # probes: no token
     refused = httpx.get(f"{base}/v2/models/guarded-relu", timeout=10)
     assert refused.status_code == 401 and refused.headers["www-authenticate"].startswith("Bearer")
     assert httpx.post(f"{base}/v2/repository/index", json={}, timeout=10).status_code == 401

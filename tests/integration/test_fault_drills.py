@@ -40,7 +40,8 @@ output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] } ]
 """
 PY_MODELS = {
     "raises": "raise RuntimeError('drill: execute raised')",
-    "wrong_shape": "return [pb_utils.InferenceResponse([pb_utils.Tensor('OUT', np.zeros(3, np.float32))]) for r in requests]",
+    # no response for its request (Triton refuses that; a wrong output shape or datatype it serves as given)
+    "no_response": "return []",
     "hang": "time.sleep(6)\n        return [pb_utils.InferenceResponse([pb_utils.Tensor('OUT', np.zeros(4, np.float32))]) for r in requests]",
 }  # fmt: skip
 BODY = {"inputs": [{"name": "IN", "datatype": "FP32", "shape": [4], "data": [1.0, -1.0, 2.0, -2.0]}]}
@@ -100,7 +101,7 @@ def _rss(server: ServerProcess) -> int:
     ("model", "status", "message"),
     [
         ("raises", 500, "drill: execute raised"),
-        ("wrong_shape", 500, "OUT"),
+        ("no_response", 500, "Number of InferenceResponse objects do not match"),
         ("hang", 504, "did not finish within the server's request timeout of 2s"),
     ],
 )
