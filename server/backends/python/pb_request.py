@@ -20,6 +20,7 @@ Stub-safe (standard library and numpy only): see ``context``.
 
 from __future__ import annotations
 
+import abc
 import json
 import logging
 import threading
@@ -34,7 +35,7 @@ log = logging.getLogger(__name__)
 FINAL = 1  # TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 
-class SenderState:
+class SenderState(abc.ABC):
     """How one incoming request is answered: the response sender's rules (response_sender.cc).
 
     Senders may be used from any thread. Subclasses deliver what the rules accept: ``_deliver`` (a
@@ -87,8 +88,9 @@ class SenderState:
                 return
             self._deliver(response, final)
 
+    @abc.abstractmethod
     def is_cancelled(self) -> bool:
-        raise NotImplementedError
+        """Implemented by the in-process and stub subclasses."""
 
     # ---- the backend's side ------------------------------------------------------------------------
     def answer(self, response: InferenceResponse) -> Any:
@@ -124,20 +126,25 @@ class SenderState:
         return self._pending()
 
     # ---- delivery: the subclass's ----------------------------------------------------------------
+    @abc.abstractmethod
     def _deliver(self, response: InferenceResponse | None, final: bool) -> None:
-        raise NotImplementedError
+        """Implemented by the in-process and stub subclasses."""
 
+    @abc.abstractmethod
     def _finish(self, response: InferenceResponse) -> None:
-        raise NotImplementedError
+        """Implemented by the in-process and stub subclasses."""
 
+    @abc.abstractmethod
     def _answer(self, response: InferenceResponse) -> Any:
-        raise NotImplementedError
+        """Implemented by the in-process and stub subclasses."""
 
+    @abc.abstractmethod
     def _fail(self, message: str) -> None:
-        raise NotImplementedError
+        """Implemented by the in-process and stub subclasses."""
 
+    @abc.abstractmethod
     def _pending(self) -> Any:
-        raise NotImplementedError
+        """Implemented by the in-process and stub subclasses."""
 
 
 class InferenceResponseSender:
