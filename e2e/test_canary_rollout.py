@@ -16,7 +16,6 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import json
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -30,7 +29,7 @@ import pytest
 import tritonclient.http as httpclient
 from onnx import TensorProto, helper, numpy_helper
 
-from tests.support.host_operator import host_operator
+from tests.support.host_operator import InNamespace, host_operator
 from tests.support.waiting import wait_for_cluster
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
@@ -78,22 +77,10 @@ def broken() -> onnx.ModelProto:
 
 
 @dataclass
-class Pool:
-    cluster: Any
-    ns: str
+class Pool(InNamespace):
     root: Path
     log: Path
     images: dict
-
-    def kubectl(self, *args: str, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess:
-        return self.cluster.kubectl("-n", self.ns, *args, check=check, input=input)
-
-    def apply(self, obj: dict[str, Any]) -> None:
-        self.kubectl("apply", "-f", "-", input=json.dumps(obj))
-
-    def get(self, kind: str, name: str) -> dict[str, Any]:
-        proc = self.kubectl("get", kind, name, "-o", "json", check=False)
-        return json.loads(proc.stdout) if proc.returncode == 0 else {}
 
     def status(self) -> dict[str, Any]:
         return self.get("inferencemodel", MODEL).get("status") or {}

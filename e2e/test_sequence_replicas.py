@@ -19,7 +19,6 @@ by the server). Clients call through the Service's ClusterIP, each step a second
 from __future__ import annotations
 
 import json
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -37,7 +36,7 @@ from kubeinfer.operator.render import config_to_spec
 from kubeinfer.server.config import parse_config_text
 
 from tests.integration.test_sequence_batching import ZERO_STATE, accumulator_onnx, onnx_config
-from tests.support.host_operator import host_operator
+from tests.support.host_operator import InNamespace, host_operator
 from tests.support.waiting import wait_for_cluster
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
@@ -52,22 +51,10 @@ SEQUENCES = 6  # per client
 
 
 @dataclass
-class Pool:
-    cluster: Any
-    ns: str
+class Pool(InNamespace):
     root: Path
     log: Path
     images: dict
-
-    def kubectl(self, *args: str, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess:
-        return self.cluster.kubectl("-n", self.ns, *args, check=check, input=input)
-
-    def apply(self, obj: dict[str, Any]) -> None:
-        self.kubectl("apply", "-f", "-", input=json.dumps(obj))
-
-    def get(self, kind: str, name: str) -> dict[str, Any]:
-        proc = self.kubectl("get", kind, name, "-o", "json", check=False)
-        return json.loads(proc.stdout) if proc.returncode == 0 else {}
 
     def condition(self, name: str, ctype: str) -> dict[str, Any]:
         conds = (self.get("inferencemodel", name).get("status") or {}).get("conditions") or []

@@ -31,6 +31,26 @@ class HostOperator:
     proc: subprocess.Popen[bytes]
 
 
+@dataclass
+class InNamespace:
+    """kubectl in one namespace, and the JSON of its objects: what the e2e tests of a host operator's
+    namespace call (subclass it with the test's own fields)."""
+
+    cluster: Any
+    ns: str
+
+    def kubectl(self, *args: str, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess:
+        return self.cluster.kubectl("-n", self.ns, *args, check=check, input=input)
+
+    def apply(self, obj: dict[str, Any]) -> None:
+        self.kubectl("apply", "-f", "-", input=json.dumps(obj))
+
+    def get(self, kind: str, name: str) -> dict[str, Any]:
+        """The object, or {} when it does not exist (yet)."""
+        proc = self.kubectl("get", kind, name, "-o", "json", check=False)
+        return json.loads(proc.stdout) if proc.returncode == 0 else {}
+
+
 @contextmanager
 def host_operator(cluster: Any, node: dict, prefix: str, log_dir: Path) -> Iterator[HostOperator]:
     """This tree's CRDs applied, a fresh namespace, a claim ``models`` on a volume of its own, and the
