@@ -42,7 +42,7 @@ from kubeinfer.server.config.version_policy import select_versions
 from kubeinfer.server.repository.layout import config_digest
 from kubernetes.client.exceptions import ApiException
 
-from . import manifests, network_policy, sequence_routing, status
+from . import cold_start, manifests, network_policy, sequence_routing, status
 from .api import GROUP, VERSION
 from .artifacts import DEFAULT_MAX_BYTES, ArtifactError
 from .autoscaling import Autoscaler
@@ -617,6 +617,7 @@ class Reconciler:
                 age = self.config.index_max_age if max_age is None else max_age
                 obs.replicas = self.observe(server_name, endpoints, name, age, access=access)
             new = status.model_status(obs, prev)
+            self._cold_start(spec, obs, prev, new)
             decided = self._canary(body, prev, new, endpoints, access)
             routing = sequence_routing.model_condition(spec, server["spec"]) if server is not None else None
             if routing is not None:
@@ -639,6 +640,22 @@ class Reconciler:
             if temporary:
                 raise kopf.TemporaryError(temporary, delay=delay)
             return new
+
+    @staticmethod
+    def _cold_start(
+        spec: Mapping[str, Any], obs: status.ModelObservation, prev: Mapping[str, Any], new: dict[str, Any]
+    ) -> None:
+        """``status.coldStart`` and, with ``spec.coldStartBudgetSeconds``, the ``ColdStartBudget`` condition."""
+        block = cold_start.status_block(obs.render_timing, obs.replicas, prev.get("coldStart"))
+        new["coldStart"] = block
+        budget = spec.get("coldStartBudgetSeconds")
+        condition = cold_start.budget_condition(
+            None if budget is None else float(budget),
+            (block or {}).get("render"),
+            (block or {}).get("replicas") or [],
+        )
+        if condition is not None:
+            new["conditions"] += status.conditions([condition], prev.get("conditions"), obs.generation)
 
     def _canary(
         self,
@@ -732,11 +749,14 @@ class Reconciler:
                 superseded = self._superseded(ns, name, uid, generation, cancelled)
                 fetch = Fetch(self._credentials(ns), superseded, self.gate, self.quota)
                 succeeded = False
+                started = time.monotonic()
                 try:
                     result = self.writer.sync_model(server_dir, rendered, fetch=fetch)
                     succeeded = True
                 finally:
                     fetch.finish(succeeded)
+                if result.changed:
+                    obs.render_timing = cold_start.render_record(time.monotonic() - started, fetch.fetched)
                 obs.repository_path = f"{subpath}/{name}"
                 self._forget_old_location(ns, name, prev.get("repositoryPath"), obs.repository_path)
                 if result.changed:

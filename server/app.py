@@ -173,6 +173,7 @@ async def serve(settings: ServerSettings) -> int:
         model_cache=settings.model_cache,
     )
     registry.on_load_failure.append(metrics.on_load_failure)
+    registry.on_load_phase.append(metrics.on_load_phase)
     metrics.model_cache = registry.cache
     service = InferenceService(
         registry,

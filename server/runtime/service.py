@@ -301,10 +301,10 @@ class InferenceService:
         return {"model_stats": [mv.stats.as_dict() for mv in versions]}
 
     # ---- repository ---------------------------------------------------------------------
-    def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
+    def repository_index(self, ready_only: bool = False) -> list[dict[str, Any]]:
         return self.registry.index(ready_only)
 
-    async def poll_repository(self, names: list[str] | None = None) -> list[dict[str, str]]:
+    async def poll_repository(self, names: list[str] | None = None) -> list[dict[str, Any]]:
         """kubeinfer's repository poll (poll mode only): bring these models (every model when ``names`` is
         None) in line with the repository now, as the next poll would, and return their index rows.
 
