@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
+import httpx
 import kopf
 from kubeinfer.server.config import ConfigError
 from kubeinfer.server.config.platforms import backend_for
@@ -42,7 +43,7 @@ from kubeinfer.server.config.version_policy import select_versions
 from kubeinfer.server.repository.layout import config_digest
 from kubernetes.client.exceptions import ApiException
 
-from . import cold_start, manifests, network_policy, sequence_routing, status
+from . import cold_start, manifests, network_policy, pod_start, sequence_routing, status
 from .api import GROUP, VERSION
 from .artifacts import DEFAULT_MAX_BYTES, ArtifactError
 from .autoscaling import Autoscaler
@@ -256,6 +257,8 @@ class Reconciler:
         self._handled: dict[str, int] = {}
         self._retries: dict[str, int] = {}
         self._rendered: dict[str, _Rendered] = {}
+        #: (namespace, server) -> pod uid -> the complete start-up timelines of its pods (``_pod_starts``)
+        self._pod_timelines: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
         #: uid -> when this process first saw the model being deleted (the unload wait counts from there)
         self._deleting_since: dict[str, float] = {}
         self.queue = WorkQueue(self._work, max(2, config.workers), name="reconcile")
@@ -512,8 +515,47 @@ class Reconciler:
                     "endpoint": manifests.service_endpoint(ns, name, spec)["http"],
                     "repositoryClaim": claim,
                     "autoscaling": scaling_status,
+                    "pods": self._pod_starts(ns, name, spec) if dep is not None else None,
                 },
             )
+
+    def _pod_starts(self, ns: str, name: str, spec: Mapping[str, Any]) -> list[dict[str, Any]] | None:
+        """``status.pods``: how each pod of the pool started (``pod_start``); a pod's server is asked for its
+        side of it (``GET /v2/kubeinfer/startup``) until its timeline is complete, never again after."""
+        try:
+            pods = self.kube.pods(ns, manifests.selector_string(name))
+        except Exception as exc:  # the status says nothing about pods rather than fail the reconcile
+            log.warning("listing the pods of InferenceServer %s/%s failed: %s", ns, name, exc)
+            return None
+        known = self._pod_timelines.get((ns, name), {})
+        urls: dict[str, str] | None = None
+        access = self.access.for_server(ns, name, spec)
+        out: dict[str, dict[str, Any]] = {}
+        for pod in sorted(pods, key=lambda p: p["metadata"]["name"]):
+            meta = pod["metadata"]
+            if meta.get("deletionTimestamp"):
+                continue
+            entry = known.get(meta["uid"])
+            if entry is None:
+                if urls is None:
+                    urls = {e.name: e.url for e in self.endpoints(ns, name)[0]}
+                url = urls.get(meta["name"])
+                startup = self._startup(url, access) if url and isinstance(access, ServerAccess) else None
+                entry = pod_start.pod_timeline(pod, startup)
+            out[meta["uid"]] = entry
+        self._pod_timelines[(ns, name)] = {uid: e for uid, e in out.items() if pod_start.complete(e)}
+        return list(out.values())
+
+    def _startup(self, url: str, access: ServerAccess) -> dict[str, Any] | None:
+        """A server's start-up timeline, or None (not answering yet, or a server without the route)."""
+        try:
+            response = self.reader.client_for(access).get(
+                f"{access.url(url)}/v2/kubeinfer/startup", headers=dict(access.headers), timeout=2.0
+            )
+            data = response.json() if response.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):
+            return None
+        return data if isinstance(data, dict) else None
 
     def _refused_spec(self, spec: Mapping[str, Any]) -> tuple[str, str] | None:
         """(reason, message) when the operator will not run this pool as specified (the CRD's CEL rules refuse

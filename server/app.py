@@ -14,6 +14,7 @@ import os
 import signal
 import ssl
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -251,6 +252,7 @@ async def serve(settings: ServerSettings) -> int:
         if task.done():
             task.result()  # a port in use: raise now
             raise SystemExit(f"HTTP listener on port {server.config.port} failed to start")
+    service.listening_at = time.time()
     load = asyncio.create_task(service.start())
     stop_wait = asyncio.create_task(stop.wait())
     await asyncio.wait([load, stop_wait], return_when=asyncio.FIRST_COMPLETED)

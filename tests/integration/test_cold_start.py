@@ -141,3 +141,22 @@ def test_a_reload_is_a_new_cold_start_and_an_unload_drops_the_gauge(server: Serv
         ]
         >= 2
     )
+
+
+def test_the_server_reports_its_start_up_timeline(tmp_path) -> None:
+    require_sleep_backend()
+    repo = tmp_path / "repo"
+    write_sleep_model(repo, "slow", 0, f'parameters {{ key: "load_ms" value {{ string_value: "{LOAD_MS}" }} }}\n')
+    before = time.time()
+    srv = start_server(repo, log_dir=tmp_path)
+    try:
+        after = time.time()
+        startup = httpx.get(f"{srv.base_url}/v2/kubeinfer/startup", timeout=10).json()
+        print(f"start-up timeline: {startup} (client: {before:.3f} → {after:.3f})")
+        # the process began after the client started it, listened, then loaded its model (load_ms) and was ready
+        assert before - 0.5 <= startup["started_at"] <= startup["listening_at"] <= startup["models_ready_at"] <= after
+        assert startup["models_ready_at"] - startup["listening_at"] >= LOAD_MS / 1000
+        cold = _row(srv, "slow")["cold_start"]
+        assert startup["listening_at"] <= cold["started_at"] <= cold["ready_at"] <= startup["models_ready_at"] + 0.01
+    finally:
+        srv.terminate()
