@@ -27,6 +27,7 @@ import tritonclient.http as httpclient
 from kubeinfer.server.examples import models
 
 from tests.support.host_operator import HostOperator, host_operator
+from tests.support.models import matmul
 from tests.support.waiting import wait_for_cluster
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
@@ -205,14 +206,25 @@ def test_cold_start_phases_in_the_status_and_the_metrics(pool: Pool) -> None:
     budget = _condition(m, "ColdStartBudget")
     assert (budget["status"], budget["reason"]) == ("True", "WithinBudget"), budget
 
-    print(f"\ncold start of {MODEL} (ResNet-18 CIFAR, {pool.size / 1e6:.1f} MB) on {REPLICAS} replicas:")
-    print("| phase | seconds |\n|---|---|")
-    print(f"| fetch (volume copy, {render['fetchedBytes']} bytes) | {render['fetchSeconds']:.3f} |")
-    print(f"| render (check, stage, publish) | {render['renderSeconds']:.3f} |")
-    for r in rows:
-        print(f"| load ({r['replica']}) | {r['loadSeconds']:.3f} |")
-        print(f"| warm-up, 2 samples ({r['replica']}) | {r['warmupSeconds']:.3f} |")
-        print(f"| first inference ({r['replica']}) | {r['firstInferenceSeconds']:.3f} |")
+    _print_table(f"{MODEL} (ResNet-18 CIFAR, {pool.size / 1e6:.1f} MB, 2 warm-up samples)", render, rows)
+
+
+def _print_table(title: str, render: dict[str, Any], rows: list[dict[str, Any]]) -> None:
+    """The phase table the README shows: seconds per phase, per replica."""
+    print(f"\ncold start of {title} on {len(rows)} replicas:")
+    print("| phase | " + " | ".join(r["replica"] for r in rows) + " |")
+    print("|---|" + "---|" * len(rows))
+    print(
+        f"| fetch (volume copy, {render['fetchedBytes'] / 1e6:.1f} MB) | "
+        + f"{render['fetchSeconds']:.3f} | " * len(rows)
+    )
+    print("| render (check, stage, publish) | " + f"{render['renderSeconds']:.3f} | " * len(rows))
+    for label, key in (
+        ("load", "loadSeconds"),
+        ("warm-up", "warmupSeconds"),
+        ("first inference", "firstInferenceSeconds"),
+    ):
+        print(f"| {label} | " + " | ".join(f"{r[key]:.3f}" for r in rows) + " |")
 
 
 def test_server_pods_report_how_they_started(pool: Pool) -> None:
@@ -249,3 +261,62 @@ def test_a_tiny_budget_names_the_phase_that_broke_it(pool: Pool) -> None:
     assert "budget of 0.001s in the fetch phase" in c["message"] and "version 1 on replica" in c["message"], c
     # the model still serves: a budget is reported, not enforced
     assert _condition(pool.get("inferencemodel", MODEL), "Ready")["status"] == "True"
+
+
+BIG = "matmul-200mb"
+BIG_SIZE = 7168  # a 7168 × 7168 FP32 weight: 205 MB
+
+
+def test_a_200_mb_model_cold_start(pool: Pool) -> None:
+    """The same phases for a ~200 MB model (one MatMul whose weight is the file), printed for the README."""
+    model, _ = matmul(BIG_SIZE, seed=1)
+    data = model.SerializeToString()
+    (pool.op.root / pool.op.ns / "uploads" / "big.onnx").write_bytes(data)
+    spec = {
+        "server": POOL,
+        "platform": "onnxruntime_onnx",
+        "maxBatchSize": 1,
+        "inputs": [{"name": "IN", "dataType": "FP32", "dims": [BIG_SIZE]}],
+        "outputs": [{"name": "OUT", "dataType": "FP32", "dims": [BIG_SIZE]}],
+        "instanceGroups": [{"count": 1, "kind": "KIND_CPU"}],
+        "versions": [
+            {"version": 1, "source": {"path": "uploads/big.onnx", "sha256": hashlib.sha256(data).hexdigest()}}
+        ],
+    }
+    body = {"apiVersion": API, "kind": "InferenceModel", "metadata": {"name": BIG}, "spec": spec}
+    applied = time.time()
+    pool.kubectl("apply", "-f", "-", input=json.dumps(body))
+
+    def ready() -> dict[str, Any] | None:
+        m = pool.get("inferencemodel", BIG)
+        cold = (m.get("status") or {}).get("coldStart") or {}
+        return (
+            m
+            if _condition(m, "Ready").get("status") == "True" and len(cold.get("replicas") or ()) == REPLICAS
+            else None
+        )
+
+    m = wait_for_cluster(f"{BIG} Ready on 2 replicas", ready, 600, describe=pool.describe)
+    seen_ready = time.time()
+    render = m["status"]["coldStart"]["render"]
+    assert render["fetchedBytes"] == len(data)
+    x = np.ones((1, BIG_SIZE), np.float32)
+    for p in pool.pods():
+        client = httpclient.InferenceServerClient(f"{p['status']['podIP']}:8000", network_timeout=120)
+        inp = httpclient.InferInput("IN", list(x.shape), "FP32")
+        inp.set_data_from_numpy(x)
+        assert client.infer(BIG, [inp]).as_numpy("OUT").shape == (1, BIG_SIZE)
+        client.close()
+
+    def first_inferences() -> list[dict[str, Any]] | None:
+        rows = pool.get("inferencemodel", BIG)["status"]["coldStart"]["replicas"]
+        return rows if len(rows) == REPLICAS and all("firstInferenceSeconds" in r for r in rows) else None
+
+    rows = wait_for_cluster("first inferences in the status", first_inferences, 120, describe=pool.describe)
+    for r in rows:
+        started, ready_at = _epoch(r["loadStarted"]), _epoch(r["readyTime"])
+        assert _epoch(render["time"]) - 0.5 <= started <= ready_at <= seen_ready + 0.5, r
+    total = max(render["fetchSeconds"] + render["renderSeconds"] + r["loadSeconds"] + r["warmupSeconds"] for r in rows)
+    assert total <= seen_ready - applied
+    _print_table(f"{BIG} ({len(data) / 1e6:.0f} MB, no warm-up)", render, rows)
+    pool.kubectl("delete", "inferencemodel", BIG, "--wait=true", "--timeout=120s")
