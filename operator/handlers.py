@@ -257,6 +257,9 @@ class Reconciler:
         self._handled: dict[str, int] = {}
         self._retries: dict[str, int] = {}
         self._rendered: dict[str, _Rendered] = {}
+        #: uid -> status.coldStart.render of the model's last render that changed its folder: kept here, not only
+        #: in the status, because the status written right after a render may be deferred (``_nudged``)
+        self._render_records: dict[str, dict[str, Any]] = {}
         #: (namespace, server) -> pod uid -> the complete start-up timelines of its pods (``_pod_starts``)
         self._pod_timelines: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
         #: uid -> when this process first saw the model being deleted (the unload wait counts from there)
@@ -286,6 +289,7 @@ class Reconciler:
         self.queue.discard(uid)
         for memo in (self.models, self._wanted, self._handled, self._retries, self._rendered, self._deleting_since):
             memo.pop(uid, None)
+        self._render_records.pop(uid, None)
 
     def start(self) -> None:
         """Start the threads, then watch the models once kopf's indexes hold what exists (a model reconciled
@@ -659,7 +663,7 @@ class Reconciler:
                 age = self.config.index_max_age if max_age is None else max_age
                 obs.replicas = self.observe(server_name, endpoints, name, age, access=access)
             new = status.model_status(obs, prev)
-            self._cold_start(spec, obs, prev, new)
+            self._cold_start(uid, spec, obs, prev, new)
             decided = self._canary(body, prev, new, endpoints, access)
             routing = sequence_routing.model_condition(spec, server["spec"]) if server is not None else None
             if routing is not None:
@@ -683,12 +687,19 @@ class Reconciler:
                 raise kopf.TemporaryError(temporary, delay=delay)
             return new
 
-    @staticmethod
     def _cold_start(
-        spec: Mapping[str, Any], obs: status.ModelObservation, prev: Mapping[str, Any], new: dict[str, Any]
+        self,
+        uid: str,
+        spec: Mapping[str, Any],
+        obs: status.ModelObservation,
+        prev: Mapping[str, Any],
+        new: dict[str, Any],
     ) -> None:
         """``status.coldStart`` and, with ``spec.coldStartBudgetSeconds``, the ``ColdStartBudget`` condition."""
-        block = cold_start.status_block(obs.render_timing, obs.replicas, prev.get("coldStart"))
+        if obs.render_timing is not None:
+            self._render_records[uid] = obs.render_timing
+        render = self._render_records.get(uid)  # else the status keeps the one an earlier process wrote
+        block = cold_start.status_block(render, obs.replicas, prev.get("coldStart"))
         new["coldStart"] = block
         budget = spec.get("coldStartBudgetSeconds")
         condition = cold_start.budget_condition(
