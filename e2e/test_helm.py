@@ -192,6 +192,7 @@ NAMESPACED_RULES = [
     {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["list", "watch", "create", "patch"]},
     {"apiGroups": [""], "resources": ["services"], "verbs": ["list", "watch", "create", "patch"]},
     {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list", "watch"]},
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
     {"apiGroups": ["autoscaling"], "resources": ["horizontalpodautoscalers"],
      "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
     {"apiGroups": [""], "resources": ["persistentvolumeclaims"], "verbs": ["get", "create"]},

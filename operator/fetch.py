@@ -450,6 +450,8 @@ class Fetch:
     def __post_init__(self) -> None:
         self._slot: str | None = None
         self._written: dict[str, int] = {}
+        #: (version, bytes, seconds) of each artifact this sync fetched, in order (a cold start's fetch phase)
+        self.fetched: list[tuple[int, int, float]] = []
 
     def headers(self, secret: str, uri: str) -> dict[str, str]:
         if self.credentials is None:

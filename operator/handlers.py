@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
+import httpx
 import kopf
 from kubeinfer.server.config import ConfigError
 from kubeinfer.server.config.platforms import backend_for
@@ -42,7 +43,7 @@ from kubeinfer.server.config.version_policy import select_versions
 from kubeinfer.server.repository.layout import config_digest
 from kubernetes.client.exceptions import ApiException
 
-from . import manifests, network_policy, sequence_routing, status
+from . import cold_start, manifests, network_policy, pod_start, sequence_routing, status
 from .api import GROUP, VERSION
 from .artifacts import DEFAULT_MAX_BYTES, ArtifactError
 from .autoscaling import Autoscaler
@@ -256,6 +257,11 @@ class Reconciler:
         self._handled: dict[str, int] = {}
         self._retries: dict[str, int] = {}
         self._rendered: dict[str, _Rendered] = {}
+        #: uid -> status.coldStart.render of the model's last render that changed its folder: kept here, not only
+        #: in the status, because the status written right after a render may be deferred (``_nudged``)
+        self._render_records: dict[str, dict[str, Any]] = {}
+        #: (namespace, server) -> pod uid -> the complete start-up timelines of its pods (``_pod_starts``)
+        self._pod_timelines: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
         #: uid -> when this process first saw the model being deleted (the unload wait counts from there)
         self._deleting_since: dict[str, float] = {}
         self.queue = WorkQueue(self._work, max(2, config.workers), name="reconcile")
@@ -283,6 +289,7 @@ class Reconciler:
         self.queue.discard(uid)
         for memo in (self.models, self._wanted, self._handled, self._retries, self._rendered, self._deleting_since):
             memo.pop(uid, None)
+        self._render_records.pop(uid, None)
 
     def start(self) -> None:
         """Start the threads, then watch the models once kopf's indexes hold what exists (a model reconciled
@@ -512,8 +519,47 @@ class Reconciler:
                     "endpoint": manifests.service_endpoint(ns, name, spec)["http"],
                     "repositoryClaim": claim,
                     "autoscaling": scaling_status,
+                    "pods": self._pod_starts(ns, name, spec) if dep is not None else None,
                 },
             )
+
+    def _pod_starts(self, ns: str, name: str, spec: Mapping[str, Any]) -> list[dict[str, Any]] | None:
+        """``status.pods``: how each pod of the pool started (``pod_start``); a pod's server is asked for its
+        side of it (``GET /v2/kubeinfer/startup``) until its timeline is complete, never again after."""
+        try:
+            pods = self.kube.pods(ns, manifests.selector_string(name))
+        except Exception as exc:  # the status says nothing about pods rather than fail the reconcile
+            log.warning("listing the pods of InferenceServer %s/%s failed: %s", ns, name, exc)
+            return None
+        known = self._pod_timelines.get((ns, name), {})
+        urls: dict[str, str] | None = None
+        access = self.access.for_server(ns, name, spec)
+        out: dict[str, dict[str, Any]] = {}
+        for pod in sorted(pods, key=lambda p: p["metadata"]["name"]):
+            meta = pod["metadata"]
+            if meta.get("deletionTimestamp"):
+                continue
+            entry = known.get(meta["uid"])
+            if entry is None:
+                if urls is None:
+                    urls = {e.name: e.url for e in self.endpoints(ns, name)[0]}
+                url = urls.get(meta["name"])
+                startup = self._startup(url, access) if url and isinstance(access, ServerAccess) else None
+                entry = pod_start.pod_timeline(pod, startup)
+            out[meta["uid"]] = entry
+        self._pod_timelines[(ns, name)] = {uid: e for uid, e in out.items() if pod_start.complete(e)}
+        return list(out.values())
+
+    def _startup(self, url: str, access: ServerAccess) -> dict[str, Any] | None:
+        """A server's start-up timeline, or None (not answering yet, or a server without the route)."""
+        try:
+            response = self.reader.client_for(access).get(
+                f"{access.url(url)}/v2/kubeinfer/startup", headers=dict(access.headers), timeout=2.0
+            )
+            data = response.json() if response.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):
+            return None
+        return data if isinstance(data, dict) else None
 
     def _refused_spec(self, spec: Mapping[str, Any]) -> tuple[str, str] | None:
         """(reason, message) when the operator will not run this pool as specified (the CRD's CEL rules refuse
@@ -617,6 +663,7 @@ class Reconciler:
                 age = self.config.index_max_age if max_age is None else max_age
                 obs.replicas = self.observe(server_name, endpoints, name, age, access=access)
             new = status.model_status(obs, prev)
+            self._cold_start(uid, spec, obs, prev, new)
             decided = self._canary(body, prev, new, endpoints, access)
             routing = sequence_routing.model_condition(spec, server["spec"]) if server is not None else None
             if routing is not None:
@@ -639,6 +686,29 @@ class Reconciler:
             if temporary:
                 raise kopf.TemporaryError(temporary, delay=delay)
             return new
+
+    def _cold_start(
+        self,
+        uid: str,
+        spec: Mapping[str, Any],
+        obs: status.ModelObservation,
+        prev: Mapping[str, Any],
+        new: dict[str, Any],
+    ) -> None:
+        """``status.coldStart`` and, with ``spec.coldStartBudgetSeconds``, the ``ColdStartBudget`` condition."""
+        if obs.render_timing is not None:
+            self._render_records[uid] = obs.render_timing
+        render = self._render_records.get(uid)  # else the status keeps the one an earlier process wrote
+        block = cold_start.status_block(render, obs.replicas, prev.get("coldStart"))
+        new["coldStart"] = block
+        budget = spec.get("coldStartBudgetSeconds")
+        condition = cold_start.budget_condition(
+            None if budget is None else float(budget),
+            (block or {}).get("render"),
+            (block or {}).get("replicas") or [],
+        )
+        if condition is not None:
+            new["conditions"] += status.conditions([condition], prev.get("conditions"), obs.generation)
 
     def _canary(
         self,
@@ -732,11 +802,14 @@ class Reconciler:
                 superseded = self._superseded(ns, name, uid, generation, cancelled)
                 fetch = Fetch(self._credentials(ns), superseded, self.gate, self.quota)
                 succeeded = False
+                started = time.monotonic()
                 try:
                     result = self.writer.sync_model(server_dir, rendered, fetch=fetch)
                     succeeded = True
                 finally:
                     fetch.finish(succeeded)
+                if result.changed:
+                    obs.render_timing = cold_start.render_record(time.monotonic() - started, fetch.fetched)
                 obs.repository_path = f"{subpath}/{name}"
                 self._forget_old_location(ns, name, prev.get("repositoryPath"), obs.repository_path)
                 if result.changed:

@@ -394,6 +394,13 @@ class Kube:
         return list(cast(dict[str, Any], listing).get("items") or [])
 
     @retried
+    def pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        """The pods of ``namespace`` that match the label ``selector`` (an InferenceServer's pool)."""
+        listing = self.core.list_namespaced_pod(namespace, label_selector=selector, **TIMEOUT)
+        listing = self.client.sanitize_for_serialization(listing)
+        return list(cast(dict[str, Any], listing).get("items") or [])
+
+    @retried
     def endpoint_slices(self, namespace: str, service: str) -> list[dict[str, Any]]:
         """The EndpointSlices of a Service (label kubernetes.io/service-name)."""
         listing = self.discovery.list_namespaced_endpoint_slice(

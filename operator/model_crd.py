@@ -150,6 +150,15 @@ def inference_model_spec_schema() -> dict[str, Any]:
         **schema["properties"],
         "versions": _VERSIONS,
         "rollout": ROLLOUT_SCHEMA,
+        "coldStartBudgetSeconds": {
+            "type": "number",
+            "minimum": 0,
+            "exclusiveMinimum": True,
+            "description": "Seconds a cold start may take, from the operator fetching the artifacts to each server "
+            "replica's first successful inference (fetch, render, load, warm-up, first inference; see "
+            "status.coldStart). The ColdStartBudget condition turns False naming the phase in which a replica's "
+            "cold start passed it.",
+        },
     }
     schema["required"] = ["server", "versions"]
     schema["description"] = (
@@ -162,6 +171,60 @@ def inference_model_spec_schema() -> dict[str, Any]:
 def _ints(description: str) -> dict[str, Any]:
     return {"type": "array", "items": {"type": "integer", "format": "int64"}, "description": description}
 
+
+def _seconds(description: str) -> dict[str, Any]:
+    return {"type": "number", "description": description}
+
+
+def _time(description: str) -> dict[str, Any]:
+    return {"type": "string", "format": "date-time", "description": description}
+
+
+COLD_START_STATUS = {
+    "type": "object",
+    "description": "How long the model took to become servable, phase by phase (operator/cold_start.py).",
+    "properties": {
+        "render": {
+            "type": "object",
+            "description": "The last render that changed the model's folder.",
+            "properties": {
+                "time": _time("When it was published on the volume."),
+                "fetchSeconds": _seconds("Seconds spent fetching its artifacts (downloads or volume copies)."),
+                "fetchedBytes": {"type": "integer", "format": "int64", "description": "Bytes fetched."},
+                "renderSeconds": _seconds("Seconds of the rest of the sync: checks, staging, publishing."),
+                "artifacts": {
+                    "type": "array",
+                    "description": "Each artifact fetched.",
+                    "items": {
+                        "type": "object",
+                        "properties": {
+                            "version": {"type": "integer", "format": "int64", "description": "Version."},
+                            "bytes": {"type": "integer", "format": "int64", "description": "Bytes fetched."},
+                            "seconds": _seconds("Seconds the fetch took."),
+                        },
+                    },
+                },
+            },
+        },
+        "replicas": {
+            "type": "array",
+            "description": "Per server replica and serving version, as the replica measured it.",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "replica": {"type": "string", "description": "Pod name."},
+                    "version": {"type": "integer", "format": "int64", "description": "Version."},
+                    "loadStarted": _time("When the replica began loading the version."),
+                    "loadSeconds": _seconds("Seconds from reading the model's folder to every instance loaded."),
+                    "warmupSeconds": _seconds("Seconds its warm-up samples took."),
+                    "readyTime": _time("When it was READY."),
+                    "firstInferenceTime": _time("When its first successful inference was answered."),
+                    "firstInferenceSeconds": _seconds("Seconds that first successful inference took."),
+                },
+            },
+        },
+    },
+}
 
 INFERENCE_MODEL_STATUS = {
     "type": "object",
@@ -210,6 +273,7 @@ INFERENCE_MODEL_STATUS = {
             },
         },
         **ROLLOUT_STATUS,
+        "coldStart": COLD_START_STATUS,
         "repositoryPath": {
             "type": "string",
             "description": "Folder of the model inside the repository volume (<server subPath>/<model>).",

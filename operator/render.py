@@ -28,6 +28,8 @@ from .schema import CONFIG_TOP_FIELDS, TOP_LEVEL_ALIASES
 
 #: what an InferenceServer serves when its spec.backends is empty
 DEFAULT_BACKENDS = BUILTIN_BACKENDS
+#: spec fields of the InferenceModel that are the operator's, not the ModelConfig's
+OPERATOR_FIELDS = ("server", "versions", "rollout", "coldStartBudgetSeconds")
 _CRD_TO_PROTO = {v: k for k, v in TOP_LEVEL_ALIASES.items()}
 _DATA_TYPE = pb.DataType.DESCRIPTOR.full_name
 _INT_CPP_TYPES = {descriptor.FieldDescriptor.CPPTYPE_INT64, descriptor.FieldDescriptor.CPPTYPE_UINT64}
@@ -87,7 +89,7 @@ def _convert_message(
 
 def spec_to_config(name: str, spec: Mapping[str, Any]) -> pb.ModelConfig:
     """The ModelConfig an InferenceModel spec describes (no validation beyond the schema's types)."""
-    config_part = {k: v for k, v in spec.items() if k not in ("server", "versions", "rollout")}
+    config_part = {k: v for k, v in spec.items() if k not in OPERATOR_FIELDS}
     data = _convert_message(MODEL_CONFIG, config_part, to_config=True, top=True)
     config = pb.ModelConfig()
     try:

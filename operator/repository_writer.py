@@ -333,15 +333,18 @@ class RepositoryWriter:
         return removed
 
     # -------------------------------------------------------------------------------------- staging
-    def _fetch(self, source: Source, dest_fd: int, place: _Place, fetch: Fetch) -> None:
+    def _fetch(self, source: Source, dest_fd: int, place: _Place, fetch: Fetch, version: int) -> None:
         """Fill the open staged file ``dest_fd``: a download (after the namespace's quota, the egress rules that
-        need no connection and a download slot), or a copy of a file in the namespace's folder."""
+        need no connection and a download slot), or a copy of a file in the namespace's folder. Its bytes and
+        seconds go to ``fetch.fetched`` (waiting for a download slot is not part of them)."""
         namespace = place.rel.parts[0]
         fetch.check_quota(namespace)
+        started = time.monotonic()
         if source.uri:
             self.fetcher.precheck(source.uri, namespace)  # refusals that need no connection, no slot
             headers = fetch.headers(source.credentials_secret, source.uri) if source.credentials_secret else None
             fetch.take_slot(namespace)
+            started = time.monotonic()
             with os.fdopen(os.dup(dest_fd), "wb") as out:
                 self.fetcher.download(
                     source.uri,
@@ -371,6 +374,7 @@ class RepositoryWriter:
                     cancelled=fetch.cancelled,
                 )
             fetch.count(namespace, size)  # charged after the copy (at most max_bytes over, then removed)
+        fetch.fetched.append((version, os.fstat(dest_fd).st_size, time.monotonic() - started))
 
     def _stage_version(self, folder: int, model: RenderedModel, version: int, place: _Place, fetch: Fetch) -> None:
         """Fill an (invisible) version folder, open as ``folder``: the model file and the source marker."""
@@ -382,7 +386,7 @@ class RepositoryWriter:
                     self._stage_folder(folder, model.filename, source, version, place, fetch)
                 else:
                     with confined.opened(confined.create_new(folder, model.filename)) as dest:
-                        self._fetch(source, dest, place, fetch)
+                        self._fetch(source, dest, place, fetch, version)
             except ArtifactError as exc:
                 raise ArtifactError(exc.reason, f"version {version}: {exc.message}", version) from None
             except OSError as exc:  # the volume is full, read-only, gone: a condition, not a crashed handler
@@ -400,7 +404,7 @@ class RepositoryWriter:
         unpacked into ``name`` (``archives``) and removed."""
         archive = ARCHIVE_FILE
         with confined.opened(confined.create_new(folder, archive)) as packed:
-            self._fetch(source, packed, place, fetch)
+            self._fetch(source, packed, place, fetch, version)
             os.mkdir(name, 0o755, dir_fd=folder)
             with confined.opened(confined.open_dir(folder, name)) as dest:
                 shown = f"source.{'uri' if source.uri else 'path'} '{source.uri or source.path}'"

@@ -6,6 +6,7 @@ from typing import Any
 
 from kubeinfer.server.config.platforms import BUILTIN_BACKENDS
 
+from . import pod_start
 from .api import CONDITIONS, crd
 from .manifests import (
     CONNECTION_DRAIN_SECONDS,
@@ -427,6 +428,23 @@ INFERENCE_SERVER_STATUS = {
                     "items": {"type": "string"},
                 },
                 "scalingActive": _s("Why the HPA cannot compute a scale, when it cannot."),
+            },
+        },
+        "pods": {
+            "type": "array",
+            "description": "How each pod started: the time of each phase (created, scheduled, containerStarted, "
+            "listening, modelsReady) and the seconds each took after the one before (operator/pod_start.py).",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "name": _s("Pod name."),
+                    **{phase: _s(f"When {meaning}.", format="date-time") for phase, meaning in pod_start.PHASES},
+                    "seconds": {
+                        "type": "object",
+                        "description": "Seconds from the phase before to this one, by phase.",
+                        "additionalProperties": {"type": "number"},
+                    },
+                },
             },
         },
     },

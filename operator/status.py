@@ -7,6 +7,7 @@ condition's ``lastTransitionTime`` while its status does not change.
 from __future__ import annotations
 
 import datetime as dt
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,6 +57,8 @@ class VersionState:
     reason: str = ""
     #: digest of the config the server loaded this version from ("" when the server does not say)
     config_digest: str = ""
+    #: the server's ``cold_start`` of a serving version (phase → seconds or epoch time), as items
+    cold_start: tuple[tuple[str, float], ...] = ()
 
 
 #: a model the server loads on its next request (its model cache): servable, not loaded on that replica
@@ -82,9 +85,23 @@ def version_states(index: Iterable[Mapping[str, Any]], model: str) -> list[Versi
                 str(entry.get("state") or ""),
                 str(entry.get("reason") or ""),
                 str(entry.get("config_digest") or ""),
+                _cold_start(entry.get("cold_start")),
             )
         )
     return sorted(out, key=lambda s: s.version)
+
+
+def _cold_start(value: Any) -> tuple[tuple[str, float], ...]:
+    """The numbers of an index row's ``cold_start`` (anything else in it is ignored, not trusted)."""
+    if not isinstance(value, Mapping):
+        return ()
+    return tuple(
+        sorted(
+            (str(k), float(v))
+            for k, v in value.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+        )
+    )
 
 
 @dataclass(frozen=True)
@@ -115,6 +132,8 @@ class ModelObservation:
     #: digest of the config.pbtxt the operator rendered ("": not known, versions alone decide)
     config_digest: str = ""
     server: str = ""
+    #: ``status.coldStart.render`` of a render that changed the model in this reconcile (None: none did)
+    render_timing: dict[str, Any] | None = None
 
     def single(self, states: list[VersionState] | None, error: str = "") -> ModelObservation:
         """Shorthand for one replica (the unit tests, a single server endpoint)."""

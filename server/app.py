@@ -14,6 +14,7 @@ import os
 import signal
 import ssl
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -174,6 +175,7 @@ async def serve(settings: ServerSettings) -> int:
         model_cache=settings.model_cache,
     )
     registry.on_load_failure.append(metrics.on_load_failure)
+    registry.on_load_phase.append(metrics.on_load_phase)
     metrics.model_cache = registry.cache
     service = InferenceService(
         registry,
@@ -251,6 +253,7 @@ async def serve(settings: ServerSettings) -> int:
         if task.done():
             task.result()  # a port in use: raise now
             raise SystemExit(f"HTTP listener on port {server.config.port} failed to start")
+    service.listening_at = time.time()
     load = asyncio.create_task(service.start())
     stop_wait = asyncio.create_task(stop.wait())
     await asyncio.wait([load, stop_wait], return_when=asyncio.FIRST_COMPLETED)

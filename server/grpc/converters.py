@@ -172,7 +172,7 @@ def statistics_to_pb(stats: dict[str, Any]) -> pb.ModelStatisticsResponse:
 _INDEX_FIELDS = ("name", "version", "state", "reason")
 
 
-def index_to_pb(rows: list[dict[str, str]]) -> pb.RepositoryIndexResponse:
+def index_to_pb(rows: list[dict[str, Any]]) -> pb.RepositoryIndexResponse:
     msg = pb.RepositoryIndexResponse()
     for row in rows:
         # Triton's ModelIndex fields only (the HTTP rows may carry kubeinfer's config_digest)

@@ -200,6 +200,10 @@ def build_app(service: InferenceService, shm: SharedMemoryRegistry | None = None
     async def server_metadata() -> Response:
         return _json(service.server_metadata())
 
+    @app.get("/v2/kubeinfer/startup")
+    async def startup() -> Response:
+        return _json(service.startup())
+
     @app.get("/v2/health/live")
     async def live() -> Response:
         return Response(status_code=200 if service.live() else 503)

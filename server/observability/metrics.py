@@ -63,6 +63,8 @@ LATENCY_BUCKETS_US = (
     10_000_000,
     60_000_000,
 )
+#: cold-start phase buckets in seconds: 10 ms … 10 min
+LOAD_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 
 #: (attribute, name, help) of the per-model counters, in Triton's order
 COUNTERS = (
@@ -120,15 +122,16 @@ CACHE_COUNTERS = (
 
 
 class _Histogram:
-    __slots__ = ("buckets", "sum", "count")
+    __slots__ = ("buckets", "sum", "count", "bounds")
 
-    def __init__(self) -> None:
-        self.buckets = [0] * (len(LATENCY_BUCKETS_US) + 1)  # last = +Inf
+    def __init__(self, bounds: tuple[float, ...] = LATENCY_BUCKETS_US) -> None:
+        self.bounds = bounds
+        self.buckets = [0] * (len(bounds) + 1)  # last = +Inf
         self.sum = 0.0
         self.count = 0
 
     def observe(self, value: float) -> None:
-        self.buckets[bisect_left(LATENCY_BUCKETS_US, value)] += 1
+        self.buckets[bisect_left(self.bounds, value)] += 1
         self.sum += value
         self.count += 1
 
@@ -172,6 +175,10 @@ class TritonMetrics(Collector):
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         self._series: dict[tuple[str, str], _Series] = {}
+        #: (model, version, phase) → seconds each cold start spent in that phase (``runtime.cold_start``)
+        self._load_phases: dict[tuple[str, str, str], _Histogram] = {}
+        #: (model, version) → load seconds (warm-up included) of the serving versions (Triton's gauge)
+        self._load_seconds: dict[tuple[str, str], float] = {}
         self._pending: dict[tuple[str, str], int] = {}
         self._lock = threading.Lock()  # scrapes may run while instance threads record
         self._custom: Any = None  # the registry's CustomMetrics (models' pb_utils.MetricFamily)
@@ -243,6 +250,13 @@ class TritonMetrics(Collector):
         with self._lock:
             s.load_failures += 1
 
+    def on_load_phase(self, model: str, version: str, phase: str, seconds: float) -> None:
+        with self._lock:
+            h = self._load_phases.get((model, version, phase))
+            if h is None:
+                h = self._load_phases[(model, version, phase)] = _Histogram(LOAD_BUCKETS_S)
+            h.observe(seconds)
+
     def request_latency(self, model: str, version: str) -> tuple[list[int], list[int]] | None:
         """(bucket upper bounds in µs, requests per bucket with +Inf last) of one version, or None."""
         s = self._series.get((model, version))
@@ -254,13 +268,18 @@ class TritonMetrics(Collector):
     def refresh(self, model_registry: ServingModels) -> None:
         """At scrape time: queue lengths of the serving versions, and zero series for idle ones (as Triton)."""
         pending: dict[tuple[str, str], int] = {}
+        load_seconds: dict[tuple[str, str], float] = {}
         for name in model_registry.model_names():
             for mv in model_registry.ready_versions(name):
                 self._get(name, mv.version_str)
                 pending[(name, mv.version_str)] = mv.scheduler.pending
+                cold = getattr(mv, "cold_start", None)
+                if cold is not None:
+                    load_seconds[(name, mv.version_str)] = cold.load_seconds + cold.warmup_seconds
                 if getattr(mv, "uses_cache", False):
                     self._cached_models.add((name, mv.version_str))
         self._pending = pending
+        self._load_seconds = load_seconds
         self._custom = getattr(model_registry, "custom_metrics", None)
 
     # ---- Collector ---------------------------------------------------------------------------
@@ -302,6 +321,20 @@ class TritonMetrics(Collector):
             ),
         ):
             yield _histogram(name, doc, ((k, getattr(s, attr)) for k, s in items))
+        yield _family(
+            "nv_model_load_duration_secs", "Model load time in seconds", "gauge", sorted(self._load_seconds.items())
+        )
+        with self._lock:
+            phases = [(k, _copy(h)) for k, h in sorted(self._load_phases.items())]
+        m = Metric(
+            "kubeinfer_model_load_duration_seconds",
+            "Seconds each model version's cold start spent per phase: load (folder read to instances loaded), "
+            "warmup (its warm-up samples), first_inference (its first successful request)",
+            "histogram",
+        )
+        for (model, version, phase), h in phases:
+            _add_histogram(m, {"model": model, "phase": phase, "version": version}, h)
+        yield m
         yield _family(
             "kubeinfer_model_load_failures",
             "Model version loads that failed",
@@ -437,10 +470,14 @@ def _snapshot(s: _Series) -> _Series:
         if isinstance(value, dict):
             value = dict(value)
         elif isinstance(value, _Histogram):
-            h = _Histogram()
-            h.buckets, h.sum, h.count = list(value.buckets), value.sum, value.count
-            value = h
+            value = _copy(value)
         setattr(c, attr, value)
+    return c
+
+
+def _copy(h: _Histogram) -> _Histogram:
+    c = _Histogram(h.bounds)
+    c.buckets, c.sum, c.count = list(h.buckets), h.sum, h.count
     return c
 
 
@@ -454,15 +491,18 @@ def _family(name: str, doc: str, kind: str, values: Any) -> Metric:
 def _histogram(name: str, doc: str, values: Any) -> Metric:
     m = Metric(name, doc, "histogram")
     for (model, version), h in values:
-        labels = {"model": model, "version": version}
-        cumulative = 0
-        for bound, n in zip((*LATENCY_BUCKETS_US, float("inf")), h.buckets, strict=True):
-            cumulative += n
-            le = "+Inf" if bound == float("inf") else str(float(bound))
-            m.add_sample(f"{name}_bucket", {**labels, "le": le}, cumulative)
-        m.add_sample(f"{name}_count", labels, h.count)
-        m.add_sample(f"{name}_sum", labels, h.sum)
+        _add_histogram(m, {"model": model, "version": version}, h)
     return m
+
+
+def _add_histogram(m: Metric, labels: dict[str, str], h: _Histogram) -> None:
+    cumulative = 0
+    for bound, n in zip((*h.bounds, float("inf")), h.buckets, strict=True):
+        cumulative += n
+        le = "+Inf" if bound == float("inf") else str(float(bound))
+        m.add_sample(f"{m.name}_bucket", {**labels, "le": le}, cumulative)
+    m.add_sample(f"{m.name}_count", labels, h.count)
+    m.add_sample(f"{m.name}_sum", labels, h.sum)
 
 
 def render(registry: CollectorRegistry) -> bytes:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -57,6 +58,8 @@ class ModelStats:
         self.model = model
         self.version = version
         self.listeners = listeners if listeners is not None else []
+        #: called with the duration (ns) of the version's first successful request (its cold start's last phase)
+        self.on_first_success: Callable[[int], None] | None = None
         self._lock = threading.Lock()
         self.last_inference_ms = 0
         self.inference_count = 0
@@ -90,14 +93,18 @@ class ModelStats:
         total = time.monotonic_ns() - request.received_ns
         queue_ns = (request.compute_start_ns - request.queued_ns) if request.compute_start_ns else 0
         timings = request.timings
+        first = False
         with self._lock:
             self.last_inference_ms = int(time.time() * 1000)
             if success:
+                first = not self.success.count
                 self._record_success(total, queue_ns, timings)
             else:
                 self.fail.add(total)
         for listener in self.listeners:
             listener.on_request(self.model, self.version, success, total, queue_ns, timings, reason)
+        if first and self.on_first_success is not None:
+            self.on_first_success(total)
 
     def _record_success(self, total_ns: int, queue_ns: int, timings: ExecutionTimings | None) -> None:
         """One successful request's durations (under the lock). Fields updated in place rather than through

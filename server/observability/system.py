@@ -7,10 +7,24 @@ no GPU) the gauge is simply absent, as Triton does when GPU metrics are unavaila
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from typing import Any
 
 log = logging.getLogger(__name__)
+
+
+def process_start_time() -> float | None:
+    """When this process started, wall-clock seconds since the epoch (Linux /proc; None elsewhere): the
+    boot time plus the process's start in clock ticks since boot, as ``process_start_time_seconds``."""
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            ticks = int(f.read().rsplit(b")", 1)[1].split()[19])  # field 22; the name may hold spaces
+        with open("/proc/stat", "rb") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith(b"btime "))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
 
 
 def cpu_memory(path: str = "/proc/meminfo") -> tuple[int, int] | None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from enum import Enum
@@ -32,6 +33,7 @@ from ..vocabulary.errors import InvalidArgument, ServerError
 from ..vocabulary.registry_view import RegistryView
 from . import devices, footprint
 from .cache import ResponseCache
+from .cold_start import ColdStart, PhaseHook
 from .model import ModelVersion, build_model_version, prepare_config
 
 log = logging.getLogger(__name__)
@@ -111,6 +113,8 @@ class ModelLifecycle:
         self.background: set[asyncio.Task[Any]] = set()
         #: called with (model, version, reason) when a load fails (metrics hook)
         self.on_load_failure: list[Callable[[str, str, str], None]] = []
+        #: called with (model, version, phase, seconds) for each phase of a version's cold start (metrics hook)
+        self.on_load_phase: list[PhaseHook] = []
         #: False with ``--disable-auto-complete-config``: configs must be complete
         self.auto_complete = auto_complete
         #: models loaded at once by load_all (``--model-load-thread-count``)
@@ -235,6 +239,7 @@ class ModelLifecycle:
         The model folder is opened once for the whole load (``repository.model_files``): every file the
         load reads (model file, labels, op libraries, warm-up and initial-state data) is read through it.
         """
+        started_at, started = time.time(), time.monotonic()
         vconfig = pb.ModelConfig()
         vconfig.CopyFrom(config)
         folder = await asyncio.to_thread(ModelFolder, self.repository_path, config.name)
@@ -263,7 +268,24 @@ class ModelLifecycle:
         if before is not None:
             mv.footprint = (await asyncio.to_thread(footprint.measure)).minus(before)
             mv.stats.memory_usage = mv.footprint.memory_usage()
+        total = time.monotonic() - started
+        self._cold_start(mv, ColdStart(started_at, max(0.0, total - mv.warmup_seconds), mv.warmup_seconds))
         return mv
+
+    def _cold_start(self, mv: ModelVersion, cold: ColdStart) -> None:
+        """Keep ``mv``'s cold start, report its load phases now and its first successful request when it comes."""
+        mv.cold_start = cold
+        name, version = mv.name, mv.version_str
+        for phase, seconds in (("load", cold.load_seconds), ("warmup", cold.warmup_seconds)):
+            for hook in self.on_load_phase:
+                hook(name, version, phase, seconds)
+
+        def first(total_ns: int) -> None:
+            if cold.first_inference(total_ns / 1e9, time.time()):
+                for hook in self.on_load_phase:
+                    hook(name, version, "first_inference", total_ns / 1e9)
+
+        mv.stats.on_first_success = first
 
     def _record_failure(self, entry: ModelEntry, version: int, reason: str) -> list[str]:
         log.error("model '%s' is unavailable: %s", entry.name, reason)

@@ -28,6 +28,7 @@ from ..vocabulary.registry_view import RegistryView
 from ..vocabulary.streaming import ResponseStream
 from ..vocabulary.types import InferenceRequest, InferenceResponse
 from .cache import ResponseCache, request_key
+from .cold_start import ColdStart
 from .footprint import Footprint
 from .validation import RequestValidator, check_outputs
 from .warmup import warm_up
@@ -115,6 +116,10 @@ class ModelVersion:
         self.inflight = 0
         #: memory its load took (measured when loads do not overlap: the model cache)
         self.footprint: Footprint | None = None
+        #: seconds its warm-up samples took (part of its build)
+        self.warmup_seconds = 0.0
+        #: its cold start, phase by phase (set by the lifecycle that built it)
+        self.cold_start: ColdStart | None = None
         self._idle = asyncio.Event()
         self._idle.set()
         self.closed = False
@@ -258,6 +263,7 @@ async def build_model_version(
     opened for this load (every file it reads is read through it); ``allow_external_op_libraries``:
     ``--allow-external-op-libraries`` (see ``_op_libraries``)."""
     stats = ModelStats(config.name, str(version), listeners)
+    warmup_seconds = 0.0
     labels = {t.name: _labels(model_dir, t) for t in config.output if t.label_filename and model_dir is not None}
     op_libraries = _op_libraries(config, backend_cls, model_dir, allow_external_op_libraries)
     pool = None
@@ -284,17 +290,21 @@ async def build_model_version(
             "loaded %s version %s (%d instances) in %.2fs", config.name, version, pool.size, time.monotonic() - started
         )
         if config.model_warmup:
+            started = time.monotonic()
             try:
                 await warm_up(config, version, pool, model_dir)
             except BaseException:
                 await asyncio.to_thread(pool.close)
                 raise
+            warmup_seconds = time.monotonic() - started
     scheduler = make_scheduler(config, pool, registry, model_dir)
     await scheduler.start()
     checks_outputs = backend_cls.checks_outputs if backend_cls is not None else True
-    return ModelVersion(
+    mv = ModelVersion(
         config, version, scheduler, pool, stats, digest, labels, _cache_for(config, cache), checks_outputs
     )
+    mv.warmup_seconds = warmup_seconds
+    return mv
 
 
 def _labels(model_dir: ModelFolder, output: pb.ModelOutput) -> list[str]:

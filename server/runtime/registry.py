@@ -11,6 +11,7 @@ import hashlib
 import random
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from ..config import pb
 from ..observability.stats import StatsListener
@@ -22,6 +23,7 @@ from ..vocabulary.sequence import SEQUENCE_ID
 from ..vocabulary.streaming import ResponseStream
 from ..vocabulary.types import InferenceRequest, InferenceResponse
 from .cache import ResponseCache
+from .cold_start import PhaseHook
 from .lifecycle import ModelEntry, ModelLifecycle, ModelState
 from .model import ModelVersion
 from .model_cache import CacheSettings, ModelCache
@@ -97,6 +99,11 @@ class ModelRegistry:
     def on_load_failure(self) -> list[Callable[[str, str, str], None]]:
         """Hooks called with (model, version, reason) when a load fails (metrics)."""
         return self.lifecycle.on_load_failure
+
+    @property
+    def on_load_phase(self) -> list[PhaseHook]:
+        """Hooks called with (model, version, phase, seconds) for each phase of a cold start (metrics)."""
+        return self.lifecycle.on_load_phase
 
     @property
     def shutting_down(self) -> bool:
@@ -191,10 +198,10 @@ class ModelRegistry:
         ready = ModelState.READY
         return all(e.serving and all(s.state == ready for s in e.states.values()) for e in self._models.values())
 
-    def index(self, ready_only: bool = False, names: list[str] | None = None) -> list[dict[str, str]]:
+    def index(self, ready_only: bool = False, names: list[str] | None = None) -> list[dict[str, Any]]:
         """Triton's repository index: one row per known version (or per model without versions); with
         ``names``, the rows of those models only (a name neither loaded nor in the repository has none)."""
-        rows: list[dict[str, str]] = []
+        rows: list[dict[str, Any]] = []
         if names is not None:
             wanted = {n for n in names if n in self._models or (self.repository_path / n).is_dir()}
         else:
@@ -217,9 +224,16 @@ class ModelRegistry:
                 serving = entry.serving.get(v)
                 if s.state == ModelState.READY and not reason and serving is not None:
                     reason = serving.scheduler.unready_reason()  # e.g. a Python model's stub restarting
-                row = {"name": name, "version": str(v) if v else "", "state": s.state.value, "reason": reason}
+                row: dict[str, Any] = {
+                    "name": name,
+                    "version": str(v) if v else "",
+                    "state": s.state.value,
+                    "reason": reason,
+                }
                 if s.state == ModelState.READY and s.config_digest:
                     row["config_digest"] = s.config_digest  # kubeinfer's addition to Triton's index rows
+                if s.state == ModelState.READY and serving is not None and serving.cold_start is not None:
+                    row["cold_start"] = serving.cold_start.as_row()  # kubeinfer's too (see cold_start.py)
                 rows.append(row)
         return rows
 

@@ -14,6 +14,7 @@ import orjson
 from .. import SERVER_NAME, __version__
 from ..config import ConfigError, config_from_dict, config_to_triton_json, pb
 from ..observability.logsettings import LogControl
+from ..observability.system import process_start_time
 from ..observability.trace import Tracer
 from ..repository.layout import check_model_name
 from ..vocabulary import datatypes
@@ -115,6 +116,11 @@ class InferenceService:
         self._deadlines = RequestDeadlines()
         #: --load-model names that failed in explicit mode (the registry forgets unknown names)
         self._startup_errors: list[str] = []
+        #: the process's start, wall-clock seconds: when serving began, its listeners bound and its start-up
+        #: loads done (``startup``; the operator shows them per pod in the InferenceServer status)
+        self.started_at = process_start_time() or time.time()
+        self.listening_at: float | None = None
+        self.models_ready_at: float | None = None
 
     # ---- lifecycle ----------------------------------------------------------------------
     async def start(self) -> None:
@@ -136,6 +142,16 @@ class InferenceService:
             self._poller = asyncio.create_task(self._poll_forever())
         self.registry.start_background()
         self.started = True
+        self.models_ready_at = time.time()
+
+    def startup(self) -> dict[str, float | None]:
+        """kubeinfer's start-up timeline (``GET /v2/kubeinfer/startup``): wall-clock seconds since the epoch
+        when the server began, listened on its ports, and finished its start-up loads (None: not yet)."""
+        return {
+            "started_at": self.started_at,
+            "listening_at": self.listening_at,
+            "models_ready_at": self.models_ready_at,
+        }
 
     def startup_failures(self) -> list[str]:
         """What failed to load at start, one line per model (for ``--exit-on-error``)."""
@@ -301,10 +317,10 @@ class InferenceService:
         return {"model_stats": [mv.stats.as_dict() for mv in versions]}
 
     # ---- repository ---------------------------------------------------------------------
-    def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
+    def repository_index(self, ready_only: bool = False) -> list[dict[str, Any]]:
         return self.registry.index(ready_only)
 
-    async def poll_repository(self, names: list[str] | None = None) -> list[dict[str, str]]:
+    async def poll_repository(self, names: list[str] | None = None) -> list[dict[str, Any]]:
         """kubeinfer's repository poll (poll mode only): bring these models (every model when ``names`` is
         None) in line with the repository now, as the next poll would, and return their index rows.
 

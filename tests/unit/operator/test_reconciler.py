@@ -18,10 +18,11 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import httpx
 import kopf
 import onnx
 import pytest
-from kubeinfer.operator import handlers
+from kubeinfer.operator import handlers, pod_start
 from kubeinfer.operator.egress import parse_networks
 from kubeinfer.operator.handlers import FAILURE_BACKOFF, OperatorConfig, Reconciler
 from kubeinfer.operator.kube import SERVERS
@@ -29,6 +30,7 @@ from kubeinfer.operator.render import render_model
 from onnx import TensorProto
 
 from tests.support.models import unary
+from tests.support.server import start_server
 from tests.support.specs import server_spec
 
 NS = "team"
@@ -45,6 +47,8 @@ class FakeKube:
         self.deleted: list[tuple[str, str, str]] = []
         self.statuses: list[tuple[str, str, dict[str, Any]]] = []
         self.stop = SimpleNamespace(set=lambda: None)
+        self.slices: list[dict[str, Any]] = []
+        self.pod_list: list[dict[str, Any]] = []
 
     # InferenceServers / InferenceModels
     def get(self, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
@@ -75,7 +79,10 @@ class FakeKube:
         return self.objects.pop((kind, namespace, name), None) is not None
 
     def endpoint_slices(self, namespace: str, service: str) -> list[dict[str, Any]]:
-        return []  # no replica runs: the status says so, which is not what these tests look at
+        return copy.deepcopy(self.slices)  # none by default: no replica runs, which most tests do not look at
+
+    def pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        return copy.deepcopy(self.pod_list)
 
     # owned objects
     def apply(self, manifest: Mapping[str, Any]) -> Any:
@@ -662,3 +669,86 @@ def test_images_outside_the_allowed_prefixes_are_not_run(root: Path, kube: FakeK
         assert [o["kind"] for o in kube.applied] == ["Deployment", "Service", "NetworkPolicy"]
     finally:
         r.close()
+
+
+# ---- the cold start's operator half ------------------------------------------------------------------------
+def test_a_render_is_timed_in_the_status_and_kept_until_the_next(
+    reconciler: Reconciler, kube: FakeKube, root: Path
+) -> None:
+    """status.coldStart.render: the bytes and seconds of the fetch, the rest of the sync; a later reconcile
+    that changes nothing keeps it; spec.coldStartBudgetSeconds is the operator's, not the config's."""
+    add_server(kube, "pool")
+    body = model("pool")
+    body["spec"]["coldStartBudgetSeconds"] = 30
+    size = (root / NS / "uploads" / "relu.onnx").stat().st_size
+    status = reconciler.reconcile_model(body, recheck=False)
+    assert status is not None
+    render = status["coldStart"]["render"]
+    assert render["fetchedBytes"] == size
+    assert render["artifacts"] == [{"version": 1, "bytes": size, "seconds": render["fetchSeconds"]}]
+    assert render["fetchSeconds"] >= 0 and render["renderSeconds"] >= 0
+    assert status["coldStart"]["replicas"] == []  # no replica runs here
+    budget = condition(status, "ColdStartBudget")
+    assert (budget["status"], budget["reason"]) == ("Unknown", "NotMeasured")
+    assert "coldStart" not in (root / NS / "pool" / "m" / "config.pbtxt").read_text()
+    # the status written right after a render may be deferred (replicas nudged to load it): the next
+    # reconcile, from a status that never held the record, still has it
+    unwritten = model("pool")
+    unwritten["spec"]["coldStartBudgetSeconds"] = 30
+    resynced = reconciler.reconcile_model(unwritten, from_timer=True, recheck=False)
+    assert resynced is not None and resynced["coldStart"]["render"] == render
+    # a new generation that renders the same files: nothing changed on the volume, the record stays
+    body["status"] = status
+    body["metadata"]["generation"] = 2
+    body["spec"]["coldStartBudgetSeconds"] = 60
+    again = reconciler.reconcile_model(body, recheck=False)
+    assert again is not None and again["coldStart"]["render"] == render
+    # without a budget there is no condition
+    body["status"], body["metadata"]["generation"] = again, 3
+    del body["spec"]["coldStartBudgetSeconds"]
+    last = reconciler.reconcile_model(body, recheck=False)
+    assert last is not None and "ColdStartBudget" not in {c["type"] for c in last["conditions"]}
+
+
+def test_server_status_shows_how_each_pod_started(
+    reconciler: Reconciler, kube: FakeKube, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """status.pods: the pod's own phases from its status, the server's (listening, models ready) from the real
+    server behind the pod's endpoint; a complete timeline is not asked for again."""
+    repo = tmp_path / "serving"
+    repo.mkdir()
+    server = start_server(repo, log_dir=tmp_path)
+    try:
+        pod = {
+            "metadata": {"name": "pool-0", "uid": "pod-0", "creationTimestamp": "2026-01-01T00:00:00Z"},
+            "status": {
+                "conditions": [
+                    {"type": "PodScheduled", "status": "True", "lastTransitionTime": "2026-01-01T00:00:01Z"}
+                ],
+                "containerStatuses": [{"name": "server", "state": {"running": {"startedAt": "2026-01-01T00:00:02Z"}}}],
+            },
+        }
+        kube.pod_list = [pod, {**pod, "metadata": {**pod["metadata"], "name": "gone", "uid": "x",
+                                                   "deletionTimestamp": "2026-01-01T00:00:09Z"}}]  # fmt: skip
+        kube.slices = [
+            {
+                "ports": [{"name": "http", "port": server.http_port}],
+                "endpoints": [
+                    {"addresses": ["127.0.0.1"], "conditions": {"ready": True}, "targetRef": {"name": "pool-0"}}
+                ],
+            }
+        ]
+        reconciler.reconcile_server(add_server(kube, "pool"))
+        (_, _, status) = kube.statuses[-1]
+        (entry,) = status["pods"]
+        startup = httpx.get(f"{server.base_url}/v2/kubeinfer/startup").json()
+        assert entry["name"] == "pool-0" and entry["created"] == "2026-01-01T00:00:00.000Z"
+        assert entry["seconds"]["scheduled"] == 1.0 and entry["seconds"]["containerStarted"] == 1.0
+        assert pod_start.complete(entry) and entry == pod_start.pod_timeline(pod, startup)
+        # complete: the next reconcile does not ask the server again
+        asked: list[str] = []
+        monkeypatch.setattr(reconciler, "_startup", lambda url, access: asked.append(url))
+        reconciler.reconcile_server(add_server(kube, "pool"))
+        assert asked == [] and kube.statuses[-1][2]["pods"] == [entry]
+    finally:
+        server.terminate()
