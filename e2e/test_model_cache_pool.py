@@ -11,7 +11,6 @@ failed, and the replicas' metrics count evictions.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -22,7 +21,7 @@ import onnx
 import pytest
 import tritonclient.http as httpclient
 
-from tests.support.host_operator import HostOperator, host_operator
+from tests.support.host_operator import HostOperator, InNamespace, host_operator
 from tests.support.models import matmul
 from tests.support.waiting import wait_for_cluster
 
@@ -36,17 +35,9 @@ BUDGET = "6Mi"  # about 5 of them
 
 
 @dataclass
-class Pool:
-    cluster: Any
+class Pool(InNamespace):
     op: HostOperator
     weights: dict[str, np.ndarray]
-
-    def kubectl(self, *args: str, check: bool = True, input: str | None = None) -> Any:
-        return self.cluster.kubectl("-n", self.op.ns, *args, check=check, input=input)
-
-    def get(self, kind: str, name: str = "") -> dict[str, Any]:
-        proc = self.kubectl("get", kind, *([name] if name else []), "-o", "json", check=False)
-        return json.loads(proc.stdout) if proc.returncode == 0 else {}
 
     def describe(self) -> str:
         out = self.kubectl("get", "isrv,im,pods", "-o", "wide", check=False).stdout
@@ -70,7 +61,7 @@ def pool(cluster: Any, node: dict, images: dict, tmp_path_factory: pytest.TempPa
             model, weight = matmul(SIZE, seed=i)
             onnx.save(model, uploads / f"m{i:02d}.onnx")
             weights[f"m{i:02d}"] = weight
-        p = Pool(cluster, op, weights)
+        p = Pool(cluster, op.ns, op, weights)
         server = {
             "apiVersion": API,
             "kind": "InferenceServer",
@@ -85,7 +76,7 @@ def pool(cluster: Any, node: dict, images: dict, tmp_path_factory: pytest.TempPa
                 "modelCache": {"memoryBudget": BUDGET, "loadTimeoutSeconds": 60},
             },
         }
-        p.kubectl("apply", "-f", "-", input=json.dumps(server))
+        p.apply(server)
         models = [
             {
                 "apiVersion": API,
@@ -103,7 +94,7 @@ def pool(cluster: Any, node: dict, images: dict, tmp_path_factory: pytest.TempPa
             }
             for name in weights
         ]
-        p.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": models}))
+        p.apply({"apiVersion": "v1", "kind": "List", "items": models})
         yield p
 
 

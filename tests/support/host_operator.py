@@ -45,9 +45,9 @@ class InNamespace:
     def apply(self, obj: dict[str, Any]) -> None:
         self.kubectl("apply", "-f", "-", input=json.dumps(obj))
 
-    def get(self, kind: str, name: str) -> dict[str, Any]:
-        """The object, or {} when it does not exist (yet)."""
-        proc = self.kubectl("get", kind, name, "-o", "json", check=False)
+    def get(self, kind: str, name: str = "") -> dict[str, Any]:
+        """The object (or, without a name, the list of that kind), or {} when it does not exist (yet)."""
+        proc = self.kubectl("get", kind, *([name] if name else []), "-o", "json", check=False)
         return json.loads(proc.stdout) if proc.returncode == 0 else {}
 
 
