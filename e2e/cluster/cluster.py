@@ -55,7 +55,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-import node  # noqa: E402  (e2e/cluster/node.py: the real worker node)
+from localcluster import node  # noqa: E402  (the real worker node)
+from localcluster.node import cgroups, configs, containerd, lifecycle, network, storage  # noqa: E402
 
 MODULES = ("k8s", "etcd", "kwok", "helm", "coredns")
 
@@ -118,9 +119,17 @@ def recipe_hash(with_node: bool) -> str:
     """What a running cluster was started by: these scripts' text and the node switch. ``up`` restarts a
     cluster whose recipe differs instead of reusing one started with other flags or components."""
     h = hashlib.sha256(f"node={with_node}".encode())
-    for f in ("cluster.py", "node.py"):
-        h.update((HERE / f).read_bytes())
+    for f in recipe_files():
+        h.update(f.read_bytes())
     return h.hexdigest()[:16]
+
+
+def recipe_files() -> list[Path]:
+    """The scripts a running cluster's recipe hashes: this CLI and the modules that start and stop it (not the
+    add-ons, which ``up`` starts on a running cluster)."""
+    pkg = HERE / "localcluster"
+    modules = sorted(p for p in pkg.rglob("*.py") if "addons" not in p.relative_to(pkg).parts)
+    return [HERE / "cluster.py", *modules]
 
 
 def expected_components(state: dict) -> tuple[str, ...]:
@@ -259,7 +268,7 @@ def build(out: Path) -> None:
     go([*common, "-ldflags", f"-s -w {cx}".strip(), "-o", str(out / "coredns"), "."], "coredns")
 
     # The pod sandbox ("pause") binary: Kubernetes' own build/pause/linux/pause.c at the pinned version,
-    # compiled as upstream's Makefile does (static, -Os); node.py wraps it into the sandbox image.
+    # compiled as upstream's Makefile does (static, -Os); localcluster/node/pause_image.py makes the sandbox image.
     pause_tag = pause_version(Path(k8s["dir"]))
     cc = ["gcc", "-Os", "-Wall", "-Werror", "-static", f"-DVERSION=v{pause_tag}-{v}"]
     src = Path(k8s["dir"]) / "build" / "pause" / "linux" / "pause.c"
@@ -437,7 +446,7 @@ def stop_components(rd: Path, state: dict) -> list[str]:
         comp = comps[name]
         if name == "containerd" and node_info:
             # the kubelet is gone by now; stop the pods while containerd can still do it
-            n = node.kill_pods(node.paths(rd, node.net_of(node_info)))
+            n = containerd.kill_pods(configs.paths(rd, lifecycle.net_of(node_info)))
             if n:
                 stopped.append(f"{n} pod container(s)")
         if not alive(comp):
@@ -453,7 +462,7 @@ def stop_components(rd: Path, state: dict) -> list[str]:
                 time.sleep(0.1)
         stopped.append(f"{name}({comp['pid']})")
     if node_info:
-        node.cleanup(rd, node_info)
+        lifecycle.cleanup(rd, node_info)
     for name in comps:
         with contextlib.suppress(OSError):
             (rd / "pids" / f"{name}.pid").unlink()
@@ -634,8 +643,8 @@ def start(rd: Path, bins: Path, timeout: float, with_node: bool) -> dict:
     api_ip, service_cidr, service_ip = "127.0.0.1", SERVICE_CIDR, SERVICE_IP
     if with_node:
         # the node's network namespace comes first: the apiserver listens on the host end of its veth
-        net = node.choose_net(rd)
-        node.setup_network(net)
+        net = network.choose_net(rd)
+        network.setup_network(net)
         api_ip, service_cidr, service_ip = net.host_ip, net.service_cidr, net.service_ip
     make_pki(pki, api_ips=(api_ip,), service_ip=service_ip, kubelet_ip=net.node_ip if net else "")
     (etcd_port, peer_port, api_port, kcm_port, sched_port) = free_ports(5)
@@ -737,9 +746,9 @@ def start(rd: Path, bins: Path, timeout: float, with_node: bool) -> dict:
     argv = {name: [str(bins / name), *flags] for name, flags in cmds.items()}
     node_paths: dict = {}
     if net:
-        node_paths = node.write_configs(rd, net, pki, bins, kubeconfig)
-        argv.update(node.commands(net, node_paths, bins))
-        state["node"] = node.describe(net, node_paths)  # from here on, a failed start cleans the node up too
+        node_paths = configs.write_configs(rd, net, pki, bins, kubeconfig)
+        argv.update(configs.commands(net, node_paths, bins))
+        state["node"] = lifecycle.describe(net, node_paths)  # from here on, a failed start cleans the node up too
         save_state(rd, state)
     api = Api(server, pki)
     deadline = time.monotonic() + timeout
@@ -840,7 +849,7 @@ def node_ready(api: Api, name: str) -> bool:
 
 def start_node(net, paths: dict, bins: Path, api: Api, launch, wait, state: dict, rd: Path) -> None:
     """containerd (+ the pause image), kubelet, kube-proxy, CoreDNS; then the default StorageClass."""
-    node.make_cgroup_root(net)
+    cgroups.make_cgroup_root(net)
     everything = tuple(COMPONENTS)
     containerd_log = rd / "logs" / "containerd.log"
     offset = containerd_log.stat().st_size if containerd_log.exists() else 0
@@ -848,10 +857,10 @@ def start_node(net, paths: dict, bins: Path, api: Api, launch, wait, state: dict
     everything += ("containerd",)
     wait(
         "containerd and its CRI service",
-        lambda: node.containerd_ready(paths) and node.cri_serving(containerd_log, offset),
+        lambda: containerd.containerd_ready(paths) and containerd.cri_serving(containerd_log, offset),
         everything,
     )
-    pause = node.ensure_pause_image(paths, bins)
+    pause = containerd.ensure_pause_image(paths, bins)
     log(f"containerd up; sandbox image {pause}")
     everything += ("kubelet",)
     for attempt in range(1, 4):
@@ -860,7 +869,7 @@ def start_node(net, paths: dict, bins: Path, api: Api, launch, wait, state: dict
             wait(f"node {node.NODE_NAME} Ready", lambda: node_ready(api, node.NODE_NAME), everything)
             break
         except ClusterError as exc:
-            if attempt == 3 or node.CRI_NOT_INITIALIZED not in str(exc):
+            if attempt == 3 or containerd.CRI_NOT_INITIALIZED not in str(exc):
                 raise
             log(f"the kubelet reached containerd's CRI service before it was ready ({attempt}); starting it again")
             time.sleep(1)
@@ -870,7 +879,7 @@ def start_node(net, paths: dict, bins: Path, api: Api, launch, wait, state: dict
     launch("coredns")
     everything += ("coredns",)
     wait("CoreDNS /ready", lambda: http_ok(f"http://{net.node_ip}:8181/ready"), everything)
-    made = node.ensure_storage(api, paths)
+    made = storage.ensure_storage(api, paths)
     log(
         f"node {node.NODE_NAME} Ready ({net.node_ip}, pods {net.pod_cidr}, Services {net.service_cidr}); "
         f"{made} new PersistentVolume(s) in the pool"
@@ -938,7 +947,7 @@ def cmd_up(args) -> int:
         if state and state.get("recipe") != recipe:
             stopped = stop_components(rd, state)
             log(
-                f"the cluster running in {rd} was started by another recipe (cluster.py/node.py or "
+                f"the cluster running in {rd} was started by another recipe (cluster.py, localcluster/ or "
                 f"KUBEINFER_CLUSTER_NODE differ); stopped {stopped or 'nothing'} to restart it"
             )
             state = None
