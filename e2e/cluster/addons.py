@@ -39,7 +39,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import cluster as c  # the sibling module (cluster.py registers itself under this name)
+from localcluster import apiclient, base, gotool, pki, processes, scaffold
+from localcluster.base import ClusterError
+from localcluster.processes import alive, tail
+from localcluster.state import save_state
 
 HERE = Path(__file__).resolve().parent
 ADDONS = ("prometheus", "keda")
@@ -64,7 +67,7 @@ SERVER_NAMES = ("keda-operator", "keda-metrics-apiserver")
 
 
 def log(msg: str) -> None:
-    c.log(msg)
+    base.log(msg)
 
 
 def selected(arg: str | None) -> list[str]:
@@ -73,7 +76,7 @@ def selected(arg: str | None) -> list[str]:
     names = [n.strip() for n in raw.split(",") if n.strip()]
     unknown = [n for n in names if n not in ADDONS]
     if unknown:
-        raise c.ClusterError(f"unknown add-on(s) {unknown}; known: {', '.join(ADDONS)}")
+        raise ClusterError(f"unknown add-on(s) {unknown}; known: {', '.join(ADDONS)}")
     return [n for n in ADDONS if n in names]
 
 
@@ -82,14 +85,14 @@ def _yaml() -> Any:
     try:
         import yaml
     except ImportError as e:
-        raise c.ClusterError(
+        raise ClusterError(
             "the add-ons read YAML manifests: run with a Python that has PyYAML (.venv/bin/python)"
         ) from e
     return yaml
 
 
 def addons_dir() -> Path:
-    return c.cache_dir() / "addons"
+    return base.cache_dir() / "addons"
 
 
 def _hash(*parts: bytes) -> str:
@@ -109,7 +112,7 @@ def _cached(name: str, key: str, make) -> Path:
     target = addons_dir() / f"{name}-{key}"
     if (target / ".complete").exists():
         return target
-    with c.flock(addons_dir() / f".{name}.lock"):
+    with scaffold.flock(addons_dir() / f".{name}.lock"):
         if (target / ".complete").exists():
             return target
         t0 = time.monotonic()
@@ -136,9 +139,9 @@ def keda_dir() -> Path:
 
     def make(out: Path) -> None:
         jobs = os.environ.get("KUBEINFER_GO_BUILD_P", "2")
-        info = c.module_info("keda", "github.com/kedacore/keda/v2")
+        info = gotool.module_info("keda", "github.com/kedacore/keda/v2")
         for cmd, binary in (("operator", "keda-operator"), ("adapter", "keda-adapter")):
-            c.go(
+            gotool.go(
                 [
                     "build", "-p", jobs, "-trimpath",
                     "-ldflags", f"-s -w -X github.com/kedacore/keda/v2/version.Version={info['version']}",
@@ -169,7 +172,7 @@ def json_patch(doc: dict, op: dict) -> None:
     elif op["op"] == "remove":
         del node[int(last) if isinstance(node, list) else last]
     else:
-        raise c.ClusterError(f"JSON patch op {op['op']} is not supported here")
+        raise ClusterError(f"JSON patch op {op['op']} is not supported here")
 
 
 def keda_crds(kdir: Path) -> list[dict]:
@@ -203,7 +206,7 @@ def prometheus_dir() -> Path:
 
     def make(out: Path) -> None:
         jobs = os.environ.get("KUBEINFER_GO_BUILD_P", "2")
-        info = c.module_info("prometheus", "github.com/prometheus/prometheus")
+        info = gotool.module_info("prometheus", "github.com/prometheus/prometheus")
         version = (Path(info["dir"]) / "VERSION").read_text().strip()
         stamp = "github.com/prometheus/common/version"
         ldflags = [
@@ -214,7 +217,7 @@ def prometheus_dir() -> Path:
             f"-X {stamp}.BuildUser=kubeinfer",
             f"-X {stamp}.BuildDate={info['time']}",
         ]
-        c.go(
+        gotool.go(
             ["build", "-p", jobs, "-trimpath", "-tags", PROMETHEUS_TAGS, "-ldflags", " ".join(ldflags),
              "-o", str(out / "prometheus"), "github.com/prometheus/prometheus/cmd/prometheus"],
             "prometheus",
@@ -228,9 +231,9 @@ def _run(cmd: list[str], what: str, cwd: str | None = None, input: str | None = 
     try:
         p = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, input=input, env=env)
     except FileNotFoundError as e:
-        raise c.ClusterError(f"{what}: {cmd[0]} not found") from e
+        raise ClusterError(f"{what}: {cmd[0]} not found") from e
     if p.returncode != 0:
-        raise c.ClusterError(
+        raise ClusterError(
             f"{what} failed (exit {p.returncode}): {' '.join(cmd)}\n{p.stdout[-4000:]}{p.stderr[-4000:]}"
         )
     return p.stdout
@@ -248,12 +251,12 @@ def kubeconform_dir() -> Path:
 
     def make(out: Path) -> None:
         jobs = os.environ.get("KUBEINFER_GO_BUILD_P", "2")
-        c.go(
+        gotool.go(
             ["build", "-p", jobs, "-trimpath", "-ldflags", "-s -w", "-o", str(out / "kubeconform"),
              "github.com/yannh/kubeconform/cmd/kubeconform"],
             "kubeconform",
         )  # fmt: skip
-        k8s = c.module_info("k8s", "k8s.io/kubernetes")
+        k8s = gotool.module_info("k8s", "k8s.io/kubernetes")
         swagger = json.loads((Path(k8s["dir"]) / "api/openapi-spec/swagger.json").read_text())
         n = write_k8s_schemas(swagger, out / "schemas" / f"{k8s['version']}-standalone-strict")
         (out / "KUBERNETES_VERSION").write_text(k8s["version"].lstrip("v") + "\n")
@@ -267,7 +270,7 @@ def kubeconform_dir() -> Path:
 
 def keda_crds_from_module() -> list[dict]:
     """KEDA's CRDs straight from the module (no build): same files ``keda_dir`` copies."""
-    info = c.module_info("keda", "github.com/kedacore/keda/v2")
+    info = gotool.module_info("keda", "github.com/kedacore/keda/v2")
     with tempfile.TemporaryDirectory() as tmp:
         shutil.copytree(Path(info["dir"]) / "config" / "crd", Path(tmp) / "config" / "crd")
         return keda_crds(Path(tmp))
@@ -277,11 +280,11 @@ def prometheus_operator_crds() -> list[dict]:
     yaml = _yaml()
     path, version, want = PROM_OPERATOR
     with tempfile.TemporaryDirectory() as tmp:
-        env = {**c.go_env(), "GOFLAGS": "-modcacherw -mod=mod", "GO111MODULE": "on"}
+        env = {**gotool.go_env(), "GOFLAGS": "-modcacherw -mod=mod", "GO111MODULE": "on"}
         out = _run(["go", "mod", "download", "-json", f"{path}@{version}"], what="go mod download", cwd=tmp, env=env)
     d = json.loads(out)
     if d.get("Sum") != want:
-        raise c.ClusterError(f"{path}@{version}: module sum {d.get('Sum')} != pinned {want}")
+        raise ClusterError(f"{path}@{version}: module sum {d.get('Sum')} != pinned {want}")
     base = Path(d["Dir"]) / "example" / "prometheus-operator-crd"
     return [yaml.safe_load((base / f).read_text()) for f in PROM_OPERATOR_CRDS]
 
@@ -398,11 +401,11 @@ def write_crd_schemas(crds: list[dict], out: Path) -> int:
 
 
 def _launch(rd: Path, state: dict, name: str, cmd: list[str], env: dict | None = None) -> dict:
-    pid, st = c.spawn(cmd, rd / "logs" / f"{name}.log", rd, f"starting {name}", env)
+    pid, st = processes.spawn(cmd, rd / "logs" / f"{name}.log", rd, f"starting {name}", env)
     comp = {"pid": pid, "starttime": st, "log": str(rd / "logs" / f"{name}.log"), "cmd": cmd}
     state.setdefault("addons", {})[name] = comp
     (rd / "pids" / f"{name}.pid").write_text(f"{pid}\n")
-    c.save_state(rd, state)
+    save_state(rd, state)
     return comp
 
 
@@ -410,16 +413,16 @@ def _wait(what: str, check, comps: list[dict], timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while True:
         for comp in comps:
-            if not c.alive(comp):
-                raise c.ClusterError(f"{comp['cmd'][0]} exited while waiting for {what}:\n{c.tail(Path(comp['log']))}")
+            if not alive(comp):
+                raise ClusterError(f"{comp['cmd'][0]} exited while waiting for {what}:\n{tail(Path(comp['log']))}")
         try:
             if check():
                 return
         except (OSError, ValueError, KeyError):
             pass
         if time.monotonic() > deadline:
-            logs = "\n".join(f"--- {x['log']}\n{c.tail(Path(x['log']), 25)}" for x in comps)
-            raise c.ClusterError(f"timed out after {timeout:.0f}s waiting for {what}\n{logs}")
+            logs = "\n".join(f"--- {x['log']}\n{tail(Path(x['log']), 25)}" for x in comps)
+            raise ClusterError(f"timed out after {timeout:.0f}s waiting for {what}\n{logs}")
         time.sleep(0.5)
 
 
@@ -429,16 +432,16 @@ def _kubectl(state: dict, *args: str, input: str | None = None, kubeconfig: str 
 
 
 def _stop(comp: dict, name: str) -> bool:
-    if not c.alive(comp):
+    if not alive(comp):
         return False
     os.kill(comp["pid"], signal.SIGTERM)
     deadline = time.monotonic() + 20
-    while c.alive(comp) and time.monotonic() < deadline:
+    while alive(comp) and time.monotonic() < deadline:
         time.sleep(0.1)
-    if c.alive(comp):
+    if alive(comp):
         log(f"{name} (pid {comp['pid']}) ignored SIGTERM; sending SIGKILL")
         os.kill(comp["pid"], signal.SIGKILL)
-        while c.alive(comp):
+        while alive(comp):
             time.sleep(0.1)
     return True
 
@@ -460,14 +463,14 @@ def start(rd: Path, state: dict, names: list[str], timeout: float) -> float:
     """Start the named add-ons that are not running yet; returns the seconds it took."""
     t0 = time.monotonic()
     running = state.setdefault("addons", {})
-    if "prometheus" in names and not (running.get("prometheus") and c.alive(running["prometheus"])):
+    if "prometheus" in names and not (running.get("prometheus") and alive(running["prometheus"])):
         start_prometheus(rd, state, prometheus_dir(), timeout)
-    if "keda" in names and not all(running.get(n) and c.alive(running[n]) for n in ("keda-operator", "keda-adapter")):
+    if "keda" in names and not all(running.get(n) and alive(running[n]) for n in ("keda-operator", "keda-adapter")):
         for n in ("keda-adapter", "keda-operator"):
             if running.get(n):
                 _stop(running.pop(n), n)
         start_keda(rd, state, keda_dir(), timeout)
-    c.save_state(rd, state)
+    save_state(rd, state)
     return time.monotonic() - t0
 
 
@@ -505,7 +508,7 @@ def start_prometheus(rd: Path, state: dict, pdir: Path, timeout: float) -> None:
     shutil.rmtree(home, ignore_errors=True)
     (home / "data").mkdir(parents=True)
     (home / "prometheus.yml").write_text(prometheus_config(state["kubeconfig"]))
-    (port,) = c.free_ports(1)
+    (port,) = processes.free_ports(1)
     url = f"http://127.0.0.1:{port}"
     comp = _launch(
         rd,
@@ -522,8 +525,8 @@ def start_prometheus(rd: Path, state: dict, pdir: Path, timeout: float) -> None:
     )
     comp["url"] = url
     comp["version"] = (pdir / "VERSION").read_text().strip()
-    _wait("Prometheus /-/ready", lambda: c.http_ok(f"{url}/-/ready", insecure=False), [comp], timeout)
-    c.save_state(rd, state)
+    _wait("Prometheus /-/ready", lambda: apiclient.http_ok(f"{url}/-/ready", insecure=False), [comp], timeout)
+    save_state(rd, state)
     log(f"Prometheus {comp['version']} at {url} (scrape interval {SCRAPE_INTERVAL})")
 
 
@@ -531,7 +534,7 @@ def _keda_certs(certs: Path) -> None:
     """One CA and one certificate for both KEDA processes: the adapter serves the aggregated API with it
     (the apiserver checks ``keda-metrics-apiserver.keda.svc``) and the two talk mutual TLS over gRPC."""
     certs.mkdir(parents=True, exist_ok=True)
-    o = lambda *a: c.openssl(*a, cwd=certs)  # noqa: E731
+    o = lambda *a: pki.openssl(*a, cwd=certs)  # noqa: E731
     o("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt", "-days", "3650",
       "-subj", "/O=KEDAORG/CN=KEDA", "-addext", "basicConstraints=critical,CA:TRUE",
       "-addext", "keyUsage=critical,keyCertSign,cRLSign,digitalSignature")  # fmt: skip
@@ -610,7 +613,7 @@ def start_keda(rd: Path, state: dict, kdir: Path, timeout: float) -> None:
     shutil.rmtree(home, ignore_errors=True)
     certs = home / "certs"
     _keda_certs(certs)
-    op_metrics, op_probe, grpc_port, adapter_port, adapter_metrics = c.free_ports(5)
+    op_metrics, op_probe, grpc_port, adapter_port, adapter_metrics = processes.free_ports(5)
     manifests = keda_manifests(kdir, certs, adapter_port)
     _kubectl(state, "apply", "--server-side", "--force-conflicts", "--field-manager=kubeinfer-cluster", "-f", "-",
              input=manifests)  # fmt: skip
@@ -651,7 +654,7 @@ def start_keda(rd: Path, state: dict, kdir: Path, timeout: float) -> None:
         ],
         env,
     )
-    _wait("KEDA operator /readyz", lambda: c.http_ok(f"http://127.0.0.1:{op_probe}/readyz", insecure=False),
+    _wait("KEDA operator /readyz", lambda: apiclient.http_ok(f"http://127.0.0.1:{op_probe}/readyz", insecure=False),
           [operator], timeout)  # fmt: skip
     adapter = _launch(
         rd,
@@ -682,7 +685,7 @@ def start_keda(rd: Path, state: dict, kdir: Path, timeout: float) -> None:
 
     _wait("APIService v1beta1.external.metrics.k8s.io Available", available, [operator, adapter], timeout)
     operator["version"] = adapter["version"] = (kdir / "VERSION").read_text().strip()
-    c.save_state(rd, state)
+    save_state(rd, state)
     log(f"KEDA {operator['version']}: operator and metrics adapter running, external metrics API available")
 
 
@@ -699,7 +702,7 @@ def ensure_built(names: list[str]) -> dict[str, str]:
 def describe(state: dict) -> dict:
     out = {}
     for name, comp in (state.get("addons") or {}).items():
-        if c.alive(comp):
+        if alive(comp):
             out[name] = {k: comp[k] for k in ("pid", "log", "url", "version") if k in comp}
     return out
 
@@ -708,7 +711,7 @@ def main(argv: list[str]) -> int:
     if argv == ["kubeconform-dir"]:
         try:
             print(kubeconform_dir())
-        except c.ClusterError as e:
+        except ClusterError as e:
             log(f"ERROR: {e}")
             return 1
         return 0

@@ -1,4 +1,5 @@
-"""The node's clean-up after its processes stopped, and what ``state.json`` records of it."""
+"""The node's start (after the control plane), its clean-up after its processes stopped, and what ``state.json``
+records of it."""
 
 from __future__ import annotations
 
@@ -6,13 +7,56 @@ import contextlib
 import os
 import shutil
 import signal
+import time
 from pathlib import Path
 
-from localcluster.node import NODE_NAME, sh
+from localcluster.apiclient import Api, http_ok, node_ready
+from localcluster.base import ClusterError, log
+from localcluster.node import NODE_NAME, cgroups, containerd, sh, storage
 from localcluster.node.cgroups import remove_cgroup_root
 from localcluster.node.configs import paths
 from localcluster.node.network import Net, teardown_network
-from localcluster.node.storage import STORAGE_CLASS
+
+
+def start_node(net: Net, paths: dict, bins: Path, api: Api, launcher, started: tuple[str, ...], rd: Path) -> None:
+    """containerd (+ the pause image), kubelet, kube-proxy, CoreDNS, with ``launcher`` (supervisor.Launcher; the
+    control plane's ``started`` components are watched too); then the default StorageClass."""
+    launch, wait = launcher.launch, launcher.wait
+    cgroups.make_cgroup_root(net)
+    everything = started
+    containerd_log = rd / "logs" / "containerd.log"
+    offset = containerd_log.stat().st_size if containerd_log.exists() else 0
+    launch("containerd")
+    everything += ("containerd",)
+    wait(
+        "containerd and its CRI service",
+        lambda: containerd.containerd_ready(paths) and containerd.cri_serving(containerd_log, offset),
+        everything,
+    )
+    pause = containerd.ensure_pause_image(paths, bins)
+    log(f"containerd up; sandbox image {pause}")
+    everything += ("kubelet",)
+    for attempt in range(1, 4):
+        launch("kubelet")
+        try:
+            wait(f"node {NODE_NAME} Ready", lambda: node_ready(api, NODE_NAME), everything)
+            break
+        except ClusterError as exc:
+            if attempt == 3 or containerd.CRI_NOT_INITIALIZED not in str(exc):
+                raise
+            log(f"the kubelet reached containerd's CRI service before it was ready ({attempt}); starting it again")
+            time.sleep(1)
+    launch("kube-proxy")
+    everything += ("kube-proxy",)
+    wait("kube-proxy /healthz", lambda: http_ok(f"http://{net.node_ip}:10256/healthz"), everything)
+    launch("coredns")
+    everything += ("coredns",)
+    wait("CoreDNS /ready", lambda: http_ok(f"http://{net.node_ip}:8181/ready"), everything)
+    made = storage.ensure_storage(api, paths)
+    log(
+        f"node {NODE_NAME} Ready ({net.node_ip}, pods {net.pod_cidr}, Services {net.service_cidr}); "
+        f"{made} new PersistentVolume(s) in the pool"
+    )
 
 
 def _mounts_under(prefixes: list[str]) -> list[str]:
@@ -80,7 +124,7 @@ def describe(net: Net, p: dict) -> dict:
         "service_cidr": net.service_cidr,
         "dns_ip": net.dns_ip,
         "cgroup_root": net.cgroup_root,
-        "storage_class": STORAGE_CLASS,
+        "storage_class": storage.STORAGE_CLASS,
         **{k: p[k] for k in ("containerd_socket", "kubelet_root", "pod_logs", "volumes")},
     }
 
