@@ -44,8 +44,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-import addons  # noqa: E402  (e2e/cluster/addons.py)
-from localcluster import node  # noqa: E402
+from localcluster import addons, node  # noqa: E402
 from localcluster.apiclient import Api  # noqa: E402
 from localcluster.base import ClusterError, log, run_dir  # noqa: E402
 from localcluster.binaries import ensure_built  # noqa: E402

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from localcluster import node
+from localcluster import addons, node
 from localcluster.apiclient import Api, http_ok, node_ready
 from localcluster.base import CLUSTER_DIR, ClusterError, log
 from localcluster.control_plane import (
@@ -188,8 +188,6 @@ def healthy(state: dict, patience: float = 30) -> bool:
 
 def stop_components(rd: Path, state: dict) -> list[str]:
     """Stop the add-ons, then every component in reverse start order; clean up the node; forget the state."""
-    import addons  # e2e/cluster/addons.py (it imports these modules)
-
     stopped = addons.stop(rd, state) if state.get("addons") else []
     comps = state.get("components", {})
     node_info = state.get("node")
