@@ -111,7 +111,7 @@ def start(rd: Path, bins: Path, timeout: float, with_node: bool) -> dict:
     server = f"https://{api_ip}:{ports.apiserver}"
     kubeconfig = rd / "kubeconfig"
     write_kubeconfig(kubeconfig, pki, server)
-    state = {
+    state: dict = {
         "bin_dir": str(bins),
         "run_dir": str(rd),
         "kubeconfig": str(kubeconfig),
