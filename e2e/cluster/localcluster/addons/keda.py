@@ -29,15 +29,20 @@ def keda_dir() -> Path:
     def make(out: Path) -> None:
         jobs = os.environ.get("KUBEINFER_GO_BUILD_P", "2")
         info = gotool.module_info("keda", "github.com/kedacore/keda/v2")
-        for cmd, binary in (("operator", "keda-operator"), ("adapter", "keda-adapter")):
-            gotool.go(
-                [
-                    "build", "-p", jobs, "-trimpath",
-                    "-ldflags", f"-s -w -X github.com/kedacore/keda/v2/version.Version={info['version']}",
-                    "-o", str(out / binary), f"github.com/kedacore/keda/v2/cmd/{cmd}",
-                ],
-                "keda",
-            )  # fmt: skip
+        # both commands in one invocation: one links while the other compiles (the binaries are the same bytes
+        # as from two invocations, so the recipe and its cache key stay)
+        bins = out / ".bin"
+        gotool.go(
+            [
+                "build", "-p", jobs, "-trimpath",
+                "-ldflags", f"-s -w -X github.com/kedacore/keda/v2/version.Version={info['version']}",
+                "-o", f"{bins}/", *(f"github.com/kedacore/keda/v2/cmd/{cmd}" for cmd in ("operator", "adapter")),
+            ],
+            "keda",
+        )  # fmt: skip
+        for cmd in ("operator", "adapter"):
+            (bins / cmd).rename(out / f"keda-{cmd}")
+        bins.rmdir()
         src = Path(info["dir"]) / "config"
         for sub in ("crd/bases", "crd/patches", "rbac", "metrics-server", "service_account", "general"):
             shutil.copytree(src / sub, out / "config" / sub)
