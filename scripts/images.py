@@ -40,6 +40,11 @@ import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+# the local cluster's modules: the scaffolding both scripts share, the running cluster's state (stdlib only)
+sys.path.insert(0, str(ROOT / "e2e" / "cluster"))
+from localcluster import scaffold  # noqa: E402
+from localcluster.scaffold import flock  # noqa: E402
+
 SYSTEM_PACKAGES = ROOT / "e2e" / "cluster" / "system-packages"
 
 #: What an image is built from, hashed for its tag: what the wheel is built from (setup.py compiles the Rust
@@ -101,8 +106,7 @@ GRPC_TRANSPORT_LABEL = "io.kubeinfer.grpc-transport"
 REQUIRE_GRPC_TRANSPORT = "KUBEINFER_REQUIRE_GRPC_TRANSPORT"
 
 
-def log(msg: str) -> None:
-    print(f"[kubeinfer-images] {msg}", file=sys.stderr, flush=True)
+log = scaffold.progress("kubeinfer-images")
 
 
 class ImageError(RuntimeError):
@@ -110,8 +114,7 @@ class ImageError(RuntimeError):
 
 
 def cache_dir() -> Path:
-    default = Path.home() / ".cache" / "kubeinfer-images"
-    return Path(os.environ.get("KUBEINFER_IMAGE_CACHE") or default).expanduser()
+    return scaffold.cache_folder("KUBEINFER_IMAGE_CACHE", "kubeinfer-images")
 
 
 def run(*cmd: str, capture: bool = True, **kw) -> str:
@@ -381,19 +384,14 @@ def prune(name: str, keep: tuple[str, ...]) -> None:
 # ----------------------------------------------------------------------------- containerd
 
 
-def cluster_script():
-    """e2e/cluster/cluster.py (stdlib only): the run folder's state, and the file lock both scripts use."""
-    sys.path.insert(0, str(ROOT / "e2e" / "cluster"))
-    import cluster
-
-    return cluster
-
-
 def cluster_node() -> dict | None:
     """The worker node of the running local cluster (from its run folder's state.json), if any."""
-    cluster = cluster_script()
-    state = cluster.load_state(cluster.run_dir())
-    if not state or not state.get("node") or not cluster.healthy(state, patience=5):
+    from localcluster.base import run_dir
+    from localcluster.state import load_state
+    from localcluster.supervisor import healthy
+
+    state = load_state(run_dir())
+    if not state or not state.get("node") or not healthy(state, patience=5):
         return None
     return state["node"]
 
@@ -452,7 +450,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         subprocess.run([str(SYSTEM_PACKAGES)], check=True)
         cache_dir().mkdir(parents=True, exist_ok=True)
-        with cluster_script().flock(cache_dir() / ".build.lock"):
+        with flock(cache_dir() / ".build.lock"):
             base = build_base()
             with tempfile.TemporaryDirectory(prefix="kubeinfer-context-", dir=cache_dir()) as tmp:
                 context = Context(Path(tmp))

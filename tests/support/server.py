@@ -20,14 +20,14 @@ from tests.support.waiting import wait_for
 def free_port() -> int:
     """A port free on 127.0.0.1 now, by the local cluster script's rule (below the kernel's ephemeral
     range, so an outgoing connection cannot take it before the server binds it; never twice)."""
-    return _cluster_script().free_ports(1)[0]
+    return _cluster_processes().free_ports(1)[0]
 
 
-def _cluster_script() -> ModuleType:
+def _cluster_processes() -> ModuleType:
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "e2e" / "cluster"))
-    import cluster  # e2e/cluster/cluster.py (stdlib only)
+    from localcluster import processes  # e2e/cluster/localcluster/processes.py (stdlib only)
 
-    return cluster
+    return processes
 
 
 @dataclass

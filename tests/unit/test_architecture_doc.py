@@ -10,7 +10,7 @@ DOC = ROOT / "docs" / "architecture.md"
 
 
 def test_every_file_the_architecture_doc_names_exists() -> None:
-    paths = set(re.findall(r"`((?:server|operator|tests)/[\w./]+)`", DOC.read_text()))
+    paths = set(re.findall(r"`((?:server|operator|tests|e2e|scripts)/[\w./]+)`", DOC.read_text()))
     assert len(paths) > 20, paths
     missing = sorted(p for p in paths if not (ROOT / p).exists())
     assert not missing, f"docs/architecture.md names files that do not exist: {missing}"

@@ -1,4 +1,4 @@
-"""Pure parts of the local cluster's worker node (e2e/cluster/node.py): addressing and the pause image.
+"""Pure parts of the local cluster's worker node (e2e/cluster/localcluster/node/): addressing and the pause image.
 
 The node itself runs in the e2e suite (e2e/test_node.py, e2e/test_cluster.py)."""
 
@@ -13,11 +13,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "e2e" / "cluster"))
-import node  # noqa: E402
+from localcluster.node import network  # noqa: E402
+from localcluster.node.pause_image import pause_image  # noqa: E402
 
 
 def test_addresses_of_a_slot_do_not_overlap_other_slots_or_the_kwok_ranges() -> None:
-    a, b = node.Net("0123abcd", 7), node.Net("0123abcd", 8)
+    a, b = network.Net("0123abcd", 7), network.Net("0123abcd", 8)
     assert (a.host_ip, a.node_ip) == ("172.28.7.1", "172.28.7.2")
     assert a.pod_cidr == "10.245.7.0/24" and a.dns_ip == "10.245.7.1"
     assert a.service_cidr == "10.96.7.0/24" and a.service_ip == "10.96.7.1"
@@ -27,16 +28,16 @@ def test_addresses_of_a_slot_do_not_overlap_other_slots_or_the_kwok_ranges() -> 
 
 
 def test_run_id_is_stable_per_run_folder(tmp_path: Path) -> None:
-    assert node.run_id(tmp_path / "a") == node.run_id(tmp_path / "a")
-    assert node.run_id(tmp_path / "a") != node.run_id(tmp_path / "b")
+    assert network.run_id(tmp_path / "a") == network.run_id(tmp_path / "a")
+    assert network.run_id(tmp_path / "a") != network.run_id(tmp_path / "b")
 
 
 def test_pause_image_is_a_deterministic_oci_archive(tmp_path: Path) -> None:
     (tmp_path / "pause").write_bytes(b"\x7fELF fake pause")
     (tmp_path / "pause.version").write_text("3.10.1\n")
-    ref, archive = node.pause_image(tmp_path)
+    ref, archive = pause_image(tmp_path)
     assert ref == "localhost/kubeinfer/pause:3.10.1"
-    assert node.pause_image(tmp_path)[1] == archive  # same bytes every time: same digest, no re-import
+    assert pause_image(tmp_path)[1] == archive  # same bytes every time: same digest, no re-import
     with tarfile.open(fileobj=io.BytesIO(archive)) as tf:
         files = {m.name: tf.extractfile(m).read() for m in tf.getmembers()}  # type: ignore[union-attr]
     index = json.loads(files["index.json"])

@@ -1,0 +1,94 @@
+"""Add-ons of the local cluster: the metrics path for autoscaling, and offline manifest validation.
+
+* ``prometheus`` -- Prometheus 2.55.1 built from its pinned Go module (``e2e/cluster/prometheus``;
+  Debian's package lacks Kubernetes service discovery). It scrapes every pod annotated
+  ``prometheus.io/scrape: "true"`` through ``kubernetes_sd_configs`` (pod role), the annotations the
+  operator puts on server pods, every ``KUBEINFER_PROMETHEUS_SCRAPE_INTERVAL`` (default 2s).
+* ``keda`` -- KEDA's operator and metrics adapter, built from the pinned Go module
+  (``e2e/cluster/keda``), with its CRDs and RBAC from the module's ``config/`` folder. Both run as
+  host processes under KEDA's own service account (a token, not the admin identity); the adapter
+  is an aggregated API (``v1beta1.external.metrics.k8s.io``) reached by the apiserver through an
+  ExternalName Service that points at 127.0.0.1 (see NOTES.md).
+* ``kubeconform`` -- always built with the cluster (seconds): the binary plus JSON schemas
+  generated offline from the pinned Kubernetes module's ``api/openapi-spec/swagger.json`` (the
+  document the apiserver serves) and from the CRDs of KEDA and the Prometheus Operator.
+
+Add-ons are opt-in: ``up --addons prometheus,keda`` (or ``KUBEINFER_CLUSTER_ADDONS``) starts the
+missing ones on a new or running cluster; ``down``/``release`` stop them with the cluster. Each is
+cached like the control-plane binaries, under ``<cache>/addons/<name>-<hash of its inputs>``.
+
+Modules: ``prometheus``, ``keda``, ``kubeconform`` (+ ``schemas``, its JSON schema generation), ``support`` (what
+they share). ``e2e/cluster/addons.py`` is the command line of the schema tools.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import time
+from pathlib import Path
+
+from localcluster import processes
+from localcluster.addons import keda, kubeconform, prometheus
+from localcluster.base import ClusterError
+from localcluster.processes import alive
+from localcluster.state import save_state
+
+ADDONS = ("prometheus", "keda")
+
+
+def selected(arg: str | None) -> list[str]:
+    """Add-on names from ``--addons`` (else ``KUBEINFER_CLUSTER_ADDONS``), checked."""
+    raw = arg if arg is not None else os.environ.get("KUBEINFER_CLUSTER_ADDONS", "")
+    names = [n.strip() for n in raw.split(",") if n.strip()]
+    unknown = [n for n in names if n not in ADDONS]
+    if unknown:
+        raise ClusterError(f"unknown add-on(s) {unknown}; known: {', '.join(ADDONS)}")
+    return [n for n in ADDONS if n in names]
+
+
+def stop(rd: Path, state: dict) -> list[str]:
+    """Stop every add-on process recorded in the state (``down``/``release`` call this first)."""
+    stopped = []
+    for name, comp in reversed(list((state.get("addons") or {}).items())):
+        if processes.stop(comp, name):
+            stopped.append(f"{name}({comp['pid']})")
+        with contextlib.suppress(OSError):
+            (rd / "pids" / f"{name}.pid").unlink()
+    state["addons"] = {}
+    shutil.rmtree(rd / "addons", ignore_errors=True)
+    return stopped
+
+
+def start(rd: Path, state: dict, names: list[str], timeout: float) -> float:
+    """Start the named add-ons that are not running yet; returns the seconds it took."""
+    t0 = time.monotonic()
+    running = state.setdefault("addons", {})
+    if "prometheus" in names and not (running.get("prometheus") and alive(running["prometheus"])):
+        prometheus.start_prometheus(rd, state, prometheus.prometheus_dir(), timeout)
+    if "keda" in names and not all(running.get(n) and alive(running[n]) for n in ("keda-operator", "keda-adapter")):
+        for n in ("keda-adapter", "keda-operator"):
+            if running.get(n):
+                processes.stop(running.pop(n), n)
+        keda.start_keda(rd, state, keda.keda_dir(), timeout)
+    save_state(rd, state)
+    return time.monotonic() - t0
+
+
+def ensure_built(names: list[str]) -> dict[str, str]:
+    """Build/fetch kubeconform (always: the chart tests need it) and the named add-ons."""
+    out = {"kubeconform": str(kubeconform.kubeconform_dir())}
+    if "prometheus" in names:
+        out["prometheus"] = str(prometheus.prometheus_dir())
+    if "keda" in names:
+        out["keda"] = str(keda.keda_dir())
+    return out
+
+
+def describe(state: dict) -> dict:
+    out = {}
+    for name, comp in (state.get("addons") or {}).items():
+        if alive(comp):
+            out[name] = {k: comp[k] for k in ("pid", "log", "url", "version") if k in comp}
+    return out
