@@ -26,11 +26,14 @@ def answer_headers(
     """The headers of an answer of ``length`` bytes: JSON, or (``json_length`` given) a JSON header of that
     many bytes followed by binary tensors; ``extra`` (e.g. ``www-authenticate``); ``connection: close`` last
     when the connection closes after it."""
-    headers = [(b"content-length", b"%d" % length)]
     if json_length is None:
-        headers.append(JSON)
+        headers = [(b"content-length", b"%d" % length), JSON]
     else:
-        headers += (BINARY, (b"inference-header-content-length", b"%d" % json_length))
+        headers = [
+            (b"content-length", b"%d" % length),
+            BINARY,
+            (b"inference-header-content-length", b"%d" % json_length),
+        ]
     if extra:
         headers += extra
     if close:
