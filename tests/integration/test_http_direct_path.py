@@ -191,6 +191,25 @@ def test_direct_path_and_asgi_route_answer_alike(server: ServerProcess, make: Re
     assert direct[2] == (CLOSE.encode() in requests[-1])
 
 
+def test_a_head_request_leaves_the_connection_clean_for_the_direct_path(server: ServerProcess) -> None:
+    """HEAD on the infer target takes the ASGI route (the direct path serves POST only) and its answer has no
+    body whatever its Content-Length says: the next request on the connection, a plain POST, is answered by the
+    direct path with nothing of the HEAD answer left in between."""
+    with socket.create_connection(("127.0.0.1", server.http_port), timeout=30) as sock:
+        reader = _Reader(sock)
+        sock.sendall(b"HEAD /v2/models/neg/infer HTTP/1.1\r\nHost: t\r\n\r\n")
+        while b"\r\n\r\n" not in reader.buffer:
+            assert reader._fill(), "connection closed before the HEAD answer"
+        head, reader.buffer = reader.buffer.split(b"\r\n\r\n", 1)
+        assert head.startswith(b"HTTP/1.1 4"), head  # no inference route for HEAD
+        before = _paths(server)
+        sock.sendall(_json_request("/v2/models/neg/infer", [1, 2, 3, 4]))
+        status, _, body = reader.response()
+        assert status == 200 and json.loads(body)["outputs"][0]["data"] == [-1, -2, -3, -4]
+        after = _paths(server)
+        assert after["direct"] - before["direct"] == 1
+
+
 def test_pipelined_requests_are_answered_in_order(server: ServerProcess) -> None:
     raw = (
         _json_request("/v2/models/neg/infer", [1, 2, 3, 4])
