@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import re
-from typing import TYPE_CHECKING, Any
-
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE
+from typing import TYPE_CHECKING
 
 from ..vocabulary.types import InferenceRequest
+from .response_head import answer_headers, head
 
 if TYPE_CHECKING:
     from .infer_route import InferRoute
@@ -136,22 +135,9 @@ class InferCycle:
             protocol.on_response_complete()
 
     def _message(self, status: int, payload: bytes, json_length: int | None) -> bytes:
-        """The response bytes: uvicorn's status line and default headers (date, server), then ours as the
-        ASGI route's ``_respond`` sends them."""
-        parts: list[Any] = [STATUS_LINE[status]]
-        for name, value in self.protocol.server_state.default_headers:
-            parts += (name, b": ", value, b"\r\n")
-        parts.append(b"content-length: %d\r\n" % len(payload))
-        if json_length is None:
-            parts.append(b"content-type: application/json\r\n")
-        else:
-            parts.append(
-                b"content-type: application/octet-stream\r\ninference-header-content-length: %d\r\n" % json_length
-            )
-        if not self.keep_alive:
-            parts.append(b"connection: close\r\n")
-        parts += (b"\r\n", payload)
-        return b"".join(parts)
+        """The response bytes: uvicorn's default headers (date, server), then the head the ASGI route sends."""
+        headers = answer_headers(len(payload), json_length, not self.keep_alive)
+        return head(status, self.protocol.server_state.default_headers, headers, payload)
 
 
 def direct_cycle(protocol: BoundedHttpToolsProtocol, route: InferRoute) -> InferCycle | None:

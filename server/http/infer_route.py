@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Any, Protocol
 
 from ..runtime.auth import PROBE_PATHS, BearerToken
@@ -23,6 +23,7 @@ from ..vocabulary.types import InferenceRequest
 from .codec import HEADER_LENGTH, decode_request, encode_response, error_body
 from .content_encoding import ACCEPTED, INLINE_BELOW, UnsupportedEncoding, decode_body
 from .paths import InferPaths
+from .response_head import Header, answer_headers
 
 log = logging.getLogger(__name__)
 
@@ -262,16 +263,11 @@ async def _respond(
     payload: bytes,
     json_length: int | None,
     close: bool = False,
-    extra: list[tuple[bytes, bytes]] | None = None,
+    extra: Sequence[Header] = (),
 ) -> None:
-    headers = [(b"content-length", str(len(payload)).encode()), *(extra or [])]
-    if close:  # the rest of an oversized body is not read: the connection cannot be reused
-        headers.append((b"connection", b"close"))
-    if json_length is None:
-        headers.append((b"content-type", b"application/json"))
-    else:
-        headers.append((b"content-type", b"application/octet-stream"))
-        headers.append((b"inference-header-content-length", str(json_length).encode()))
+    """An answer through uvicorn: the head ``response_head`` decides (``close``: the rest of an oversized body
+    is not read, so the connection cannot be reused), then the payload."""
+    headers = answer_headers(len(payload), json_length, close, extra)
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": payload})
 

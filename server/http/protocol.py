@@ -28,6 +28,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from ..vocabulary.limits import DEFAULT_LIMITS, Limits
 from .codec import error_body
 from .fast_infer import InferCycle, direct_cycle
+from .response_head import answer_headers, head
 
 if TYPE_CHECKING:
     from .infer_route import InferRoute
@@ -95,8 +96,7 @@ class _Overloaded:
         )
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        headers = [(b"content-type", b"application/json"), (b"connection", b"close"), (b"retry-after", b"1")]
-        headers.append((b"content-length", str(len(self.body)).encode()))
+        headers = answer_headers(len(self.body), close=True, extra=[(b"retry-after", b"1")])
         await send({"type": "http.response.start", "status": 503, "headers": headers})
         await send({"type": "http.response.body", "body": self.body})
 
@@ -165,10 +165,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         started = what == "body" and cycle is not None and getattr(cycle, "response_started", False)
         if not started:  # the application has not answered yet: the client learns why
             body = error_body(f"the request {what} did not arrive within {seconds:g} s ({flag})")
-            self.transport.write(
-                b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
-                b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
-            )
+            self._write_closing(408, body)
         self.transport.close()
 
     def connection_made(self, transport: Any) -> None:
@@ -266,11 +263,13 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             f"the request line and headers exceed {self.max_header_bytes} bytes; "
             "send smaller headers or raise --max-header-bytes"
         )
-        self.transport.write(
-            b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
-            b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
-        )
+        self._write_closing(431, body)
         self.transport.close()
+
+    def _write_closing(self, status: int, body: bytes) -> None:
+        """An error answered before any application saw the request; the connection closes after it."""
+        headers = answer_headers(len(body), close=True)
+        self.transport.write(head(status, self.server_state.default_headers, headers, body))
 
 
 def _chunked_with_length(headers: list[tuple[bytes, bytes]]) -> bool:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import httpx
 import numpy as np
@@ -45,7 +45,7 @@ def _json_request(target: str, values: list[float], extra: str = "", version: st
     ).encode()
 
 
-def _binary_request(target: str, values: list[float]) -> bytes:
+def _binary_request(target: str, values: list[float], extra: str = "") -> bytes:
     header = json.dumps(
         {
             "inputs": [{"name": "IN", "shape": [1, 4], "datatype": "FP32", "parameters": {"binary_data_size": 16}}],
@@ -54,15 +54,21 @@ def _binary_request(target: str, values: list[float]) -> bytes:
     ).encode()
     body = header + np.array(values, np.float32).tobytes()
     return (
-        f"POST {target} HTTP/1.1\r\nHost: t\r\nInference-Header-Content-Length: {len(header)}\r\n"
+        f"POST {target} HTTP/1.1\r\nHost: t\r\nInference-Header-Content-Length: {len(header)}\r\n{extra}"
         f"Content-Length: {len(body)}\r\n\r\n"
     ).encode() + body
+
+
+def _malformed_request(target: str) -> bytes:
+    body = b'{"inputs": [{"name": "IN", '
+    return b"POST %s HTTP/1.1\r\nHost: t\r\nContent-Length: %d\r\n\r\n%s" % (target.encode(), len(body), body)
 
 
 class _Reader:
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.buffer = b""
+        self.heads: list[bytes] = []  # each response's status line and headers, as received
 
     def _fill(self) -> bool:
         data = self.sock.recv(65536)
@@ -73,6 +79,7 @@ class _Reader:
         while b"\r\n\r\n" not in self.buffer:
             assert self._fill(), f"connection closed before a response head; got {self.buffer!r}"
         head, self.buffer = self.buffer.split(b"\r\n\r\n", 1)
+        self.heads.append(head)
         lines = head.decode("latin-1").split("\r\n")
         headers: dict[str, str] = {}
         for line in lines[1:]:
@@ -96,27 +103,111 @@ def _exchange(server: ServerProcess, raw: bytes, answers: int = 1) -> list[tuple
         return [reader.response() for _ in range(answers)]
 
 
+def _exchange_heads(server: ServerProcess, requests: list[bytes]) -> tuple[list[bytes], list[bytes], bool]:
+    """The raw heads and bodies of the answers to ``requests``, each sent on one connection once the one before
+    it was answered (a pipelined request waits for the ASGI route), and whether the connection closed after."""
+    with socket.create_connection(("127.0.0.1", server.http_port), timeout=30) as sock:
+        reader = _Reader(sock)
+        bodies = []
+        for raw in requests:
+            sock.sendall(raw)
+            bodies.append(reader.response()[2])
+        closed = b"connection: close" in reader.heads[-1].lower() and reader.closed()
+        return reader.heads, bodies, closed
+
+
+def _without_clock(head: bytes) -> list[bytes]:
+    """A head's lines in order, less ``date`` (it may tick between two answers) and ``server``."""
+    return [line for line in head.split(b"\r\n") if not line.lower().startswith((b"date:", b"server:"))]
+
+
+GZIP = "Accept-Encoding: gzip\r\n"
+DEFLATE = "Accept-Encoding: deflate\r\n"
+CLOSE = "Connection: close\r\n"
+#: requests for one infer target, sent in turn on one connection
+Requests = Callable[[str], list[bytes]]
+
+
 @pytest.mark.parametrize(
     "make",
     [
-        pytest.param(lambda target: _json_request(target, [1, 2, 3, 4]), id="json"),
-        pytest.param(lambda target: _binary_request(target, [1, 2, 3, 4]), id="binary"),
-        pytest.param(lambda target: _json_request(target, [1, 2, 3]), id="wrong-shape-400"),
-        pytest.param(lambda target: _json_request(target.replace("neg", "nope"), [1, 2, 3, 4]), id="unknown-404"),
-        pytest.param(lambda target: _json_request(target.replace("neg", "neg/versions/7"), [1, 2, 3, 4]), id="v7-404"),
+        pytest.param(lambda target: [_json_request(target, [1, 2, 3, 4])], id="json"),
+        pytest.param(lambda target: [_binary_request(target, [1, 2, 3, 4])], id="binary"),
+        pytest.param(lambda target: [_json_request(target, [1, 2, 3, 4], GZIP)], id="json-accept-gzip"),
+        pytest.param(lambda target: [_binary_request(target, [1, 2, 3, 4], DEFLATE)], id="binary-accept-deflate"),
+        pytest.param(
+            lambda target: [_json_request(target, [1, 2, 3, 4], "Accept-Encoding: gzip, deflate\r\n")],
+            id="json-accept-both",
+        ),
+        pytest.param(lambda target: [_json_request(target, [1, 2, 3])], id="wrong-shape-400"),
+        pytest.param(lambda target: [_malformed_request(target)], id="malformed-json-400"),
+        pytest.param(lambda target: [_json_request(target.replace("neg", "nope"), [1, 2, 3, 4])], id="unknown-404"),
+        pytest.param(
+            lambda target: [_json_request(target.replace("neg", "neg/versions/7"), [1, 2, 3, 4])], id="v7-404"
+        ),
+        pytest.param(lambda target: [_json_request(target, [1, 2, 3, 4], CLOSE)], id="json-close"),
+        pytest.param(lambda target: [_binary_request(target, [1, 2, 3, 4], CLOSE)], id="binary-close"),
+        pytest.param(lambda target: [_json_request(target, [1, 2, 3], CLOSE)], id="400-close"),
+        pytest.param(
+            lambda target: [
+                _json_request(target, [1, 2, 3, 4], "Connection: keep-alive\r\n"),
+                _binary_request(target, [5, 6, 7, 8]),
+                _json_request(target, [1, 2, 3]),
+                _json_request(target, [9, 10, 11, 12], CLOSE),
+            ],
+            id="keep-alive-then-close",
+        ),
     ],
 )
-def test_direct_path_and_asgi_route_answer_alike(server: ServerProcess, make: object) -> None:
-    direct = _exchange(server, make("/v2/models/neg/infer"))[0]  # type: ignore[operator]
-    # a query string sends the same request through the ASGI route (the direct path takes plain targets only)
-    routed = _exchange(server, make("/v2/models/neg/infer?via=asgi"))[0]  # type: ignore[operator]
-    assert direct[0] == routed[0]
-    assert direct[2] == routed[2]
-    assert {k: v for k, v in direct[1].items() if k != "date"} == {k: v for k, v in routed[1].items() if k != "date"}
-    if direct[0] == 200:
-        assert direct[1]["content-type"] in ("application/json", "application/octet-stream")
-    else:
-        assert "error" in json.loads(direct[2])
+def test_direct_path_and_asgi_route_answer_alike(server: ServerProcess, make: Requests) -> None:
+    """Issue 25 part 6: one function (``response_head``) writes both ways' heads, so they match byte for byte
+    (apart from the clock): JSON and binary answers, errors, ``Accept-Encoding`` (answers are not compressed
+    either way), keep-alive and ``Connection: close``."""
+    requests = make("/v2/models/neg/infer")
+    before = _paths(server)
+    direct = _exchange_heads(server, requests)
+    middle = _paths(server)
+    # a query string sends the same requests through the ASGI route (the direct path takes plain targets only)
+    routed = _exchange_heads(server, make("/v2/models/neg/infer?via=asgi"))
+    after = _paths(server)
+    count = len(requests)
+    assert (middle["direct"] - before["direct"], middle["asgi"] - before["asgi"]) == (count, 0)
+    assert (after["direct"] - middle["direct"], after["asgi"] - middle["asgi"]) == (0, count)
+    assert [_without_clock(h) for h in direct[0]] == [_without_clock(h) for h in routed[0]]
+    assert direct[1] == routed[1]  # the bodies too
+    assert direct[2] == routed[2]  # and both closed the connection, or neither
+    for head, body in zip(direct[0], direct[1], strict=True):
+        lines = _without_clock(head)
+        assert sum(line.lower().startswith(b"date: ") for line in head.split(b"\r\n")) == 1
+        assert b"content-length: %d" % len(body) in lines
+        assert not any(b"encoding" in line for line in lines)  # identity: answers are not compressed
+        if lines[0].startswith(b"HTTP/1.1 200"):
+            assert b"content-type: application/json" in lines or b"content-type: application/octet-stream" in lines
+        else:
+            assert lines[1:3] == [b"content-length: %d" % len(body), b"content-type: application/json"]
+            assert list(json.loads(body)) == ["error"]  # Triton's error shape
+        closing = b"connection: close" in lines
+        assert closing == (head is direct[0][-1] and CLOSE.encode() in requests[-1])
+    assert direct[2] == (CLOSE.encode() in requests[-1])
+
+
+def test_a_head_request_leaves_the_connection_clean_for_the_direct_path(server: ServerProcess) -> None:
+    """HEAD on the infer target takes the ASGI route (the direct path serves POST only) and its answer has no
+    body whatever its Content-Length says: the next request on the connection, a plain POST, is answered by the
+    direct path with nothing of the HEAD answer left in between."""
+    with socket.create_connection(("127.0.0.1", server.http_port), timeout=30) as sock:
+        reader = _Reader(sock)
+        sock.sendall(b"HEAD /v2/models/neg/infer HTTP/1.1\r\nHost: t\r\n\r\n")
+        while b"\r\n\r\n" not in reader.buffer:
+            assert reader._fill(), "connection closed before the HEAD answer"
+        head, reader.buffer = reader.buffer.split(b"\r\n\r\n", 1)
+        assert head.startswith(b"HTTP/1.1 4"), head  # no inference route for HEAD
+        before = _paths(server)
+        sock.sendall(_json_request("/v2/models/neg/infer", [1, 2, 3, 4]))
+        status, _, body = reader.response()
+        assert status == 200 and json.loads(body)["outputs"][0]["data"] == [-1, -2, -3, -4]
+        after = _paths(server)
+        assert after["direct"] - before["direct"] == 1
 
 
 def test_pipelined_requests_are_answered_in_order(server: ServerProcess) -> None:

@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use bytes::{Buf, BufMut, Bytes};
+use http::header::HeaderName;
 use http::{HeaderMap, HeaderValue, Method, Uri};
 use tonic::codec::{BufferSettings, Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::{Code, Status};
@@ -13,6 +14,11 @@ use tonic::{Code, Status};
 pub const METHOD_NOT_FOUND: &str = "Method not found!";
 /// The request encodings this transport decodes, as grpc-core lists them.
 pub const ACCEPT_ENCODING: &str = "identity, deflate, gzip";
+/// The gRPC headers looked up or set on every call, as names (a `&str` key is parsed again at each use).
+pub const GRPC_TIMEOUT: HeaderName = HeaderName::from_static("grpc-timeout");
+pub const GRPC_ENCODING: HeaderName = HeaderName::from_static("grpc-encoding");
+pub const GRPC_ACCEPT_ENCODING: HeaderName = HeaderName::from_static("grpc-accept-encoding");
+pub const GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
 /// grpc-core's refusal of a `grpc-timeout` it cannot parse (INTERNAL).
 pub const BAD_TIMEOUT: &str = "Error parsing 'grpc-timeout' metadata";
 /// grpc-core's refusal of a `grpc-encoding` it does not know (INTERNAL, while parsing the metadata).
@@ -105,7 +111,7 @@ pub fn parse_timeout(value: Option<&HeaderValue>) -> Result<Option<Duration>, ()
 /// A call's `grpc-encoding` is one this transport decodes (none, identity, gzip, deflate).
 pub fn encoding_known(headers: &HeaderMap) -> bool {
     matches!(
-        headers.get("grpc-encoding").map(HeaderValue::as_bytes),
+        headers.get(GRPC_ENCODING).map(HeaderValue::as_bytes),
         None | Some(b"identity" | b"gzip" | b"deflate")
     )
 }

@@ -68,7 +68,7 @@ async fn handle(shared: Arc<Shared>, request: http::Request<Body>, started: Inst
             return refusal(Code::ResourceExhausted, &message);
         }
     }
-    let Ok(timeout) = grpc::parse_timeout(headers.get("grpc-timeout")) else {
+    let Ok(timeout) = grpc::parse_timeout(headers.get(grpc::GRPC_TIMEOUT)) else {
         return refusal(Code::Internal, grpc::BAD_TIMEOUT);
     };
     // a deadline past tokio's clock is none
@@ -76,7 +76,7 @@ async fn handle(shared: Arc<Shared>, request: http::Request<Body>, started: Inst
     if !grpc::encoding_known(headers) {
         let mut refused = refusal(Code::Internal, grpc::BAD_ENCODING);
         let accept = HeaderValue::from_static(grpc::ACCEPT_ENCODING);
-        refused.headers_mut().insert("grpc-accept-encoding", accept);
+        refused.headers_mut().insert(grpc::GRPC_ACCEPT_ENCODING, accept);
         return refused;
     }
     if !shared.accepting.load(Ordering::Relaxed) {
@@ -118,12 +118,12 @@ async fn handle(shared: Arc<Shared>, request: http::Request<Body>, started: Inst
 fn as_grpc_core(mut response: Response) -> Response {
     let Some(status) = Status::from_header_map(response.headers()) else {
         let accept = HeaderValue::from_static(grpc::ACCEPT_ENCODING);
-        response.headers_mut().insert("grpc-accept-encoding", accept);
+        response.headers_mut().insert(grpc::GRPC_ACCEPT_ENCODING, accept);
         return response;
     };
     if let Some(status) = grpc::grpc_core_status(&status) {
         let headers = response.headers_mut();
-        headers.remove("grpc-message");
+        headers.remove(grpc::GRPC_MESSAGE);
         let _ = status.add_header(headers);
     }
     response
