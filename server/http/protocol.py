@@ -102,7 +102,8 @@ class _Overloaded:
 
 
 class BoundedHttpToolsProtocol(HttpToolsProtocol):
-    max_header_bytes = 16 * 1024
+    #: --max-header-bytes (set on each listener's own class)
+    max_header_bytes = DEFAULT_LIMITS.max_header_bytes
     #: the inference route answered straight from the parser's callbacks (fast_infer); None: ASGI only
     infer_route: InferRoute | None = None
     #: --http-header-timeout, --http-body-timeout, --http-max-connections (0: none)
