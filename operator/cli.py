@@ -20,12 +20,15 @@ from kubernetes.client import CoordinationV1Api
 
 from . import logs
 from .egress import HostRules, parse_networks
-from .handlers import FINALIZER, RECHECK_THREADS, OperatorConfig, Reconciler, register
 from .kube import Kube, load_config
 from .leader import LeaseElector
 from .liveness import FollowerLiveness
 from .network_policy import PolicyContext
+from .reconcile_parts import RECHECK_THREADS
+from .reconciler import FINALIZER, Reconciler
+from .settings import OperatorConfig
 from .tenant_volumes import DEFAULT_CLAIM
+from .wiring import register
 
 ENDPOINTS_ENV = "KUBEINFER_SERVER_ENDPOINTS"
 

@@ -4,6 +4,8 @@ Keyed by the proto field (``Message.field``, nested messages dotted) so the CRD 
 description on every field it derives from ``model_config.proto``; a missing key fails generation.
 """
 
+from kubeinfer.server.config.version_policy import DEFAULT_NUM_VERSIONS
+
 CONFIG_FIELDS: dict[str, str] = {
     # ModelConfig (top level)
     "ModelConfig.platform": (
@@ -14,7 +16,8 @@ CONFIG_FIELDS: dict[str, str] = {
         "Backend that runs the model (onnxruntime, tensorrt, pytorch, tensorflow, python); implied by platform."
     ),
     "ModelConfig.version_policy": (
-        "Which of the versions in spec.versions the server serves: latest (default, the newest 1), all, or specific."
+        "Which of the versions in spec.versions the server serves: latest (default, the newest "
+        f"{DEFAULT_NUM_VERSIONS}), all, or specific."
     ),
     "ModelConfig.max_batch_size": (
         "Largest batch the model accepts. 0 = the model does not batch and dims are the full shape; "

@@ -3,8 +3,8 @@
 kopf handles InferenceServers and the objects the operator owns; InferenceModels, which come by the
 thousand, are watched here instead. kopf's per-event machinery (an object memory, body views, loggers,
 cause detection, a finalizer and a diff base patched onto every object, progress annotations) costs
-several milliseconds of CPU per model and change; this costs one JSON decode per event. The finalizer and
-the delete handling are the Reconciler's (``handlers.py``).
+far more CPU per model and change than this, which costs one JSON decode per event. The finalizer and
+the delete handling are the Reconciler's (``reconciler.py``).
 
 One thread per watched namespace (or one for the whole cluster): a list gives every model and a
 resourceVersion, then a watch from it; a watch that ends (the server's timeout) is resumed from the last

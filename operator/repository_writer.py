@@ -287,7 +287,7 @@ class RepositoryWriter:
         once per LISTING_TTL for all its models.
 
         A resync checks every model for leftovers; listing a folder of N models for each of them costs
-        O(N²) (0.8 ms per model at 1,000 models). A leftover seen a moment late is removed next time;
+        O(N²). A leftover seen a moment late is removed next time;
         one already gone is a no-op (each model's own staging happens under its lock, after this).
         """
         now = time.monotonic()

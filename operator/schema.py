@@ -14,6 +14,7 @@ from typing import Any
 from google.protobuf import descriptor
 from kubeinfer.server.config import MAX_FILE_NAME_BYTES, pb
 from kubeinfer.server.config.validate import OP_LIBRARY_ALTERNATIVE
+from kubeinfer.server.config.version_policy import MIN_NUM_VERSIONS
 from kubeinfer.server.vocabulary import datatypes
 
 from .descriptions import CONFIG_FIELDS
@@ -61,7 +62,7 @@ _INTS = {
 #: tighter lower bounds than the proto type gives (keyed like CONFIG_FIELDS)
 _MINIMUMS = {
     "ModelConfig.max_batch_size": 0,
-    "ModelVersionPolicy.Latest.num_versions": 1,
+    "ModelVersionPolicy.Latest.num_versions": MIN_NUM_VERSIONS,
     "ModelVersionPolicy.Specific.versions": 1,
     "ModelDynamicBatching.preferred_batch_size": 1,
     "ModelInstanceGroup.count": 1,

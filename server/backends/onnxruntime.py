@@ -198,12 +198,9 @@ def session_options_and_providers(
         opts.execution_mode = ort.ExecutionMode.ORT_PARALLEL
     # ORT's worker threads spin between parallel sections by default; in a server those spinning threads
     # take the cores the event loop, the clients and other instances need, and in a pod they burn its CPU
-    # quota. Measured on 2 cores (benchmarks/config_ab.py, ResNet-18, medians of 3 rounds, 2026-12-01,
-    # benchmarks/results/config-ab-20261201-191545.json): on a quiet machine spinning gains 3-10% at
-    # concurrency 1 (HTTP 132 vs 120/s) and is even at 16 (gRPC 168 vs 171/s); in the same A/B a few
-    # minutes before, one round that other work shared fell to 0.35-0.65x with spinning (c=1 gRPC 38 vs
-    # 59/s), where the default held 0.6-0.9x of its quiet rounds. Earlier, with the
-    # grpc.aio front end: concurrency 16 served 29-34/s spinning vs 50-54/s not. Off unless asked for.
+    # quota. Spinning gains a little on a quiet machine and loses much when other work shares the cores
+    # (benchmarks/config_ab.py, benchmarks/results/config-ab-20261201-191545.json; README 'Performance
+    # against Triton and MLServer'). Off unless asked for.
     spinning = "1" if _param(config, "allow_spinning") == "1" else "0"
     opts.add_session_config_entry("session.intra_op.allow_spinning", spinning)
     opts.add_session_config_entry("session.inter_op.allow_spinning", spinning)
@@ -279,7 +276,7 @@ class OnnxRuntimeInstance(TensorBackendInstance):
         self._output_reshape = {t.name: list(t.dims) for t in config.output if t.HasField("reshape")}
         self._string_inputs = {t.name for t in config.input if t.data_type == pb.TYPE_STRING}
         #: nothing to convert on either side (no reshape, no strings): ``run`` hands the arrays straight
-        #: through, 2.2 us less per execution for add_sub
+        #: through, without the per-execution conversion work
         self._plain = (
             not self._input_reshape
             and not self._string_inputs

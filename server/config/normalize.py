@@ -46,6 +46,7 @@ from collections.abc import Sequence
 from . import model_config_pb2 as pb
 from .codec import ConfigError
 from .platforms import BY_PLATFORM, TABLE
+from .version_policy import DEFAULT_NUM_VERSIONS
 
 #: Triton's SEQUENCE_IDLE_DEFAULT_MICROSECONDS (core/src/constants.h)
 SEQUENCE_IDLE_DEFAULT_US = 1_000_000
@@ -68,7 +69,7 @@ def normalize_config(config: pb.ModelConfig, gpus: Sequence[int] = ()) -> None:
     if not config.HasField("max_batch_size"):
         config.max_batch_size = 0
     if not config.HasField("version_policy"):
-        config.version_policy.latest.num_versions = 1
+        config.version_policy.latest.num_versions = DEFAULT_NUM_VERSIONS
     if config.HasField("dynamic_batching") and not config.dynamic_batching.preferred_batch_size:
         if config.max_batch_size > 0:
             config.dynamic_batching.preferred_batch_size.append(config.max_batch_size)

@@ -14,6 +14,7 @@ from .codec import ConfigError
 from .platforms import BUILTIN_BACKENDS, KNOWN_PLATFORMS
 from .sequence import check_sequence_batching
 from .traffic import parse_traffic
+from .version_policy import MIN_NUM_VERSIONS
 
 #: longest file name Linux file systems take (NAME_MAX, in bytes)
 MAX_FILE_NAME_BYTES = 255
@@ -208,8 +209,8 @@ def validate_config(
                 raise ConfigError(f"{kind} '{t.name}' is declared twice")
             names.add((kind, t.name))
     policy = config.version_policy
-    if policy.HasField("latest") and policy.latest.num_versions < 1:
-        raise ConfigError("version_policy latest.num_versions must be at least 1")
+    if policy.HasField("latest") and policy.latest.num_versions < MIN_NUM_VERSIONS:
+        raise ConfigError(f"version_policy latest.num_versions must be at least {MIN_NUM_VERSIONS}")
     if policy.HasField("specific"):
         if not policy.specific.versions:
             raise ConfigError("version_policy specific needs at least one version")

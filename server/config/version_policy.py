@@ -15,6 +15,11 @@ from collections.abc import Iterable
 
 from . import model_config_pb2 as pb
 
+#: versions ``latest`` serves when the config has no ``version_policy`` (Triton's ``latest { num_versions: 1 }``)
+DEFAULT_NUM_VERSIONS = 1
+#: fewest versions a ``latest`` policy may ask for (Triton refuses a load with none)
+MIN_NUM_VERSIONS = 1
+
 
 def select_versions(config: pb.ModelConfig, available: Iterable[int]) -> list[int]:
     """The versions among ``available`` that ``config.version_policy`` selects, ascending."""
@@ -24,5 +29,5 @@ def select_versions(config: pb.ModelConfig, available: Iterable[int]) -> list[in
         return versions
     if policy.HasField("specific"):
         return sorted(set(policy.specific.versions) & set(versions))
-    n = policy.latest.num_versions if policy.HasField("latest") else 1
+    n = policy.latest.num_versions if policy.HasField("latest") else DEFAULT_NUM_VERSIONS
     return versions[max(len(versions) - n, 0) :] if n > 0 else []

@@ -50,8 +50,8 @@ class OutputOptions:
 def _params(fields: Any) -> dict[str, Any]:
     """The plain values of a protobuf ``parameters`` map.
 
-    An empty map (the usual case) answers {} at once: the map's ``items()`` is a Python-level view,
-    about 0.7 us per tensor on the add_sub request.
+    An empty map (the usual case) answers {} at once: the map's ``items()`` is a Python-level view, costly
+    once per tensor on the hot path.
     """
     return {k: param_value(v) for k, v in fields.items()} if fields else {}
 
@@ -70,12 +70,12 @@ def request_from_pb(
     (as tritonclient sends them and Triton reads them); shared-memory inputs are read through ``shm``.
     """
     budget = RequestBudget(limits)
-    items = list(msg.inputs)  # walking the repeated field costs ~0.4 us a message: once, not twice
+    items = list(msg.inputs)  # walking the repeated field is not free: once, not twice
     budget.check_input_count(len(items))
     raw = msg.raw_input_contents
     refs = [_input_ref(item) for item in items]
     inline = refs.count(None)
-    raw_count = len(raw)  # each use of the repeated field costs ~0.3 us: read its length once
+    raw_count = len(raw)  # each use of the repeated field costs a lookup: read its length once
     if raw_count and raw_count != inline:
         raise InvalidArgument(
             f"expected {inline} raw_input_contents entries (one per input not in shared memory) but got {raw_count}"
@@ -86,7 +86,7 @@ def request_from_pb(
         name = item.name
         if name in inputs:
             raise InvalidArgument(f"input '{name}' appears twice in the request")
-        shape = tensors.check_shape(name, item.shape[:])  # a list; half the cost of list(item.shape)
+        shape = tensors.check_shape(name, item.shape[:])  # a list; cheaper than list(item.shape)
         budget.add_input(name, shape)
         if ref is not None:
             if item.HasField("contents"):

@@ -2,22 +2,21 @@
 
 The gRPC listener is served by the Rust transport (rust_server.py) unless it cannot serve the
 configuration (gRPC TLS), its module is not built, or ``--grpc-transport grpcio`` asks for this one
-(transport.py decides). It costs ~2.7x the Rust transport's CPU per call (benchmarks/grpc_transport/).
+(transport.py decides). It costs several times the Rust transport's CPU per call (README 'Performance
+against Triton and MLServer'; benchmarks/grpc_transport/).
 
 Handlers are registered by hand under the protocol's service name ``inference.GRPCInferenceService``
 (our proto package is ``kubeinfer.inference``; see grpc_service.proto), with request/response
 types read from our service descriptor, so the method table cannot drift from the .proto.
 
-Why grpc.aio rather than grpcio's sync server for this fallback (measured 2026-12-01 with ``kubeinfer perf``,
-add_sub, both variants up at once and driven in turn on 2 shared cores, medians of 3): the alternative,
-grpcio's sync server with its own thread pool and each handler bridged onto the event loop
-(``run_coroutine_threadsafe``), used 18% less server CPU per request at concurrency 16 (467 vs 570 µs, 1103 vs
-958 inferences/s) but 35% more at concurrency 1 (867 vs 641 µs, p50 1.10 vs 0.81 ms): two more thread hand-
-offs per request. Neither comes near Triton's C++ front end (198 µs at c=16): a trivial grpc.aio handler alone
-costs ~250 µs of CPU per RPC here (~180 on the loop's thread, the rest in grpc's poller and event-engine
-threads), a trivial sync-server handler ~150 µs, and py-spy puts 83% of the loop thread's gRPC time inside
-grpcio itself (eventfd kicks of its poller a third of it), 16% in our code. So the choice is grpcio's, not
-ours to optimize further — hence the Rust transport, which costs about what Triton's front end costs.
+Why grpc.aio rather than grpcio's sync server for this fallback (both measured with ``kubeinfer perf`` on
+add_sub): the alternative, grpcio's sync server with its own thread pool and each handler bridged onto the
+event loop (``run_coroutine_threadsafe``), used less server CPU per request at concurrency 16 but more at
+concurrency 1: two more thread hand-offs per request. Neither comes near Triton's C++ front end: even a
+trivial handler costs more CPU per RPC than Triton's whole request, and most of the loop thread's gRPC time
+is inside grpcio itself, not in our code (README 'Performance against Triton and MLServer'). So the choice
+is grpcio's, not ours to optimize further — hence the Rust transport, which costs about what Triton's front
+end costs.
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@
   one INFO line saying why.
 
 Both serve the same ``InferenceServicer`` with the same statuses and messages; the Rust transport costs a
-third of grpc.aio's CPU per call (benchmarks/grpc_transport/README.md).
+fraction of grpc.aio's CPU per call (README 'Performance against Triton and MLServer';
+benchmarks/grpc_transport/README.md).
 """
 
 from __future__ import annotations

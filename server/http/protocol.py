@@ -39,8 +39,8 @@ class _HeadTooLarge(Exception):
 
 
 #: seconds between two looks at the connections' head and body deadlines: a timeout fires up to this late.
-#: One timer per listener rather than one per request phase: call_later + cancel cost ~2 us each, twice per
-#: request on the direct path, where storing a deadline costs a loop.time() call (0.1 us)
+#: One timer per listener rather than one per request phase: call_later + cancel, twice per request on the
+#: direct path, cost far more than storing a deadline (a loop.time() call)
 SWEEP_EVERY = 0.5
 
 
@@ -49,8 +49,8 @@ class OneWriteResponses:
     its body, so the response leaves in one ``write()``.
 
     uvicorn writes the status line and headers at ``http.response.start`` and the body at
-    ``http.response.body``: two system calls per response. On add_sub at concurrency 16 py-spy put 26%
-    of the event loop's busy time in those ``write`` calls. Chunked responses (streams) are written as
+    ``http.response.body``: two system calls per response, a large share of the event loop's busy time on a
+    small model (README 'Performance against Triton and MLServer'). Chunked responses (streams) are written as
     they come, so a stream's head is never held back waiting for its first event.
     """
 
@@ -102,7 +102,8 @@ class _Overloaded:
 
 
 class BoundedHttpToolsProtocol(HttpToolsProtocol):
-    max_header_bytes = 16 * 1024
+    #: --max-header-bytes (set on each listener's own class)
+    max_header_bytes = DEFAULT_LIMITS.max_header_bytes
     #: the inference route answered straight from the parser's callbacks (fast_infer); None: ASGI only
     infer_route: InferRoute | None = None
     #: --http-header-timeout, --http-body-timeout, --http-max-connections (0: none)

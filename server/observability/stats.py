@@ -81,7 +81,7 @@ class ModelStats:
             self.execution_count += 1
             self.inference_count += batch_size
             b = self.batch_stats.get(batch_size)
-            if b is None:  # not setdefault: building a BatchStats per call cost 4 us of 6
+            if b is None:  # not setdefault: it would build a BatchStats per call, most of this call's cost
                 b = self.batch_stats[batch_size] = BatchStats()
             b.compute_input.add(timings.compute_input_ns)
             b.compute_infer.add(timings.compute_infer_ns)
@@ -108,7 +108,7 @@ class ModelStats:
 
     def _record_success(self, total_ns: int, queue_ns: int, timings: ExecutionTimings | None) -> None:
         """One successful request's durations (under the lock). Fields updated in place rather than through
-        five ``Duration.add`` calls: once per request, record_request 0.93 -> 0.6 us without listeners."""
+        five ``Duration.add`` calls: this runs once per request (README 'Performance against Triton and MLServer')."""
         success, queue = self.success, self.queue
         success.count += 1
         success.ns += total_ns

@@ -1,11 +1,12 @@
 """The server's request timeout (``--request-timeout``), one timer for all requests in flight.
 
-A timer per request (``loop.call_later`` and ``cancel``) cost ~3 us of CPU per request at concurrency 16
-on add_sub (a TimerHandle, heap pushes, cancelled handles swept from the loop's heap, and the running-loop
-lookups). Here a request costs a small record in a set; one timer waits for the earliest deadline in
-flight, and when it fires it cancels whatever is past its deadline and waits for the next one. With one
-timeout for the whole server the earliest deadline is the oldest request's, so the timer fires about once
-per timeout period while requests keep coming and finishing.
+A timer per request (``loop.call_later`` and ``cancel``) is a visible share of a short request's CPU (a
+TimerHandle, heap pushes, cancelled handles swept from the loop's heap, and the running-loop lookups;
+README 'Performance against Triton and MLServer'). Here a request costs a small record in a set; one
+timer waits for the earliest deadline in flight, and when it fires it cancels whatever is past its
+deadline and waits for the next one. With one timeout for the whole server the earliest deadline is the
+oldest request's, so the timer fires about once per timeout period while requests keep coming and
+finishing.
 """
 
 from __future__ import annotations

@@ -54,8 +54,8 @@ class GracefulShutdown:
 
     def _current_task(self) -> asyncio.Task[Any] | None:
         """The running task. Asked of the known loop first: ``asyncio.current_task()`` without a loop looks
-        the loop up, and that costs a getpid() system call on Python 3.11 (a syscall per request, ~1 us of
-        CPU on these VMs); another loop (or none known) gets the plain lookup."""
+        the loop up, and that costs a getpid() system call on Python 3.11 (a syscall per request); another
+        loop (or none known) gets the plain lookup."""
         if self._loop is not None:
             task = asyncio.current_task(self._loop)
             if task is not None:

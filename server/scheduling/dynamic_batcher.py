@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 
 def _shape_key(request: InferenceRequest, batching: bool) -> ShapeKey:
     """What requests must share to batch together. The dtype object itself, not ``dtype.str`` (a string
-    built on each read): 1.4 -> 0.6 us per request for add_sub's two inputs."""
+    built on each read, per input of every request)."""
     skip = 1 if batching else 0
     key = [(name, a.dtype, a.shape[skip:]) for name, a in request.inputs.items()]
     key.sort()  # clients may send the same inputs in any order and still share a batch (names are unique)
@@ -81,7 +81,7 @@ class DynamicBatcher(Scheduler):
         self._idle = asyncio.Event()
         self._idle.set()
         # kept: asyncio.get_running_loop() costs a getpid() system call on Python 3.11 (its fork check), and
-        # the request path asked for it twice per request (py-spy: 5% of the loop's busy time with its siblings)
+        # the request path asked for it twice per request (a visible share of the loop's busy time in py-spy)
         self._event_loop = asyncio.get_running_loop()
         self._task = self._event_loop.create_task(self._loop(), name=f"batcher-{id(self):x}")
 
@@ -160,8 +160,7 @@ class DynamicBatcher(Scheduler):
             self._running += 1
             if self.pool.runs_inline:
                 # a short execution on this thread anyway: run it here rather than in a task of its own
-                # (a task and two loop turns less per batch: add_sub one request at a time, service.infer
-                # 45 -> 37 us CPU per request)
+                # (a task and two loop turns less per batch)
                 await self._execute_here(slot, entries)
             else:
                 self._event_loop.create_task(self._execute(slot, entries))
@@ -228,7 +227,7 @@ class DynamicBatcher(Scheduler):
                     if multi and entry.request.requested_outputs is not None:
                         wanted = entry.request.requested_outputs
                         result = {n: a for n, a in result.items() if n in wanted}
-                    if in_order:  # the common case, what _finish would do: 1 us less per request
+                    if in_order:  # the common case, what _finish would do, without its bookkeeping
                         if not entry.future.done():
                             entry.future.set_result(result)
                         continue

@@ -7,10 +7,9 @@ Except for short executions: a hand-off costs two thread wake-ups (the executor'
 which on a busy 2-core machine is more than running a small model. When an instance allows it
 (``may_run_on_loop``) and its recent executions averaged under ``INLINE_BELOW_NS``, the batch runs on
 the loop's thread; each inline run keeps the average current, so a model that gets slower (bigger
-batches) goes back to its thread. Measured with ``kubeinfer perf`` on add_sub at concurrency 16, both
-variants of the server up at once and driven in turn (2 cores shared with other work, medians of 3):
-gRPC 883 → 1558 inferences/s (server CPU 507 → 479 µs per request), HTTP server CPU 165 → 135 µs per
-request at equal throughput. ResNet-18's executions take milliseconds: they stay on their thread.
+batches) goes back to its thread: add_sub's executions run inline (README 'Performance against Triton and
+MLServer' counts it among what cut HTTP's CPU). ResNet-18's executions take milliseconds: they stay on
+their thread.
 """
 
 from __future__ import annotations
@@ -158,8 +157,8 @@ class InstancePool:
     def _run_inline(self, instance: BackendInstance, batch: Batch) -> tuple[list[RequestResult], int | None]:
         """``instance.execute(batch)`` on this thread, and its CPU time for the average when known.
 
-        The thread's CPU clock is a system call that cost ~4 us here per read in a busy loop (c=1 add_sub,
-        service.infer 43 -> 34 us per request without the two reads), so the wall clock is read instead: on
+        The thread's CPU clock is a system call, a noticeable part of a short request's CPU when read twice
+        per execution, so the wall clock is read instead: on
         this one thread the CPU time is at most the wall time, so a short wall time is a (high) CPU sample.
         A long one may be a slow model or a busy machine: the next run measures CPU time to tell, and keeps
         measuring while the CPU time stays long.

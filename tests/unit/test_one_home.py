@@ -1,6 +1,6 @@
 """Facts stated in more than one place agree with their one home: the server's flag defaults (CLI, settings,
-the operator's manifests, ``kubeinfer perf``), the file-name limit in its messages, and the gRPC texts the
-Rust transport and the Python side both write."""
+the operator's manifests, ``kubeinfer perf``), the header limit (``Limits``), the version policy's default,
+the file-name limit in its messages, and the gRPC texts the Rust transport and the Python side both write."""
 
 from __future__ import annotations
 
@@ -12,11 +12,20 @@ import pytest
 from kubeinfer.operator import manifests
 from kubeinfer.server.app import ServerSettings
 from kubeinfer.server.cli import build_parser
-from kubeinfer.server.config import MAX_FILE_NAME_BYTES, ConfigError, check_file_name
+from kubeinfer.server.config import (
+    MAX_FILE_NAME_BYTES,
+    ConfigError,
+    check_file_name,
+    normalize_config,
+    parse_config_text,
+    version_policy,
+)
+from kubeinfer.server.http.protocol import BoundedHttpToolsProtocol, bounded_protocol
 from kubeinfer.server.sharedmemory import SharedMemoryRegistry, system
 from kubeinfer.server.tools.perf import cli as perf_cli
 from kubeinfer.server.vocabulary import server_defaults
 from kubeinfer.server.vocabulary.errors import InvalidArgument
+from kubeinfer.server.vocabulary.limits import DEFAULT_LIMITS, Limits
 
 ROOT = Path(__file__).resolve().parents[2]
 RUST = ROOT / "server" / "grpc" / "rust" / "src"
@@ -33,6 +42,27 @@ def test_server_flag_defaults_have_one_home() -> None:
     )
     assert manifests.DEFAULT_PORTS is ports and manifests.SHUTDOWN_SECONDS == server_defaults.SHUTDOWN_TIMEOUT_SECONDS
     assert perf_cli.DEFAULT_URL == {"http": f"localhost:{ports['http']}", "grpc": f"localhost:{ports['grpc']}"}
+
+
+def test_the_header_limit_has_one_home() -> None:
+    """``Limits`` holds the default; the CLI, the HTTP protocol and the limit tables of README and SECURITY.md
+    state the same number."""
+    default = DEFAULT_LIMITS.max_header_bytes
+    assert build_parser().get_default("max_header_bytes") == default == BoundedHttpToolsProtocol.max_header_bytes
+    assert bounded_protocol(Limits(max_header_bytes=1234)).max_header_bytes == 1234
+    assert default % 1024 == 0
+    for doc in ("README.md", "SECURITY.md"):
+        rows = [line for line in (ROOT / doc).read_text().splitlines() if line.startswith("| `--max-header-bytes`")]
+        assert rows and all(f"| {default // 1024} KiB |" in row for row in rows), (doc, rows)
+
+
+def test_the_version_policy_default_has_one_home() -> None:
+    """No version_policy: normalisation fills in, and selection applies, ``latest`` of the same count."""
+    config = parse_config_text('platform: "onnxruntime_onnx"')
+    newest = [1, 2, 3, 4][-version_policy.DEFAULT_NUM_VERSIONS :]
+    assert version_policy.select_versions(config, [3, 1, 4, 2]) == newest
+    normalize_config(config)
+    assert config.version_policy.latest.num_versions == version_policy.DEFAULT_NUM_VERSIONS
 
 
 def test_the_file_name_limit_in_its_messages(monkeypatch: pytest.MonkeyPatch) -> None:

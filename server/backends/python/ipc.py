@@ -248,7 +248,7 @@ class SegmentMap:
     def __init__(self, release: Callable[[int, int], None]) -> None:
         self.maps: dict[int, tuple[int, mmap.mmap]] = {}
         self.release = release
-        #: a weak reference per view handed out, with the block it reads (``weakref.finalize`` costs ~10x)
+        #: a weak reference per view handed out, with the block it reads (``weakref.finalize`` costs far more)
         self._views: dict[int, tuple[weakref.ref[np.ndarray], int, int]] = {}
 
     def add(self, sid: int, fd: int, size: int) -> None:

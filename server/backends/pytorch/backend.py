@@ -26,8 +26,7 @@ INSTALL_HINT = "pip install kubeinfer[pytorch]"
 def require_torch() -> Any:
     # PyTorch's CPU kernels run on libgomp, whose idle threads spin before they sleep. In a server that
     # shares its cores (event loop, clients, other instances) the spinning threads take the cores the
-    # work needs. Served ResNet-18 CIFAR on 2 shared cores (benchmarks/pytorch_vs_onnx.py, two runs):
-    # OMP_WAIT_POLICY=ACTIVE 1/s at c=1 and 2-4/s at c=16; PASSIVE 21/s and 37-42/s (ONNX Runtime: 27-30/s).
+    # work needs (benchmarks/pytorch_vs_onnx.py; README 'PyTorch' has the numbers).
     # libgomp reads it once, when torch loads it; a value already set in the environment wins.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     try:

@@ -1,6 +1,7 @@
-"""The defaults the InferenceServer CRD states (descriptions and the ports' CEL rule) are generated from their
-one home: the server's flag defaults (``kubeinfer.server.vocabulary.server_defaults``) and the operator's pod
-defaults (``kubeinfer.operator.manifests``). Each test changes a home and sees the generated text follow."""
+"""The defaults the CRDs state (descriptions, bounds and the ports' CEL rule) are generated from their one
+home: the server's flag defaults (``kubeinfer.server.vocabulary.server_defaults``), the operator's pod
+defaults (``kubeinfer.operator.manifests``) and Triton's version policy (``kubeinfer.server.config.
+version_policy``). Each test changes a home and sees the generated text follow."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from kubeinfer.operator import manifests, server_crd
+from kubeinfer.operator import descriptions, manifests, model_crd, schema, server_crd
+from kubeinfer.server.config import ConfigError, parse_config_text, validate_config, version_policy
 
 
 @pytest.fixture
@@ -75,3 +77,29 @@ def test_the_real_crd_states_the_real_defaults() -> None:
     flags = server_crd.INFERENCE_SERVER_SPEC["properties"]["server"]["properties"]
     assert f"(default {manifests.DEFAULT_PORTS['grpc']})" in _described(flags["grpcPort"])
     assert f"default {manifests.SHUTDOWN_SECONDS})" in _described(flags["shutdownTimeoutSeconds"])
+
+
+def test_the_version_policy_default_in_the_model_crd_comes_from_the_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    def described() -> str:
+        return _described(model_crd.inference_model_spec_schema()["properties"]["versionPolicy"])
+
+    assert f"latest (default, the newest {version_policy.DEFAULT_NUM_VERSIONS})," in described()
+    monkeypatch.setattr(version_policy, "DEFAULT_NUM_VERSIONS", 3)
+    monkeypatch.setattr(schema, "CONFIG_FIELDS", importlib.reload(descriptions).CONFIG_FIELDS)
+    try:
+        assert "latest (default, the newest 3)," in described()
+    finally:
+        monkeypatch.undo()
+        importlib.reload(descriptions)
+
+
+def test_the_model_crd_and_the_server_agree_on_the_fewest_versions() -> None:
+    """numVersions' minimum in the CRD is the one the server's validation enforces (and names)."""
+    policy = model_crd.inference_model_spec_schema()["properties"]["versionPolicy"]["properties"]
+    assert policy["latest"]["properties"]["numVersions"]["minimum"] == version_policy.MIN_NUM_VERSIONS
+    too_few = version_policy.MIN_NUM_VERSIONS - 1
+    config = parse_config_text(
+        f'platform: "onnxruntime_onnx" version_policy {{ latest {{ num_versions: {too_few} }} }}'
+    )
+    with pytest.raises(ConfigError, match=f"at least {version_policy.MIN_NUM_VERSIONS}$"):
+        validate_config(config)

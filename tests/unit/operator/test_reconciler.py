@@ -22,11 +22,13 @@ import httpx
 import kopf
 import onnx
 import pytest
-from kubeinfer.operator import handlers, pod_start
+from kubeinfer.operator import failures, model_reconcile, pod_start, render_memo
 from kubeinfer.operator.egress import parse_networks
-from kubeinfer.operator.handlers import FAILURE_BACKOFF, OperatorConfig, Reconciler
+from kubeinfer.operator.failures import FAILURE_BACKOFF
 from kubeinfer.operator.kube import SERVERS
+from kubeinfer.operator.reconciler import Reconciler
 from kubeinfer.operator.render import render_model
+from kubeinfer.operator.settings import OperatorConfig
 from onnx import TensorProto
 
 from tests.support.models import unary
@@ -111,7 +113,7 @@ class FakeKube:
 
 
 class Clock:
-    """``handlers.time``: the failure backoff reads ``time.monotonic``."""
+    """``time`` of the modules whose clock decides when a render runs again: the failure backoff, the render memo."""
 
     def __init__(self) -> None:
         self.now = 10_000.0
@@ -136,7 +138,8 @@ def events(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str, str]]:
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     c = Clock()
-    monkeypatch.setattr(handlers, "time", c)
+    for module in (failures, render_memo, model_reconcile):
+        monkeypatch.setattr(module, "time", c)
     return c
 
 
@@ -276,7 +279,7 @@ def test_a_resync_with_nothing_changed_renders_nothing_and_writes_nothing(
     body["status"] = reconciler.reconcile_model(body, recheck=False)
     syncs = counting_syncs(reconciler, monkeypatch)
     renders = []
-    monkeypatch.setattr(handlers, "render_model", lambda *a, **k: renders.append(a[0]) or render_model(*a, **k))
+    monkeypatch.setattr(model_reconcile, "render_model", lambda *a, **k: renders.append(a[0]) or render_model(*a, **k))
     folder = root / NS / "pool" / "m"
 
     def snapshot() -> list[tuple[str, int, int]]:
@@ -319,7 +322,7 @@ def test_a_temporary_fetch_failure_is_retried_by_kopf_with_growing_delays(
         with pytest.raises(kopf.TemporaryError) as info:
             reconciler.reconcile_model(body, retry=retry, recheck=False)
         delays.append(info.value.delay)
-    assert delays == [handlers.backoff(0), handlers.backoff(3), handlers.backoff(10)] == [5.0, 40.0, 300.0]
+    assert delays == [failures.backoff(0), failures.backoff(3), failures.backoff(10)] == [5.0, 40.0, 300.0]
     (_, _, status) = kube.statuses[-1]
     assert condition(status, "Ready")["reason"] == "FetchFailed"
 
@@ -340,7 +343,7 @@ def test_a_download_over_its_namespaces_share_is_queued_and_gives_its_thread_bac
     syncs = counting_syncs(reconciler, monkeypatch)
     with pytest.raises(kopf.TemporaryError) as info:  # the handler returns its thread; kopf comes back soon
         reconciler.reconcile_model(body, recheck=False)
-    assert handlers.QUEUE_RETRY / 2 <= info.value.delay <= handlers.QUEUE_RETRY * 1.5
+    assert failures.QUEUE_RETRY / 2 <= info.value.delay <= failures.QUEUE_RETRY * 1.5
     (_, _, status) = kube.statuses[-1]
     assert condition(status, "Rendered")["reason"] == "Queued"
     assert f"namespace '{NS}' already runs 2 downloads" in condition(status, "Ready")["message"]
@@ -377,7 +380,7 @@ def test_a_failed_render_tried_again_while_the_slots_are_busy_keeps_its_failure(
     assert condition(kube.statuses[-1][2], "Rendered")["reason"] == "FetchFailed"
     for _ in range(reconciler.config.downloads_per_namespace):
         reconciler.gate.acquire(NS)
-    clock.now += handlers.FAILURE_BACKOFF[0] + 1  # past the failure's backoff: the resync renders again
+    clock.now += FAILURE_BACKOFF[0] + 1  # past the failure's backoff: the resync renders again
     syncs = counting_syncs(reconciler, monkeypatch)
     again = reconciler.reconcile_model(body, from_timer=True, recheck=False)  # no TemporaryError: no quick retry
     assert syncs == ["m"], "the resync did not try again"

@@ -338,7 +338,8 @@ def test_render_refuses_label_file_names_that_are_paths():
 )
 def test_a_forged_status_repository_path_never_removes_another_tenants_model(root, forged):
     """status.repositoryPath is writable by whoever may patch the status: it is only trusted inside the namespace."""
-    from kubeinfer.operator.handlers import OperatorConfig, Reconciler
+    from kubeinfer.operator.reconciler import Reconciler
+    from kubeinfer.operator.settings import OperatorConfig
 
     victim = _victim(root)
     (root / NS / "other-pool" / "other-model" / "1").mkdir(parents=True)

@@ -1,0 +1,84 @@
+"""When a model's failed render is tried again.
+
+A failure that may go away by itself (the network, a download slot) is retried soon, by the work queue,
+with growing delays. Any other failure waits for a change of the spec: the resync does not render that
+generation again until the failure's backoff expires, which doubles each time, so a bad checksum is not
+downloaded again every resync.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from dataclasses import dataclass
+
+#: artifact failures that may go away by themselves (network, a download slot); the rest wait for a spec change
+TEMPORARY_REASONS = {"FetchFailed", "Queued"}
+#: seconds (on average; spread by half either way, so queued models do not come back in step) before
+#: kopf retries a model whose download waits for a slot
+QUEUE_RETRY = 3.0
+#: (first, longest) seconds before the resync timer retries a render that failed for the same generation
+FAILURE_BACKOFF = (60.0, 900.0)
+
+#: a render failure as the status reports it: ((reason, message), the version it concerns)
+Failed = tuple[tuple[str, str], int | None]
+
+
+def backoff(retry: int) -> float:
+    """Seconds before the ``retry``-th retry of a temporary failure (or of a reconcile that raised)."""
+    return float(min(300, 5 * 2 ** min(retry, 6)))
+
+
+def retry_delay(reason: str, retry: int) -> float:
+    """Seconds before a temporary failure is tried again: soon (spread) for a download slot, else backoff."""
+    return QUEUE_RETRY * random.uniform(0.5, 1.5) if reason == "Queued" else backoff(retry)
+
+
+@dataclass(frozen=True)
+class Failure:
+    generation: int
+    error: tuple[str, str]
+    version: int | None
+    delay: float
+    retry_at: float
+
+
+class FailureBook:
+    """The last failed render per model uid; thread-safe (reconciles of different models run at once)."""
+
+    def __init__(self) -> None:
+        self._failures: dict[str, Failure] = {}
+        self._guard = threading.Lock()
+
+    def held(self, uid: str, generation: int) -> Failed | None:
+        """The failure of this generation while its backoff runs (the resync reports it, renders nothing)."""
+        with self._guard:
+            failure = self._failures.get(uid)
+        if failure and failure.generation == generation and time.monotonic() < failure.retry_at:
+            return failure.error, failure.version
+        return None
+
+    def of(self, uid: str, generation: int) -> Failed | None:
+        """The last failed render of this generation (held or not), as (error, version)."""
+        with self._guard:
+            failure = self._failures.get(uid)
+        if failure and failure.generation == generation:
+            return failure.error, failure.version
+        return None
+
+    def remember(self, uid: str, generation: int, error: tuple[str, str] | None, version: int | None) -> None:
+        """A render's outcome: a failure starts (or doubles) its backoff; a success (``error`` None) clears it."""
+        with self._guard:
+            if error is None:
+                self._failures.pop(uid, None)
+                return
+            before = self._failures.get(uid)
+            delay = FAILURE_BACKOFF[0]
+            if before and before.generation == generation:
+                delay = min(before.delay * 2, FAILURE_BACKOFF[1])
+            self._failures[uid] = Failure(generation, error, version, delay, time.monotonic() + delay)
+
+    def forget(self, uid: str) -> None:
+        with self._guard:
+            self._failures.pop(uid, None)
