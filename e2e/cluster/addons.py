@@ -10,11 +10,13 @@
   host processes under KEDA's own service account (a token, not the admin identity); the adapter
   is an aggregated API (``v1beta1.external.metrics.k8s.io``) reached by the apiserver through an
   ExternalName Service that points at 127.0.0.1 (see NOTES.md).
+* ``keda-http`` -- KEDA's HTTP add-on (operator, external scaler, interceptor) for scale to zero, built from
+  the pinned Go module (``e2e/cluster/keda-http``); needs ``keda`` and the real worker node (see NOTES.md).
 * ``kubeconform`` -- always built with the cluster (seconds): the binary plus JSON schemas
   generated offline from the pinned Kubernetes module's ``api/openapi-spec/swagger.json`` (the
   document the apiserver serves) and from the CRDs of KEDA and the Prometheus Operator.
 
-Add-ons are opt-in: ``up --addons prometheus,keda`` (or ``KUBEINFER_CLUSTER_ADDONS``) starts the
+Add-ons are opt-in: ``up --addons prometheus,keda,keda-http`` (or ``KUBEINFER_CLUSTER_ADDONS``) starts the
 missing ones on a new or running cluster; ``down``/``release`` stop them with the cluster. Each is
 cached like the control-plane binaries, under ``<cache>/addons/<name>-<hash of its inputs>``.
 

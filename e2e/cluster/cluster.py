@@ -262,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument(
                 "--addons",
                 metavar="NAMES",
-                help="comma-separated add-ons to build and start: prometheus, keda "
+                help="comma-separated add-ons to build and start: prometheus, keda, keda-http (needs keda) "
                 "(default: $KUBEINFER_CLUSTER_ADDONS); see addons.py",
             )
         if name == "up":

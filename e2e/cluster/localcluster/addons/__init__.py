@@ -9,16 +9,24 @@
   host processes under KEDA's own service account (a token, not the admin identity); the adapter
   is an aggregated API (``v1beta1.external.metrics.k8s.io``) reached by the apiserver through an
   ExternalName Service that points at 127.0.0.1 (see NOTES.md).
+* ``keda-http`` -- KEDA's HTTP add-on (operator, external scaler, interceptor), built from the pinned Go
+  module (``e2e/cluster/keda-http``), with its CRDs and RBAC from the module's ``config/`` folder; it needs
+  ``keda`` (started with it) and the real worker node. All three run as host processes under the add-on's
+  own service accounts. The interceptor resolves its routes' Services as ``<service>.<namespace>`` through
+  the node's CoreDNS (a private mount namespace with its own resolv.conf) and reaches their ClusterIPs
+  through the host's route into the node; the scaler finds the interceptor's admin port through an
+  EndpointSlice on the host's address; KEDA reaches the scaler at ``127.0.0.1`` (``up --json`` →
+  ``addons["keda-http-scaler"]["address"]``, the proxy at ``addons["keda-http-interceptor"]["url"]``).
 * ``kubeconform`` -- always built with the cluster (seconds): the binary plus JSON schemas
   generated offline from the pinned Kubernetes module's ``api/openapi-spec/swagger.json`` (the
   document the apiserver serves) and from the CRDs of KEDA and the Prometheus Operator.
 
-Add-ons are opt-in: ``up --addons prometheus,keda`` (or ``KUBEINFER_CLUSTER_ADDONS``) starts the
+Add-ons are opt-in: ``up --addons prometheus,keda,keda-http`` (or ``KUBEINFER_CLUSTER_ADDONS``) starts the
 missing ones on a new or running cluster; ``down``/``release`` stop them with the cluster. Each is
 cached like the control-plane binaries, under ``<cache>/addons/<name>-<hash of its inputs>``.
 
-Modules: ``prometheus``, ``keda``, ``kubeconform`` (+ ``schemas``, its JSON schema generation), ``support`` (what
-they share). ``e2e/cluster/addons.py`` is the command line of the schema tools.
+Modules: ``prometheus``, ``keda``, ``keda_http``, ``kubeconform`` (+ ``schemas``, its JSON schema generation),
+``support`` (what they share). ``e2e/cluster/addons.py`` is the command line of the schema tools.
 """
 
 from __future__ import annotations
@@ -30,12 +38,14 @@ import time
 from pathlib import Path
 
 from localcluster import processes
-from localcluster.addons import keda, kubeconform, prometheus
+from localcluster.addons import keda, keda_http, kubeconform, prometheus
 from localcluster.base import ClusterError
 from localcluster.processes import alive
 from localcluster.state import save_state
 
-ADDONS = ("prometheus", "keda")
+ADDONS = ("prometheus", "keda", "keda-http")
+#: add-ons another one needs running (started first)
+NEEDS = {"keda-http": ("keda",)}
 
 
 def selected(arg: str | None) -> list[str]:
@@ -45,6 +55,7 @@ def selected(arg: str | None) -> list[str]:
     unknown = [n for n in names if n not in ADDONS]
     if unknown:
         raise ClusterError(f"unknown add-on(s) {unknown}; known: {', '.join(ADDONS)}")
+    names += [dep for n in names for dep in NEEDS.get(n, ())]
     return [n for n in ADDONS if n in names]
 
 
@@ -72,6 +83,12 @@ def start(rd: Path, state: dict, names: list[str], timeout: float) -> float:
             if running.get(n):
                 processes.stop(running.pop(n), n)
         keda.start_keda(rd, state, keda.keda_dir(), timeout)
+    parts = keda_http.PROCESSES
+    if "keda-http" in names and not all(running.get(n) and alive(running[n]) for n in parts):
+        for n in reversed(parts):
+            if running.get(n):
+                processes.stop(running.pop(n), n)
+        keda_http.start_keda_http(rd, state, keda_http.keda_http_dir(), timeout)
     save_state(rd, state)
     return time.monotonic() - t0
 
@@ -83,6 +100,8 @@ def ensure_built(names: list[str]) -> dict[str, str]:
         out["prometheus"] = str(prometheus.prometheus_dir())
     if "keda" in names:
         out["keda"] = str(keda.keda_dir())
+    if "keda-http" in names:
+        out["keda-http"] = str(keda_http.keda_http_dir())
     return out
 
 
@@ -90,5 +109,5 @@ def describe(state: dict) -> dict:
     out = {}
     for name, comp in (state.get("addons") or {}).items():
         if alive(comp):
-            out[name] = {k: comp[k] for k in ("pid", "log", "url", "version") if k in comp}
+            out[name] = {k: comp[k] for k in ("pid", "log", "url", "address", "version") if k in comp}
     return out

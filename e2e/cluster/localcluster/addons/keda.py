@@ -116,9 +116,9 @@ def keda_certs(certs: Path) -> None:
         k.chmod(0o600)
 
 
-def service_account_kubeconfig(state: dict, path: Path) -> None:
-    """A kubeconfig for KEDA's own service account (its RBAC from config/ is what the processes get)."""
-    token = kubectl(state, "-n", NAMESPACE, "create", "token", "keda-operator", "--duration=8760h").strip()
+def service_account_kubeconfig(state: dict, path: Path, account: str = "keda-operator") -> None:
+    """A kubeconfig for one of KEDA's own service accounts (its RBAC from config/ is what the processes get)."""
+    token = kubectl(state, "-n", NAMESPACE, "create", "token", account, "--duration=8760h").strip()
     ca = Path(state["pki"]) / "ca.crt"
     path.write_text(
         json.dumps(
@@ -128,8 +128,8 @@ def service_account_kubeconfig(state: dict, path: Path) -> None:
                 "clusters": [
                     {"name": "local", "cluster": {"server": state["server"], "certificate-authority": str(ca)}}
                 ],
-                "users": [{"name": "keda-operator", "user": {"token": token}}],
-                "contexts": [{"name": "keda", "context": {"cluster": "local", "user": "keda-operator"}}],
+                "users": [{"name": account, "user": {"token": token}}],
+                "contexts": [{"name": "keda", "context": {"cluster": "local", "user": account}}],
                 "current-context": "keda",
             }
         )
