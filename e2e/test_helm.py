@@ -30,6 +30,8 @@ EVERYTHING = [
     "--set", "repository.storageClassName=nfs",
     "--set", "keda.enabled=true",
     "--set", "keda.prometheusAddress=http://prometheus-server.monitoring.svc:9090",
+    "--set", "keda.httpAddon.enabled=true",
+    "--set", "keda.httpAddon.scalerAddress=keda-add-ons-http-external-scaler.keda:9090",
     "--set", "monitoring.podMonitor.enabled=true",
     "--set", "monitoring.podMonitor.labels.release=prometheus",
     "--set", "monitoring.serviceMonitor.enabled=true",
@@ -75,6 +77,7 @@ def test_lint(helm) -> None:
         (["--set", "operator.logLevel=verbose"], "logLevel"),
         (["--set", "replicaCoutn=2"], "replicaCoutn"),  # a typo is an error, not a silent default
         (["--set", "keda.enable=true"], "enable"),
+        (["--set", "keda.httpAddon.scalerAddress=http://scaler"], "scalerAddress"),  # host:port, not a URL
     ],
 )
 def test_values_schema_refuses_bad_values(helm, values, message) -> None:
@@ -152,6 +155,10 @@ def test_every_option_renders(helm) -> None:
     assert keda_rules == [
         {"apiGroups": ["keda.sh"], "resources": ["scaledobjects"], "verbs": ["get", "create", "patch", "delete"]}
     ]
+    http_rules = [r for r in role["rules"] if r["apiGroups"] == ["http.keda.sh"]]
+    verbs = ["get", "create", "patch", "delete"]
+    assert http_rules == [{"apiGroups": ["http.keda.sh"], "resources": ["interceptorroutes"], "verbs": verbs}]
+    assert "--keda-http-scaler-address=keda-add-ons-http-external-scaler.keda:9090" in args
     pm = by_kind["PodMonitor"]
     assert pm["metadata"]["labels"]["release"] == "prometheus"
     assert pm["spec"]["podTargetLabels"] == ["serving.kubeinfer.io/server"]
@@ -303,6 +310,7 @@ FORBIDDEN = [
     ("delete", "inferenceservers.serving.kubeinfer.io"),
     ("create", "pods"),
     ("create", "scaledobjects.keda.sh"),  # keda.enabled=false
+    ("create", "interceptorroutes.http.keda.sh"),  # keda.httpAddon.enabled=false
 ]
 
 

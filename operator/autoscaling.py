@@ -30,6 +30,16 @@ GPU (% busy, NVML)                avg(nv_gpu_utilization) * 100 or vector(0)    
 
 ``Value`` is the pool's average (the HPA scales by ratio: ``ceil(ready pods × value / target)``);
 ``AverageValue`` is a pool total the HPA divides by the target per pod.
+
+**Scale to zero** (``minReplicas: 0``, KEDA only: an HPA never goes below one) needs KEDA's HTTP add-on
+(v0.15+, ``http.keda.sh/v1beta1`` InterceptorRoutes): its interceptor holds each request while the pool
+wakes, and its external scaler tells KEDA how many requests are in flight. The operator renders two
+InterceptorRoutes -- ``<name>-http`` to the Service's ``http`` port and ``<name>-grpc`` (path
+``/inference.GRPCInferenceService/``) to its ``grpc`` port, which the Service marks
+``appProtocol: kubernetes.io/h2c`` so the interceptor speaks HTTP/2 to it -- for the hosts
+``<name>.<namespace>[.svc[.cluster.local]]`` plus ``scaleToZero.hosts``, and adds one ``external-push``
+trigger per route to the ScaledObject (``minReplicaCount: 0``, ``cooldownPeriod`` = ``idleSeconds``).
+The ``ScaleToZero`` condition says whether that is in force and through which routes and hosts.
 """
 
 from __future__ import annotations
@@ -54,6 +64,17 @@ KEDA_API_VERSION = f"{KEDA_GROUP}/{KEDA_VERSION}"
 DEFAULT_WINDOW = "1m"
 DEFAULT_POLLING_SECONDS = 15
 CONDITION = "AutoscalingReady"
+SCALE_TO_ZERO = "ScaleToZero"
+HTTP_GROUP = "http.keda.sh"
+HTTP_VERSION = "v1beta1"
+ROUTES = "interceptorroutes"
+HTTP_API_VERSION = f"{HTTP_GROUP}/{HTTP_VERSION}"
+#: the external scaler's Service in the add-on's chart (release keda-add-ons-http in namespace keda)
+DEFAULT_SCALER_ADDRESS = "keda-add-ons-http-external-scaler.keda:9090"
+DEFAULT_IDLE_SECONDS = 300
+DEFAULT_CONCURRENCY = 100
+#: every KServe v2 gRPC method lives under this path
+GRPC_PATH = "/inference.GRPCInferenceService/"
 
 
 @dataclass(frozen=True)
@@ -182,12 +203,80 @@ def keda_trigger(namespace: str, name: str, spec: Mapping[str, Any], server_addr
     }
 
 
-def scaled_object(body: Mapping[str, Any], server_address: str) -> dict[str, Any]:
+def scales_to_zero(autoscaling: Mapping[str, Any]) -> bool:
+    return int(autoscaling.get("minReplicas", 1)) == 0
+
+
+def route_hosts(namespace: str, name: str, autoscaling: Mapping[str, Any]) -> list[str]:
+    """Host names the interceptor routes to the pool: ``scaleToZero.hosts``, then the Service's DNS names."""
+    extra = (autoscaling.get("scaleToZero") or {}).get("hosts") or []
+    own = [f"{name}.{namespace}", f"{name}.{namespace}.svc", f"{name}.{namespace}.svc.cluster.local"]
+    return list(dict.fromkeys([*extra, *own]))
+
+
+def route_names(name: str) -> dict[str, str]:
+    """Service port → the InterceptorRoute that reaches it."""
+    return {"http": f"{name}-http", "grpc": f"{name}-grpc"}
+
+
+def interceptor_routes(body: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The add-on's routes to the pool's HTTP and gRPC ports (gRPC by its path prefix, under the same hosts)."""
+    meta, autoscaling = body["metadata"], body["spec"]["autoscaling"]
+    ns, name = meta["namespace"], meta["name"]
+    hosts = route_hosts(ns, name, autoscaling)
+    per_replica = int((autoscaling.get("scaleToZero") or {}).get("concurrencyPerReplica", DEFAULT_CONCURRENCY))
+    routes = []
+    for port, route in route_names(name).items():
+        rule: dict[str, Any] = {"hosts": hosts}
+        if port == "grpc":
+            rule["paths"] = [{"value": GRPC_PATH}]
+        routes.append(
+            {
+                "apiVersion": HTTP_API_VERSION,
+                "kind": "InterceptorRoute",
+                "metadata": {
+                    "name": route,
+                    "namespace": ns,
+                    "labels": manifests.labels(name),
+                    "ownerReferences": [manifests.owner_reference(body)],
+                },
+                "spec": {
+                    "target": {"service": name, "portName": port},
+                    "rules": [rule],
+                    "scalingMetric": {"concurrency": {"targetValue": per_replica}},
+                },
+            }
+        )
+    return routes
+
+
+def http_triggers(name: str, scaler_address: str) -> list[dict[str, Any]]:
+    """One ``external-push`` trigger per route: the add-on's scaler reports its in-flight requests."""
+    return [
+        {
+            "type": "external-push",
+            "name": f"{port}-requests",
+            "metadata": {"scalerAddress": scaler_address, "interceptorRoute": route},
+        }
+        for port, route in route_names(name).items()
+    ]
+
+
+def scaled_object(body: Mapping[str, Any], server_address: str, scaler_address: str | None = None) -> dict[str, Any]:
+    """The ScaledObject; ``scaler_address``: the HTTP add-on's external scaler (needed for minReplicas 0)."""
     meta, spec = body["metadata"], body["spec"]
     autoscaling = spec["autoscaling"]
     hpa_config: dict[str, Any] = {"name": keda_hpa_name(meta["name"])}
     if autoscaling.get("behavior"):
         hpa_config["behavior"] = autoscaling["behavior"]
+    triggers = [keda_trigger(meta["namespace"], meta["name"], spec, server_address)]
+    zero: dict[str, Any] = {}
+    if scales_to_zero(autoscaling):
+        if not scaler_address:
+            raise AutoscalingError("NoHTTPScaler", "minReplicas 0 needs the HTTP add-on's external scaler address")
+        triggers += http_triggers(meta["name"], scaler_address)
+        idle = (autoscaling.get("scaleToZero") or {}).get("idleSeconds", DEFAULT_IDLE_SECONDS)
+        zero["cooldownPeriod"] = int(idle)
     return {
         "apiVersion": KEDA_API_VERSION,
         "kind": "ScaledObject",
@@ -204,8 +293,9 @@ def scaled_object(body: Mapping[str, Any], server_address: str) -> dict[str, Any
             "minReplicaCount": int(autoscaling.get("minReplicas", 1)),
             "maxReplicaCount": int(autoscaling["maxReplicas"]),
             "pollingInterval": int(autoscaling.get("pollingIntervalSeconds", DEFAULT_POLLING_SECONDS)),
+            **zero,
             "advanced": {"horizontalPodAutoscalerConfig": hpa_config},
-            "triggers": [keda_trigger(meta["namespace"], meta["name"], spec, server_address)],
+            "triggers": triggers,
         },
     }
 
@@ -289,21 +379,37 @@ def hpa_observation(hpa_obj: Mapping[str, Any] | None) -> dict[str, Any]:
 class Autoscaler:
     """Creates, switches and deletes the autoscaling object of each InferenceServer; reports on it."""
 
-    def __init__(self, kube: Any, prometheus_url: str | None = None, discovery_ttl: float = 30.0) -> None:
+    def __init__(
+        self,
+        kube: Any,
+        prometheus_url: str | None = None,
+        discovery_ttl: float = 30.0,
+        http_scaler_address: str = DEFAULT_SCALER_ADDRESS,
+    ) -> None:
         self.kube = kube
         self.prometheus_url = prometheus_url
+        self.http_scaler_address = http_scaler_address
         self._ttl = discovery_ttl
-        self._keda: tuple[float, bool] | None = None
+        self._served: dict[str, tuple[float, bool]] = {}
         self._guard = threading.Lock()
 
-    def keda_installed(self) -> bool:
+    def _resource_served(self, group: str, version: str, plural: str) -> bool:
+        """Discovery, remembered for ``discovery_ttl`` seconds."""
+        key = f"{plural}.{group}/{version}"
         with self._guard:
-            if self._keda and time.monotonic() - self._keda[0] < self._ttl:
-                return self._keda[1]
-        served: bool = self.kube.resource_served(KEDA_GROUP, KEDA_VERSION, SCALED_OBJECTS)
+            seen = self._served.get(key)
+            if seen and time.monotonic() - seen[0] < self._ttl:
+                return seen[1]
+        served: bool = self.kube.resource_served(group, version, plural)
         with self._guard:
-            self._keda = (time.monotonic(), served)
+            self._served[key] = (time.monotonic(), served)
         return served
+
+    def keda_installed(self) -> bool:
+        return self._resource_served(KEDA_GROUP, KEDA_VERSION, SCALED_OBJECTS)
+
+    def http_addon_installed(self) -> bool:
+        return self._resource_served(HTTP_GROUP, HTTP_VERSION, ROUTES)
 
     def choose(self, autoscaling: Mapping[str, Any]) -> str:
         """KEDA, HPA, or raises AutoscalingError saying why neither can be used."""
@@ -323,16 +429,29 @@ class Autoscaler:
             "spec.autoscaling.autoscaler: HPA if your cluster serves the metric through an adapter of its own",
         )
 
-    def reconcile(self, body: Mapping[str, Any]) -> tuple[status.Condition | None, dict[str, Any] | None]:
-        """Apply or remove the autoscaling object; return the condition and ``status.autoscaling``."""
+    def reconcile(self, body: Mapping[str, Any]) -> tuple[list[status.Condition], dict[str, Any] | None]:
+        """Apply or remove the autoscaling objects; return the conditions (AutoscalingReady, and ScaleToZero
+        when minReplicas is 0) and ``status.autoscaling``."""
         meta, spec = body["metadata"], body["spec"]
         ns, name, uid = meta["namespace"], meta["name"], meta["uid"]
         autoscaling = spec.get("autoscaling")
         if not autoscaling:
             self._remove(ns, name, uid, keep=None)
-            return None, None
+            return [], None
+        zero = scales_to_zero(autoscaling)
+        routes: list[dict[str, Any]] = []
         try:
             mode = self.choose(autoscaling)
+            if zero and mode != "KEDA":
+                raise AutoscalingError(
+                    "ScaleToZeroNeedsKEDA", "minReplicas 0 needs KEDA and its HTTP add-on: an HPA never scales to zero"
+                )
+            if zero and not self.http_addon_installed():
+                raise AutoscalingError(
+                    "HTTPAddonNotInstalled",
+                    "minReplicas 0: this cluster does not serve http.keda.sh/v1beta1 InterceptorRoutes; install "
+                    "KEDA's HTTP add-on (v0.15 or later), or set minReplicas to 1 or more",
+                )
             if mode == "KEDA":
                 address = (autoscaling.get("prometheus") or {}).get("serverAddress") or self.prometheus_url
                 if not address:
@@ -341,46 +460,63 @@ class Autoscaler:
                         "KEDA needs a Prometheus to query: set spec.autoscaling.prometheus.serverAddress "
                         "or the operator's --prometheus-url (chart value keda.prometheusAddress)",
                     )
-                obj = scaled_object(body, address)
+                obj = scaled_object(body, address, self.http_scaler_address if zero else None)
+                routes = interceptor_routes(body) if zero else []
             else:
                 obj = hpa(body)
         except AutoscalingError as exc:
             self._remove(ns, name, uid, keep=None)
-            return status.Condition(CONDITION, False, exc.reason, exc.message), {"autoscaler": "None"}
+            return self._refused(zero, exc.reason, exc.message)
         try:
+            for route in routes:  # before the ScaledObject whose triggers name them
+                self.kube.apply(route)
             self.kube.apply(obj)
         except ApiException as exc:
             if exc.status == 403 and mode == "KEDA":
+                what = "InterceptorRoutes (keda.httpAddon.enabled=true)" if routes else "ScaledObjects"
                 msg = (
-                    "the operator may not manage KEDA ScaledObjects (forbidden): install the chart with "
-                    "keda.enabled=true, or set spec.autoscaling.autoscaler: HPA"
-                )
-                return status.Condition(CONDITION, False, "Forbidden", msg), {"autoscaler": "None"}
+                    f"the operator may not manage KEDA {what} (forbidden): install the chart with "
+                    "keda.enabled=true" + (" and keda.httpAddon.enabled=true" if routes else "")
+                    + ", or set spec.autoscaling.autoscaler: HPA"
+                )  # fmt: skip
+                return self._refused(zero, "Forbidden", msg)
             if exc.status == 422 or exc.status == 400:
-                msg = f"the API server refused the {obj['kind']}: {exc.body or exc.reason}"
-                return status.Condition(CONDITION, False, "Invalid", msg), {"autoscaler": "None"}
+                return self._refused(zero, "Invalid", f"the API server refused an object: {exc.body or exc.reason}")
             raise
-        self._remove(ns, name, uid, keep=mode)
-        return self._observe(ns, name, mode, obj)
+        self._remove(ns, name, uid, keep=mode, keep_routes=bool(routes))
+        return self._observe(ns, name, mode, obj, routes)
 
-    def _remove(self, ns: str, name: str, uid: str, keep: str | None) -> None:
-        """Delete the autoscaling objects this server owns, except the kind ``keep``."""
+    @staticmethod
+    def _refused(zero: bool, reason: str, message: str) -> tuple[list[status.Condition], dict[str, Any]]:
+        conds = [status.Condition(CONDITION, False, reason, message)]
+        if zero:
+            conds.append(status.Condition(SCALE_TO_ZERO, False, reason, message))
+        return conds, {"autoscaler": "None"}
+
+    def _remove(self, ns: str, name: str, uid: str, keep: str | None, keep_routes: bool = False) -> None:
+        """Delete the autoscaling objects this server owns, except the kind ``keep`` (and its routes)."""
         if keep != "HPA" and self.kube.hpa_owned_by(ns, name, uid):
             self.kube.delete_hpa(ns, name)
+        if not keep_routes and self.http_addon_installed():
+            for route in route_names(name).values():
+                self._delete_owned(HTTP_GROUP, HTTP_VERSION, ROUTES, ns, route, uid)
         if keep == "KEDA" or not self.keda_installed():
             return
+        self._delete_owned(KEDA_GROUP, KEDA_VERSION, SCALED_OBJECTS, ns, name, uid)
+
+    def _delete_owned(self, group: str, version: str, plural: str, ns: str, name: str, uid: str) -> None:
         try:
-            obj = self.kube.get_custom(KEDA_GROUP, KEDA_VERSION, SCALED_OBJECTS, ns, name)
+            obj = self.kube.get_custom(group, version, plural, ns, name)
         except ApiException as exc:
-            if exc.status == 403:  # no rights on ScaledObjects: the operator cannot have made one
+            if exc.status == 403:  # no rights on them: the operator cannot have made one
                 return
             raise
         if obj and any(ref.get("uid") == uid for ref in obj["metadata"].get("ownerReferences") or ()):
-            self.kube.delete_custom(KEDA_GROUP, KEDA_VERSION, SCALED_OBJECTS, ns, name)
+            self.kube.delete_custom(group, version, plural, ns, name)
 
     def _observe(
-        self, ns: str, name: str, mode: str, obj: Mapping[str, Any]
-    ) -> tuple[status.Condition, dict[str, Any]]:
+        self, ns: str, name: str, mode: str, obj: Mapping[str, Any], routes: list[dict[str, Any]]
+    ) -> tuple[list[status.Condition], dict[str, Any]]:
         hpa_name = keda_hpa_name(name) if mode == "KEDA" else name
         report: dict[str, Any] = {
             "autoscaler": mode,
@@ -393,12 +529,44 @@ class Autoscaler:
             trigger = obj["spec"]["triggers"][0]
             report["query"] = trigger["metadata"]["query"]
             report["threshold"] = trigger["metadata"]["threshold"]
+            zero = self._observe_routes(ns, routes, obj, report) if routes else []
             live = self.kube.get_custom(KEDA_GROUP, KEDA_VERSION, SCALED_OBJECTS, ns, name) or {}
-            ready = next((x for x in (live.get("status") or {}).get("conditions") or () if x["type"] == "Ready"), None)
+            ready = _ready(live)
             if ready is None or ready.get("status") != "True":
                 why = (ready or {}).get("message") or "KEDA has not reconciled the ScaledObject yet"
-                return status.Condition(CONDITION, False, "ScaledObjectNotReady", why), report
-            return status.Condition(CONDITION, True, "ScaledObjectReady", f"KEDA scales through HPA {hpa_name}"), report
+                return [status.Condition(CONDITION, False, "ScaledObjectNotReady", why), *zero], report
+            how = f"KEDA scales through HPA {hpa_name}" + (" and to zero when idle" if routes else "")
+            return [status.Condition(CONDITION, True, "ScaledObjectReady", how), *zero], report
         if "scalingActive" in report:
-            return status.Condition(CONDITION, False, "MetricUnavailable", report["scalingActive"]), report
-        return status.Condition(CONDITION, True, "HPAReady", f"HPA {hpa_name} scales the pool"), report
+            return [status.Condition(CONDITION, False, "MetricUnavailable", report["scalingActive"])], report
+        return [status.Condition(CONDITION, True, "HPAReady", f"HPA {hpa_name} scales the pool")], report
+
+    def _observe_routes(
+        self, ns: str, routes: list[dict[str, Any]], obj: Mapping[str, Any], report: dict[str, Any]
+    ) -> list[status.Condition]:
+        """``status.autoscaling.scaleToZero`` and the ScaleToZero condition: in force once the add-on's
+        operator has reconciled both routes (their Ready condition)."""
+        hosts = routes[0]["spec"]["rules"][0]["hosts"]
+        names = [r["metadata"]["name"] for r in routes]
+        report["scaleToZero"] = {
+            "routes": names,
+            "hosts": hosts,
+            "idleSeconds": obj["spec"]["cooldownPeriod"],
+            "scalerAddress": self.http_scaler_address,
+        }
+        for route in names:
+            live = self.kube.get_custom(HTTP_GROUP, HTTP_VERSION, ROUTES, ns, route) or {}
+            ready = _ready(live)
+            if ready is None or ready.get("status") != "True":
+                why = (ready or {}).get("message") or "the HTTP add-on's operator has not reconciled it yet"
+                return [status.Condition(SCALE_TO_ZERO, False, "RouteNotReady", f"InterceptorRoute {route}: {why}")]
+        ports = ", ".join(f"{r['metadata']['name']} → port {r['spec']['target']['portName']}" for r in routes)
+        msg = (
+            f"after {obj['spec']['cooldownPeriod']}s without requests the pool scales to zero; requests through "
+            f"KEDA's HTTP add-on interceptor for host {hosts[0]} wake it ({ports})"
+        )
+        return [status.Condition(SCALE_TO_ZERO, True, "InterceptorRoutesReady", msg)]
+
+
+def _ready(obj: Mapping[str, Any]) -> dict[str, Any] | None:
+    return next((x for x in (obj.get("status") or {}).get("conditions") or () if x.get("type") == "Ready"), None)

@@ -19,6 +19,7 @@ import kopf
 from kubernetes.client import CoordinationV1Api
 
 from . import logs
+from .autoscaling import DEFAULT_SCALER_ADDRESS
 from .egress import HostRules, parse_networks
 from .kube import Kube, load_config
 from .leader import LeaseElector
@@ -224,6 +225,12 @@ def build_parser() -> argparse.ArgumentParser:
         "(an InferenceServer's spec.autoscaling.prometheus.serverAddress overrides it)",
     )
     p.add_argument(
+        "--keda-http-scaler-address",
+        default=DEFAULT_SCALER_ADDRESS,
+        help="host:port of KEDA's HTTP add-on external scaler, named by the ScaledObjects of pools with "
+        f"minReplicas 0 (default {DEFAULT_SCALER_ADDRESS}, the add-on chart's Service)",
+    )
+    p.add_argument(
         "--leader-election", action="store_true", help="run only while holding a Lease (for more than one replica)"
     )
     p.add_argument("--leader-election-namespace", default=os.environ.get("POD_NAMESPACE", "default"))
@@ -302,6 +309,7 @@ def main(argv: list[str] | None = None) -> int:
         unload_timeout=args.unload_timeout,
         namespaces=list(args.namespace),
         prometheus_url=args.prometheus_url,
+        http_scaler_address=args.keda_http_scaler_address,
         tenant_claim=args.tenant_claim_name,
         policy=PolicyContext(
             operator_namespace=args.claim_namespace,

@@ -42,7 +42,7 @@ MERGE = "application/merge-patch+json"
 MODELS = "inferencemodels"
 SERVERS = "inferenceservers"
 #: kinds of other projects' custom resources the operator applies → their plural
-CUSTOM_KINDS = {"ScaledObject": "scaledobjects"}
+CUSTOM_KINDS = {"ScaledObject": "scaledobjects", "InterceptorRoute": "interceptorroutes"}
 #: (connect, read) seconds for one API request
 REQUEST_TIMEOUT = (5.0, 30.0)
 TIMEOUT: dict[str, Any] = {"_request_timeout": REQUEST_TIMEOUT}

@@ -310,7 +310,15 @@ def service(body: Mapping[str, Any], affinity: Mapping[str, Any] | None = None) 
         "selector": selector_labels(name),
         "ports": [
             {"name": "http", "port": p["http"], "targetPort": "http", "protocol": "TCP"},
-            {"name": "grpc", "port": p["grpc"], "targetPort": "grpc", "protocol": "TCP", "appProtocol": "grpc"},
+            # gRPC is HTTP/2 in clear text: the standard appProtocol tells proxies (KEDA's HTTP add-on, Gateway
+            # implementations) to speak h2c to this port
+            {
+                "name": "grpc",
+                "port": p["grpc"],
+                "targetPort": "grpc",
+                "protocol": "TCP",
+                "appProtocol": "kubernetes.io/h2c",
+            },
             {"name": "metrics", "port": p["metrics"], "targetPort": "metrics", "protocol": "TCP"},
         ],
         # set either way: server-side apply leaves a field the operator stops sending as it was

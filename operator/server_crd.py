@@ -8,6 +8,7 @@ from kubeinfer.server.config.platforms import BUILTIN_BACKENDS
 
 from . import pod_start
 from .api import CONDITIONS, crd
+from .autoscaling import DEFAULT_CONCURRENCY, DEFAULT_IDLE_SECONDS
 from .manifests import (
     CONNECTION_DRAIN_SECONDS,
     DEFAULT_DRAIN_SECONDS,
@@ -61,7 +62,11 @@ AUTOSCALING = {
     "through its own adapter). Leave spec.replicas out of re-applied manifests: the autoscaler owns it.",
     "required": ["maxReplicas"],
     "properties": {
-        "minReplicas": _i("Fewest replicas (default 1).", minimum=1),
+        "minReplicas": _i(
+            "Fewest replicas (default 1). 0: the pool scales to zero when idle and the first request wakes it; "
+            "needs KEDA and KEDA's HTTP add-on v0.15+ (requests go through its interceptor, see scaleToZero).",
+            minimum=0,
+        ),
         "maxReplicas": _i("Most replicas.", minimum=1),
         "autoscaler": _s(
             "Auto (default): KEDA when keda.sh/v1alpha1 ScaledObjects are served, else nothing and the "
@@ -108,6 +113,30 @@ AUTOSCALING = {
             },
         },
         "pollingIntervalSeconds": _i("How often KEDA checks its trigger (default 15).", minimum=1),
+        "scaleToZero": {
+            "type": "object",
+            "description": "With minReplicas 0: KEDA's HTTP add-on routes the pool's HTTP and gRPC requests "
+            "through its interceptor, which holds them while the pool scales from zero (InterceptorRoutes "
+            "<name>-http and <name>-grpc; the ScaleToZero condition says when it is in force).",
+            "properties": {
+                "idleSeconds": _i(
+                    f"Seconds without requests (and with the signal at zero) before the pool scales to zero "
+                    f"(KEDA's cooldownPeriod; default {DEFAULT_IDLE_SECONDS}).",
+                    minimum=0,
+                ),
+                "hosts": {
+                    "type": "array",
+                    "description": "More Host names the interceptor routes to this pool, besides the Service's "
+                    "<name>.<namespace>[.svc[.cluster.local]].",
+                    "items": {"type": "string", "minLength": 1, "maxLength": 253},
+                    "maxItems": 16,
+                },
+                "concurrencyPerReplica": _i(
+                    f"In-flight requests per replica the add-on's scaler aims at (default {DEFAULT_CONCURRENCY}).",
+                    minimum=1,
+                ),
+            },
+        },
         "metrics": {
             "type": "array",
             "description": "autoscaler HPA: autoscaling/v2 MetricSpec list, used instead of target.",
@@ -124,6 +153,15 @@ AUTOSCALING = {
         {
             "rule": "!has(self.minReplicas) || self.minReplicas <= self.maxReplicas",
             "message": "autoscaling.minReplicas must not exceed maxReplicas",
+        },
+        {
+            "rule": "!has(self.minReplicas) || self.minReplicas > 0 || !has(self.autoscaler) "
+            "|| self.autoscaler != 'HPA'",
+            "message": "autoscaling.minReplicas 0 needs KEDA and its HTTP add-on: an HPA never scales to zero",
+        },
+        {
+            "rule": "!has(self.scaleToZero) || (has(self.minReplicas) && self.minReplicas == 0)",
+            "message": "autoscaling.scaleToZero is used only with minReplicas 0",
         },
         {
             "rule": "!has(self.metrics) || (has(self.autoscaler) && self.autoscaler == 'HPA')",
@@ -428,6 +466,24 @@ INFERENCE_SERVER_STATUS = {
                     "items": {"type": "string"},
                 },
                 "scalingActive": _s("Why the HPA cannot compute a scale, when it cannot."),
+                "scaleToZero": {
+                    "type": "object",
+                    "description": "minReplicas 0: how requests wake the pool (KEDA's HTTP add-on).",
+                    "properties": {
+                        "routes": {
+                            "type": "array",
+                            "description": "The InterceptorRoutes (HTTP port, gRPC port).",
+                            "items": {"type": "string"},
+                        },
+                        "hosts": {
+                            "type": "array",
+                            "description": "Host names the interceptor routes to the pool.",
+                            "items": {"type": "string"},
+                        },
+                        "idleSeconds": _i("Seconds idle before the pool scales to zero."),
+                        "scalerAddress": _s("The add-on's external scaler that KEDA asks (operator setting)."),
+                    },
+                },
             },
         },
         "pods": {

@@ -29,7 +29,7 @@ log = logging.getLogger("kubeinfer.operator")
 class ServerReconcile(ReconcileParts):
     def __init__(self, config: OperatorConfig, kube: Kube) -> None:
         super().__init__(config, kube)
-        self.autoscaler = Autoscaler(kube, config.prometheus_url)
+        self.autoscaler = Autoscaler(kube, config.prometheus_url, http_scaler_address=config.http_scaler_address)
         #: (namespace, server) -> pod uid -> the complete start-up timelines of its pods (``_pod_starts``)
         self._pod_timelines: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
 
@@ -43,7 +43,7 @@ class ServerReconcile(ReconcileParts):
             if refused:
                 conds.append(status.Condition("SpecAccepted", False, refused[0], refused[1]))
             listed = self.model_bodies(ns)
-            scaling: status.Condition | None = None
+            scaling: list[status.Condition] = []
             scaling_status: dict[str, Any] | None = None
             dep = None
             if claim is None or refused:
@@ -72,8 +72,7 @@ class ServerReconcile(ReconcileParts):
                     "" if ok else "; ".join(c.message for c in conds if not c.status),
                 )
             )
-            if scaling is not None:  # reported beside Ready, not in it: the pool serves either way
-                conds.append(scaling)
+            conds += scaling  # reported beside Ready, not in it: the pool serves either way
             prev = body.get("status") or {}
             self._patch_status(
                 SERVERS,
@@ -119,9 +118,9 @@ class ServerReconcile(ReconcileParts):
 
     def _apply_owned(
         self, body: Mapping[str, Any], claim: str, listed: list[Mapping[str, Any]], conds: list[status.Condition]
-    ) -> tuple[Any, status.Condition | None, dict[str, Any] | None]:
+    ) -> tuple[Any, list[status.Condition], dict[str, Any] | None]:
         """Apply the Deployment, Service, NetworkPolicy and autoscaler; (the Deployment, or None when the API
-        server refused the spec: said in ``conds``; the autoscaling condition and status)."""
+        server refused the spec: said in ``conds``; the autoscaling conditions and status)."""
         spec, name = body["spec"], body["metadata"]["name"]
         try:
             dep = self.kube.apply(manifests.deployment(body, claim))
@@ -135,7 +134,7 @@ class ServerReconcile(ReconcileParts):
             message = f"the API server refused the pods' spec: {exc.body or exc.reason}; fix the InferenceServer spec"
             kopf.warn(kopf_ref(body), reason="ApplyFailed", message=message)
             conds.append(status.Condition("Available", False, "ApplyFailed", message))
-            return None, None, None
+            return None, [], None
         return dep, scaling, scaling_status
 
     def _pod_starts(self, ns: str, name: str, spec: Mapping[str, Any]) -> list[dict[str, Any]] | None:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from . import network_policy
 from .artifacts import DEFAULT_MAX_BYTES
+from .autoscaling import DEFAULT_SCALER_ADDRESS
 from .egress import HostRules, IPNetwork
 from .fetch import DEFAULT_DEADLINE
 from .onnx_check import DEFAULT_CHECK_TIMEOUT
@@ -48,6 +49,8 @@ class OperatorConfig:
     namespaces: list[str] = field(default_factory=list)
     #: Prometheus that KEDA ScaledObjects query when spec.autoscaling.prometheus.serverAddress is unset
     prometheus_url: str | None = None
+    #: KEDA's HTTP add-on external scaler (host:port) that scale-to-zero ScaledObjects name
+    http_scaler_address: str = DEFAULT_SCALER_ADDRESS
     #: the claim the operator provides in each namespace (servers that name none mount it)
     tenant_claim: str = DEFAULT_CLAIM
     #: who the servers' NetworkPolicies let in besides their own namespace

@@ -188,3 +188,91 @@ def test_choice_of_autoscaler():
         none.choose({"autoscaler": "KEDA"})
     assert err.value.reason == "KEDANotInstalled"
     assert none.choose({"autoscaler": "HPA"}) == "HPA"
+
+
+# ---- scale to zero: KEDA's HTTP add-on ------------------------------------------------------------------
+SCALER = "keda-add-ons-http-external-scaler.keda:9090"
+
+
+@pytest.fixture
+def zero_body(server_body):
+    server_body["spec"]["autoscaling"] = {
+        "minReplicas": 0,
+        "maxReplicas": 3,
+        "scaleToZero": {"idleSeconds": 30, "hosts": ["pool.example.com"]},
+    }
+    return server_body
+
+
+def test_min_zero_adds_one_push_trigger_per_route_and_the_idle_period(zero_body):
+    so = autoscaling.scaled_object(zero_body, PROM, SCALER)
+    spec = so["spec"]
+    assert (spec["minReplicaCount"], spec["cooldownPeriod"]) == (0, 30)
+    prom, http, grpc = spec["triggers"]
+    assert prom["type"] == "prometheus"  # the signal still scales 1..max
+    assert http == {
+        "type": "external-push",
+        "name": "http-requests",
+        "metadata": {"scalerAddress": SCALER, "interceptorRoute": "gpu-pool-http"},
+    }
+    assert grpc["metadata"] == {"scalerAddress": SCALER, "interceptorRoute": "gpu-pool-grpc"}
+    with pytest.raises(autoscaling.AutoscalingError):
+        autoscaling.scaled_object(zero_body, PROM)  # no scaler: refused, not a ScaledObject that never wakes
+
+
+def test_min_one_renders_no_http_trigger(keda_body):
+    spec = autoscaling.scaled_object(keda_body, PROM, SCALER)["spec"]
+    assert [t["type"] for t in spec["triggers"]] == ["prometheus"] and "cooldownPeriod" not in spec
+
+
+def test_interceptor_routes_reach_the_http_and_grpc_ports(zero_body):
+    http, grpc = autoscaling.interceptor_routes(zero_body)
+    hosts = ["pool.example.com", "gpu-pool.ml", "gpu-pool.ml.svc", "gpu-pool.ml.svc.cluster.local"]
+    assert http["apiVersion"] == "http.keda.sh/v1beta1" and http["kind"] == "InterceptorRoute"
+    assert http["metadata"]["name"] == "gpu-pool-http" and http["metadata"]["namespace"] == "ml"
+    assert http["metadata"]["ownerReferences"][0]["uid"] == "1234-uid"
+    assert http["spec"] == {
+        "target": {"service": "gpu-pool", "portName": "http"},
+        "rules": [{"hosts": hosts}],
+        "scalingMetric": {"concurrency": {"targetValue": 100}},
+    }
+    # gRPC shares the hosts; its path prefix is longer than the HTTP route's (none), so it wins for gRPC calls
+    assert grpc["metadata"]["name"] == "gpu-pool-grpc"
+    assert grpc["spec"]["target"] == {"service": "gpu-pool", "portName": "grpc"}
+    assert grpc["spec"]["rules"] == [{"hosts": hosts, "paths": [{"value": "/inference.GRPCInferenceService/"}]}]
+
+
+def test_the_grpc_port_speaks_h2c(server_body):
+    from kubeinfer.operator import manifests
+
+    ports = {p["name"]: p for p in manifests.service(server_body)["spec"]["ports"]}
+    assert ports["grpc"]["appProtocol"] == "kubernetes.io/h2c"  # the interceptor picks HTTP/2 by it
+    assert "appProtocol" not in ports["http"]
+
+
+class Discovery:
+    """A cluster that serves ``served`` (KEDA, its HTTP add-on) and holds no object of ours yet."""
+
+    def __init__(self, *served: str) -> None:
+        self.served = set(served)
+
+    def resource_served(self, group: str, version: str, plural: str) -> bool:
+        return f"{plural}.{group}" in self.served
+
+    def hpa_owned_by(self, namespace: str, name: str, uid: str) -> bool:
+        return False
+
+    def get_custom(self, group: str, version: str, plural: str, namespace: str, name: str) -> None:
+        return None
+
+
+def test_min_zero_without_the_add_on_is_refused_with_both_conditions(zero_body):
+    zero_body["metadata"]["uid"] = "1234-uid"
+    scaler = autoscaling.Autoscaler(Discovery("scaledobjects.keda.sh"), PROM)
+    conds, report = scaler.reconcile(zero_body)
+    assert report == {"autoscaler": "None"}
+    assert [(c.type, c.status, c.reason) for c in conds] == [
+        ("AutoscalingReady", False, "HTTPAddonNotInstalled"),
+        ("ScaleToZero", False, "HTTPAddonNotInstalled"),
+    ]
+    assert "InterceptorRoutes" in conds[0].message
