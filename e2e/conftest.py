@@ -30,6 +30,8 @@ CLUSTER_SCRIPT = Path(__file__).resolve().parent / "cluster" / "cluster.py"
 ADDONS_SCRIPT = CLUSTER_SCRIPT.with_name("addons.py")
 #: the add-ons the autoscaling tests need (see e2e/cluster/addons.py)
 ADDONS = "prometheus,keda"
+#: and the scale-to-zero tests: KEDA's HTTP add-on besides them
+HTTP_ADDONS = f"{ADDONS},keda-http"
 IMAGES_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "images.py"
 
 
@@ -152,7 +154,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     needs = set().union(*(getattr(item, "fixturenames", ()) for item in session.items))
     if needs & {"cluster", "kubeconform"}:
         # the metrics add-ons (KEDA: a 10-minute build) only when a collected test uses them
-        addons = ["--addons", ADDONS] if "metrics_stack" in needs else []
+        wanted = HTTP_ADDONS if "http_addon" in needs else ADDONS if "metrics_stack" in needs else ""
+        addons = ["--addons", wanted] if wanted else []
         rc, out = _stream([sys.executable, str(CLUSTER_SCRIPT), "build", *addons], session)
         if rc != 0:
             _build_failure = f"e2e/cluster/build failed (exit {rc}):\n{out}"
@@ -260,6 +263,42 @@ def metrics_stack(cluster) -> MetricsStack:
         prometheus_url=addons["prometheus"]["url"],
         keda_version=addons["keda-operator"]["version"],
         prometheus_version=addons["prometheus"]["version"],
+        info=info,
+    )
+
+
+@dataclass
+class HTTPAddon:
+    """KEDA's HTTP add-on (operator, external scaler, interceptor) beside Prometheus and KEDA, host processes."""
+
+    prometheus_url: str
+    #: the interceptor's proxy port, as the test client reaches it
+    interceptor_url: str
+    #: the external scaler, as KEDA (a host process) reaches it
+    scaler_address: str
+    version: str
+    info: dict = field(repr=False)
+
+
+@pytest.fixture(scope="session")
+def http_addon(cluster) -> HTTPAddon:
+    """``up --addons prometheus,keda,keda-http`` on the running cluster (starts what is missing)."""
+    if _build_failure:
+        pytest.fail(_build_failure, pytrace=False)
+    hold = [] if os.environ.get("KUBEINFER_CLUSTER_KEEP") == "1" else ["--hold", str(os.getpid())]
+    proc = run_cluster_script("up", "--json", "--addons", HTTP_ADDONS, *hold)
+    if proc.returncode != 0:
+        pytest.fail(
+            f"e2e/cluster/up --addons {HTTP_ADDONS} failed (exit {proc.returncode}):\n{proc.stderr[-20000:]}",
+            pytrace=False,
+        )
+    info = json.loads(proc.stdout)
+    addons = info["addons"]
+    return HTTPAddon(
+        prometheus_url=addons["prometheus"]["url"],
+        interceptor_url=addons["keda-http-interceptor"]["url"],
+        scaler_address=addons["keda-http-scaler"]["address"],
+        version=addons["keda-http-interceptor"]["version"],
         info=info,
     )
 

@@ -52,9 +52,12 @@ class InNamespace:
 
 
 @contextmanager
-def host_operator(cluster: Any, node: dict, prefix: str, log_dir: Path) -> Iterator[HostOperator]:
+def host_operator(
+    cluster: Any, node: dict, prefix: str, log_dir: Path, extra_args: tuple[str, ...] = ()
+) -> Iterator[HostOperator]:
     """This tree's CRDs applied, a fresh namespace, a claim ``models`` on a volume of its own, and the
-    operator (this tree's code) watching the namespace with that claim as its repository."""
+    operator (this tree's code) watching the namespace with that claim as its repository (``extra_args``:
+    more of its command-line options)."""
     suffix = uuid.uuid4().hex[:6]
     ns, pv_name = f"{prefix}-{suffix}", f"{prefix}-{suffix}"
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))
@@ -111,7 +114,7 @@ def host_operator(cluster: Any, node: dict, prefix: str, log_dir: Path) -> Itera
     args = [
         sys.executable, "-m", "kubeinfer.operator", "--kubeconfig", cluster.kubeconfig,
         "--repository-root", str(folder), "--claim-name", "models", "--claim-namespace", ns,
-        "--namespace", ns, "--resync-seconds", "3",
+        "--namespace", ns, "--resync-seconds", "3", *extra_args,
     ]  # fmt: skip
     with open(log, "wb") as out:
         proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
