@@ -11,6 +11,7 @@ through the interceptor) and printed with the woken pod's start-up phases.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import time
 from collections.abc import Iterator
@@ -121,6 +122,10 @@ def _woken_pod(pool: Pool) -> dict[str, Any]:
     return wait_for_cluster("the woken pod's start-up timeline in status.pods", complete, 60, describe=pool.describe)
 
 
+def _epoch(stamp: str) -> float:
+    return dt.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
 def _with_condition(pool: Pool, kind: str, name: str, ctype: str) -> dict[str, Any] | None:
     obj = pool.get(kind, name)
     return obj if _condition(obj, ctype).get("status") == "True" else None
@@ -164,7 +169,7 @@ def test_scale_from_zero_with_the_first_request_answered(pool: Pool, http_addon:
             {"name": "INPUT1", "datatype": "FP32", "shape": [1, 16], "data": b.ravel().tolist()},
         ]
     }
-    t0 = time.monotonic()
+    sent, t0 = time.time(), time.monotonic()
     r = httpx.post(
         f"{http_addon.interceptor_url}/v2/models/{MODEL}/infer",
         json=body,
@@ -172,13 +177,14 @@ def test_scale_from_zero_with_the_first_request_answered(pool: Pool, http_addon:
         timeout=FIRST_ANSWER_LIMIT,
     )
     http_seconds = time.monotonic() - t0
+    answered = time.time()
     assert r.status_code == 200, f"{r.status_code} {r.text}\n{pool.describe()}"
     out = {o["name"]: np.array(o["data"], dtype=np.float32) for o in r.json()["outputs"]}
     np.testing.assert_allclose(out["OUTPUT0"], (a + b).ravel(), rtol=1e-6)
     np.testing.assert_allclose(out["OUTPUT1"], (a - b).ravel(), rtol=1e-6)
     # the interceptor says the request waited for a cold start (its X-KEDA-HTTP-Cold-Start header)
     assert r.headers.get("x-keda-http-cold-start") == "true", dict(r.headers)
-    rows.append(("HTTP", http_seconds, _woken_pod(pool)))
+    rows.append(("HTTP", http_seconds, sent, answered, _woken_pod(pool)))
 
     # ---- gRPC: idle again, then tritonclient over HTTP/2 through the same interceptor (its :authority is the host)
     wait_for_cluster("the pool back at zero pods", lambda: _at_zero(pool), IDLE_SECONDS + 240, describe=pool.describe)
@@ -188,19 +194,27 @@ def test_scale_from_zero_with_the_first_request_answered(pool: Pool, http_addon:
     inputs = [grpcclient.InferInput(n, [1, 16], "FP32") for n in ("INPUT0", "INPUT1")]
     inputs[0].set_data_from_numpy(a)
     inputs[1].set_data_from_numpy(b)
-    t0 = time.monotonic()
+    sent, t0 = time.time(), time.monotonic()
     result = client.infer(MODEL, inputs, client_timeout=FIRST_ANSWER_LIMIT)
     grpc_seconds = time.monotonic() - t0
+    answered = time.time()
     client.close()
     np.testing.assert_allclose(result.as_numpy("OUTPUT0"), a + b, rtol=1e-6)
     np.testing.assert_allclose(result.as_numpy("OUTPUT1"), a - b, rtol=1e-6)
-    rows.append(("gRPC", grpc_seconds, _woken_pod(pool)))
+    rows.append(("gRPC", grpc_seconds, sent, answered, _woken_pod(pool)))
 
+    # wake: request → the pod object (KEDA's reaction to the scaler's push, the operator's Deployment; the pod's
+    # creation time has whole seconds); start: pod created → models Ready (status.pods); answer: → the reply
+    # (readiness probe, EndpointSlice, the interceptor's proxying)
     lines = [f"scale from zero through KEDA's HTTP add-on {http_addon.version} (idle {IDLE_SECONDS}s → 0 pods):",
-             f"{'protocol':<8} {'first answer s':>14}  woken pod's phases (s after the one before)"]  # fmt: skip
-    for proto, secs, pod in rows:
+             f"{'protocol':<8} {'first answer s':>14} {'wake':>5} {'start':>6} {'answer':>6}  "
+             "pod start phases (s after the one before)"]  # fmt: skip
+    for proto, secs, sent_at, answered_at, pod in rows:
+        wake = _epoch(pod["created"]) - sent_at
+        start = _epoch(pod["modelsReady"]) - _epoch(pod["created"])
+        tail = answered_at - _epoch(pod["modelsReady"])
         detail = ", ".join(f"{k} {pod['seconds'][k]:.1f}" for k in PHASES)
-        lines.append(f"{proto:<8} {secs:>14.1f}  {detail}")
+        lines.append(f"{proto:<8} {secs:>14.1f} {wake:>5.1f} {start:>6.1f} {tail:>6.1f}  {detail}")
     print("\n" + "\n".join(lines))
     assert http_seconds < FIRST_ANSWER_LIMIT and grpc_seconds < FIRST_ANSWER_LIMIT
 
