@@ -28,7 +28,7 @@ import pytest
 
 CLUSTER_SCRIPT = Path(__file__).resolve().parent / "cluster" / "cluster.py"
 ADDONS_SCRIPT = CLUSTER_SCRIPT.with_name("addons.py")
-#: the add-ons the autoscaling tests need (see e2e/cluster/addons.py)
+#: the add-ons the autoscaling tests need (see e2e/cluster/localcluster/addons/)
 ADDONS = "prometheus,keda"
 #: and the scale-to-zero tests: KEDA's HTTP add-on besides them
 HTTP_ADDONS = f"{ADDONS},keda-http"

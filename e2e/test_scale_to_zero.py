@@ -1,5 +1,5 @@
 """Scale to zero for real: ``autoscaling.minReplicas: 0`` through KEDA and KEDA's HTTP add-on (built from its Go
-module, e2e/cluster/addons.py) on the local cluster's real node.
+module, e2e/cluster/localcluster/addons/keda_http.py) on the local cluster's real node.
 
 The operator (a host process, this tree's code) renders the add-on's InterceptorRoutes and the ScaledObject
 with its external-push triggers; KEDA scales the idle pool to zero pods; a request sent to the add-on's
