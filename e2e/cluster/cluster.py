@@ -262,8 +262,8 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument(
                 "--addons",
                 metavar="NAMES",
-                help="comma-separated add-ons to build and start: prometheus, keda, keda-http (needs keda) "
-                "(default: $KUBEINFER_CLUSTER_ADDONS); see addons.py",
+                help=f"comma-separated add-ons to build and start: {', '.join(addons.ADDONS)} "
+                "(default: $KUBEINFER_CLUSTER_ADDONS); see localcluster/addons/",
             )
         if name == "up":
             p.add_argument(
