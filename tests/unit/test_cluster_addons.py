@@ -1,0 +1,85 @@
+"""The local cluster's add-on list and the KEDA HTTP add-on's manifests (e2e/cluster/localcluster/addons/). The
+add-ons themselves are built in CI's Go stage and run by the e2e suite (e2e/test_scale_to_zero.py)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "e2e" / "cluster"))
+from localcluster import addons  # noqa: E402
+from localcluster.addons import keda_http  # noqa: E402
+from localcluster.base import ClusterError  # noqa: E402
+
+
+def test_keda_http_brings_keda_along_in_start_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KUBEINFER_CLUSTER_ADDONS", raising=False)
+    assert addons.selected("keda-http") == ["keda", "keda-http"]
+    assert addons.selected("keda-http, prometheus") == ["prometheus", "keda", "keda-http"]
+    assert addons.selected(None) == []
+    monkeypatch.setenv("KUBEINFER_CLUSTER_ADDONS", "keda-http")
+    assert addons.selected(None) == ["keda", "keda-http"]
+    with pytest.raises(ClusterError, match=r"unknown add-on\(s\) \['keda_http'\]; known: prometheus, keda, keda-http"):
+        addons.selected("keda_http")
+
+
+def _config(tmp_path: Path) -> Path:
+    """A build folder's config/ laid out as keda_http_dir copies it, with the kinds the add-on's files hold."""
+    for part in keda_http.KEDA_HTTP_PARTS:
+        d = tmp_path / "config" / part
+        d.mkdir(parents=True)
+        (d / "service-account.yaml").write_text(f"apiVersion: v1\nkind: ServiceAccount\nmetadata:\n  name: {part}\n")
+        (d / "role.yaml").write_text(
+            f"---\napiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata:\n  name: {part}\n"
+            f"rules: []\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata:\n  name: {part}\n"
+            "rules: []\n"
+        )
+        (d / "role-binding.yaml").write_text(
+            f"apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\nmetadata:\n  name: {part}\n"
+            f"roleRef:\n  apiGroup: rbac.authorization.k8s.io\n  kind: ClusterRole\n  name: {part}\n"
+            f"subjects:\n  - kind: ServiceAccount\n    name: {part}\n"
+            f"---\napiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\nmetadata:\n"
+            f"  name: {part}-auth-delegator\nroleRef:\n  apiGroup: rbac.authorization.k8s.io\n  kind: ClusterRole\n"
+            f"  name: system:auth-delegator\nsubjects:\n  - kind: ServiceAccount\n    name: {part}\n"
+        )
+    crd = tmp_path / "config" / "crd"
+    crd.mkdir()
+    (crd / "http.keda.sh_interceptorroutes.yaml").write_text(
+        "apiVersion: apiextensions.k8s.io/v1\nkind: CustomResourceDefinition\n"
+        "metadata:\n  name: interceptorroutes.http.keda.sh\n"
+    )
+    return tmp_path
+
+
+def test_rbac_gets_the_kustomize_prefix_and_the_keda_namespace(tmp_path: Path) -> None:
+    docs = keda_http.keda_http_rbac(_config(tmp_path))
+    by = {(d["kind"], d["metadata"]["name"]): d for d in docs}
+    assert len(by) == len(docs) == 15
+    sa = by["ServiceAccount", "keda-add-ons-http-scaler"]
+    assert sa["metadata"]["namespace"] == "keda"
+    assert "namespace" not in by["ClusterRole", "keda-add-ons-http-scaler"]["metadata"]
+    assert by["Role", "keda-add-ons-http-scaler"]["metadata"]["namespace"] == "keda"
+    binding = by["ClusterRoleBinding", "keda-add-ons-http-interceptor"]
+    assert binding["roleRef"]["name"] == "keda-add-ons-http-interceptor"
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "keda-add-ons-http-interceptor", "namespace": "keda"}
+    ]
+    delegator = by["ClusterRoleBinding", "keda-add-ons-http-operator-auth-delegator"]
+    assert delegator["roleRef"]["name"] == "system:auth-delegator"  # a built-in role keeps its name
+
+
+def test_the_scaler_finds_the_interceptor_through_a_slice_on_the_host(tmp_path: Path) -> None:
+    docs = [json.loads(d) for d in keda_http.keda_http_manifests(_config(tmp_path), "10.1.2.3", 4567).split("\n---\n")]
+    assert docs[0]["metadata"]["name"] == "interceptorroutes.http.keda.sh"
+    (svc,) = [d for d in docs if d["kind"] == "Service"]
+    (eps,) = [d for d in docs if d["kind"] == "EndpointSlice"]
+    assert svc["metadata"] == {**svc["metadata"], "name": "keda-add-ons-http-interceptor-admin", "namespace": "keda"}
+    assert "selector" not in svc["spec"]  # selectorless: the slice below is its only endpoint
+    assert eps["metadata"]["labels"]["kubernetes.io/service-name"] == svc["metadata"]["name"]
+    assert eps["metadata"]["namespace"] == "keda"
+    assert eps["endpoints"] == [{"addresses": ["10.1.2.3"], "conditions": {"ready": True}}]
+    assert eps["ports"] == svc["spec"]["ports"] == [{"name": "admin", "port": 4567, "protocol": "TCP"}]
