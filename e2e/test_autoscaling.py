@@ -79,6 +79,9 @@ def ns(cluster: Any, tmp_path: Path) -> Iterator[Namespace]:
         yield n
     finally:
         n.stop_operator()
+        # a model left with the operator's finalizer would hold the namespace in Terminating forever (and
+        # other tests' cluster-wide operators would find it there)
+        cluster.release_finalizers(n.name)
         cluster.kubectl("delete", "namespace", n.name, "--wait=false", check=False)
 
 

@@ -23,6 +23,15 @@ BACKLOG = 20_000
 log = logging.getLogger("kubeinfer.operator.events")
 
 
+def namespace_terminating(exc: BaseException) -> bool:
+    """The API server refused a create because the namespace is being deleted (403, reason Forbidden,
+    cause NamespaceTerminating), not for want of a right."""
+    if getattr(exc, "status", None) != 403:
+        return False
+    body = getattr(exc, "body", None) or ""
+    return "NamespaceTerminating" in str(body) or "because it is being terminated" in str(body)
+
+
 def event_body(obj: Mapping[str, Any], type: str, reason: str, message: str) -> dict[str, Any]:
     meta = obj["metadata"]
     now = dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
@@ -84,4 +93,6 @@ class EventPoster:
                 self.kube.create_event(event["metadata"]["namespace"], event)
                 self.posted += 1
             except Exception as exc:
-                log.info("could not post event %s: %s", event["reason"], exc)
+                # a namespace being deleted refuses new objects: its models' last events have nowhere to go
+                level = logging.DEBUG if namespace_terminating(exc) else logging.INFO
+                log.log(level, "could not post event %s: %s", event["reason"], exc)
