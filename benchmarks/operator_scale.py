@@ -328,14 +328,15 @@ def rss_mb(pid: int) -> float:
 
 
 class Profiler:
-    """py-spy attached to a process for one phase (raw collapsed stacks of the threads on a CPU, whether they
-    hold the GIL or not: TLS, system calls; stopped with SIGINT)."""
+    """py-spy attached to a process for one phase (raw collapsed stacks of the thread holding the GIL: the
+    CPU spent without it, in TLS and system calls, is not seen; stopped with SIGINT). The CPU numbers of a
+    profiled run are not comparable: py-spy's interruptions wake waiting threads."""
 
     def __init__(self, pid: int, out: Path) -> None:
         self.out = out
         spy = Path(sys.executable).with_name("py-spy")
         self.proc = subprocess.Popen(
-            [str(spy), "record", "--pid", str(pid), "--rate", "100", "--format", "raw", "--output", str(out)],
+            [str(spy), "record", "--pid", str(pid), "--rate", "100", "--gil", "--format", "raw", "--output", str(out)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
