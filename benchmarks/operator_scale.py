@@ -57,6 +57,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
+from kubernetes.client.exceptions import ApiException  # noqa: E402
+
 from tests.support.models import unary  # noqa: E402
 from tests.support.server import start_server  # noqa: E402
 
@@ -284,6 +286,42 @@ def cpu_seconds(pid: int) -> float:
     return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
 
 
+def thread_cpu(pid: int) -> dict[int, float]:
+    """CPU seconds of each thread of the process, by OS thread id."""
+    out: dict[int, float] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # ended meanwhile
+            continue
+        out[int(task.name)] = sum(int(f) for f in fields[11:13]) / os.sysconf("SC_CLK_TCK")
+    return out
+
+
+def thread_roles(pid: int) -> dict[int, str]:
+    """OS thread id → the Python thread's name without its number ("reconcile-3" → "reconcile"), by py-spy."""
+    spy = Path(sys.executable).with_name("py-spy")
+    proc = subprocess.run([str(spy), "dump", "--pid", str(pid), "--json"], capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        return {}
+    return {
+        int(t["os_thread_id"]): re.sub(r"[-_]\d+(_\d+)?$", "", t.get("thread_name") or "?")
+        for t in json.loads(proc.stdout)
+        if t.get("os_thread_id")
+    }
+
+
+def cpu_by_role(pid: int, before: dict[int, float], total: float) -> dict[str, float]:
+    """CPU seconds per thread role since ``before`` (``thread_cpu``); what threads that ended used is
+    ``(ended)``: ``total`` less the rest."""
+    after, roles = thread_cpu(pid), thread_roles(pid)
+    out: Counter[str] = Counter()
+    for tid, cpu in after.items():
+        out[roles.get(tid, "(native)")] += cpu - before.get(tid, 0.0)
+    out["(ended)"] = total - sum(out.values())
+    return {k: round(v, 2) for k, v in sorted(out.items(), key=lambda kv: -kv[1]) if abs(v) >= 0.01}
+
+
 def rss_mb(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -292,7 +330,9 @@ def rss_mb(pid: int) -> float:
 
 
 class Profiler:
-    """py-spy attached to a process for one phase (raw collapsed stacks; stopped with SIGINT)."""
+    """py-spy attached to a process for one phase (raw collapsed stacks of the thread holding the GIL: the
+    CPU spent without it, in TLS and system calls, is not seen; stopped with SIGINT). The CPU numbers of a
+    profiled run are not comparable: py-spy's interruptions wake waiting threads."""
 
     def __init__(self, pid: int, out: Path) -> None:
         self.out = out
@@ -576,7 +616,7 @@ class Bench:
             # ---- create
             w.reset()
             req0, cpu0, srv0 = c.requests(), op.cpu(), cpu_seconds(self.server.proc.pid)
-            calls0 = Counter(self.proxy.counts)
+            calls0, threads0 = Counter(self.proxy.counts), thread_cpu(op.pid)
             prof = spy(op, "create")
             t0 = time.monotonic()
             files_at: list[float] = []
@@ -610,6 +650,7 @@ class Bench:
                 "ready_after_last_render_seconds": round(last_ready - last_render, 2) if last_render else None,
                 "operator_cpu_seconds": round(cpu1 - cpu0, 2),
                 "operator_cpu_ms_per_model": round((cpu1 - cpu0) * 1000 / n, 2),
+                "operator_cpu_seconds_by_thread": cpu_by_role(op.pid, threads0, cpu1 - cpu0),
                 "server_cpu_seconds": round(cpu_seconds(self.server.proc.pid) - srv0, 2),
                 "api_requests": reqs,
                 "api_requests_per_model": per_model(reqs, n),
@@ -626,7 +667,7 @@ class Bench:
                 cpu_seconds(self.server.proc.pid),
                 Counter(self.proxy.counts),
             )
-            t0 = time.monotonic()
+            threads0, t0 = thread_cpu(op.pid), time.monotonic()
             time.sleep(self.args.window)
             window = time.monotonic() - t0
             cpu1, req1, srv1 = op.cpu(), c.requests(), cpu_seconds(self.server.proc.pid)
@@ -639,6 +680,7 @@ class Bench:
                 "window_seconds": round(window, 1),
                 "operator_cpu_core_fraction": round((cpu1 - cpu0) / window, 4),
                 "operator_cpu_ms_per_model_per_resync": round((cpu1 - cpu0) * 1000 / (n * resyncs), 3),
+                "operator_cpu_seconds_by_thread": cpu_by_role(op.pid, threads0, cpu1 - cpu0),
                 "server_cpu_core_fraction": round((srv1 - srv0) / window, 4),
                 "api_requests": reqs,
                 "status_writes": sum(
@@ -666,11 +708,22 @@ class Bench:
             w.reset()
             log_offset = self.server.log_path.stat().st_size
             req0, cpu0, calls0 = c.requests(), op.cpu(), Counter(self.proxy.counts)
+            threads0 = thread_cpu(op.pid)
             prof = spy(op, "delete")
             t0 = time.monotonic()
             # every model marked for deletion by one request (a namespace's models deleted at once: what the
             # operator must keep up with), then waited for until gone (finalizers released)
-            w.api.delete_collection_namespaced_custom_object(GROUP, VERSION, NS, "inferencemodels")
+            timeouts = 0
+            while True:
+                try:
+                    w.api.delete_collection_namespaced_custom_object(GROUP, VERSION, NS, "inferencemodels")
+                    break
+                except ApiException as exc:
+                    # thousands outlive the API server's 60 s request timeout: asked again, it marks the rest
+                    if exc.status != 504 or timeouts >= 10:
+                        raise
+                    timeouts += 1
+                    log(f"delete-collection: HTTP 504 after {time.monotonic() - t0:.0f}s; asking again")
             delete_s = time.monotonic() - t0
             wait("every model gone", lambda: w.counts()[2] == 0 and not any(os.scandir(self.repo)), self.args.timeout)
             gone_s = time.monotonic() - t0
@@ -687,6 +740,7 @@ class Bench:
                 last_marked = max(w.deleting.values(), default=t0) - t0
             out["delete"] = {
                 "delete_request_seconds": round(delete_s, 2),
+                "delete_request_timeouts": timeouts,
                 "all_gone_seconds": round(gone_s, 2),
                 # when the watch saw the last model marked for deletion, and how long each took from its mark
                 # to its removal (the operator's part: folder removed, unloaded, finalizer released)
@@ -696,6 +750,7 @@ class Bench:
                 "server_calls": delta(Counter(self.proxy.counts), calls0),
                 "operator_cpu_seconds": round(cpu1 - cpu0, 2),
                 "operator_cpu_ms_per_model": round((cpu1 - cpu0) * 1000 / n, 2),
+                "operator_cpu_seconds_by_thread": cpu_by_role(op.pid, threads0, cpu1 - cpu0),
                 "api_requests": reqs,
                 "api_requests_per_model": per_model(reqs, n),
                 "server_error_lines": len(errors),

@@ -7,7 +7,12 @@ now: ``POST /v2/repository/poll`` with their names (kubeinfer's extension; the s
 poll would do for them, ``--model-load-thread-count`` at a time, and answers with their index rows).
 
 Names are batched per replica: while one request is in flight, the names that come in wait and go
-together in the next one, so a bulk apply or delete costs a handful of requests, not one per model. A
+together in the next one, and two requests to a replica are at least ``LINGER`` apart (the first goes at
+once) unless ``full`` names wait. A bulk apply reaches the operator one model at a time, a few dozen a
+second (``kubectl apply`` sends one request per object): without the pause most requests would carry one
+name, a round trip per model for the operator and the server; with it a bulk apply costs a few requests
+a second. A bulk delete does not wait for it: each deletion holds a reconcile thread until its answer
+comes, so once every thread waits (``full``, the operator's ``--workers``) the request goes at once. A
 replica that does not take the request (an older server, explicit or none mode: 404 or 503) is not
 asked again for a while; the operator then waits for its poll (and its rechecks see the result).
 """
@@ -30,6 +35,10 @@ from .server_access import ServerAccess
 MAX_BATCH = 200
 #: seconds a replica that refused the request is not asked again
 UNSUPPORTED_FOR = 300.0
+#: seconds between the starts of two requests to one replica (names that come meanwhile go together)
+LINGER = 0.25
+#: names waiting for one replica that go without the pause (the reconcile threads: see the docstring)
+FULL = 8
 #: replicas remembered beyond which the idle ones are forgotten
 PRUNE_ABOVE = 256
 log = logging.getLogger("kubeinfer.operator.nudge")
@@ -59,6 +68,8 @@ class _Replica:
     pending: dict[str, list[Ticket]] = field(default_factory=dict)
     busy: bool = False
     refused_until: float = 0.0
+    #: when the last request to it went out (monotonic seconds)
+    sent: float = -1e18
 
 
 class Nudger:
@@ -71,12 +82,17 @@ class Nudger:
         done: Callable[[str, ServerAccess, list[str], dict[str, Rows] | None], None] | None = None,
         timeout: float = 60.0,
         threads: int = 4,
+        linger: float = LINGER,
+        full: int = FULL,
     ) -> None:
         self.client = client
         self.done = done
         self.timeout = timeout
+        self.linger = linger
+        self.full = full
         self._replicas: dict[str, _Replica] = {}
         self._guard = threading.Lock()
+        self._wake = threading.Condition(self._guard)
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="nudge")
         self._closed = False
         self.requests = 0  # for the benchmark
@@ -105,6 +121,8 @@ class Nudger:
             start = bool(replica.pending) and not replica.busy
             if start:
                 replica.busy = True
+            elif len(replica.pending) >= self.full:
+                self._wake.notify_all()
         if start:
             self._pool.submit(self._send, replica)
         return tickets
@@ -119,9 +137,15 @@ class Nudger:
                             ticket.finish(None)
                     replica.pending.clear()
                     return
+                wait = replica.sent + self.linger - time.monotonic()
+                if wait > 0 and len(replica.pending) < self.full:
+                    # more names may come meanwhile: they go in the same request (``nudge`` wakes it when full)
+                    self._wake.wait(wait)
+                    continue
                 names = list(replica.pending)[:MAX_BATCH]
                 batch = {name: replica.pending.pop(name) for name in names}
                 access = replica.access
+                replica.sent = time.monotonic()
             rows = self._post(replica, access, names)
             by_name: dict[str, Rows] = {name: [] for name in names}
             for row in rows or ():
@@ -168,4 +192,5 @@ class Nudger:
     def close(self) -> None:
         with self._guard:
             self._closed = True
+            self._wake.notify_all()
         self._pool.shutdown(wait=False, cancel_futures=True)

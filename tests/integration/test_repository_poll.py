@@ -187,3 +187,53 @@ def test_the_operators_poll_requests_are_batched_per_replica_and_answered_with_r
         reader.close()
         server.terminate()
         explicit.terminate()
+
+
+def test_names_that_trickle_in_go_together_after_the_first(tmp_path: Path, relu: bytes) -> None:
+    """A bulk apply reaches the operator one model at a time: the first name goes at once, the ones that follow
+    within the pause (``linger``) go together in the next request, each ticket still gets its own rows; ``full``
+    names waiting (every reconcile thread of a bulk delete waits for its answer) go without the pause."""
+    from kubeinfer.operator.nudge import Nudger
+    from kubeinfer.operator.replicas import IndexReader
+    from kubeinfer.operator.server_access import PLAIN
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    names = [f"t{i:02d}" for i in range(12)]
+    full = [f"f{i:02d}" for i in range(12)]
+    for name in names + full:
+        put_model(repo, name, relu)
+    server = start_server(repo, "--model-control-mode", "poll", "--repository-poll-secs", "3600", log_dir=tmp_path)
+    reader = IndexReader()
+    answered: list[list[str]] = []
+    nudger = Nudger(reader.client_for, lambda url, access, asked, rows: answered.append(asked), linger=8.0, full=12)
+    try:
+        started = time.monotonic()
+        (first,) = nudger.nudge(server.base_url, PLAIN, names[:1])
+        assert first.wait(30) is not None
+        first_after = time.monotonic() - started
+        tickets = []
+        for name in names[1:]:  # faster than the pause, slower than a request: one request each without it
+            tickets += nudger.nudge(server.base_url, PLAIN, [name])
+            time.sleep(0.05)
+        rows = [t.wait(60) for t in tickets]
+        assert all(
+            r is not None and [(x["name"], x["state"]) for x in r] == [(n, "READY")]
+            for r, n in zip(rows, names[1:], strict=True)
+        )
+        assert first_after < 8.0, f"the first name waited {first_after:.2f}s"
+        assert answered[0] == names[:1]
+        assert nudger.requests <= 3, f"{nudger.requests} requests: {answered}"
+        assert sorted(n for asked in answered for n in asked) == names
+
+        requests, started = nudger.requests, time.monotonic()  # a request just went: the pause runs
+        tickets = nudger.nudge(server.base_url, PLAIN, full[:1])
+        time.sleep(0.5)  # its sender waits out the pause; the names that fill the batch wake it
+        tickets += [t for name in full[1:] for t in nudger.nudge(server.base_url, PLAIN, [name])]
+        assert all(t.wait(30) is not None for t in tickets)
+        assert time.monotonic() - started < 6.0 and nudger.requests == requests + 1, answered
+        assert errors(server) == []
+    finally:
+        nudger.close()
+        reader.close()
+        server.terminate()
