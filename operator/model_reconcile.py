@@ -92,7 +92,7 @@ class ModelReconcile(ReconcileParts):
         super().__init__(config, kube)
         self.failures = FailureBook()
         self.rechecker = Rechecker(self._recheck, threads=RECHECK_THREADS)
-        self.nudger = Nudger(self.reader.client_for, self._nudged)
+        self.nudger = Nudger(self.reader.client_for, self._nudged, full=max(2, config.workers))
         #: (replica URL, model name) -> recheck key of the model, while a poll request for it is on its way
         self._nudged_keys: dict[tuple[str, str], tuple[str, str, str]] = {}
         self._rendered: dict[str, RenderMemo] = {}
