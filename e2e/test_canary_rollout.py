@@ -29,7 +29,7 @@ import pytest
 import tritonclient.http as httpclient
 from onnx import TensorProto, helper, numpy_helper
 
-from tests.support.host_operator import InNamespace, host_operator
+from tests.support.host_operator import InNamespace, host_operator, pool_server
 from tests.support.waiting import wait_for_cluster
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
@@ -130,26 +130,11 @@ def pool(cluster: Any, node: dict, images: dict, tmp_path_factory: pytest.TempPa
     assert images["info"]["images"][0]["role"] == "server"
     with host_operator(cluster, node, "e2e-canary", tmp_path_factory.mktemp("canary")) as op:
         p = Pool(cluster, op.ns, op.root, op.log, images)
-        uploads = op.root / op.ns / "uploads"
-        uploads.mkdir(parents=True, exist_ok=True)
+        uploads = op.uploads()
         onnx.save(plus(1), uploads / "v1.onnx")
         onnx.save(plus(2), uploads / "v2.onnx")
         onnx.save(broken(), uploads / "v3.onnx")
-        p.apply(
-            {
-                "apiVersion": API,
-                "kind": "InferenceServer",
-                "metadata": {"name": POOL},
-                "spec": {
-                    "image": images["info"]["images"][0]["hash_ref"],
-                    "imagePullPolicy": "IfNotPresent",
-                    "replicas": 2,
-                    "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}},
-                    "server": {"pollIntervalSeconds": 1},
-                    "probes": {"readiness": {"periodSeconds": 1}, "startup": {"periodSeconds": 1}},
-                },
-            }
-        )
+        p.apply(pool_server(POOL, images, replicas=2))
         yield p
 
 

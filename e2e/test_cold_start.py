@@ -26,7 +26,7 @@ import pytest
 import tritonclient.http as httpclient
 from kubeinfer.server.examples import models
 
-from tests.support.host_operator import HostOperator, host_operator
+from tests.support.host_operator import HostOperator, host_operator, pool_server
 from tests.support.models import matmul
 from tests.support.waiting import wait_for_cluster
 
@@ -77,23 +77,10 @@ class Pool:
 def pool(cluster: Any, node: dict, images: dict, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
     assert images["info"]["images"][0]["role"] == "server"
     with host_operator(cluster, node, "e2e-cold", tmp_path_factory.mktemp("cold-start")) as op:
-        uploads = op.root / op.ns / "uploads"
-        uploads.mkdir(parents=True, exist_ok=True)
+        uploads = op.uploads()
         data = models.resnet18_cifar(seed=0).SerializeToString()
         (uploads / "resnet18.onnx").write_bytes(data)
-        server = {
-            "apiVersion": API,
-            "kind": "InferenceServer",
-            "metadata": {"name": POOL},
-            "spec": {
-                "image": images["info"]["images"][0]["hash_ref"],
-                "imagePullPolicy": "IfNotPresent",
-                "replicas": REPLICAS,
-                "resources": {"requests": {"cpu": "50m", "memory": "256Mi"}},
-                "server": {"pollIntervalSeconds": 1},
-                "probes": {"readiness": {"periodSeconds": 1}, "startup": {"periodSeconds": 1}},
-            },
-        }
+        server = pool_server(POOL, images, memory="256Mi", replicas=REPLICAS)
         model = {
             "apiVersion": API,
             "kind": "InferenceModel",

@@ -21,7 +21,7 @@ import onnx
 import pytest
 import tritonclient.http as httpclient
 
-from tests.support.host_operator import HostOperator, InNamespace, host_operator
+from tests.support.host_operator import HostOperator, InNamespace, host_operator, pool_server
 from tests.support.models import matmul
 from tests.support.waiting import wait_for_cluster
 
@@ -54,29 +54,14 @@ class Pool(InNamespace):
 def pool(cluster: Any, node: dict, images: dict, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
     assert images["info"]["images"][0]["role"] == "server"
     with host_operator(cluster, node, "e2e-cache", tmp_path_factory.mktemp("model-cache")) as op:
-        uploads = op.root / op.ns / "uploads"
-        uploads.mkdir(parents=True, exist_ok=True)
+        uploads = op.uploads()
         weights = {}
         for i in range(MODELS):
             model, weight = matmul(SIZE, seed=i)
             onnx.save(model, uploads / f"m{i:02d}.onnx")
             weights[f"m{i:02d}"] = weight
         p = Pool(cluster, op.ns, op, weights)
-        server = {
-            "apiVersion": API,
-            "kind": "InferenceServer",
-            "metadata": {"name": POOL},
-            "spec": {
-                "image": images["info"]["images"][0]["hash_ref"],
-                "imagePullPolicy": "IfNotPresent",
-                "replicas": 3,
-                "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}},
-                "server": {"pollIntervalSeconds": 1},
-                "probes": {"readiness": {"periodSeconds": 1}, "startup": {"periodSeconds": 1}},
-                "modelCache": {"memoryBudget": BUDGET, "loadTimeoutSeconds": 60},
-            },
-        }
-        p.apply(server)
+        p.apply(pool_server(POOL, images, replicas=3, modelCache={"memoryBudget": BUDGET, "loadTimeoutSeconds": 60}))
         models = [
             {
                 "apiVersion": API,

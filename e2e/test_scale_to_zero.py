@@ -24,7 +24,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 from kubeinfer.server.examples.generate import default_repository
 
-from tests.support.host_operator import HostOperator, InNamespace, host_operator
+from tests.support.host_operator import HostOperator, InNamespace, host_operator, pool_server
 from tests.support.waiting import wait_for_cluster
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
@@ -62,29 +62,20 @@ def pool(
 ) -> Iterator[Pool]:
     args = ("--prometheus-url", http_addon.prometheus_url, "--keda-http-scaler-address", http_addon.scaler_address)
     with host_operator(cluster, node, "e2e-zero", tmp_path_factory.mktemp("scale-to-zero"), args) as op:
-        uploads = op.root / op.ns / "uploads"
-        uploads.mkdir(parents=True, exist_ok=True)
+        uploads = op.uploads()
         (uploads / "add_sub.onnx").write_bytes((default_repository() / "add_sub" / "1" / "model.onnx").read_bytes())
-        server = {
-            "apiVersion": API,
-            "kind": "InferenceServer",
-            "metadata": {"name": POOL},
-            "spec": {
-                "image": images["info"]["images"][0]["hash_ref"],
-                "imagePullPolicy": "IfNotPresent",
-                "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}},
-                "drainSeconds": 1,
-                "server": {"pollIntervalSeconds": 1},
-                "probes": {"readiness": {"periodSeconds": 1}, "startup": {"periodSeconds": 1, "failureThreshold": 300}},
-                "autoscaling": {
-                    "minReplicas": 0,
-                    "maxReplicas": 2,
-                    "pollingIntervalSeconds": 2,
-                    "target": {"metric": "PendingRequests", "value": "10"},
-                    "scaleToZero": {"idleSeconds": IDLE_SECONDS},
-                },
+        server = pool_server(
+            POOL, images,
+            drainSeconds=1,
+            probes={"readiness": {"periodSeconds": 1}, "startup": {"periodSeconds": 1, "failureThreshold": 300}},
+            autoscaling={
+                "minReplicas": 0,
+                "maxReplicas": 2,
+                "pollingIntervalSeconds": 2,
+                "target": {"metric": "PendingRequests", "value": "10"},
+                "scaleToZero": {"idleSeconds": IDLE_SECONDS},
             },
-        }  # fmt: skip
+        )  # fmt: skip
         model = {
             "apiVersion": API,
             "kind": "InferenceModel",

@@ -30,6 +30,28 @@ class HostOperator:
     log: Path
     proc: subprocess.Popen[bytes]
 
+    def uploads(self) -> Path:
+        """The namespace's folder on the volume that ``file://`` sources of its models read from."""
+        folder = self.root / self.ns / "uploads"
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder
+
+
+API = "serving.kubeinfer.io/v1alpha1"
+
+
+def pool_server(name: str, images: dict[str, Any], memory: str = "128Mi", **spec: Any) -> dict[str, Any]:
+    """An InferenceServer of this tree's server image that notices models and turns ready fast (1 s polls
+    and probes): what the e2e pools share; ``spec``: the test's own fields (one given replaces the default)."""
+    base = {
+        "image": images["info"]["images"][0]["hash_ref"],
+        "imagePullPolicy": "IfNotPresent",
+        "resources": {"requests": {"cpu": "50m", "memory": memory}},
+        "server": {"pollIntervalSeconds": 1},
+        "probes": {"readiness": {"periodSeconds": 1}, "startup": {"periodSeconds": 1}},
+    }
+    return {"apiVersion": API, "kind": "InferenceServer", "metadata": {"name": name}, "spec": {**base, **spec}}
+
 
 @dataclass
 class InNamespace:
