@@ -25,6 +25,7 @@ from kubernetes.client.exceptions import ApiException
 
 from . import cold_start, manifests, sequence_routing, status
 from .artifacts import ArtifactError
+from .autoscaling import scales_to_zero
 from .credentials import credential_headers
 from .failures import TEMPORARY_REASONS, FailureBook, retry_delay
 from .fetch import Fetch
@@ -184,7 +185,10 @@ class ModelReconcile(ReconcileParts):
         new = status.model_status(run.obs, run.prev)
         self._cold_start(run.uid, run.spec, run.obs, run.prev, new)
         decided = self._canary(run.body, run.prev, new, run.endpoints, run.access)
-        routing = sequence_routing.model_condition(run.spec, run.server["spec"]) if run.server is not None else None
+        routing = None
+        if run.server is not None:
+            zero = scales_to_zero(run.server["spec"].get("autoscaling") or {})
+            routing = sequence_routing.model_condition(run.spec, run.server["spec"], through_interceptor=zero)
         if routing is not None:
             new["conditions"] += status.conditions([routing], run.prev.get("conditions"), run.generation)
         if decided:
