@@ -233,6 +233,20 @@ def helm(cluster):
     return cluster.helm
 
 
+def _start_addons(names: str) -> dict:
+    """``up --json --addons names`` on the running cluster (starts what is missing; they stop with the
+    cluster): its JSON, or the test fails with the script's output."""
+    if _build_failure:
+        pytest.fail(_build_failure, pytrace=False)
+    hold = [] if os.environ.get("KUBEINFER_CLUSTER_KEEP") == "1" else ["--hold", str(os.getpid())]
+    proc = run_cluster_script("up", "--json", "--addons", names, *hold)
+    if proc.returncode != 0:
+        pytest.fail(
+            f"e2e/cluster/up --addons {names} failed (exit {proc.returncode}):\n{proc.stderr[-20000:]}", pytrace=False
+        )
+    return json.loads(proc.stdout)
+
+
 @dataclass
 class MetricsStack:
     """Prometheus and KEDA started by ``up --addons`` on the session's cluster (host processes)."""
@@ -249,15 +263,7 @@ def metrics_stack(cluster) -> MetricsStack:
 
     ``up --addons`` on the running cluster starts what is missing; the add-ons stop with the cluster.
     """
-    if _build_failure:
-        pytest.fail(_build_failure, pytrace=False)
-    hold = [] if os.environ.get("KUBEINFER_CLUSTER_KEEP") == "1" else ["--hold", str(os.getpid())]
-    proc = run_cluster_script("up", "--json", "--addons", ADDONS, *hold)
-    if proc.returncode != 0:
-        pytest.fail(
-            f"e2e/cluster/up --addons {ADDONS} failed (exit {proc.returncode}):\n{proc.stderr[-20000:]}", pytrace=False
-        )
-    info = json.loads(proc.stdout)
+    info = _start_addons(ADDONS)
     addons = info["addons"]
     return MetricsStack(
         prometheus_url=addons["prometheus"]["url"],
@@ -283,16 +289,7 @@ class HTTPAddon:
 @pytest.fixture(scope="session")
 def http_addon(cluster) -> HTTPAddon:
     """``up --addons prometheus,keda,keda-http`` on the running cluster (starts what is missing)."""
-    if _build_failure:
-        pytest.fail(_build_failure, pytrace=False)
-    hold = [] if os.environ.get("KUBEINFER_CLUSTER_KEEP") == "1" else ["--hold", str(os.getpid())]
-    proc = run_cluster_script("up", "--json", "--addons", HTTP_ADDONS, *hold)
-    if proc.returncode != 0:
-        pytest.fail(
-            f"e2e/cluster/up --addons {HTTP_ADDONS} failed (exit {proc.returncode}):\n{proc.stderr[-20000:]}",
-            pytrace=False,
-        )
-    info = json.loads(proc.stdout)
+    info = _start_addons(HTTP_ADDONS)
     addons = info["addons"]
     return HTTPAddon(
         prometheus_url=addons["prometheus"]["url"],

@@ -34,6 +34,7 @@ from kubernetes.client import (
 )
 from kubernetes.client.exceptions import ApiException
 
+from . import lean_writes
 from .api import GROUP, VERSION
 
 FIELD_MANAGER = "kubeinfer-operator"
@@ -282,11 +283,7 @@ class Kube:
     def _set_finalizers(self, namespace: str, name: str, finalizers: list[str], resource_version: str) -> bool:
         body = {"metadata": {"finalizers": finalizers, "resourceVersion": resource_version}}
         try:
-            response: Any = self.custom.patch_namespaced_custom_object(
-                GROUP, VERSION, namespace, MODELS, name, body, _content_type=MERGE, _preload_content=False, **TIMEOUT
-            )
-            response.drain_conn()
-            response.release_conn()
+            lean_writes.send(self.client, "PATCH", _custom_path(namespace, MODELS, name), body, MERGE, REQUEST_TIMEOUT)
         except ApiException as exc:
             if exc.status in (404, 409):  # gone, or changed since: not retried here
                 return False
@@ -295,28 +292,15 @@ class Kube:
 
     @retried
     def create_event(self, namespace: str, event: Mapping[str, Any]) -> None:
-        body: Any = dict(event)  # the client serializes plain dicts as they are
-        response: Any = self.core.create_namespaced_event(namespace, body, _preload_content=False, **TIMEOUT)
-        response.drain_conn()
-        response.release_conn()
+        path = f"/api/v1/namespaces/{lean_writes.segment(namespace)}/events"
+        lean_writes.send(self.client, "POST", path, event, timeout=REQUEST_TIMEOUT)
 
     @retried
     def patch_status(self, plural: str, namespace: str, name: str, status: Mapping[str, Any]) -> None:
         try:
-            # the object the API answers with is not needed: not decoded (the bulk of a status write's CPU)
-            response: Any = self.custom.patch_namespaced_custom_object_status(
-                GROUP,
-                VERSION,
-                namespace,
-                plural,
-                name,
-                {"status": dict(status)},
-                _content_type=MERGE,
-                _preload_content=False,
-                **TIMEOUT,
-            )
-            response.drain_conn()  # read, not decoded: the connection goes back to the pool
-            response.release_conn()
+            # the object the API answers with is not needed: read, not decoded (the bulk of a status write's CPU)
+            path = _custom_path(namespace, plural, name) + "/status"
+            lean_writes.send(self.client, "PATCH", path, {"status": status}, MERGE, REQUEST_TIMEOUT)
         except ApiException as exc:
             if exc.status != 404:  # deleted meanwhile: nothing to report on
                 raise
@@ -408,3 +392,9 @@ class Kube:
         )
         listing = self.client.sanitize_for_serialization(listing)
         return list(cast(dict[str, Any], listing).get("items") or [])
+
+
+def _custom_path(namespace: str, plural: str, name: str) -> str:
+    """The path of one of our custom objects (``plural``: inferencemodels, inferenceservers)."""
+    seg = lean_writes.segment
+    return f"/apis/{GROUP}/{VERSION}/namespaces/{seg(namespace)}/{plural}/{seg(name)}"

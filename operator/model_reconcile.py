@@ -25,6 +25,7 @@ from kubernetes.client.exceptions import ApiException
 
 from . import cold_start, manifests, sequence_routing, status
 from .artifacts import ArtifactError
+from .autoscaling import scales_to_zero
 from .credentials import credential_headers
 from .failures import TEMPORARY_REASONS, FailureBook, retry_delay
 from .fetch import Fetch
@@ -65,6 +66,8 @@ class _ModelPass:
     #: the render changed the folder; the replicas were asked to poll it now
     changed: bool = False
     nudged: bool = False
+    #: what the render changed in the folder (the Rendered event's message), None when it changed nothing
+    rendered_note: str | None = None
     #: a temporary failure's message and the delay before the work queue tries again
     temporary: str | None = None
     delay: float = 0.0
@@ -99,6 +102,9 @@ class ModelReconcile(ReconcileParts):
         #: uid -> status.coldStart.render of the model's last render that changed its folder: kept here, not only
         #: in the status, because the status written right after a render may be deferred (``_nudged``)
         self._render_records: dict[str, dict[str, Any]] = {}
+        #: uid -> what a render changed, while its status write waits for the replicas (``_nudged``): said in
+        #: the Ready event that follows, so a create costs one event, not a Rendered and a Ready event
+        self._render_notes: dict[str, str] = {}
         #: weights between versions: numbers per version, spec.rollout's decisions (operator/rollout.py)
         self.rollouts = Rollouts(self.reader)
 
@@ -184,7 +190,10 @@ class ModelReconcile(ReconcileParts):
         new = status.model_status(run.obs, run.prev)
         self._cold_start(run.uid, run.spec, run.obs, run.prev, new)
         decided = self._canary(run.body, run.prev, new, run.endpoints, run.access)
-        routing = sequence_routing.model_condition(run.spec, run.server["spec"]) if run.server is not None else None
+        routing = None
+        if run.server is not None:
+            zero = scales_to_zero(run.server["spec"].get("autoscaling") or {})
+            routing = sequence_routing.model_condition(run.spec, run.server["spec"], through_interceptor=zero)
         if routing is not None:
             new["conditions"] += status.conditions([routing], run.prev.get("conditions"), run.generation)
         if decided:
@@ -198,8 +207,11 @@ class ModelReconcile(ReconcileParts):
             # the replicas are loading it right now: one status write once they answered (``_nudged``),
             # "Rendered" and "Ready" together, rather than "Loading" now and "Ready" a moment later
             self.rechecker.schedule((run.ns, run.name, run.uid), context=self.handler_context, delay=NUDGE_STATUS_WAIT)
+            if run.rendered_note is not None:
+                self._render_notes[run.uid] = run.rendered_note
             return new
-        self._post_events(run.body, run.prev, new)
+        note = self._render_notes.pop(run.uid, None)
+        self._post_events(run.body, run.prev, new, run.rendered_note or note)
         self._patch_status(MODELS, run.ns, run.name, run.prev, new)
         if decided or (recheck and (run.changed or not run.from_timer) and ready.get("reason") in SETTLING):
             self.rechecker.schedule((run.ns, run.name, run.uid), context=self.handler_context)
@@ -290,7 +302,7 @@ class ModelReconcile(ReconcileParts):
         self._forget_old_location(run.ns, run.name, run.prev.get("repositoryPath"), run.obs.repository_path)
         if result.changed:
             run.changed = True
-            self.event(run.body, "Normal", "Rendered", _describe(result))
+            run.rendered_note = _describe(result)
 
     def _render_failed(self, run: _ModelPass, exc: ArtifactError, retry: int) -> None:
         """The failure into ``run.obs``; a temporary one (network, a download slot) is retried soon."""
@@ -482,19 +494,26 @@ class ModelReconcile(ReconcileParts):
         if uid in self.models:
             self.models[uid] = {**self.models[uid], "status": new}
 
-    def _post_events(self, body: Mapping[str, Any], prev: Mapping[str, Any], new: Mapping[str, Any]) -> None:
-        """One event per change of the Ready condition, not one per resync."""
+    def _post_events(
+        self, body: Mapping[str, Any], prev: Mapping[str, Any], new: Mapping[str, Any], rendered: str | None
+    ) -> None:
+        """One event per change of the Ready condition, not one per resync; a render that changed the folder
+        (``rendered``: what it changed) is a Rendered event, or part of the Ready event when the model is
+        Ready with it (one API request per model created, not two)."""
         before: Mapping[str, Any] = _condition(prev, "Ready")
         after = _condition(new, "Ready")
-        if (before.get("status"), before.get("reason"), before.get("message")) == (
+        changed = (before.get("status"), before.get("reason"), before.get("message")) != (
             after["status"],
             after["reason"],
             after["message"],
-        ):
+        )
+        if changed and after["status"] == "True":
+            said = f"{after['message']}; rendered: {rendered}" if rendered is not None else after["message"]
+            self.event(body, "Normal", "Ready", said)
             return
-        if after["status"] == "True":
-            self.event(body, "Normal", "Ready", after["message"])
-        elif after["reason"] not in ("Loading",):
+        if rendered is not None:
+            self.event(body, "Normal", "Rendered", rendered)
+        if changed and after["reason"] not in ("Loading",):
             self.event(body, "Warning", after["reason"], after["message"])
 
 

@@ -116,6 +116,7 @@ class Reconciler(ServerReconcile, ModelReconcile):
         for memo in (self.models, self._wanted, self._handled, self._retries, self._rendered, self._deleting_since):
             memo.pop(uid, None)
         self._render_records.pop(uid, None)
+        self._render_notes.pop(uid, None)
 
     # ------------------------------------------------------------------------- model events and queue
     def model_event(self, kind: str | None, body: Mapping[str, Any]) -> None:

@@ -16,7 +16,9 @@ a client idle that long may be moved to a newer replica. What it cannot do, said
 ``SequenceRouting`` condition: clients behind one address (a gateway, a NAT) all share one replica, and a
 replica that stops (scale-down, rollout) loses its sequences, as a Triton process does.
 ``spec.sessionAffinity: None`` turns it off (the condition then says sequences may break across replicas);
-``ClientIP`` sets it whatever the models. Pure functions.
+``ClientIP`` sets it whatever the models. A pool that scales to zero is reached through KEDA's HTTP add-on
+interceptor, the one client address its Service sees: the affinity then sends every request of the pool to
+one replica (sequences stay whole, the other replicas idle), and the condition says so. Pure functions.
 """
 
 from __future__ import annotations
@@ -69,8 +71,11 @@ def may_run_replicas(server_spec: Mapping[str, Any]) -> bool:
     return int(server_spec.get("replicas", 1)) > 1 or int(scaling.get("maxReplicas") or 0) > 1
 
 
-def model_condition(model_spec: Mapping[str, Any], server_spec: Mapping[str, Any]) -> Condition | None:
-    """``SequenceRouting`` for a sequence model (None for any other)."""
+def model_condition(
+    model_spec: Mapping[str, Any], server_spec: Mapping[str, Any], through_interceptor: bool = False
+) -> Condition | None:
+    """``SequenceRouting`` for a sequence model (None for any other); ``through_interceptor``: the pool scales
+    to zero, so its requests come from KEDA's HTTP add-on interceptor."""
     if model_spec.get("sequenceBatching") is None:
         return None
     mode = server_spec.get("sessionAffinity") or "Auto"
@@ -89,6 +94,16 @@ def model_condition(model_spec: Mapping[str, Any], server_spec: Mapping[str, Any
             "the pool runs several replicas and its spec.sessionAffinity is None: a client's new connection "
             "(a connection pool, a gRPC reconnect after --grpc-max-connection-age) may reach another replica, "
             "where its sequence is unknown; set spec.sessionAffinity to Auto or ClientIP, or run one replica",
+        )
+    if through_interceptor:
+        return Condition(
+            "SequenceRouting",
+            False,
+            "OneAddressThroughInterceptor",
+            "the pool scales to zero, so every request reaches it from KEDA's HTTP add-on interceptor, the one "
+            "client address its Service sees: the session affinity that keeps each sequence on its replica sends "
+            "all of the pool's requests to one replica and the others serve none; set spec.autoscaling."
+            "maxReplicas to 1, or serve the sequence model on a pool that does not scale to zero",
         )
     return Condition(
         "SequenceRouting",

@@ -25,7 +25,7 @@ import pytest
 from kubeinfer.operator import failures, model_reconcile, pod_start, render_memo
 from kubeinfer.operator.egress import parse_networks
 from kubeinfer.operator.failures import FAILURE_BACKOFF
-from kubeinfer.operator.kube import SERVERS
+from kubeinfer.operator.kube import MODELS, SERVERS
 from kubeinfer.operator.reconciler import Reconciler
 from kubeinfer.operator.render import render_model
 from kubeinfer.operator.settings import OperatorConfig
@@ -34,6 +34,7 @@ from onnx import TensorProto
 from tests.support.models import unary
 from tests.support.server import start_server
 from tests.support.specs import server_spec
+from tests.support.waiting import wait_for
 
 NS = "team"
 
@@ -753,5 +754,44 @@ def test_server_status_shows_how_each_pod_started(
         monkeypatch.setattr(reconciler, "_startup", lambda url, access: asked.append(url))
         reconciler.reconcile_server(add_server(kube, "pool"))
         assert asked == [] and kube.statuses[-1][2]["pods"] == [entry]
+    finally:
+        server.terminate()
+
+
+# ---- events: one per model created, when the replicas load it at once ---------------------------------------
+def test_a_model_ready_right_after_its_render_gets_one_event_that_says_both(
+    reconciler: Reconciler, kube: FakeKube, root: Path, events: list[tuple[str, str, str]], tmp_path: Path
+) -> None:
+    """The replicas are asked to load the rendered folder at once, and the status waits for their answer: the
+    render and the readiness are one Ready event (a bulk apply's event posts were a quarter of its CPU)."""
+    folder = root / NS / "pool"
+    folder.mkdir(parents=True)
+    server = start_server(folder, "--model-control-mode", "poll", "--repository-poll-secs", "3600", log_dir=tmp_path)
+    try:
+        kube.slices = [
+            {
+                "ports": [{"name": "http", "port": server.http_port}],
+                "endpoints": [
+                    {"addresses": ["127.0.0.1"], "conditions": {"ready": True}, "targetRef": {"name": "pool-0"}}
+                ],
+            }
+        ]
+        add_server(kube, "pool")
+        body = model("pool")
+        kube.objects[(MODELS, NS, "m")] = body  # what the recheck reads
+        reconciler.rechecker.start()  # the operator's start() also starts its watch, which this test has no use for
+        reconciler.reconcile_model(body)
+        wait_for(
+            "the Ready event",
+            lambda: any(reason == "Ready" for _, reason, _ in events),
+            timeout=30,
+            describe=lambda: (events, [condition(s, "Ready") for _, _, s in kube.statuses]),
+        )
+        ready = [e for e in events if e[1] == "Ready"]
+        assert len(ready) == 1 and ready[0][0] == "Normal", events
+        assert ready[0][2].endswith("; rendered: created the model with versions [1]"), ready[0]
+        assert "Rendered" not in {reason for _, reason, _ in events}, events
+        assert condition(kube.statuses[-1][2], "Ready")["status"] == "True"
+        assert [condition(s, "Ready")["reason"] for _, _, s in kube.statuses].count("Loading") == 0
     finally:
         server.terminate()

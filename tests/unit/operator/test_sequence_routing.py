@@ -45,3 +45,18 @@ def test_the_condition_says_what_holds() -> None:
     assert c is not None and c.reason == "OneReplica"
     c = sr.model_condition(stateful, {"replicas": 1, "autoscaling": {"maxReplicas": 4}, "sessionAffinity": "None"})
     assert c is not None and c.reason == "NoAffinity"
+
+
+def test_a_pool_that_scales_to_zero_says_its_sequences_all_reach_one_replica() -> None:
+    """Through KEDA's HTTP add-on the Service sees one client, the interceptor: ClientIP affinity pins the whole
+    pool's traffic to one replica. One replica at most is fine; more is a set-up the condition points out."""
+    stateful = {"sequenceBatching": {}}
+    zero = {"replicas": 1, "autoscaling": {"minReplicas": 0, "maxReplicas": 3}}
+    c = sr.model_condition(stateful, zero, through_interceptor=True)
+    assert c is not None and (c.status, c.reason) == (False, "OneAddressThroughInterceptor")
+    assert "maxReplicas to 1" in c.message
+    one = {"replicas": 1, "autoscaling": {"minReplicas": 0, "maxReplicas": 1}}
+    c = sr.model_condition(stateful, one, through_interceptor=True)
+    assert c is not None and (c.status, c.reason) == (True, "OneReplica")
+    c = sr.model_condition(stateful, {**zero, "sessionAffinity": "None"}, through_interceptor=True)
+    assert c is not None and c.reason == "NoAffinity"
