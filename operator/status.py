@@ -304,19 +304,21 @@ def model_status(obs: ModelObservation, previous: Mapping[str, Any] | None, when
     return status
 
 
-def _pruned(value: Any) -> Any:
-    """What the API stores of a merge patch: keys with None values are absent."""
-    if isinstance(value, Mapping):
-        return {k: _pruned(v) for k, v in value.items() if v is not None}
-    if isinstance(value, list):
-        return [_pruned(v) for v in value]
-    return value
+def _same(stored: Any, new: Any) -> bool:
+    """Whether merge-patching ``new`` over ``stored`` leaves it as it is: a key whose value is None counts as
+    absent (the API stores no None), compared in place without building pruned copies (a bulk create compares
+    one status per model)."""
+    if isinstance(new, Mapping) and isinstance(stored, Mapping):
+        return all(_same(stored.get(k), v) for k, v in new.items()) and all(
+            k in new or v is None for k, v in stored.items()
+        )
+    if isinstance(new, list) and isinstance(stored, list):
+        return len(stored) == len(new) and all(_same(a, b) for a, b in zip(stored, new, strict=True))
+    return stored == new
 
 
 def status_changed(previous: Mapping[str, Any] | None, new: Mapping[str, Any]) -> bool:
-    """Whether writing ``new`` would change the stored status (a resync that changed nothing writes nothing)."""
-    before = _pruned(dict(previous or {}))
-    after = _pruned(dict(new))
-    return any(before.get(k) != v for k, v in after.items()) or any(
-        k not in after and new.get(k, ...) is None for k in before
-    )
+    """Whether writing ``new`` would change the stored status (a resync that changed nothing writes nothing).
+    A top-level key ``new`` leaves out stays as stored (a merge patch), one it sets to None is removed."""
+    stored = previous or {}
+    return not all(_same(stored.get(k), v) for k, v in new.items())

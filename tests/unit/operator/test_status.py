@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import copy
+import random
+from typing import Any
+
 from kubeinfer.operator.status import (
     Condition,
     ModelObservation,
@@ -181,3 +185,41 @@ def test_a_download_waiting_for_a_slot_is_not_a_failure():
     assert (ready["status"], ready["reason"]) == ("False", "Queued")
     assert waiting["lastFailure"] == failed["lastFailure"]  # the last real failure stays; the wait is not one
     assert model_status(queued, None, when="t2")["lastFailure"] is None
+
+
+def _pruned(value: Any) -> Any:
+    """What the API stores of a merge patch: keys with None values are absent (the reference for the
+    in-place comparison)."""
+    if isinstance(value, dict):
+        return {k: _pruned(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_pruned(v) for v in value]
+    return value
+
+
+def _reference_changed(previous: dict[str, Any], new: dict[str, Any]) -> bool:
+    before, after = _pruned(previous), _pruned(new)
+    return any(before.get(k) != v for k, v in after.items()) or any(
+        k not in after and new.get(k, ...) is None for k in before
+    )
+
+
+def _value(rng: random.Random, depth: int) -> Any:
+    pick = rng.random()
+    if depth > 2 or pick < 0.35:
+        return rng.choice([None, 0, 1, "a", "b", True, 1.5])
+    if pick < 0.7:
+        return {rng.choice("xyz"): _value(rng, depth + 1) for _ in range(rng.randint(0, 3))}
+    return [_value(rng, depth + 1) for _ in range(rng.randint(0, 2))]
+
+
+def test_status_changed_agrees_with_comparing_pruned_copies():
+    """The in-place comparison against the straightforward one (prune both, compare) on random statuses,
+    stored ones as the API keeps them (no None), new ones often a small change of the stored."""
+    rng = random.Random(29)
+    for _ in range(5000):
+        stored = _pruned({k: _value(rng, 0) for k in rng.sample("abcd", rng.randint(0, 4))})
+        new = copy.deepcopy(stored) if rng.random() < 0.5 else {}
+        for k in rng.sample("abcde", rng.randint(0, 2)):
+            new[k] = _value(rng, 0)
+        assert status_changed(stored, new) == _reference_changed(stored, new), (stored, new)
