@@ -418,20 +418,40 @@ def load(node: dict, info: dict) -> bool:
         run("buildah", "push", "-q", info["local_ref"], f"docker-archive:{archive}:{info['ref']}")
         ctr(node, "images", "import", str(archive))
     ctr(node, "images", "tag", "--force", want, by_hash)
-    # older builds of this image: untag them so containerd's GC frees their layers
-    stale = re.compile(re.escape(want) + r"-[0-9a-f]{12}")
-    for ref in present:
-        if ref != by_hash and stale.fullmatch(ref):
-            ctr(node, "images", "rm", ref)
+    # earlier builds of this image: every reference to them goes, so containerd's GC frees their layers
+    for ref in stale_refs(image_rows(node), info["ref"], image_target(node, want)):
+        ctr(node, "images", "rm", ref)
     return True
 
 
-def image_target(node: dict, ref: str) -> str:
+def image_rows(node: dict) -> list[tuple[str, str]]:
+    """(reference, target digest) of every image the node's containerd holds."""
+    rows = []
     for line in ctr(node, "images", "ls").splitlines()[1:]:
         cols = line.split()
-        if cols and cols[0] == ref:
-            return cols[2]
-    return ""
+        if len(cols) >= 3:
+            rows.append((cols[0], cols[2]))
+    return rows
+
+
+def image_target(node: dict, ref: str) -> str:
+    return next((target for name, target in image_rows(node) if name == ref), "")
+
+
+def stale_refs(rows: list[tuple[str, str]], ref: str, current: str) -> list[str]:
+    """The references that keep earlier builds of ``ref`` (``name:version``) alive in containerd: their tags,
+    however they were named (``docker.io/library/`` or buildah's ``localhost/``, with or without the inputs
+    hash), and the CRI plugin's own records of them (``sha256:<image id>``, one per image the kubelet saw),
+    which pin the layers after every tag is gone. Nothing else: another image, or the build at ``current``
+    (its target digest), is never listed."""
+    repository, _, version = ref.partition(":")
+    ours = re.compile(
+        rf"(?:docker\.io/library/|localhost/)?{re.escape(repository)}:{re.escape(version)}(?:-[0-9a-f]{{12}})?"
+    )
+    stale = [name for name, target in rows if target != current and ours.fullmatch(name)]
+    named = {target for name, target in rows if not name.startswith("sha256:") and name not in stale}
+    records = [name for name, target in rows if name.startswith("sha256:") and target not in named]
+    return stale + records
 
 
 # ----------------------------------------------------------------------------- main

@@ -189,3 +189,34 @@ def test_the_wheel_ships_the_transport_where_the_images_look_for_it() -> None:
     module = re.search(r'^MODULE = "([\w.]+)"$', setup, re.M)
     assert module and module.group(1) == images.GRPC_TRANSPORT_MODULE
     assert images.GRPC_TRANSPORT_FILE == module.group(1).replace(".", "/") + ".abi3.so"
+
+
+def test_stale_refs_are_every_reference_to_earlier_builds_and_nothing_else() -> None:
+    """Earlier builds stayed on the node: their buildah-named tags were never matched, and the CRI plugin's
+    ``sha256:`` records pinned their layers after the tags went (9.4 GB of a node's content after a day)."""
+    rows = [
+        ("docker.io/library/kubeinfer-server:0.1.0", "sha256:new"),
+        ("docker.io/library/kubeinfer-server:0.1.0-aaaaaaaaaaaa", "sha256:new"),
+        ("sha256:1d-of-new", "sha256:new"),
+        ("localhost/kubeinfer-server:0.1.0-bbbbbbbbbbbb", "sha256:old1"),
+        ("sha256:1d-of-old1", "sha256:old1"),
+        ("docker.io/library/kubeinfer-server:0.1.0-cccccccccccc", "sha256:old2"),
+        ("sha256:1d-of-old2", "sha256:old2"),
+        ("docker.io/library/kubeinfer-operator:0.1.0", "sha256:op"),
+        ("sha256:1d-of-op", "sha256:op"),
+        ("localhost/kubeinfer-operator:0.1.0-dddddddddddd", "sha256:op-old"),
+        ("localhost/kubeinfer/pause:3.10.1", "sha256:pause"),
+        ("sha256:1d-of-pause", "sha256:pause"),
+        ("docker.io/library/kubeinfer-server-deps:0.1.0", "sha256:deps"),
+    ]
+    stale = images.stale_refs(rows, "kubeinfer-server:0.1.0", "sha256:new")
+    assert sorted(stale) == [
+        "docker.io/library/kubeinfer-server:0.1.0-cccccccccccc",
+        "localhost/kubeinfer-server:0.1.0-bbbbbbbbbbbb",
+        "sha256:1d-of-old1",
+        "sha256:1d-of-old2",
+    ]
+    # the operator's load removes the operator's earlier build only (the server's are the server's load's)
+    assert images.stale_refs(rows, "kubeinfer-operator:0.1.0", "sha256:op") == [
+        "localhost/kubeinfer-operator:0.1.0-dddddddddddd"
+    ]
