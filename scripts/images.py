@@ -418,9 +418,11 @@ def load(node: dict, info: dict) -> bool:
         run("buildah", "push", "-q", info["local_ref"], f"docker-archive:{archive}:{info['ref']}")
         ctr(node, "images", "import", str(archive))
     ctr(node, "images", "tag", "--force", want, by_hash)
-    # earlier builds of this image: every reference to them goes, so containerd's GC frees their layers
-    for ref in stale_refs(image_rows(node), info["ref"], image_target(node, want)):
-        ctr(node, "images", "rm", ref)
+    # earlier builds of this image: every reference to them goes, and containerd's GC runs now (--sync: its
+    # default schedule waits for 100 changes, so untagged layers stayed on disk for days)
+    stale = stale_refs(image_rows(node), info["ref"], image_target(node, want))
+    if stale:
+        ctr(node, "images", "rm", "--sync", *stale)
     return True
 
 
