@@ -314,7 +314,7 @@ def _same(stored: Any, new: Any) -> bool:
         )
     if isinstance(new, list) and isinstance(stored, list):
         return len(stored) == len(new) and all(_same(a, b) for a, b in zip(stored, new, strict=True))
-    return stored == new
+    return bool(stored == new)
 
 
 def status_changed(previous: Mapping[str, Any] | None, new: Mapping[str, Any]) -> bool:
