@@ -293,7 +293,7 @@ class Kube:
     @retried
     def create_event(self, namespace: str, event: Mapping[str, Any]) -> None:
         path = f"/api/v1/namespaces/{lean_writes.segment(namespace)}/events"
-        lean_writes.send(self.client, "POST", path, event, timeout=REQUEST_TIMEOUT)
+        lean_writes.send(self.client, "POST", path, event, lean_writes.JSON, REQUEST_TIMEOUT)
 
     @retried
     def patch_status(self, plural: str, namespace: str, name: str, status: Mapping[str, Any]) -> None:

@@ -34,11 +34,12 @@ def send(
     method: str,
     path: str,
     body: Mapping[str, Any],
-    content_type: str = JSON,
-    timeout: tuple[float, float] = (5.0, 30.0),
+    content_type: str,
+    timeout: tuple[float, float],
 ) -> None:
     """``method`` ``path`` with ``body`` as JSON; the answer is read and dropped (the connection goes back to
-    the pool). Raises ``ApiException`` for a status outside 2xx, urllib3's errors for the connection."""
+    the pool); ``timeout``: (connect, read) seconds, the caller's (``kube.REQUEST_TIMEOUT``). Raises
+    ``ApiException`` for a status outside 2xx, urllib3's errors for the connection."""
     config = client.configuration
     headers = {**client.default_headers, "Accept": JSON, "Content-Type": content_type}
     bearer = config.auth_settings().get("BearerToken")
