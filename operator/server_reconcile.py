@@ -18,6 +18,7 @@ from kubernetes.client.exceptions import ApiException
 from . import manifests, network_policy, pod_start, sequence_routing, status
 from .artifacts import ArtifactError
 from .autoscaling import Autoscaler
+from .events import namespace_terminating
 from .kube import SERVERS, Kube, is_temporary
 from .reconcile_parts import ReconcileParts, kopf_ref
 from .server_access import ServerAccess
@@ -33,7 +34,17 @@ class ServerReconcile(ReconcileParts):
         #: (namespace, server) -> pod uid -> the complete start-up timelines of its pods (``_pod_starts``)
         self._pod_timelines: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
 
-    def reconcile_server(self, body: Mapping[str, Any], logger: logging.Logger | None = None) -> None:
+    def reconcile_server(self, body: Mapping[str, Any]) -> None:
+        try:
+            self._reconcile_server(body)
+        except ApiException as exc:
+            if not namespace_terminating(exc):
+                raise
+            # the namespace's deletion removes the InferenceServer too: nothing to make, nothing to retry
+            meta = body["metadata"]
+            log.info("InferenceServer %s/%s: its namespace is being deleted", meta["namespace"], meta["name"])
+
+    def _reconcile_server(self, body: Mapping[str, Any]) -> None:
         meta, spec = body["metadata"], body["spec"]
         ns, name = meta["namespace"], meta["name"]
         with self._lock(meta["uid"]):

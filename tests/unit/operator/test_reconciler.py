@@ -11,6 +11,7 @@ test_leader.py.
 from __future__ import annotations
 
 import copy
+import json
 import os
 import threading
 from collections.abc import Iterator, Mapping
@@ -29,6 +30,7 @@ from kubeinfer.operator.kube import MODELS, SERVERS
 from kubeinfer.operator.reconciler import Reconciler
 from kubeinfer.operator.render import render_model
 from kubeinfer.operator.settings import OperatorConfig
+from kubernetes.client.exceptions import ApiException
 from onnx import TensorProto
 
 from tests.support.models import unary
@@ -619,6 +621,31 @@ def test_a_server_without_a_claim_gets_one_that_reaches_only_its_namespace(
     status = claimed.reconcile_model(model("waiting"), recheck=False)
     assert status is not None and condition(status, "Ready")["reason"] == "ClaimNotBound"
     assert not (root / NS).joinpath("waiting").exists()
+
+
+def test_a_server_in_a_namespace_being_deleted_is_left_alone(
+    claimed: Reconciler, kube: FakeKube, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The API server refuses every create in a namespace being deleted (403, NamespaceTerminating); the
+    reconcile ends without an error (kopf would retry it, and log a traceback, until the namespace is gone)
+    and without a status write; a 403 for want of a right still raises."""
+
+    def refuse(cause: str) -> Any:
+        def create_core(manifest: Mapping[str, Any]) -> None:
+            exc = ApiException(status=403, reason="Forbidden")
+            exc.body = json.dumps({"kind": "Status", "reason": "Forbidden", "details": {"causes": [{"reason": cause}]}})
+            raise exc
+
+        return create_core
+
+    body = add_server(kube, "leaving", repository={"subPath": "leaving"})
+    monkeypatch.setattr(kube, "create_core", refuse("NamespaceTerminating"))
+    statuses = len(kube.statuses)
+    claimed.reconcile_server(body)
+    assert len(kube.statuses) == statuses and kube.applied == []
+    monkeypatch.setattr(kube, "create_core", refuse("FieldValueForbidden"))
+    with pytest.raises(ApiException):
+        claimed.reconcile_server(body)
 
 
 def test_a_server_with_a_claim_on_its_namespace_folder_gets_its_models(
