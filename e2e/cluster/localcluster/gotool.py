@@ -11,6 +11,11 @@ from pathlib import Path
 
 from localcluster.base import CLUSTER_DIR, ClusterError, log
 
+#: the compiler writes no DWARF: every binary is linked with ``-s -w``, which drops it anyway (stack traces
+#: come from the symbol table Go keeps), so the binaries work the same and a cold build costs less CPU
+#: (Prometheus's: 177 -> 150 s of CPU). Not part of the build recipes' cache keys for that reason.
+NO_DWARF = "-gcflags=all=-dwarf=false"
+
 
 def go_env() -> dict:
     env = dict(os.environ)
@@ -18,7 +23,7 @@ def go_env() -> dict:
         GOTOOLCHAIN=os.environ.get("KUBEINFER_GOTOOLCHAIN", "local"),
         GOWORK="off",
         CGO_ENABLED="0",
-        GOFLAGS="-modcacherw -mod=readonly -buildvcs=false",
+        GOFLAGS=f"-modcacherw -mod=readonly -buildvcs=false {NO_DWARF}",
     )
     return env
 
