@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,15 +16,16 @@ log = logging.getLogger(__name__)
 
 
 def process_start_time() -> float | None:
-    """When this process started, wall-clock seconds since the epoch (Linux /proc; None elsewhere): the
-    boot time plus the process's start in clock ticks since boot, as ``process_start_time_seconds``."""
+    """When this process started, wall-clock seconds since the epoch (Linux /proc; None elsewhere), to the
+    clock tick: now less the time since its start, which is the time since boot (CLOCK_BOOTTIME, the clock
+    of /proc's start ticks) less its start in ticks since boot. Not /proc/stat's ``btime`` plus the ticks:
+    ``btime`` is whole seconds, so that sum can be up to a second early."""
     try:
         with open("/proc/self/stat", "rb") as f:
             ticks = int(f.read().rsplit(b")", 1)[1].split()[19])  # field 22; the name may hold spaces
-        with open("/proc/stat", "rb") as f:
-            boot = next(int(line.split()[1]) for line in f if line.startswith(b"btime "))
-        return boot + ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, StopIteration):
+        since_start = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+        return time.time() - since_start
+    except (OSError, ValueError, IndexError, AttributeError):  # AttributeError: no CLOCK_BOOTTIME (not Linux)
         return None
 
 
