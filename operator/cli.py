@@ -18,7 +18,6 @@ from typing import Any
 import kopf
 from kubernetes.client import CoordinationV1Api
 
-from . import logs
 from .autoscaling import DEFAULT_SCALER_ADDRESS
 from .egress import HostRules, parse_networks
 from .kube import Kube, load_config
@@ -277,7 +276,6 @@ def main(argv: list[str] | None = None) -> int:
             "for models that need no download"
         )
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logs.install()
     endpoints = dict(args.server_endpoint)
     for item in filter(None, os.environ.get(ENDPOINTS_ENV, "").split(",")):
         endpoints.setdefault(*_endpoint(item.strip()))

@@ -27,7 +27,6 @@ from .artifacts import ArtifactError
 from .events import EventPoster
 from .failures import backoff
 from .kube import SERVERS, Kube
-from .logs import UNLOAD_WAIT
 from .model_reconcile import NEEDS_RENDER, ModelReconcile
 from .model_watch import ModelWatch
 from .reconcile_parts import log
@@ -35,6 +34,9 @@ from .server_access import ServerAccess
 from .server_reconcile import ServerReconcile
 from .settings import OperatorConfig
 from .workqueue import WorkQueue
+
+#: the reason a deleted model's finalizer waits: a server still has it loaded (a retry by design, logged at INFO)
+UNLOAD_WAIT = "waiting for the server to unload"
 
 #: held by every InferenceModel until its folder is removed and the servers unloaded it
 FINALIZER = "serving.kubeinfer.io/finalizer"

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import copy
 import datetime as dt
-import logging
 import threading
 
 import httpx
 import pytest
 from kubeinfer.operator.leader import LeaseElector, _Record
 from kubeinfer.operator.liveness import FollowerLiveness, parse_url
-from kubeinfer.operator.logs import RESYNC_TICK, UNLOAD_WAIT, ExpectedRetries
 from kubernetes.client import V1Lease, V1LeaseSpec, V1ObjectMeta
 from kubernetes.client.exceptions import ApiException
 
@@ -93,43 +91,6 @@ def test_follower_liveness_answers_while_the_election_loop_runs():
     assert parse_url("http://0.0.0.0:8080/healthz") == ("0.0.0.0", 8080, "/healthz")
     with pytest.raises(ValueError):
         parse_url("0.0.0.0:8080")
-
-
-def test_unload_waits_are_not_errors():
-    rec = logging.LogRecord(
-        "kopf.objects",
-        logging.ERROR,
-        "",
-        0,
-        f"Handler 'model-delete' failed temporarily: {UNLOAD_WAIT} versions [1]",
-        None,
-        None,
-    )
-    assert ExpectedRetries().filter(rec) and rec.levelno == logging.INFO
-    other = logging.LogRecord("kopf.objects", logging.ERROR, "", 0, "Handler failed: boom", None, None)
-    assert ExpectedRetries().filter(other) and other.levelno == logging.ERROR
-
-
-def test_resync_ticks_are_debug_lines() -> None:
-    from types import SimpleNamespace
-
-    from kopf._core.intents.handlers import TimerHandler
-
-    # the line kopf writes after each tick of the handler registered as id="model-resync" (kopf's own format):
-    # read from kopf's private TimerHandler on purpose, kopf pinned in constraints.txt; this fails when it changes
-    assert f"{TimerHandler.__str__(SimpleNamespace(id='model-resync'))} succeeded." == RESYNC_TICK  # type: ignore[arg-type]
-    logger = logging.getLogger("kopf.objects")
-    before = logger.level
-    try:
-        for level, shown in ((logging.INFO, False), (logging.DEBUG, True)):
-            logger.setLevel(level)
-            tick = logging.LogRecord("kopf.objects", logging.INFO, "", 0, RESYNC_TICK, None, None)
-            assert ExpectedRetries().filter(tick) is shown and tick.levelno == logging.DEBUG
-        other = logging.LogRecord("kopf.objects", logging.INFO, "", 0, "Handler 'model-create' succeeded.", None, None)
-        logger.setLevel(logging.INFO)
-        assert ExpectedRetries().filter(other) and other.levelno == logging.INFO
-    finally:
-        logger.setLevel(before)
 
 
 # ---- losing the lease: the leader stops (lost + stop set) before a follower may take over -----------------
