@@ -74,16 +74,23 @@ def same_times(event: dict[str, Any]) -> dict[str, Any]:
     return {k: dt.datetime.fromisoformat(v) if k.endswith("Timestamp") else v for k, v in event.items()}
 
 
-def client_for(server: Recorder) -> ApiClient:
+def client_for(server: Recorder, prefix: str = "", proxy: bool = False) -> ApiClient:
     config = Configuration()
-    config.host = f"http://127.0.0.1:{server.server_address[1]}"
+    address = f"http://127.0.0.1:{server.server_address[1]}"
+    config.host = address + prefix
     config.api_key = {"authorization": "Bearer t0ken"}
+    if proxy:  # the recorder plays the proxy too: it sees each request in absolute form
+        config.proxy = address
     return ApiClient(config)
 
 
-def test_each_write_arrives_as_the_generated_method_sends_it(api: Recorder) -> None:
-    """(The generated calls do not decode the answer: this server's answers are not the objects they expect.)"""
-    client = client_for(api)
+@pytest.mark.parametrize(
+    ("prefix", "proxy"), [("", False), ("/k8s/clusters/c-1", False), ("", True)], ids=["plain", "prefix", "proxy"]
+)
+def test_each_write_arrives_as_the_generated_method_sends_it(api: Recorder, prefix: str, proxy: bool) -> None:
+    """(The generated calls do not decode the answer: this server's answers are not the objects they expect.)
+    Also for an API server under a path (a proxy in front of clusters) and through the configuration's proxy."""
+    client = client_for(api, prefix, proxy)
     kube = Kube(client, retry_seconds=0)
     status = {"conditions": [{"type": "Ready", "status": "True", "message": "ünïcode"}], "replicas": 2}
     model = {"kind": "InferenceModel", "metadata": {"name": "m", "namespace": "ns-1", "uid": "u"}}
@@ -125,10 +132,11 @@ def test_each_write_arrives_as_the_generated_method_sends_it(api: Recorder) -> N
         **theirs,
         "body": same_times(theirs["body"]),
     }
+    start = f"http://127.0.0.1:{api.server_address[1]}" if proxy else prefix
     assert [s["path"] for s in lean] == [
-        "/apis/serving.kubeinfer.io/v1alpha1/namespaces/ns-1/inferencemodels/m/status",
-        "/apis/serving.kubeinfer.io/v1alpha1/namespaces/ns-1/inferencemodels/m",
-        "/api/v1/namespaces/ns-1/events",
+        f"{start}/apis/serving.kubeinfer.io/v1alpha1/namespaces/ns-1/inferencemodels/m/status",
+        f"{start}/apis/serving.kubeinfer.io/v1alpha1/namespaces/ns-1/inferencemodels/m",
+        f"{start}/api/v1/namespaces/ns-1/events",
     ]
     assert lean[0]["authorization"] == "Bearer t0ken" and lean[0]["content-type"] == MERGE
 
