@@ -30,6 +30,7 @@ from .kube import SERVERS, Kube
 from .model_reconcile import NEEDS_RENDER, ModelReconcile
 from .model_watch import ModelWatch
 from .reconcile_parts import log
+from .rollout import decision_lost
 from .server_access import ServerAccess
 from .server_reconcile import ServerReconcile
 from .settings import OperatorConfig
@@ -129,6 +130,9 @@ class Reconciler(ServerReconcile, ModelReconcile):
         if kind == "DELETED":
             self._forget(uid)
             return
+        known = self.models.get(uid)
+        if known is not None and decision_lost(known, body):
+            body = {**body, "status": known["status"]}  # the decision stays in force (rollout.decision_lost)
         self.models[uid] = dict(body)
         ours = FINALIZER in (meta.get("finalizers") or ())
         if meta.get("deletionTimestamp"):

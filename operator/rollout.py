@@ -143,19 +143,37 @@ def spec_weights(spec: Mapping[str, Any]) -> dict[int, float]:
     return {int(v["version"]): float(v["trafficPercent"]) for v in spec.get("versions") or () if "trafficPercent" in v}
 
 
+def _decided(status: Mapping[str, Any] | None, generation: int) -> bool:
+    """The status holds a rollout decision (Promoted, RolledBack) for ``generation``: final for it."""
+    decision = (status or {}).get("rollout") or {}
+    return bool(
+        decision.get("generation") == generation
+        and decision.get("phase") in ("Promoted", "RolledBack")
+        and decision.get("weights")
+    )
+
+
 def weights_in_force(spec: Mapping[str, Any], status: Mapping[str, Any] | None, generation: int) -> dict[int, float]:
     """The spec's weights, or the ones a rollout decision for this generation put in force."""
     weights = spec_weights(spec)
-    decision = (status or {}).get("rollout") or {}
-    if (
-        weights
-        and spec.get("rollout") is not None
-        and decision.get("generation") == generation
-        and decision.get("phase") in ("Promoted", "RolledBack")
-        and decision.get("weights")
-    ):
+    if weights and spec.get("rollout") is not None and _decided(status, generation):
+        decision = (status or {})["rollout"]
         return {int(w["version"]): float(w["trafficPercent"]) for w in decision["weights"]}
     return weights
+
+
+def decision_lost(known: Mapping[str, Any], incoming: Mapping[str, Any]) -> bool:
+    """``incoming`` (a watch event) is older than the decision ``known`` carries: the same generation, decided
+    in ``known``'s status and not in ``incoming``'s. A decision is final for its generation and only the
+    operator writes the status, so such an event was written before the decision and arrived after it (the
+    watch lags behind the operator's own writes); taken as the newest object, it would render the spec's
+    weights again, a broken canary's traffic included, until the event of the decision's own write arrives."""
+    generation = (incoming.get("metadata") or {}).get("generation", 0)
+    return (
+        (known.get("metadata") or {}).get("generation", 0) == generation
+        and _decided(known.get("status"), generation)
+        and not _decided(incoming.get("status"), generation)
+    )
 
 
 def apply_weights(config: pb.ModelConfig, weights: Mapping[int, float], versions: Iterable[int]) -> None:

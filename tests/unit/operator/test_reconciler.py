@@ -822,3 +822,17 @@ def test_a_model_ready_right_after_its_render_gets_one_event_that_says_both(
         assert [condition(s, "Ready")["reason"] for _, _, s in kube.statuses].count("Loading") == 0
     finally:
         server.terminate()
+
+
+def test_a_watch_event_from_before_a_rollout_decision_keeps_the_decision(reconciler: Reconciler) -> None:
+    """The watch may bring a status written before a rollout decision after the operator made it: the
+    decided weights stay in force (the spec's would send a rolled-back canary traffic again)."""
+    weights = [{"version": 1, "trafficPercent": 100}, {"version": 3, "trafficPercent": 0}]
+    decided = {**model("pool"), "status": {"rollout": {"phase": "RolledBack", "generation": 1, "weights": weights}}}
+    earlier = {**model("pool"), "status": {"rollout": {"phase": "Progressing", "generation": 1}}}
+    reconciler.model_event("MODIFIED", decided)
+    reconciler.model_event("MODIFIED", earlier)
+    assert reconciler.models["uid-m"]["status"]["rollout"]["phase"] == "RolledBack"
+    changed = model("pool", generation=2)  # a new spec: its own weights, whatever was decided before
+    reconciler.model_event("MODIFIED", changed)
+    assert "status" not in reconciler.models["uid-m"]

@@ -68,6 +68,25 @@ def test_weights_in_force_follow_a_decision_of_the_same_generation() -> None:
     assert rollout.weights_in_force(spec, status, 5) == {1: 90.0, 2: 10.0}  # a new spec: its own weights
 
 
+def test_a_watch_event_older_than_a_decision_is_told_apart() -> None:
+    decided = {
+        "metadata": {"generation": 4},
+        "status": {
+            "rollout": {
+                "phase": "RolledBack",
+                "generation": 4,
+                "weights": [{"version": 1, "trafficPercent": 100}, {"version": 2, "trafficPercent": 0}],
+            }
+        },
+    }
+    before = {"metadata": {"generation": 4}, "status": {"rollout": {"phase": "Progressing", "generation": 4}}}
+    assert rollout.decision_lost(decided, before)  # written before the decision, arrived after it
+    assert rollout.decision_lost(decided, {"metadata": {"generation": 4}})
+    assert not rollout.decision_lost(decided, decided)  # the decision's own write
+    assert not rollout.decision_lost(decided, {**before, "metadata": {"generation": 5}})  # a new spec
+    assert not rollout.decision_lost(before, decided)
+
+
 def test_p99_interpolates_within_its_bucket() -> None:
     n = Numbers(100, 0, BOUNDS, [50, 49, 1, 0])  # 99th request is the last of the 1-10 ms bucket
     assert n.quantile(0.99) == pytest.approx(10_000.0)
