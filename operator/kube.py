@@ -13,7 +13,6 @@ delays it instead of failing it. Spec errors (other 4xx) are raised at once.
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import os
 import threading
@@ -22,6 +21,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeVar, cast
 
 import kubernetes
+import orjson
 import urllib3
 from kubernetes.client import (
     ApiClient,
@@ -270,7 +270,7 @@ class Kube:
                 rest = lines.pop()
                 for line in lines:
                     if line.strip():
-                        yield json.loads(line)
+                        yield orjson.loads(line)
         finally:
             response.release_conn()
 

@@ -18,11 +18,11 @@ to one HTTP server and compares what arrived, so an upgrade that changes them fa
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote
 
+import orjson
 import urllib3
 from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
@@ -46,8 +46,8 @@ def send(
     bearer = config.auth_settings().get("BearerToken")
     if bearer and bearer.get("value"):
         headers[bearer["key"]] = bearer["value"]
-    # anything JSON does not know (a datetime, a client model) as the generated methods would send it
-    data = json.dumps(body, separators=(",", ":"), default=client.sanitize_for_serialization).encode()
+    # anything orjson does not know (a client model) as the generated methods would send it
+    data = orjson.dumps(body, default=client.sanitize_for_serialization, option=orjson.OPT_NON_STR_KEYS)
     wait = urllib3.Timeout(connect=timeout[0], read=timeout[1])
     manager = client.rest_client.pool_manager
     if type(manager) is urllib3.PoolManager:

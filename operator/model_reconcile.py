@@ -31,7 +31,7 @@ from .failures import TEMPORARY_REASONS, FailureBook, retry_delay
 from .fetch import Fetch
 from .kube import MODELS, Kube
 from .nudge import Nudger
-from .recheck import Rechecker
+from .recheck import DELAYS, Rechecker
 from .reconcile_parts import RECHECK_THREADS, ReconcileParts, log
 from .render import DEFAULT_BACKENDS, RenderedModel, render_model
 from .render_memo import RenderMemo, server_key
@@ -49,6 +49,9 @@ SETTLING = {"Loading", "ServerUnreachable", "ServerNotReady", "ServerUnavailable
 #: seconds a render's status write waits for the replicas' answer to its poll request (Rendered and Ready in
 #: one write) before it is written anyway
 NUDGE_STATUS_WAIT = 2.0
+#: seconds after a render during which its rechecks take the folder as the render left it: the whole series
+#: of rechecks (recheck.DELAYS) after the status write's wait for the replicas
+RECHECK_TRUST = NUDGE_STATUS_WAIT + sum(DELAYS)
 #: reconcile_model(render=False) of a model that needs a render
 NEEDS_RENDER: dict[str, Any] = {}
 
@@ -73,6 +76,8 @@ class _ModelPass:
     delay: float = 0.0
     endpoints: list[Endpoint] = field(default_factory=list)
     access: ServerAccess | str = PLAIN
+    #: a render this many seconds old or younger is taken as it left the folder (``reconcile_model``'s ``trust``)
+    trust: float = 0.0
 
     def __post_init__(self) -> None:
         meta = self.body["metadata"]
@@ -117,6 +122,7 @@ class ModelReconcile(ReconcileParts):
         max_age: float | None = None,
         recheck: bool = True,
         render: bool = True,
+        trust: float = 0.0,
     ) -> dict[str, Any] | None:
         """Render, sync the repository, read every replica's index, write status (if it changed).
 
@@ -125,7 +131,9 @@ class ModelReconcile(ReconcileParts):
         render. A resync (``from_timer``) of a model whose generation, server and folder are as its last
         render left them renders nothing; with ``render`` False it returns ``NEEDS_RENDER`` instead of
         rendering (the resync pass hands such models to the work queue). After a change the model is
-        rechecked within seconds until Ready (``recheck``). Returns the status (None: skipped, cancelled).
+        rechecked within seconds until Ready (``recheck``); those rechecks only read the replicas: a render
+        up to ``trust`` seconds old is taken as it left the folder, without looking at the claim and the
+        folder again (the resync does). Returns the status (None: skipped, cancelled).
         """
         # a resync of an object whose change is still rendering (a slow download) does not wait for it:
         # waiting would hold a second thread for as long as the download runs
@@ -133,6 +141,7 @@ class ModelReconcile(ReconcileParts):
             if not got:
                 return None
             run = self._find_server(body, from_timer)
+            run.trust = trust
             if run.server is not None:
                 if not self._update_folder(run, retry, cancelled, render):
                     return None if run.cancelled else NEEDS_RENDER  # cancelled: going away, nothing to report
@@ -227,6 +236,8 @@ class ModelReconcile(ReconcileParts):
         memo = self._rendered.get(run.uid)
         if memo is None or not memo.still_current(run.generation, key, run.prev.get("repositoryPath")):
             return None
+        if run.trust > 0 and time.monotonic() - memo.at <= run.trust:
+            return memo  # a recheck right after the render: the next resync looks at the folder
         try:
             self._claim(run.ns, run.server_name, run.server["spec"])
         except (ArtifactError, OSError):
@@ -321,10 +332,11 @@ class ModelReconcile(ReconcileParts):
     def _remember_render(self, run: _ModelPass, key: tuple[Any, ...], server_dir: Path) -> None:
         """The versions now on disk; after a success, the memo that lets a resync skip the next render."""
         obs = run.obs
-        obs.rendered = self.writer.versions_on_disk(server_dir, run.name)
+        obs.rendered, fingerprint = self.writer.snapshot(server_dir, run.name)
+        if fingerprint is None:  # the walk failed part way: the versions as a plain listing finds them
+            obs.rendered = self.writer.versions_on_disk(server_dir, run.name)
         if obs.render_error is not None:
             return
-        fingerprint = self.writer.fingerprint(server_dir, run.name)
         if fingerprint is not None:
             self._rendered[run.uid] = RenderMemo(
                 run.generation,
@@ -434,7 +446,7 @@ class ModelReconcile(ReconcileParts):
         body = self.models.get(uid) if self.models_attached else self.kube.get(MODELS, ns, name)
         if body is None or body["metadata"].get("uid") != uid or body["metadata"].get("deletionTimestamp"):
             return True
-        new = self.reconcile_model(body, from_timer=True, max_age=0.5, recheck=False)
+        new = self.reconcile_model(body, from_timer=True, max_age=0.5, recheck=False, trust=RECHECK_TRUST)
         return new is None or _condition(new, "Ready").get("reason") not in SETTLING
 
     # ------------------------------------------------------------------------------ status parts

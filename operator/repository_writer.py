@@ -260,19 +260,26 @@ class RepositoryWriter:
         moves with any write, rename or ``utime``). Equal fingerprints: the folder was not touched in between,
         so a sync would change nothing. None when the folder cannot be walked (missing, a symlink on the way).
         """
+        return self.snapshot(server_dir, name)[1]
+
+    def snapshot(self, server_dir: Path, name: str) -> tuple[list[int], tuple[object, ...] | None]:
+        """``versions_on_disk`` and ``fingerprint`` from one walk of the model folder (what a render leaves is
+        looked at once: a walk from the volume's root is several opens)."""
         rel = server_dir.relative_to(self.root) / name
         out: list[object] = []
+        versions: list[int] = []
         try:
             with self._root() as root, confined.opened(confined.open_dir(root, rel)) as model_fd:
                 st = os.fstat(model_fd)
                 out.append((st.st_ino, st.st_ctime_ns))
                 for entry, kind in _entries(model_fd, out, ""):
                     if kind and is_version_dir_name(entry):
+                        versions.append(int(entry))
                         with confined.opened(confined.open_dir(model_fd, entry)) as version_fd:
                             _entries(version_fd, out, entry)
         except (OSError, confined.Refused):
-            return None
-        return tuple(out)
+            return [], None
+        return sorted(versions), tuple(out)
 
     @staticmethod
     def _versions(model_fd: int) -> list[int]:

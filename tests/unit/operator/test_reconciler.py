@@ -11,6 +11,7 @@ test_leader.py.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import os
 import threading
@@ -312,6 +313,33 @@ def test_a_resync_with_nothing_changed_renders_nothing_and_writes_nothing(
     server["metadata"]["generation"] = 2
     reconciler.reconcile_model(body, from_timer=True, recheck=False)
     assert len(syncs) == len(drifts) + 1
+
+
+def test_rechecks_right_after_a_render_take_the_folder_as_it_left_it(
+    reconciler: Reconciler, kube: FakeKube, root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rechecks after a render only read the replicas: within RECHECK_TRUST seconds of the render they do
+    not walk the folder again, so a drift meanwhile is left to the resync, which renders it back."""
+    add_server(kube, "pool")
+    body = model("pool")
+    body["status"] = reconciler.reconcile_model(body, recheck=False)
+    syncs = counting_syncs(reconciler, monkeypatch)
+    walks: list[str] = []
+    real_snapshot = reconciler.writer.snapshot
+    monkeypatch.setattr(reconciler.writer, "snapshot", lambda d, n: walks.append(n) or real_snapshot(d, n))
+    (root / NS / "pool" / "m" / "config.pbtxt").unlink()
+    recheck = {"from_timer": True, "recheck": False, "trust": model_reconcile.RECHECK_TRUST}
+    assert reconciler.reconcile_model(body, **recheck) == body["status"]
+    assert (syncs, walks) == ([], [])
+    # a render older than the rechecks' window is looked at, as is every resync's
+    uid = body["metadata"]["uid"]
+    memo = reconciler._rendered[uid]
+    reconciler._rendered[uid] = dataclasses.replace(memo, at=memo.at - model_reconcile.RECHECK_TRUST - 1)
+    reconciler.reconcile_model(body, **recheck)
+    assert len(syncs) == 1 and (root / NS / "pool" / "m" / "config.pbtxt").is_file()
+    (root / NS / "pool" / "m" / "config.pbtxt").unlink()
+    reconciler.reconcile_model(body, from_timer=True, recheck=False)
+    assert len(syncs) == 2 and (root / NS / "pool" / "m" / "config.pbtxt").is_file()
 
 
 def test_a_temporary_fetch_failure_is_retried_by_kopf_with_growing_delays(
