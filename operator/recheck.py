@@ -48,7 +48,10 @@ class Rechecker:
             self._seq += 1
             self._due[key] = (self._seq, ctx)
             heapq.heappush(self._heap, (when, self._seq, key, attempt))
-            self._cond.notify()
+            if self._heap[0][1] == self._seq:
+                # due before everything else: a waiting thread must wait less (the others' waits already end
+                # by the earliest check, so a later one wakes nobody: a bulk apply schedules thousands)
+                self._cond.notify()
 
     def pending(self) -> int:
         with self._cond:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 from kubeinfer.operator.recheck import Rechecker
 
@@ -33,5 +34,36 @@ def test_series_until_done_and_restarts_on_reschedule():
                 break
             threading.Event().wait(0.02)
         assert r.pending() == 0 and calls["b"] == 4
+    finally:
+        r.stop()
+
+
+def test_a_check_due_sooner_than_the_rest_is_not_held_behind_them():
+    """Waiting threads are woken only for a check due before every other; with all of them waiting for
+    later checks (a bulk apply's), one due now still runs at once, and the later ones at their time."""
+    ran: dict[str, float] = {}
+    now_done, later_done = threading.Event(), threading.Event()
+
+    def check(key) -> bool:
+        ran[key] = time.monotonic()
+        (now_done if key == "now" else later_done).set()
+        return True
+
+    r = Rechecker(check, threads=3)
+    r.start()
+    try:
+        start = time.monotonic()
+        for i in range(200):
+            r.schedule(f"later-{i}", delay=1.0 + i / 1000)
+        r.schedule("now", delay=0.0)
+        assert now_done.wait(5)
+        assert ran["now"] - start < 0.5
+        assert later_done.wait(5)
+        for _ in range(100):
+            if r.pending() == 0:
+                break
+            time.sleep(0.05)
+        assert r.pending() == 0 and len(ran) == 201
+        assert min(t for k, t in ran.items() if k != "now") - start >= 1.0
     finally:
         r.stop()
