@@ -826,7 +826,9 @@ def main() -> int:
     p.add_argument("--poll-secs", type=float, default=5.0, help="the server's --repository-poll-secs")
     p.add_argument("--timeout", type=float, default=900.0, help="longest wait for a phase")
     p.add_argument("--shared-cluster", action="store_true", help="use the machine's shared control plane")
-    p.add_argument("--baseline", metavar="REF", help="also measure the operator of this git revision, first")
+    p.add_argument(
+        "--baseline", metavar="REF", help="also measure the operator of this git revision (alternating with this one)"
+    )
     p.add_argument("--profile", action="store_true", help="py-spy the first run's phases")
     p.add_argument("--profile-summary", action="store_true", help="print the top functions of each profile")
     args = p.parse_args()
@@ -841,8 +843,10 @@ def main() -> int:
     results: dict[str, list[dict[str, Any]]] = {}
     try:
         bench.setup()
-        for tag, module, path in variants:
-            for i in range(args.runs):
+        # rounds of one run per variant, alternating: a load that changes during the benchmark (a shared
+        # machine) falls on every variant alike
+        for i in range(args.runs):
+            for tag, module, path in variants:
                 log(f"{tag}: run {i + 1}/{args.runs}")
                 results.setdefault(tag, []).append(bench.run(module, path, tag, args.profile and i == 0))
     finally:
