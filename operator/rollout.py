@@ -217,8 +217,12 @@ class Numbers:
         return Numbers(self.success - before.success, self.failure - before.failure, self.bounds, counts)
 
     def plus(self, other: Numbers) -> Numbers:
+        """The sum; a side without a histogram (a replica that has no latency series for the version yet: it
+        served none of its requests) adds its counts only, never drops the other side's histogram."""
         if not self.counts:
             return Numbers(self.success + other.success, self.failure + other.failure, other.bounds, list(other.counts))
+        if not other.counts:
+            return Numbers(self.success + other.success, self.failure + other.failure, self.bounds, list(self.counts))
         counts = [a + b for a, b in zip(self.counts, other.counts, strict=False)]
         return Numbers(self.success + other.success, self.failure + other.failure, self.bounds, counts)
 

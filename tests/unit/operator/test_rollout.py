@@ -115,6 +115,20 @@ def test_the_window_counts_growth_per_replica_and_survives_a_restart() -> None:
     assert (t.window("m", 5, now=40)[0][2].success, t.window("m", 5, now=40)[0][2].failure) == (3, 1)
 
 
+def test_a_replica_without_a_latency_series_keeps_the_others_p99() -> None:
+    """A replica that served none of a version's requests has no latency series for it yet (its statistics
+    row has no histogram): its counts add, the other replica's histogram stays, so the p99 is there (the
+    canary e2e once saw requests counted with no p99)."""
+    t = WindowTracker()
+    t.observe("m", {"a": {2: Numbers()}, "b": {2: Numbers()}}, now=0)
+    t.observe("m", {"a": {2: Numbers(50, 0, BOUNDS, [0, 50, 0, 0])}, "b": {2: Numbers()}}, now=10)
+    t.observe("m", {"b": {2: Numbers()}, "a": {2: Numbers(60, 0, BOUNDS, [0, 60, 0, 0])}}, now=20)
+    window, _ = t.window("m", 60, now=20)
+    assert window[2].requests == 60 and window[2].quantile(0.99) is not None
+    assert Numbers(5, 1, BOUNDS, [6, 0, 0, 0]).plus(Numbers(2, 0)) == Numbers(7, 1, BOUNDS, [6, 0, 0, 0])
+    assert Numbers(2, 0).plus(Numbers(5, 1, BOUNDS, [6, 0, 0, 0])) == Numbers(7, 1, BOUNDS, [6, 0, 0, 0])
+
+
 def _window(success: int, failure: int, counts: list[int]) -> dict[int, Numbers]:
     return {1: Numbers(900, 0, BOUNDS, [900, 0, 0, 0]), 2: Numbers(success, failure, BOUNDS, counts)}
 
