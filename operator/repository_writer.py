@@ -403,7 +403,9 @@ class RepositoryWriter:
                     f"{exc.strerror or exc}; free space on the volume or fix its permissions",
                     version,
                 ) from None
-        publish.write_file(folder, SOURCE_MARKER, json.dumps(source.as_dict(), sort_keys=True))
+        # not fsynced: the server never reads it, and one a crash left empty or torn is read as stale
+        # (``_version_current``), so the version is fetched again; one fsync less per version written
+        publish.write_file(folder, SOURCE_MARKER, json.dumps(source.as_dict(), sort_keys=True), durable=False)
         publish.fsync_dir(folder)
 
     def _stage_folder(self, folder: int, name: str, source: Source, version: int, place: _Place, fetch: Fetch) -> None:

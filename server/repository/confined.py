@@ -304,14 +304,16 @@ def read_bytes(
         return read_fd(fd)
 
 
-def write_new(dir_fd: int, name: str, data: bytes, mode: int = 0o644) -> None:
-    """Create ``name`` in ``dir_fd`` (it must not exist: ``O_EXCL``, never through a symlink), write, fsync."""
+def write_new(dir_fd: int, name: str, data: bytes, mode: int = 0o644, durable: bool = True) -> None:
+    """Create ``name`` in ``dir_fd`` (it must not exist: ``O_EXCL``, never through a symlink), write, fsync
+    (unless not ``durable``)."""
     fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | _CLOEXEC, mode, dir_fd=dir_fd)
     try:
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view) :]
-        os.fsync(fd)
+        if durable:
+            os.fsync(fd)
     finally:
         os.close(fd)
 

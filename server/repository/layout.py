@@ -11,6 +11,9 @@ Atomic-write contract (what a writer must follow, and what poll mode relies on):
 * a new model is staged whole as ``.<model>.staging-*`` and renamed to ``<repo>/<model>``;
 * a new version is staged as ``.<version>.staging-*`` and renamed to ``<repo>/<model>/<version>``, then
   the config is replaced (config last) by renaming a written and fsynced ``.config.pbtxt.tmp-*`` over it;
+* what a reader uses (model files, configs) is fsynced before its rename, and each folder a name was added
+  to after it; a writer's own dot-named records (the operator's ``.kubeinfer-source.json``) may skip the
+  fsync when losing one in a crash only makes the writer redo its work;
 * removal renames to a dot-name first, then deletes;
 * staged folders and tmp files live beside their target, or in a folder of the writer's own on the same
   filesystem (the operator: ``<volume>/.kubeinfer-staging/``, where no tenant reaches);

@@ -48,9 +48,11 @@ def fsync_dir(fd: int) -> None:
     os.fsync(fd)
 
 
-def write_file(dir_fd: int, name: str, data: str | bytes) -> None:
-    """Create, write and fsync the new file ``name`` in ``dir_fd`` (inside a staged folder, or a tmp)."""
-    confined.write_new(dir_fd, name, data.encode("utf-8") if isinstance(data, str) else data)
+def write_file(dir_fd: int, name: str, data: str | bytes, durable: bool = True) -> None:
+    """Create, write and fsync the new file ``name`` in ``dir_fd`` (inside a staged folder, or a tmp). Not
+    ``durable``: no fsync, for a file whose loss in a crash costs a redo and nothing else (its folder's fsync
+    still keeps its name)."""
+    confined.write_new(dir_fd, name, data.encode("utf-8") if isinstance(data, str) else data, durable=durable)
 
 
 def remove_tree(dir_fd: int, name: str) -> None:

@@ -103,6 +103,26 @@ def test_new_model_from_path_and_uri(root, http_files):
     assert not again.changed
 
 
+def test_a_source_record_a_crash_left_torn_makes_the_version_written_again(root, monkeypatch):
+    """The version's source record is the one file written without an fsync (the server never reads it): one
+    left empty or torn by a crash reads as stale, so the next sync writes the version again; the model file
+    and the config are fsynced, as is every folder."""
+    writer = make_writer(root)
+    server_dir = writer.server_dir(NS, "ns/pool")
+    spec = _spec([{"version": 1, "source": {"path": "uploads/relu.onnx"}}])
+    synced: list[str] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(os.readlink(f"/proc/self/fd/{fd}")) or real_fsync(fd))
+    writer.sync_model(server_dir, render_model("m", spec))
+    names = [Path(p).name for p in synced]
+    assert "model.onnx" in names and "config.pbtxt" in names and SOURCE_MARKER not in names
+    for torn in (b"", b'{"path": "uploads/rel'):
+        (server_dir / "m" / "1" / SOURCE_MARKER).write_bytes(torn)
+        again = writer.sync_model(server_dir, render_model("m", spec))
+        assert again.replaced_versions == [1]
+        assert not writer.sync_model(server_dir, render_model("m", spec)).changed
+
+
 def test_checksum_mismatch_changes_nothing(root, http_files):
     writer = make_writer(root)
     server_dir = writer.server_dir(NS, "ns/pool")
