@@ -11,7 +11,6 @@ test_leader.py.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import json
 import os
 import threading
@@ -316,7 +315,7 @@ def test_a_resync_with_nothing_changed_renders_nothing_and_writes_nothing(
 
 
 def test_rechecks_right_after_a_render_take_the_folder_as_it_left_it(
-    reconciler: Reconciler, kube: FakeKube, root: Path, monkeypatch: pytest.MonkeyPatch
+    reconciler: Reconciler, kube: FakeKube, root: Path, clock: Clock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The rechecks after a render only read the replicas: within RECHECK_TRUST seconds of the render they do
     not walk the folder again, so a drift meanwhile is left to the resync, which renders it back."""
@@ -332,9 +331,7 @@ def test_rechecks_right_after_a_render_take_the_folder_as_it_left_it(
     assert reconciler.reconcile_model(body, **recheck) == body["status"]
     assert (syncs, walks) == ([], [])
     # a render older than the rechecks' window is looked at, as is every resync's
-    uid = body["metadata"]["uid"]
-    memo = reconciler._rendered[uid]
-    reconciler._rendered[uid] = dataclasses.replace(memo, at=memo.at - model_reconcile.RECHECK_TRUST - 1)
+    clock.now += model_reconcile.RECHECK_TRUST + 1
     reconciler.reconcile_model(body, **recheck)
     assert len(syncs) == 1 and (root / NS / "pool" / "m" / "config.pbtxt").is_file()
     (root / NS / "pool" / "m" / "config.pbtxt").unlink()
