@@ -75,8 +75,9 @@ class BackendInstance(ABC):
 
     may_run_on_loop: ClassVar[bool] = False
     #: an instance whose work happens elsewhere (a Python model's stub process) may offer
-    #: ``execute_async(batch)`` (a coroutine or a future of the results) and the loop it must be called on
-    #: (``async_loop``); the instance pool then awaits it there instead of handing the batch to a thread
+    #: ``start(batch, done)`` and the loop it must be called on (``async_loop``): it sends the batch off and
+    #: returns; ``done(results)`` is called once, on that loop, when the answer is read. The instance pool
+    #: then uses no thread for it, and starts the next batch from within ``done``
     async_loop: Any = None
 
     @abstractmethod

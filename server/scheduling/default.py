@@ -7,7 +7,7 @@ from concurrent.futures import Future
 
 import numpy as np
 
-from ..backends.base import Batch
+from ..backends.base import Batch, RequestResult
 from ..vocabulary.errors import Cancelled
 from ..vocabulary.types import InferenceRequest
 from .base import Scheduler
@@ -26,10 +26,19 @@ class DefaultScheduler(Scheduler):
 
     @property
     def pending(self) -> int:
-        return self._waiting
+        return self._waiting + self.pool.waiting
 
     async def submit(self, request: InferenceRequest) -> dict[str, np.ndarray] | None:
         request.queued_ns = time.monotonic_ns()
+        if self.pool.direct:  # instances in other processes: the pool starts the batch from its callbacks
+            (result,) = await self.pool.submit(Batch([request], self.max_batch_size))
+        else:
+            result = await self._run(request)
+        if isinstance(result, Future):  # answered later (a Python model's response sender)
+            return await settle(result)
+        return unwrap(result)
+
+    async def _run(self, request: InferenceRequest) -> RequestResult:
         self._waiting += 1
         try:
             slot = await self.pool.acquire()
@@ -42,6 +51,4 @@ class DefaultScheduler(Scheduler):
             (result,) = await self.pool.execute(slot, batch)
         finally:
             self.pool.release(slot)
-        if isinstance(result, Future):  # answered later (a Python model's response sender)
-            return await settle(result)
-        return unwrap(result)
+        return result

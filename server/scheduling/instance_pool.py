@@ -10,16 +10,25 @@ the loop's thread; each inline run keeps the average current, so a model that ge
 batches) goes back to its thread: add_sub's executions run inline (README 'Performance against Triton and
 MLServer' counts it among what cut HTTP's CPU). ResNet-18's executions take milliseconds: they stay on
 their thread.
+
+Instances whose work happens in another process (a Python model's stub) offer ``start(batch, done)``
+instead: no thread at all. ``submit`` hands such a pool's batch to the first free instance, and the
+callback that reads an instance's answer starts the next waiting batch on it right there: the instance
+idles for one round trip between batches, not for the several loop turns in which a waiting coroutine
+would be woken to send it (README "Python models" measures it).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Protocol
 
 from ..backends.base import BackendInstance, Batch, RequestResult
+from ..vocabulary.errors import Cancelled
 from ..vocabulary.types import ExecutionTimings
 
 #: executions averaging less than this (CPU ns of the executing thread, moving average) run on the event
@@ -50,6 +59,14 @@ def _executed_rows(batch: Batch, results: list[RequestResult]) -> int:
     )
 
 
+def _resolver(future: asyncio.Future[list[RequestResult]]) -> Callable[[list[RequestResult]], None]:
+    def done(results: list[RequestResult]) -> None:
+        if not future.done():
+            future.set_result(results)
+
+    return done
+
+
 class ExecutionRecorder(Protocol):
     """Where executions are counted (the runtime passes the version's ``observability.stats.ModelStats``)."""
 
@@ -72,6 +89,10 @@ class InstancePool:
         self._verify_next = False
         #: slots whose batch still runs although its caller was cancelled: freed when the batch ends
         self._held: dict[int, Future[tuple[list[RequestResult], int]] | asyncio.Future[list[RequestResult]]] = {}
+        #: every instance works elsewhere (``async_loop`` and ``start``): ``submit`` may be used, on that loop
+        self.direct = bool(instances) and all(i.async_loop is not None for i in instances)
+        #: batches ``submit`` could not start yet, oldest first, with the future of their results
+        self._waiting: deque[tuple[Batch, asyncio.Future[list[RequestResult]]]] = deque()
 
     def _queue(self) -> asyncio.Queue[int]:
         if self._free is None:  # created lazily: bound to the running loop
@@ -99,6 +120,11 @@ class InstancePool:
         """Whether the next ``execute`` runs on the event loop's thread (see the module docstring)."""
         return self._inline_ok and self._seen >= LEARN_EXECUTIONS and self._average_ns < INLINE_BELOW_NS
 
+    @property
+    def waiting(self) -> int:
+        """Batches ``submit`` holds until an instance is free."""
+        return len(self._waiting)
+
     def release(self, slot: int) -> None:
         running = self._held.pop(slot, None)
         if running is not None and not running.done():
@@ -106,9 +132,54 @@ class InstancePool:
             loop = asyncio.get_running_loop()
             running.add_done_callback(lambda _: loop.call_soon_threadsafe(self.release, slot))
             return
-        if self.instances[slot].when_ready(lambda: self._queue().put_nowait(slot)):
+        if self.instances[slot].when_ready(lambda: self._free_slot(slot)):
             return  # restarting (a Python model's stub): the other instances take the work meanwhile
+        self._free_slot(slot)
+
+    def _free_slot(self, slot: int) -> None:
+        """``slot`` is free: the oldest batch ``submit`` holds starts on it now, or it waits in the queue."""
+        while self._waiting:
+            batch, future = self._waiting.popleft()
+            if future.done():  # its caller went away while it waited
+                continue
+            if any(r.cancelled for r in batch.requests):
+                future.set_exception(Cancelled("Request was cancelled"))
+                continue
+            self._start(slot, batch, future)
+            return
         self._queue().put_nowait(slot)
+
+    def submit(self, batch: Batch) -> asyncio.Future[list[RequestResult]]:
+        """On the loop, for a ``direct`` pool: ``batch`` starts on a free instance now, or on the first one
+        to finish. A future of its results (execution statistics recorded); cancelling it abandons the
+        results, never the execution, and the instance is free again when it ends."""
+        future: asyncio.Future[list[RequestResult]] = asyncio.get_running_loop().create_future()
+        if self._waiting or not self.has_free():
+            self._waiting.append((batch, future))
+        else:
+            self._start(self.take_free(), batch, future)
+        return future
+
+    def _start(self, slot: int, batch: Batch, future: asyncio.Future[list[RequestResult]]) -> None:
+        start = time.monotonic_ns()
+        for r in batch.requests:
+            r.compute_start_ns = start
+        finished = False
+
+        def done(results: list[RequestResult]) -> None:
+            nonlocal finished
+            if finished:
+                return
+            finished = True
+            self._record(batch, results)
+            if not future.done():
+                future.set_result(results)
+            self.release(slot)  # the next waiting batch starts here, in this same callback
+
+        try:
+            self.instances[slot].start(batch, done)  # type: ignore[attr-defined]
+        except Exception as exc:  # the whole batch failed: every request gets the error
+            done([exc] * len(batch.requests))
 
     async def execute(self, slot: int, batch: Batch) -> list[RequestResult]:
         """Run ``batch`` on instance ``slot`` (already acquired); records execution statistics."""
@@ -124,8 +195,9 @@ class InstancePool:
                 results = [exc] * len(batch.requests)
         elif instance.async_loop is not None and instance.async_loop is asyncio.get_running_loop():
             # the work happens in another process: await it here, no thread hand-off
-            task = asyncio.ensure_future(instance.execute_async(batch))  # type: ignore[attr-defined]
+            task: asyncio.Future[list[RequestResult]] = asyncio.get_running_loop().create_future()
             try:
+                instance.start(batch, _resolver(task))  # type: ignore[attr-defined]
                 results = await asyncio.shield(task)
             except asyncio.CancelledError:
                 if not task.done():  # the caller went away; the batch still runs in the instance
@@ -147,12 +219,15 @@ class InstancePool:
         if self._inline_ok and took is not None:
             self._seen += 1
             self._average_ns = took if self._seen == 1 else 0.8 * self._average_ns + 0.2 * took
+        self._record(batch, results)
+        return results
+
+    def _record(self, batch: Batch, results: list[RequestResult]) -> None:
         for r in batch.requests:
             r.timings = batch.timings
         rows = _executed_rows(batch, results)
         if rows:
             self.stats.record_execution(rows, batch.timings)
-        return results
 
     def _run_inline(self, instance: BackendInstance, batch: Batch) -> tuple[list[RequestResult], int | None]:
         """``instance.execute(batch)`` on this thread, and its CPU time for the average when known.

@@ -10,6 +10,7 @@ import numpy as np
 from kubeinfer.server.backends.base import BackendInstance, Batch, RequestResult
 from kubeinfer.server.scheduling import instance_pool
 from kubeinfer.server.scheduling.instance_pool import InstancePool
+from kubeinfer.server.vocabulary.errors import Cancelled
 from kubeinfer.server.vocabulary.types import ExecutionTimings, InferenceRequest
 
 
@@ -100,3 +101,89 @@ def test_instances_that_may_not_run_on_the_loop_never_do() -> None:
     asyncio.run(_run(pool, 3 * instance_pool.LEARN_EXECUTIONS))
     assert len(instance.threads) == 3 * instance_pool.LEARN_EXECUTIONS and loop_thread not in instance.threads
     pool.close()
+
+
+class Remote(BackendInstance):
+    """Works "in another process": ``start`` keeps the batch until the test answers it."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.async_loop = loop
+        self.running: list[tuple[Batch, object]] = []
+        #: what was running on this instance at the moment each batch started
+        self.busy_at_start: list[int] = []
+
+    def execute(self, batch: Batch) -> list[RequestResult]:
+        raise AssertionError("a pool of remote instances never calls execute on a thread")
+
+    def start(self, batch: Batch, done: object) -> None:
+        self.busy_at_start.append(len(self.running))
+        self.running.append((batch, done))
+
+    def answer(self) -> None:
+        batch, done = self.running.pop(0)
+        done([{"OUT": np.full(1, float(id(batch)))} for _ in batch.requests])  # type: ignore[operator]
+
+
+def test_the_next_waiting_batch_starts_inside_the_callback_that_saw_an_instance_finish() -> None:
+    """No loop turn between one batch's answer and the next batch's start: the instance never idles while
+    batches wait (a waiting coroutine would be woken only turns later)."""
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        a, b = Remote(loop), Remote(loop)
+        pool = InstancePool([a, b], Recorder(), "m")
+        assert pool.direct
+        futures = [pool.submit(_batch()) for _ in range(5)]
+        assert (len(a.running), len(b.running), pool.waiting) == (1, 1, 3)
+        a.answer()  # synchronously: the oldest waiting batch is on `a` before this returns
+        assert (len(a.running), pool.waiting) == (1, 2)
+        assert futures[0].done() and not futures[2].done()
+        b.answer()
+        a.answer()
+        assert pool.waiting == 0 and len(a.running) + len(b.running) == 2
+        a.answer()
+        b.answer()
+        results = await asyncio.gather(*futures)
+        assert all(isinstance(r[0], dict) for r in results)
+        assert a.busy_at_start == [0] * len(a.busy_at_start)  # one batch at a time per instance
+        assert b.busy_at_start == [0] * len(b.busy_at_start)
+        assert pool.has_free() and pool.waiting == 0
+
+    asyncio.run(scenario())
+
+
+def test_a_waiting_batch_whose_caller_left_or_was_cancelled_never_starts() -> None:
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        a = Remote(loop)
+        pool = InstancePool([a], Recorder(), "m")
+        first = pool.submit(_batch())
+        gone = pool.submit(_batch())
+        cancelled_batch = _batch()
+        cancelled = pool.submit(cancelled_batch)
+        last = pool.submit(_batch())
+        gone.cancel()  # the client's coroutine went away
+        cancelled_batch.requests[0].cancelled = True  # the client cancelled the request
+        a.answer()
+        assert first.done() and len(a.running) == 1 and a.running[0][0] is not cancelled_batch
+        assert isinstance(cancelled.exception(), Cancelled)
+        a.answer()
+        assert last.done() and pool.waiting == 0 and pool.has_free()
+
+    asyncio.run(scenario())
+
+
+def test_a_batch_whose_caller_left_while_it_ran_still_frees_its_instance() -> None:
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        a = Remote(loop)
+        pool = InstancePool([a], Recorder(), "m")
+        running = pool.submit(_batch())
+        queued = pool.submit(_batch())
+        running.cancel()
+        a.answer()  # the abandoned batch ends: the instance takes the queued one
+        assert len(a.running) == 1
+        a.answer()
+        assert queued.done() and pool.has_free()
+
+    asyncio.run(scenario())

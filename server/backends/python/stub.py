@@ -307,7 +307,8 @@ class Stub:
     def __init__(self, sock: socket.socket, arena_bytes: int = INITIAL_ARENA) -> None:
         self.channel = Channel(sock, arena_bytes)
         self.host = StubHost(self.channel)
-        self.work: queue.Queue[Any] = queue.Queue()
+        #: the main thread's messages (a C queue: its put and get cost a fraction of ``queue.Queue``'s)
+        self.work: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.runner: ModelRunner | None = None
         self._decoder = ipc.Decoder()
         self._fds: list[int] = []
@@ -391,18 +392,25 @@ class Stub:
 
     def execute(self, message: dict[str, Any]) -> None:
         assert self.runner is not None
-        decoupled = self.runner.decoupled
+        requests, states = self._requests(message["reqs"], self.runner.decoupled)
+        results = self.runner.execute(requests, states)
+        # the model's views of the inputs go now (unless it kept them), so that the blocks they read are
+        # freed with the answer, not in a message of their own
+        del requests
+        self.channel.send({"op": "done", "id": message["id"], "res": results})
+
+    def _requests(
+        self, wire: list[dict[str, Any]], decoupled: bool
+    ) -> tuple[list[InferenceRequest], list[SenderState]]:
         requests = []
         states: list[SenderState] = []
-        for req in message["reqs"]:
+        for req in wire:
             wanted = frozenset(req["w"]) if req.get("w") is not None else None
             state = WireState(self, req["k"], decoupled, wanted)
             inputs = [Tensor(desc[0], self.channel.segments.array(desc)) for desc in req["in"]]
             requests.append(InferenceRequest._incoming(req["f"], inputs, state))
             states.append(state)
-        results = self.runner.execute(requests, states)
-        del requests  # the model's views of the inputs may go (unless it kept them)
-        self.channel.send({"op": "done", "id": message["id"], "res": results})
+        return requests, states
 
     def auto_complete(self, message: dict[str, Any]) -> None:
         """Triton's auto-complete stub: the model's ``auto_complete_config`` on the config as JSON."""

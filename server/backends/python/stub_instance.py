@@ -1,8 +1,8 @@
 """A Python model instance in its own stub process, as Triton runs one: isolation, and restarts.
 
-``execute_async`` copies the batch's input tensors into the instance's shared memory and sends one
-message, at once, on the server loop (the instance pool calls it there); the stub's answer resolves the
-future it returned.
+``start`` copies the batch's input tensors into the instance's shared memory and sends one message, at
+once, on the server loop (the instance pool calls it there); the callback that reads the stub's answer
+hands the results back, so the instance can take its next batch in the same loop turn.
 
 When the stub dies (a segfault, ``os._exit``, the OOM killer) or misses a health check, only the
 requests it held fail, with Triton 2.51's text (``Stub process '<instance>' is not healthy.``, INTERNAL);
@@ -203,35 +203,38 @@ class StubInstance(BackendInstance):
     # ---- execute ---------------------------------------------------------------------------------
     @property
     def async_loop(self) -> asyncio.AbstractEventLoop:
-        """``execute_async`` runs on this loop (the instance pool calls it there directly)."""
+        """``start`` runs on this loop (the instance pool calls it there directly)."""
         return self.loop
 
     def execute(self, batch: Batch) -> list[RequestResult]:
         """From a thread: the batch runs on the loop."""
 
         async def run() -> list[RequestResult]:
-            return await self.execute_async(batch)
+            future: asyncio.Future[list[RequestResult]] = self.loop.create_future()
+            self.start(batch, future.set_result)  # called once
+            return await future
 
         return asyncio.run_coroutine_threadsafe(run(), self.loop).result()
 
-    def execute_async(self, batch: Batch) -> asyncio.Future[list[RequestResult]]:
-        """On the loop: the batch goes to the stub at once (no task to schedule first); a future of its
-        results. While a restart is on its way, it goes once the new stub serves."""
+    def start(self, batch: Batch, done: Callable[[list[RequestResult]], None]) -> None:
+        """On the loop: the batch goes to the stub at once; ``done(results)`` is called once, on the loop,
+        from the callback that read the stub's answer. While a restart is on its way, the batch goes once
+        the new stub serves."""
         if not self._serving.is_set():
-            return asyncio.ensure_future(self._after_restart(batch))
-        return self._send(batch)
+            self.loop.create_task(self._after_restart(batch, done))
+            return
+        self._send(batch, done)
 
-    async def _after_restart(self, batch: Batch) -> list[RequestResult]:
+    async def _after_restart(self, batch: Batch, done: Callable[[list[RequestResult]], None]) -> None:
         await self._serving.wait()
-        return await self._send(batch)
+        self._send(batch, done)
 
-    def _send(self, batch: Batch) -> asyncio.Future[list[RequestResult]]:
+    def _send(self, batch: Batch, done: Callable[[list[RequestResult]], None]) -> None:
         t0 = time.perf_counter_ns()
-        out: asyncio.Future[list[RequestResult]] = self.loop.create_future()
         proc = self.proc
         if self.gave_up or proc is None or proc.lost is not None:
-            out.set_result([BackendError(self.unhealthy_text())] * len(batch.requests))
-            return out
+            done([BackendError(self.unhealthy_text())] * len(batch.requests))
+            return
         results: list[RequestResult] = [None] * len(batch.requests)
         wire: list[dict[str, Any]] = []
         sent: list[tuple[int, int, Pending]] = []  # (index in batch, key, record)
@@ -259,14 +262,12 @@ class StubInstance(BackendInstance):
         t1 = time.perf_counter_ns()
         batch.timings.compute_input_ns = t1 - t0
         if not wire:
-            out.set_result(results)
-            return out
+            done(results)
+            return
 
-        def answered(done: asyncio.Future[list[Any]]) -> None:
+        def answered(answers: list[Any] | StubLost) -> None:
             t2 = time.perf_counter_ns()
-            try:
-                answers = done.result()
-            except StubLost:  # the stub died with this batch: its requests get Triton's text
+            if isinstance(answers, StubLost):  # the stub died with this batch: its requests get Triton's text
                 answers = [None] * len(sent)
                 proc.fail_pending(self.unhealthy_text())
             if len(answers) != len(sent):  # not what was asked: the stub is not to be trusted any more
@@ -277,11 +278,9 @@ class StubInstance(BackendInstance):
                 results[i] = self._result(proc, key, record, answer)
             batch.timings.compute_infer_ns = t2 - t1
             batch.timings.compute_output_ns = time.perf_counter_ns() - t2
-            if not out.done():
-                out.set_result(results)
+            done(results)
 
-        proc.execute(wire).add_done_callback(answered)
-        return out
+        proc.execute(wire, answered)
 
     def _result(self, proc: StubProcess, key: int, record: Pending, answer: Any) -> RequestResult:
         if isinstance(answer, dict):  # execute returned this request's response

@@ -113,7 +113,8 @@ class StubProcess:
         self.segments = ipc.SegmentMap(self._release)
         self._ids = itertools.count(1)
         self.pending: dict[int, Pending] = {}
-        self._execs: dict[int, asyncio.Future[list[Any]]] = {}
+        #: what to call with each ``execute``'s answer (or StubLost), by its id
+        self._execs: dict[int, Callable[[list[Any] | StubLost], None]] = {}
         self._replies: dict[str, asyncio.Future[dict[str, Any]]] = {}
         self._bls: dict[int, asyncio.Task[None]] = {}
         self._families: dict[int, store.CustomFamily] = {}
@@ -269,11 +270,9 @@ class StubProcess:
         if self._health is not None:
             self._health.cancel()
         error = StubLost(reason)
-        waiting: list[asyncio.Future[Any]] = [*self._execs.values(), *set(self._replies.values())]
-        for future in waiting:
+        for future in set(self._replies.values()):
             if not future.done():
                 future.set_exception(error)
-        self._execs.clear()
         for task in self._bls.values():
             task.cancel()
         self._bls.clear()
@@ -283,7 +282,10 @@ class StubProcess:
             self.metrics.release_family(family, self.metrics_owner)
         self._metrics.clear()
         self._families.clear()
-        self.on_lost(self, reason)
+        self.on_lost(self, reason)  # first: the instance leaves the rotation before its slot is given back
+        answers, self._execs = self._execs, {}
+        for answer in answers.values():
+            answer(error)
 
     def fail_pending(self, message: str) -> None:
         """Requests this stub left unanswered get ``message`` (it died: Triton's text)."""
@@ -338,20 +340,19 @@ class StubProcess:
         return bridge.outputs_or_error(tensors, None, wanted)
 
     # ---- execute ---------------------------------------------------------------------------------
-    def execute(self, requests: list[dict[str, Any]]) -> asyncio.Future[list[Any]]:
-        """Send one ``execute`` now; a future of the stub's per-request results (a response, or None:
-        answered apart). It fails with StubLost if the stub goes first."""
-        future: asyncio.Future[list[Any]] = self.loop.create_future()
+    def execute(self, requests: list[dict[str, Any]], answer: Callable[[list[Any] | StubLost], None]) -> None:
+        """Send one ``execute`` now. ``answer`` gets the stub's per-request results (a response, or None:
+        answered apart), or StubLost if the stub goes first: once, on the loop, from the very callback that
+        read the answer (no loop turn in between: the instance may take its next batch at once)."""
         if self.lost is not None:
-            future.set_exception(StubLost(self.lost))
-            return future
+            answer(StubLost(self.lost))
+            return
         exec_id = next(self._ids)
-        self._execs[exec_id] = future
+        self._execs[exec_id] = answer
         message: dict[str, Any] = {"op": "exec", "id": exec_id, "reqs": requests}
         if self._frees:
             message["fr"] = self._take_frees()
         self.send(message)
-        return future
 
     def next_key(self) -> int:
         return next(self._ids)
@@ -360,9 +361,12 @@ class StubProcess:
     def _dispatch(self, message: dict[str, Any]) -> None:
         op = message["op"]
         if op == "done":
-            future = self._execs.pop(message["id"], None)
-            if future is not None and not future.done():
-                future.set_result(message["res"])
+            answer = self._execs.pop(message["id"], None)
+            if answer is not None:
+                results = message["res"]
+                if not isinstance(results, list):
+                    raise ValueError("an execute's results must be a list")
+                answer(results)
         elif op == "deliver":
             self._on_deliver(message)
         elif op == "fail":
