@@ -93,6 +93,9 @@ class InstancePool:
         self.direct = bool(instances) and all(i.async_loop is not None for i in instances)
         #: batches ``submit`` could not start yet, oldest first, with the future of their results
         self._waiting: deque[tuple[Batch, asyncio.Future[list[RequestResult]]]] = deque()
+        #: slots freed while ``_free_slot`` runs, for it to hand out (``_draining``)
+        self._freed: deque[int] = deque()
+        self._draining = False
 
     def _queue(self) -> asyncio.Queue[int]:
         if self._free is None:  # created lazily: bound to the running loop
@@ -137,17 +140,31 @@ class InstancePool:
         self._free_slot(slot)
 
     def _free_slot(self, slot: int) -> None:
-        """``slot`` is free: the oldest batch ``submit`` holds starts on it now, or it waits in the queue."""
-        while self._waiting:
-            batch, future = self._waiting.popleft()
-            if future.done():  # its caller went away while it waited
-                continue
-            if any(r.cancelled for r in batch.requests):
-                future.set_exception(Cancelled("Request was cancelled"))
-                continue
-            self._start(slot, batch, future)
+        """``slot`` is free: the oldest batch ``submit`` holds starts on it now, or it waits in the queue.
+
+        An instance that answers at once (a stub that gave up fails each batch inside ``start``) frees its
+        slot again from within this call: that slot joins the loop below instead of a deeper call, so a long
+        line of waiting batches never nests calls."""
+        self._freed.append(slot)
+        if self._draining:
             return
-        self._queue().put_nowait(slot)
+        self._draining = True
+        try:
+            while self._freed:
+                slot = self._freed.popleft()
+                while self._waiting:
+                    batch, future = self._waiting.popleft()
+                    if future.done():  # its caller went away while it waited
+                        continue
+                    if any(r.cancelled for r in batch.requests):
+                        future.set_exception(Cancelled("Request was cancelled"))
+                        continue
+                    self._start(slot, batch, future)
+                    break
+                else:
+                    self._queue().put_nowait(slot)
+        finally:
+            self._draining = False
 
     def submit(self, batch: Batch) -> asyncio.Future[list[RequestResult]]:
         """On the loop, for a ``direct`` pool: ``batch`` starts on a free instance now, or on the first one
@@ -171,10 +188,10 @@ class InstancePool:
             if finished:
                 return
             finished = True
+            self.release(slot)  # first: the next waiting batch starts here, in this same callback
             self._record(batch, results)
             if not future.done():
                 future.set_result(results)
-            self.release(slot)  # the next waiting batch starts here, in this same callback
 
         try:
             self.instances[slot].start(batch, done)  # type: ignore[attr-defined]

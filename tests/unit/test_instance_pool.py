@@ -187,3 +187,24 @@ def test_a_batch_whose_caller_left_while_it_ran_still_frees_its_instance() -> No
         assert queued.done() and pool.has_free()
 
     asyncio.run(scenario())
+
+
+class GaveUp(Remote):
+    """Fails every batch inside ``start`` (a stub that died too often)."""
+
+    def start(self, batch: Batch, done: object) -> None:
+        done([RuntimeError("Stub process 'm_0' is not healthy.")] * len(batch.requests))  # type: ignore[operator]
+
+
+def test_an_instance_that_fails_each_batch_at_once_fails_a_long_line_of_waiting_batches_without_nesting() -> None:
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        a = Remote(loop)
+        pool = InstancePool([a], Recorder(), "m")
+        futures = [pool.submit(_batch()) for _ in range(5000)]  # one runs, the rest wait
+        pool.instances[0] = GaveUp(loop)
+        a.answer()  # each waiting batch now fails inside start, which frees the slot again at once
+        assert all(f.done() for f in futures) and pool.waiting == 0 and pool.has_free()
+        assert all(isinstance(f.result()[0], RuntimeError) for f in futures[1:])
+
+    asyncio.run(scenario())
