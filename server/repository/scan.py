@@ -32,6 +32,17 @@ class ModelSource:
     config_digest: str = ""
     #: per version, changes when any file in the version folder changes
     version_digests: dict[int, str] = field(default_factory=dict)
+    #: config.pbtxt as parsed, before anything was filled in: hand it back to ``read_model`` (``parsed``) to
+    #: skip the parse while the bytes stay the same
+    parsed: ParsedConfig | None = None
+
+
+@dataclass(frozen=True)
+class ParsedConfig:
+    """A config.pbtxt's digest and the config parsed from those bytes (never changed once made)."""
+
+    digest: str
+    config: pb.ModelConfig
 
 
 def infer_platform(config: pb.ModelConfig, folder: ModelFolder) -> None:
@@ -104,12 +115,16 @@ def list_model_names(repo: Path) -> list[str]:
         return []
 
 
-def read_model(repo: Path, name: str, override: pb.ModelConfig | None = None) -> ModelSource:
+def read_model(
+    repo: Path, name: str, override: pb.ModelConfig | None = None, parsed: ParsedConfig | None = None
+) -> ModelSource:
     """Parse one model folder; errors are recorded on the result, never raised.
 
     Everything is read through descriptors (``model_files``): the folder, config.pbtxt, the version
     folders and their model files are opened beneath the repository root, symlinks taken only while
-    they stay inside it.
+    they stay inside it. ``parsed``: what an earlier read returned (``ModelSource.parsed``); when
+    config.pbtxt's bytes have the same digest, that parse is copied instead of parsing the text again
+    (protobuf's text parser is most of a poll's CPU for an unchanged folder).
     """
     path = repo / name
     source = ModelSource(name=name, path=path, config=None)
@@ -124,7 +139,7 @@ def read_model(repo: Path, name: str, override: pb.ModelConfig | None = None) ->
         return source
     try:
         with folder:
-            _read_model(folder, source, override)
+            _read_model(folder, source, override, parsed)
     except PathEscape as exc:
         source.config = None
         source.versions.clear()
@@ -133,7 +148,9 @@ def read_model(repo: Path, name: str, override: pb.ModelConfig | None = None) ->
     return source
 
 
-def _read_model(folder: ModelFolder, source: ModelSource, override: pb.ModelConfig | None) -> None:
+def _read_model(
+    folder: ModelFolder, source: ModelSource, override: pb.ModelConfig | None, parsed: ParsedConfig | None
+) -> None:
     name, path = source.name, source.path
     if override is not None:
         config = pb.ModelConfig()
@@ -148,15 +165,19 @@ def _read_model(folder: ModelFolder, source: ModelSource, override: pb.ModelConf
             source.error = f"cannot read {CONFIG_FILE}: {exc.strerror or exc}"
             return
         if text is not None:
-            source.config_digest = config_digest(text)
-            try:
-                config = parse_config_text(text.decode("utf-8"), CONFIG_FILE)
-            except UnicodeDecodeError as exc:
-                source.error = f"cannot read {CONFIG_FILE}: {exc}"
-                return
-            except ConfigError as exc:
-                source.error = str(exc)
-                return
+            digest = source.config_digest = config_digest(text)
+            if parsed is None or parsed.digest != digest:
+                try:
+                    parsed = ParsedConfig(digest, parse_config_text(text.decode("utf-8"), CONFIG_FILE))
+                except UnicodeDecodeError as exc:
+                    source.error = f"cannot read {CONFIG_FILE}: {exc}"
+                    return
+                except ConfigError as exc:
+                    source.error = str(exc)
+                    return
+            source.parsed = parsed
+            config = pb.ModelConfig()
+            config.CopyFrom(parsed.config)  # what follows fills in the copy
         else:
             config = pb.ModelConfig()
             source.config_digest = "none"

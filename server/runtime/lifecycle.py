@@ -76,6 +76,8 @@ class ModelEntry:
     states: dict[int, VersionState] = field(default_factory=dict)
     config: pb.ModelConfig | None = None
     config_digest: str = ""
+    #: config.pbtxt as last parsed, for the next read to skip the parse while its bytes stay the same
+    parsed: scan.ParsedConfig | None = None
     override: pb.ModelConfig | None = None
     #: digest per version of the last load attempt, failed or not (poll mode retries only on change)
     attempted: dict[int, str] = field(default_factory=dict)
@@ -164,10 +166,11 @@ class ModelLifecycle:
     async def _reconcile(self, entry: ModelEntry, polled: bool = False) -> list[str]:
         """Bring ``entry`` in line with the repository; returns why each failed part failed."""
         name = entry.name
-        source = await asyncio.to_thread(scan.read_model, self.repository_path, name, entry.override)
+        source = await asyncio.to_thread(scan.read_model, self.repository_path, name, entry.override, entry.parsed)
         if polled and source.missing:
             raise FolderGone(name)
         entry.config_digest = source.config_digest
+        entry.parsed = source.parsed
         if source.error or source.config is None:
             return self._record_failure(entry, 0, source.error or "no config")
         config = source.config
@@ -386,7 +389,11 @@ class ModelLifecycle:
             return
         for name in sorted(set(self.models) - on_disk):
             await self._gone(name)
-        await self.poll_models(sorted(on_disk))
+        # one thread reads every known folder in turn (a thread per folder made the poll's GIL hand-offs cost
+        # more than the reads); only new and changed ones go on to the per-model pass, which reads them again
+        known = {name: entry for name in on_disk if (entry := self.models.get(name)) is not None}
+        unchanged = await asyncio.to_thread(self._unchanged, known)
+        await self.poll_models(sorted(on_disk - unchanged))
 
     async def poll_models(self, names: list[str]) -> None:
         """What ``poll`` does, now, for these models only (``load_threads`` at a time): a writer of the
@@ -426,10 +433,31 @@ class ModelLifecycle:
             log.info("model folder '%s' was removed from the repository: unloading the model", name)
         await self.forget_model(name)
 
+    def _unchanged(self, entries: dict[str, ModelEntry]) -> set[str]:
+        """In a worker thread: the names whose folder is as their entry last saw it. A read that races a
+        load can only make a folder look changed (the per-model pass then looks again) or unchanged when the
+        load already took the change in."""
+        same = set()
+        for name, entry in entries.items():
+            try:
+                source = scan.read_model(self.repository_path, name, entry.override, entry.parsed)
+                if not source.missing and not self._differs(entry, source):
+                    same.add(name)
+            except Exception:  # whatever it is, the per-model pass meets it and says so
+                continue
+        return same
+
     async def _changed(self, entry: ModelEntry) -> bool:
-        source = await asyncio.to_thread(scan.read_model, self.repository_path, entry.name, entry.override)
+        source = await asyncio.to_thread(
+            scan.read_model, self.repository_path, entry.name, entry.override, entry.parsed
+        )
         if source.missing:
             raise FolderGone(entry.name)
+        entry.parsed = source.parsed or entry.parsed
+        return self._differs(entry, source)
+
+    def _differs(self, entry: ModelEntry, source: scan.ModelSource) -> bool:
+        """Whether a load now would do something else than the last attempt did."""
         if source.config_digest != entry.config_digest:
             return True
         config = source.config or entry.config  # what _reconcile digests: the config as read, not as normalised
