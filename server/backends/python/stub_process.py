@@ -285,7 +285,14 @@ class StubProcess:
         self.on_lost(self, reason)  # first: the instance leaves the rotation before its slot is given back
         answers, self._execs = self._execs, {}
         for answer in answers.values():
-            answer(error)
+            self._call(answer, error)
+
+    def _call(self, answer: Callable[[list[Any] | StubLost], None], value: list[Any] | StubLost) -> None:
+        """Hand an execute's answer on; a failure there is the server's bug, never the stub's doing."""
+        try:
+            answer(value)
+        except Exception:
+            log.exception("stub process '%s' (pid %d): handling an execute's answer failed", self.name, self.pid)
 
     def fail_pending(self, message: str) -> None:
         """Requests this stub left unanswered get ``message`` (it died: Triton's text)."""
@@ -366,7 +373,7 @@ class StubProcess:
                 results = message["res"]
                 if not isinstance(results, list):
                     raise ValueError("an execute's results must be a list")
-                answer(results)
+                self._call(answer, results)
         elif op == "deliver":
             self._on_deliver(message)
         elif op == "fail":
