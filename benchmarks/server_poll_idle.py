@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -29,15 +28,12 @@ import httpx
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE / "peers"))
 
 import operator_scale  # noqa: E402
 import results_file  # noqa: E402
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from operator_scale import cpu_seconds  # noqa: E402
+from peers import free_port  # noqa: E402
 
 
 def repository(root: Path, n: int) -> Path:
@@ -51,11 +47,6 @@ def repository(root: Path, n: int) -> Path:
         config = repo / name / "config.pbtxt"
         config.write_text(config.read_text().replace('name: "add_sub"', f'name: "{name}"'))
     return repo
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def measure(repo: Path, n: int, pythonpath: str | None, args: argparse.Namespace) -> dict[str, Any]:

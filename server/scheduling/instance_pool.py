@@ -91,6 +91,8 @@ class InstancePool:
         self._held: dict[int, Future[tuple[list[RequestResult], int]] | asyncio.Future[list[RequestResult]]] = {}
         #: every instance works elsewhere (``async_loop`` and ``start``): ``submit`` may be used, on that loop
         self.direct = bool(instances) and all(i.async_loop is not None for i in instances)
+        #: that loop, kept: ``asyncio.get_running_loop()`` costs a getpid() per call on Python 3.11
+        self._loop: asyncio.AbstractEventLoop | None = instances[0].async_loop if self.direct else None
         #: batches ``submit`` could not start yet, oldest first, with the future of their results
         self._waiting: deque[tuple[Batch, asyncio.Future[list[RequestResult]]]] = deque()
         #: slots freed while ``_free_slot`` runs, for it to hand out (``_draining``)
@@ -170,7 +172,8 @@ class InstancePool:
         """On the loop, for a ``direct`` pool: ``batch`` starts on a free instance now, or on the first one
         to finish. A future of its results (execution statistics recorded); cancelling it abandons the
         results, never the execution, and the instance is free again when it ends."""
-        future: asyncio.Future[list[RequestResult]] = asyncio.get_running_loop().create_future()
+        assert self._loop is not None, "submit is for pools whose instances work elsewhere (direct)"
+        future: asyncio.Future[list[RequestResult]] = self._loop.create_future()
         if self._waiting or not self.has_free():
             self._waiting.append((batch, future))
         else:

@@ -124,14 +124,18 @@ class Remote(BackendInstance):
         done([{"OUT": np.full(1, float(id(batch)))} for _ in batch.requests])  # type: ignore[operator]
 
 
+def _remote_pool(count: int) -> tuple[InstancePool, list[Remote]]:
+    """On the running loop: a pool of ``count`` remote instances."""
+    instances = [Remote(asyncio.get_running_loop()) for _ in range(count)]
+    return InstancePool(list(instances), Recorder(), "m"), instances
+
+
 def test_the_next_waiting_batch_starts_inside_the_callback_that_saw_an_instance_finish() -> None:
     """No loop turn between one batch's answer and the next batch's start: the instance never idles while
     batches wait (a waiting coroutine would be woken only turns later)."""
 
     async def scenario() -> None:
-        loop = asyncio.get_running_loop()
-        a, b = Remote(loop), Remote(loop)
-        pool = InstancePool([a, b], Recorder(), "m")
+        pool, (a, b) = _remote_pool(2)
         assert pool.direct
         futures = [pool.submit(_batch()) for _ in range(5)]
         assert (len(a.running), len(b.running), pool.waiting) == (1, 1, 3)
@@ -154,9 +158,7 @@ def test_the_next_waiting_batch_starts_inside_the_callback_that_saw_an_instance_
 
 def test_a_waiting_batch_whose_caller_left_or_was_cancelled_never_starts() -> None:
     async def scenario() -> None:
-        loop = asyncio.get_running_loop()
-        a = Remote(loop)
-        pool = InstancePool([a], Recorder(), "m")
+        pool, (a,) = _remote_pool(1)
         first = pool.submit(_batch())
         gone = pool.submit(_batch())
         cancelled_batch = _batch()
@@ -175,9 +177,7 @@ def test_a_waiting_batch_whose_caller_left_or_was_cancelled_never_starts() -> No
 
 def test_a_batch_whose_caller_left_while_it_ran_still_frees_its_instance() -> None:
     async def scenario() -> None:
-        loop = asyncio.get_running_loop()
-        a = Remote(loop)
-        pool = InstancePool([a], Recorder(), "m")
+        pool, (a,) = _remote_pool(1)
         running = pool.submit(_batch())
         queued = pool.submit(_batch())
         running.cancel()
@@ -198,11 +198,9 @@ class GaveUp(Remote):
 
 def test_an_instance_that_fails_each_batch_at_once_fails_a_long_line_of_waiting_batches_without_nesting() -> None:
     async def scenario() -> None:
-        loop = asyncio.get_running_loop()
-        a = Remote(loop)
-        pool = InstancePool([a], Recorder(), "m")
+        pool, (a,) = _remote_pool(1)
         futures = [pool.submit(_batch()) for _ in range(5000)]  # one runs, the rest wait
-        pool.instances[0] = GaveUp(loop)
+        pool.instances[0] = GaveUp(asyncio.get_running_loop())
         a.answer()  # each waiting batch now fails inside start, which frees the slot again at once
         assert all(f.done() for f in futures) and pool.waiting == 0 and pool.has_free()
         assert all(isinstance(f.result()[0], RuntimeError) for f in futures[1:])
