@@ -19,6 +19,10 @@ operator out of cluster (``--server-endpoint``). Every run, with a fresh operato
   each is gone (its folder removed, the server unloaded it, the finalizer released): seconds, the
   operator's CPU per model, and the ERROR lines the server logged meanwhile (none expected).
 
+Before each create the CPU cost of creating one file on the volume is recorded (``inode_create_us``): on
+these VMs' ext4 (no journal) it grows with the inodes deleted in the last minutes, the previous run's delete
+among them; ``--settle-seconds`` waits that out before each create.
+
 With ``--profile`` the first run's phases are also recorded by py-spy (raw collapsed stacks, in the
 work folder; ``--profile-summary`` prints the top functions). With ``--baseline REF`` the operator of
 that git revision is measured first on the same cluster and server (``git archive`` of its
@@ -463,6 +467,7 @@ class Bench:
         self.logs.mkdir(parents=True, exist_ok=True)
         self.cluster = Cluster(None if args.shared_cluster else work / "cluster")
         self.root = work / "volume"
+        self.probes = 0
         self.repo = self.root / NS / POOL
         self.server: Any = None
         self.proxy: CountingProxy | None = None
@@ -595,6 +600,24 @@ class Bench:
             "-p", '{"status":null}',
         )  # fmt: skip
 
+    def inode_probe(self, files: int = 200) -> float:
+        """CPU microseconds to create one empty file in a new folder on the volume, before a create: on an
+        ext4 without a journal (these VMs' disks) the kernel skips, one by one, the inodes freed in the last
+        60 s (300 s while their table block is unwritten) when it allocates one, so the previous run's
+        delete can add ~1 ms to each model a create writes. Recorded so that runs can be compared; the
+        files stay (deleting them would add to what it measures)."""
+        self.probes += 1
+        folder = self.root / f".bench-inode-probe-{self.probes}"
+        folder.mkdir()
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            t = time.thread_time()
+            for i in range(files):
+                os.close(os.open(f"f{i}", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600, dir_fd=fd))
+            return round((time.thread_time() - t) * 1e6 / files, 1)
+        finally:
+            os.close(fd)
+
     def run(self, module: str, pythonpath: str, tag: str, profile: bool) -> dict[str, Any]:
         assert self.watcher is not None and self.proxy is not None and self.server is not None
         n, c, w = self.args.models, self.cluster, self.watcher
@@ -613,6 +636,10 @@ class Bench:
         try:
             wait("the operator to reconcile the pool", self.pool_reconciled, 180, every=0.5)
             time.sleep(2)
+            if self.args.settle_seconds:
+                os.sync()
+                time.sleep(self.args.settle_seconds)
+            out["inode_create_us"] = self.inode_probe()
             # ---- create
             w.reset()
             req0, cpu0, srv0 = c.requests(), op.cpu(), cpu_seconds(self.server.proc.pid)
@@ -787,6 +814,7 @@ HEADLINE = (
     ("create", "last_rendered_seconds"),
     ("create", "last_ready_seconds"),
     ("create", "ready_after_last_render_seconds"),
+    ("", "inode_create_us"),
     ("create", "operator_cpu_ms_per_model"),
     ("create", "api_requests_per_model"),
     ("idle", "operator_cpu_core_fraction"),
@@ -828,6 +856,13 @@ def main() -> int:
     p.add_argument("--shared-cluster", action="store_true", help="use the machine's shared control plane")
     p.add_argument(
         "--baseline", metavar="REF", help="also measure the operator of this git revision (alternating with this one)"
+    )
+    p.add_argument(
+        "--settle-seconds",
+        type=float,
+        default=0.0,
+        help="wait this long (after a sync) before each create, so that the previous run's deleted inodes "
+        "are no longer recent to the kernel (see Bench.inode_probe)",
     )
     p.add_argument("--profile", action="store_true", help="py-spy the first run's phases")
     p.add_argument("--profile-summary", action="store_true", help="print the top functions of each profile")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import os
 import signal
@@ -370,6 +371,10 @@ def main(argv: list[str] | None = None) -> int:
     # 60 s (kopf's default), so deletes under resync finish promptly
     settings.background.cancellation_polling = 1.0
     settings.background.instant_exit_timeout = 0.5
+    # what is imported and built by now (the API client, kopf, onnx, the registry) lives as long as the
+    # process: the collector's full passes, which a bulk apply's garbage starts every few seconds, need not
+    # walk it again each time (a full pass took ~80 ms at 1,000 models without this)
+    gc.freeze()
     try:
         kopf.run(
             registry=registry,
