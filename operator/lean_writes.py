@@ -59,7 +59,7 @@ def send(
     if type(manager) is urllib3.PoolManager:
         # the host's kept-alive connections straight away (``lean_http``): the pool manager would parse the
         # URL, merge headers and look for a redirect again on every write, and urllib3 and http.client
-        # would build the request and parse the answer's headers at ~3.5x the CPU of the exchange itself
+        # would build the request and parse the answer's headers at several times the CPU of the exchange itself
         scheme, host, port, prefix = _origin(config.host)
         answer = _connections(manager, (scheme, host, port), config).request(
             method, prefix + path, headers, data, timeout
