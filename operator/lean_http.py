@@ -67,26 +67,19 @@ class _Reader:
         self.buf = self.buf[self.pos :] + data
         self.pos = 0
 
-    def head(self) -> bytes:
-        """The status line and headers, up to the empty line (excluded)."""
+    def until(self, end: bytes, what: str) -> bytes:
+        """The bytes up to ``end`` (consumed, not returned); ``what`` names them when they are too long."""
         while True:
-            end = self.buf.find(b"\r\n\r\n", self.pos)
-            if end >= 0:
-                head, self.pos = self.buf[self.pos : end], end + 4
-                return head
+            found = self.buf.find(end, self.pos)
+            if found >= 0:
+                data, self.pos = self.buf[self.pos : found], found + len(end)
+                return data
             if len(self.buf) - self.pos > MAX_HEAD:
-                raise ProtocolError(f"an answer's headers are longer than {MAX_HEAD} bytes")
+                raise ProtocolError(f"{what} is longer than {MAX_HEAD} bytes")
             self._more()
 
     def line(self) -> bytes:
-        while True:
-            end = self.buf.find(b"\r\n", self.pos)
-            if end >= 0:
-                line, self.pos = self.buf[self.pos : end], end + 2
-                return line
-            if len(self.buf) - self.pos > MAX_HEAD:
-                raise ProtocolError("a chunk size line is too long")
-            self._more()
+        return self.until(b"\r\n", "a chunk size or trailer line")
 
     def exactly(self, n: int) -> bytes:
         if n > MAX_BODY:
@@ -137,7 +130,7 @@ def _read_answer(sock: socket.socket, method: str) -> tuple[Answer, bool]:
     except (ProtocolError, ConnectionError):
         raise _Closed() from None
     while True:
-        head = reader.head()
+        head = reader.until(b"\r\n\r\n", "an answer's status line and headers")
         status_line, _, rest = head.partition(b"\r\n")
         parts = status_line.split(b" ", 2)
         if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
@@ -244,29 +237,20 @@ class Connections:
                 sock.settimeout(timeout[1])
                 sock.sendall(data_bytes)
                 answer, keep = _read_answer(sock, method)
-            except _Closed:
+            except BaseException as exc:
                 sock.close()
-                if reused:  # closed while it was idle: once more on a new connection
-                    sock, reused = None, False
+                if reused and isinstance(exc, (_Closed, ConnectionError)):
+                    sock, reused = None, False  # closed while it was idle: once more on a new connection
                     continue
-                raise ProtocolError("the API server closed a new connection without answering") from None
-            except ConnectionError as exc:
-                sock.close()
-                if reused:  # the send found it closed
-                    sock, reused = None, False
-                    continue
-                raise ProtocolError(f"the connection to the API server broke: {exc}") from exc
-            except TimeoutError as exc:
-                sock.close()
-                raise urllib3.exceptions.ReadTimeoutError(
-                    self.pool, target, f"the API server did not answer in {timeout[1]} s"
-                ) from exc
-            except OSError as exc:
-                sock.close()
-                raise ProtocolError(f"the connection to the API server failed: {exc}") from exc
-            except BaseException:
-                sock.close()
-                raise
+                if isinstance(exc, _Closed):
+                    raise ProtocolError("the API server closed a new connection without answering") from None
+                if isinstance(exc, TimeoutError):
+                    raise urllib3.exceptions.ReadTimeoutError(
+                        self.pool, target, f"the API server did not answer in {timeout[1]} s"
+                    ) from exc
+                if isinstance(exc, OSError):  # a reset, a TLS failure
+                    raise ProtocolError(f"the connection to the API server failed: {exc}") from exc
+                raise  # a malformed answer's ProtocolError, an interrupt
             if keep:
                 self._give_back(sock)
             else:
