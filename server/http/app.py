@@ -26,6 +26,7 @@ from ..sharedmemory import SharedMemoryRegistry
 from ..sharedmemory.registry import DISABLED as SHM_DISABLED
 from ..vocabulary.errors import InvalidArgument, ServerError, Unsupported, internal_error_message
 from ..vocabulary.limits import DEFAULT_LIMITS, Limits
+from . import json_body
 from .codec import error_body
 from .generate import generate
 from .infer_route import InferRoute
@@ -67,16 +68,7 @@ def _parameters(body: dict[str, Any]) -> dict[str, Any]:
 
 
 async def _json_body(request: Request) -> dict[str, Any]:
-    body = await request.body()
-    if not body.strip(b" \t\r\n"):  # JSON's whitespace only: a lone vertical tab is not an empty body
-        return {}
-    try:
-        data = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidArgument(f"failed to parse the request JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise InvalidArgument("the request body must be a JSON object")
-    return data
+    return json_body.parse_object(await request.body())
 
 
 def _numeric(version: str) -> None:

@@ -19,7 +19,7 @@ from ..vocabulary.errors import InvalidArgument
 from ..vocabulary.limits import DEFAULT_LIMITS, Limits, RequestBudget
 from ..vocabulary.parameters import int_parameter
 from ..vocabulary.types import InferenceRequest, InferenceResponse
-from . import header_plans
+from . import header_plans, json_body
 
 HEADER_LENGTH = "inference-header-content-length"
 
@@ -60,10 +60,7 @@ def decode_request(
     plan = header_plans.lookup(head, len(body), limits)
     if plan is not None:
         return plan.request(body, json_len, model_name, model_version)
-    try:
-        header = orjson.loads(head)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidArgument(f"failed to parse the request JSON: {exc}") from None
+    header = json_body.parse(head)
     if not isinstance(header, dict):
         raise InvalidArgument("the request body must be a JSON object")
     raw_inputs = header.get("inputs")

@@ -32,6 +32,7 @@ from ..vocabulary import tensors
 from ..vocabulary.errors import InvalidArgument
 from ..vocabulary.streaming import ResponseStream, StreamItem
 from ..vocabulary.types import InferenceRequest, InferenceResponse
+from . import json_body
 from .codec import error_body
 
 SSE = "text/event-stream; charset=utf-8"
@@ -90,12 +91,7 @@ def _flat(response: InferenceResponse) -> dict[str, Any]:
 
 
 def to_request(service: InferenceService, name: str, version: str, body: bytes) -> InferenceRequest:
-    try:
-        data = orjson.loads(body) if body.strip() else {}
-    except orjson.JSONDecodeError as exc:
-        raise InvalidArgument(f"failed to parse the request JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise InvalidArgument("the generate request must be a JSON object")
+    data = json_body.parse_object(body, "the generate request")
     metadata = service.model_metadata(name, version)
     inputs = {i["name"]: i for i in metadata["inputs"]}
     request_id = data.pop("id", "")

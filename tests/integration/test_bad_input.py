@@ -127,7 +127,9 @@ CASES = {
         "inference request batch-size must be <= 8 for 'add_sub', got 9",
     ),
     "negative_dim": (lambda: _json_request([-1, 16], data=[]), 400, "has a negative dimension"),
-    "malformed_json": (lambda: b'{"inputs": [', 400, "failed to parse the request JSON"),
+    # Triton's text (rapidjson's message and offset), as its qa tests match it
+    "malformed_json": (lambda: b'{"inputs": [', 400, "failed to parse the request JSON buffer: Invalid value. at 12"),
+    "whitespace_only": (lambda: b"\n", 400, "failed to parse the request JSON buffer: The document is empty. at 1"),
     "not_an_object": (lambda: b"[1, 2]", 400, "must be a JSON object"),
     "no_inputs": (lambda: b"{}", 400, "must have an 'inputs' list"),
 }
@@ -143,6 +145,58 @@ def test_bad_json_requests(server: ServerProcess, case: str) -> None:
 
     assert re.search(message, r.json()["error"]), r.json()["error"]
     _good_request(server)
+
+
+#: every route that takes a JSON body (a zero-byte body is "no body": the defaults)
+JSON_ROUTES = [
+    "/v2/logging",
+    "/v2/trace/setting",
+    "/v2/models/add_sub/trace/setting",
+    "/v2/repository/index",
+    "/v2/repository/models/add_sub/load",
+    "/v2/repository/models/missing_model/unload",
+    "/v2/models/add_sub/generate",
+    "/v2/models/add_sub/infer",
+]
+
+
+@pytest.mark.parametrize("path", JSON_ROUTES)
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b"\n", "failed to parse the request JSON buffer: The document is empty. at 1"),
+        (b" \t\r\n", "failed to parse the request JSON buffer: The document is empty. at 4"),
+        (b'{"a": 1,}', "failed to parse the request JSON buffer: Missing a name for object member. at 8"),
+        (b'{"a" 1}', "failed to parse the request JSON buffer: Missing a colon after a name of object member. at 5"),
+        (
+            b'{"a": [1 2]}',
+            "failed to parse the request JSON buffer: Missing a comma or ']' after an array element. at 9",
+        ),
+        (
+            b'{"a": 1 "b": 2}',
+            "failed to parse the request JSON buffer: Missing a comma or '}' after an object member. at 8",
+        ),
+        (
+            b"{} {}",
+            "failed to parse the request JSON buffer: The document root must not be followed by other values. at 3",
+        ),
+        (b"NaN", "failed to parse the request JSON buffer: Invalid value. at 0"),
+    ],
+)
+def test_unparsable_json_bodies_are_400_with_tritons_text(
+    server: ServerProcess, path: str, body: bytes, message: str
+) -> None:
+    """A body that is not JSON is a 400 with Triton's parse error on every route that takes JSON, never the
+    route's defaults (a lone newline once changed nothing and answered 200 on /v2/logging)."""
+    r = _post(server, path, body, {"Content-Type": "application/json"})
+    assert r.status_code == 400, (path, body, r.status_code, r.text)
+    assert r.json() == {"error": message}
+
+
+@pytest.mark.parametrize("path", ["/v2/logging", "/v2/trace/setting", "/v2/repository/index"])
+def test_json_routes_take_a_zero_byte_body_as_the_defaults(server: ServerProcess, path: str) -> None:
+    r = _post(server, path, b"")
+    assert r.status_code == 200, r.text
 
 
 def test_byte_size_not_matching_shape(server: ServerProcess) -> None:
