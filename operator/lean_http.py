@@ -23,6 +23,7 @@ are merge patches; a repeated event is a duplicate line in ``kubectl describe`` 
 
 from __future__ import annotations
 
+import re
 import socket
 import threading
 from collections.abc import Mapping
@@ -36,6 +37,7 @@ MAX_HEAD = 64 * 1024
 #: an answer's body larger than this is refused (it is read only to keep the connection usable)
 MAX_BODY = 64 * 1024 * 1024
 _CHUNK = 65536
+_HEX = re.compile(rb"[0-9A-Fa-f]{1,16}")
 
 
 class Answer:
@@ -93,11 +95,11 @@ class _Reader:
         parts: list[bytes] = []
         total = 0
         while True:
-            size_line = self.line().split(b";", 1)[0].strip()
-            try:
-                size = int(size_line, 16)
-            except ValueError:
-                raise ProtocolError(f"a malformed chunk size {size_line[:40]!r}") from None
+            size_line = self.line().split(b";", 1)[0].strip(b" \t")
+            # hex digits only: int() would also take a sign, a 0x prefix or underscores (-6 looped for ever)
+            if not _HEX.fullmatch(size_line):
+                raise ProtocolError(f"a malformed chunk size {size_line[:40]!r}")
+            size = int(size_line, 16)
             if size == 0:
                 while self.line():  # trailers, up to the empty line
                     pass
@@ -123,12 +125,20 @@ class _Reader:
 
 def _read_answer(sock: socket.socket, method: str) -> tuple[Answer, bool]:
     """(the answer, whether the connection can carry another request). Raises ``_Closed`` when the stream
-    ended or was reset before any byte of it."""
+    ended or was reset before any byte of it; a reset after some of it is a ProtocolError (the request
+    reached the server: it must not be sent again)."""
     reader = _Reader(sock)
     try:
         reader._more()
     except (ProtocolError, ConnectionError):
         raise _Closed() from None
+    try:
+        return _parse_answer(reader, method)
+    except ConnectionError as exc:
+        raise ProtocolError(f"the connection to the API server failed in the middle of an answer: {exc}") from exc
+
+
+def _parse_answer(reader: _Reader, method: str) -> tuple[Answer, bool]:
     while True:
         head = reader.until(b"\r\n\r\n", "an answer's status line and headers")
         status_line, _, rest = head.partition(b"\r\n")
@@ -153,11 +163,9 @@ def _read_answer(sock: socket.socket, method: str) -> tuple[Answer, bool]:
     elif "chunked" in headers.get("transfer-encoding", "").lower():
         body = reader.chunked()
     elif "content-length" in headers:
-        try:
-            length = int(headers["content-length"])
-        except ValueError:
-            raise ProtocolError(f"a malformed Content-Length {headers['content-length'][:40]!r}") from None
-        body = reader.exactly(length)
+        if not headers["content-length"].isdigit() or not headers["content-length"].isascii():
+            raise ProtocolError(f"a malformed Content-Length {headers['content-length'][:40]!r}")
+        body = reader.exactly(int(headers["content-length"]))
     else:
         body, keep = reader.rest(), False
     if reader.pos != len(reader.buf):

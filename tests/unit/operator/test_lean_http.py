@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import socket
 import ssl
+import struct
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -22,7 +24,8 @@ from urllib3.exceptions import ProtocolError, ReadTimeoutError
 from tests.support.https import make_ca_and_cert
 
 #: what a scripted server answers to the n-th request on a connection: raw bytes, and whether to close after
-Script = Callable[[int, bytes], tuple[bytes, bool]]
+#: (True), or to reset the connection after them ("reset": SO_LINGER 0, an RST instead of a FIN)
+Script = Callable[[int, bytes], tuple[bytes, bool | str]]
 
 
 class RawServer:
@@ -71,6 +74,9 @@ class RawServer:
                 answer, close = self.script(served, request)
                 served += 1
                 conn.sendall(answer)
+                if close == "reset":
+                    time.sleep(0.3)  # the client reads what was sent first (an RST can drop unread data)
+                    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                 if close:
                     return
         except (OSError, ssl.SSLError):
@@ -186,6 +192,13 @@ def test_a_new_connection_closed_without_an_answer_is_a_protocol_error(serve: Ca
         (b"HTTP/1.1 200 OK\r\nno colon\r\n\r\n", "malformed header line"),
         (b"HTTP/1.1 200 OK\r\nContent-Length: ten\r\n\r\n", "malformed Content-Length"),
         (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", "malformed chunk size"),
+        # int(x, 16) takes these; a negative size once moved the reader backwards for ever
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n-6\r\nabcdef\r\n0\r\n\r\n", "malformed chunk size"),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n+2\r\nab\r\n0\r\n\r\n", "malformed chunk size"),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0x2\r\nab\r\n0\r\n\r\n", "malformed chunk size"),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1_0\r\n", "malformed chunk size"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n", "malformed Content-Length"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: +2\r\n\r\nab", "malformed Content-Length"),
         (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nabXY", "does not end with CRLF"),
         (b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort", "closed the connection in the middle"),
         (b"HTTP/1.1 200 OK\r\nX: " + b"a" * (lean_http.MAX_HEAD + 10), "longer than"),
@@ -195,6 +208,22 @@ def test_a_broken_answer_is_a_protocol_error(serve: Callable[..., RawServer], an
     server = serve(lambda n, _: (answer, True))
     with pytest.raises(ProtocolError, match=match):
         post(connections(server))
+
+
+def test_a_reset_after_part_of_an_answer_is_not_sent_again(serve: Callable[..., RawServer]) -> None:
+    """On a reused connection, a reset before any byte of the answer resends (the server closed it while it was
+    idle); a reset after some of it does not: the server had the request."""
+    answers: list[tuple[bytes, bool | str]] = [
+        (ok(b"first"), False),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\npart", "reset"),
+    ]
+    server = serve(lambda n, _: answers[n])
+    conns = connections(server)
+    assert post(conns).body == b"first"
+    with pytest.raises(ProtocolError):
+        post(conns, b'{"second":1}')
+    assert [r.endswith(b'{"second":1}') for _, r in server.requests] == [False, True]  # sent once
+    assert server.connections == 1
 
 
 def test_silence_is_a_read_timeout(serve: Callable[..., RawServer]) -> None:
