@@ -8,7 +8,9 @@ time and memory), never loaded whole into the operator.
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -39,6 +41,20 @@ def _onnx_tensors(values: Iterable[onnx.ValueInfoProto], skip: set[str]) -> dict
     return out
 
 
+def _open_regular(path: Path) -> int:
+    """``path`` opened for reading if it is a regular file (not through a symlink); opening a FIFO planted there
+    must not block the check (``O_NONBLOCK``), and a device or FIFO is refused before anything is read."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def check_onnx(
     source: Path | int,
     config: pb.ModelConfig,
@@ -60,7 +76,7 @@ def check_onnx(
             opened = os.fdopen(os.dup(source), "rb")
             opened.seek(0)
         else:
-            opened = open(source, "rb", opener=lambda p, f: os.open(p, f | os.O_NOFOLLOW))
+            opened = os.fdopen(_open_regular(source), "rb")
         with opened as f:
             sig = read_signature(f, timeout=timeout, budget=budget)
     except LimitExceeded as exc:

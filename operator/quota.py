@@ -60,9 +60,17 @@ class DownloadGate:
             return sum(self._running.values()) if namespace is None else self._running.get(namespace, 0)
 
 
-def folder_bytes(folder: Path) -> int:
-    """Apparent size of the regular files below ``folder`` (symlinks are not followed or counted)."""
+#: entries (files and folders) a walk of a namespace's folder looks at: far more than its models and uploads
+#: hold (a SavedModel is tens of files), and a bound on what a tenant that fills its folder with millions of
+#: empty files makes the operator walk, once a ``ttl``, for every namespace with a quota
+MAX_WALK_ENTRIES = 1_000_000
+
+
+def folder_bytes(folder: Path, max_entries: int = MAX_WALK_ENTRIES) -> int | None:
+    """Apparent size of the regular files below ``folder`` (symlinks are not followed or counted); None when
+    it holds more than ``max_entries`` entries (the walk stops there)."""
     total = 0
+    seen = 0
     stack = [str(folder)]
     while stack:
         try:
@@ -71,6 +79,9 @@ def folder_bytes(folder: Path) -> int:
             continue
         with entries:
             for entry in entries:
+                seen += 1
+                if seen > max_entries:
+                    return None
                 try:
                     if entry.is_dir(follow_symlinks=False):
                         stack.append(entry.path)
@@ -90,7 +101,8 @@ def _size(n: int) -> str:
 
 @dataclass
 class _Usage:
-    measured: int
+    #: None: the folder holds more than ``max_entries`` entries, its usage is unknown
+    measured: int | None
     at: float
     #: bytes written since the walk (published, or staged and not yet settled)
     added: int = 0
@@ -110,6 +122,7 @@ class NamespaceQuota:
     default: int = 0
     overrides: Mapping[str, int] = field(default_factory=dict)
     ttl: float = 60.0
+    max_entries: int = MAX_WALK_ENTRIES
 
     def __post_init__(self) -> None:
         self._usage: dict[str, _Usage] = {}
@@ -120,18 +133,30 @@ class NamespaceQuota:
         return self.overrides.get(namespace, self.default)
 
     def usage(self, namespace: str) -> int:
+        """Bytes the namespace's folder holds; ArtifactError('QuotaExceeded') when it holds more entries than a
+        walk looks at (unknown usage counts as over: nothing more is written until entries are removed)."""
         if not self.limit(namespace):
             return 0
         now = time.monotonic()
         with self._lock:
             seen = self._usage.get(namespace)
             if seen is not None and now - seen.at < self.ttl:
-                return seen.measured + seen.added
-        measured = folder_bytes(self.root / namespace)  # outside the lock: a walk may take a while
+                return self._used(namespace, seen)
+        measured = folder_bytes(self.root / namespace, self.max_entries)  # outside the lock: a walk may take a while
         with self._lock:
             self.walks += 1
-            self._usage[namespace] = _Usage(measured, now)  # staged files are on disk: the walk saw them
-            return measured
+            seen = self._usage[namespace] = _Usage(measured, now)  # staged files are on disk: the walk saw them
+            return self._used(namespace, seen)
+
+    def _used(self, namespace: str, seen: _Usage) -> int:
+        if seen.measured is None:
+            raise ArtifactError(
+                "QuotaExceeded",
+                f"namespace '{namespace}' has more than {self.max_entries} files and folders on the repository "
+                "volume, more than the operator counts for its quota; nothing was written: remove files "
+                "(uploads, models) from its folder",
+            )
+        return seen.measured + seen.added
 
     def check(self, namespace: str, more: int = 0) -> None:
         """Raise ArtifactError('QuotaExceeded') when ``more`` bytes would put the namespace over its quota."""

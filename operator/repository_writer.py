@@ -46,6 +46,14 @@ SOURCE_MARKER = ".kubeinfer-source.json"
 ARCHIVE_FILE = ".kubeinfer-archive"
 #: the operator's own folder at the volume root: staging and deletion happen here, mirroring server folders
 STAGING_DIR = ".kubeinfer-staging"
+#: bytes of a source marker read back (a real one is a few hundred: the source's uri or path and sha256). A
+#: tenant writes its folders too: a larger marker (a sparse file of any size costs it nothing) is stale, and the
+#: version is written again without it being read
+MAX_MARKER_BYTES = 64 << 10
+#: entries listed of one folder on the volume (a server folder holds one per model, a model folder one per
+#: version). A tenant can fill its folders with millions at no cost; past this a sync is refused with
+#: TooManyEntries naming the folder, rather than holding (and walking) the listing whole on every resync
+MAX_FOLDER_ENTRIES = 100_000
 
 
 @dataclass
@@ -87,16 +95,34 @@ def check_file_name_for_writer(name: str) -> None:
 LISTING_TTL = 2.0
 
 
-def _entries(fd: int, out: list[object], prefix: str) -> list[tuple[str, bool]]:
+def _entries(fd: int, out: list[object], prefix: str, limit: int) -> list[tuple[str, bool]]:
     """Append (name, mode, inode, size, ctime) of each entry of the open folder ``fd`` to ``out``; returns
-    (name, is a real folder) for each."""
+    (name, is a real folder) for each. ``confined.OverLimit`` past ``limit`` entries."""
     found = []
     with os.scandir(fd) as it:
-        for entry in sorted(it, key=lambda e: e.name):
+        listed: list[os.DirEntry[str]] = []
+        for entry in it:
+            if len(listed) >= limit:
+                raise confined.OverLimit(f"the folder holds more than {limit} entries")
+            listed.append(entry)
+        for entry in sorted(listed, key=lambda e: e.name):
             st = entry.stat(follow_symlinks=False)
             out.append((prefix, entry.name, st.st_mode, st.st_ino, st.st_size, st.st_ctime_ns))
             found.append((entry.name, stat.S_ISDIR(st.st_mode)))
     return found
+
+
+def _listed(fd: int, shown: Path, limit: int) -> list[str]:
+    """The names in the open folder ``fd`` (``shown`` on the volume), at most ``limit``: more is the
+    condition TooManyEntries, never a listing held whole."""
+    try:
+        return confined.names(fd, limit)
+    except confined.OverLimit:
+        raise ArtifactError(
+            "TooManyEntries",
+            f"'{shown}' holds more than {limit} entries, more than the operator lists of one folder; "
+            "remove what does not belong there",
+        ) from None
 
 
 def _rejected(exc: confined.Refused, base: Path) -> ArtifactError:
@@ -134,9 +160,11 @@ class RepositoryWriter:
         timeout: float = 60.0,
         fetcher: Fetcher | None = None,
         check_timeout: float = DEFAULT_CHECK_TIMEOUT,
+        max_entries: int = MAX_FOLDER_ENTRIES,
     ) -> None:
         self.root = root.resolve()
         self.max_bytes = max_bytes
+        self.max_entries = max_entries
         self.timeout = timeout
         #: one connection pool and one set of egress rules for every download (see fetch.py)
         self.fetcher = fetcher or Fetcher(timeout=timeout)
@@ -236,7 +264,7 @@ class RepositoryWriter:
         except FileNotFoundError:
             return None
         try:
-            for entry in confined.names(fd):
+            for entry in _listed(fd, shown, self.max_entries):
                 if (is_version_dir_name(entry) or entry == CONFIG_FILE) and confined.kind_of(fd, entry) == "symlink":
                     raise ArtifactError("PathRejected", f"'{shown}/{entry}' is a symlink; remove it ({_REAL})")
         except BaseException:
@@ -252,7 +280,10 @@ class RepositoryWriter:
             except (OSError, confined.Refused):
                 return []
             with confined.opened(fd):
-                return self._versions(fd)
+                try:
+                    return self._versions(fd)
+                except confined.OverLimit:  # over the listing cap: the sync's condition says so
+                    return []
 
     def fingerprint(self, server_dir: Path, name: str) -> tuple[object, ...] | None:
         """What a sync of ``server_dir/name`` would look at, cheaply: every entry of the model folder and of its
@@ -272,20 +303,20 @@ class RepositoryWriter:
             with self._root() as root, confined.opened(confined.open_dir(root, rel)) as model_fd:
                 st = os.fstat(model_fd)
                 out.append((st.st_ino, st.st_ctime_ns))
-                for entry, kind in _entries(model_fd, out, ""):
+                for entry, kind in _entries(model_fd, out, "", self.max_entries):
                     if kind and is_version_dir_name(entry):
                         versions.append(int(entry))
                         with confined.opened(confined.open_dir(model_fd, entry)) as version_fd:
-                            _entries(version_fd, out, entry)
+                            _entries(version_fd, out, entry, self.max_entries)
         except (OSError, confined.Refused):
             return [], None
         return sorted(versions), tuple(out)
 
-    @staticmethod
-    def _versions(model_fd: int) -> list[int]:
+    def _versions(self, model_fd: int) -> list[int]:
+        """The version folders of the open model folder (``confined.OverLimit`` past ``max_entries`` entries)."""
         return sorted(
             int(n)
-            for n in confined.names(model_fd)
+            for n in confined.names(model_fd, self.max_entries)
             if is_version_dir_name(n) and confined.kind_of(model_fd, n) == "dir"
         )
 
@@ -303,7 +334,8 @@ class RepositoryWriter:
             hit = self._listings.get(key)
         if hit is not None and now - hit[0] < LISTING_TTL:
             return hit[1]
-        names = [n for n in confined.names(fd) if n.startswith(".")]
+        shown = Path(STAGING_DIR) / place.rel if where == "staging" else place.rel
+        names = [n for n in _listed(fd, shown, self.max_entries) if n.startswith(".")]
         with self._listing_guard:
             self._listings[key] = (now, names)
         return names
@@ -332,7 +364,7 @@ class RepositoryWriter:
             except (OSError, confined.Refused):
                 continue
             with confined.opened(model_fd):
-                for entry in confined.names(model_fd):
+                for entry in _listed(model_fd, shown / name, self.max_entries):
                     owner = publish.leftover_of(entry)
                     if owner is not None and (is_version_dir_name(owner) or owner == CONFIG_FILE):
                         publish.remove_tree(model_fd, entry)
@@ -340,12 +372,19 @@ class RepositoryWriter:
         return removed
 
     # -------------------------------------------------------------------------------------- staging
-    def _fetch(self, source: Source, dest_fd: int, place: _Place, fetch: Fetch, version: int) -> None:
+    def _fetch(
+        self, source: Source, dest_fd: int, place: _Place, fetch: Fetch, version: int, archive: bool = False
+    ) -> None:
         """Fill the open staged file ``dest_fd``: a download (after the namespace's quota, the egress rules that
         need no connection and a download slot), or a copy of a file in the namespace's folder. Its bytes and
-        seconds go to ``fetch.fetched`` (waiting for a download slot is not part of them)."""
+        seconds go to ``fetch.fetched`` (waiting for a download slot is not part of them).
+
+        An ``archive`` (to be unpacked) from the namespace's folder takes a download slot too: unpacking is
+        long work of a worker thread like a download, and must not escape the namespace's share of them."""
         namespace = place.rel.parts[0]
         fetch.check_quota(namespace)
+        if archive and source.path:
+            fetch.take_slot(namespace)
         started = time.monotonic()
         if source.uri:
             self.fetcher.precheck(source.uri, namespace)  # refusals that need no connection, no slot
@@ -410,21 +449,29 @@ class RepositoryWriter:
 
     def _stage_folder(self, folder: int, name: str, source: Source, version: int, place: _Place, fetch: Fetch) -> None:
         """A folder model (a SavedModel): its source is a tar archive, fetched beside the folder under a dot-name,
-        unpacked into ``name`` (``archives``) and removed."""
+        unpacked into ``name`` (``archives``: within the download's byte limit and deadline, stopped when the
+        model goes away) and removed."""
         archive = ARCHIVE_FILE
         with confined.opened(confined.create_new(folder, archive)) as packed:
-            self._fetch(source, packed, place, fetch, version)
+            self._fetch(source, packed, place, fetch, version, archive=True)
             os.mkdir(name, 0o755, dir_fd=folder)
             with confined.opened(confined.open_dir(folder, name)) as dest:
                 shown = f"source.{'uri' if source.uri else 'path'} '{source.uri or source.path}'"
-                size = archives.unpack(packed, dest, shown=shown, max_bytes=self.max_bytes, cancelled=fetch.cancelled)
+                size = archives.unpack(
+                    packed,
+                    dest,
+                    shown=shown,
+                    max_bytes=self.max_bytes,
+                    cancelled=fetch.cancelled,
+                    deadline=time.monotonic() + self.fetcher.deadline,  # as long as a download may take
+                )
         os.unlink(archive, dir_fd=folder)
         fetch.count(place.rel.parts[0], size)  # the unpacked files are on the volume too
 
     def _version_current(self, model_fd: int, model: RenderedModel, version: int) -> bool:
         try:
             with confined.opened(confined.open_dir(model_fd, str(version))) as folder:
-                recorded = json.loads(confined.read_bytes(folder, SOURCE_MARKER))
+                recorded = json.loads(confined.read_bytes(folder, SOURCE_MARKER, max_bytes=MAX_MARKER_BYTES))
                 if recorded != model.versions[version].as_dict():
                     return False
                 kind = "dir" if model_is_folder(model.config) else "file"
@@ -504,14 +551,17 @@ class RepositoryWriter:
     ) -> None:
         """Stage changed versions in ``mirror`` (the model's staging folder), check, publish, config last."""
         stale = [v for v in sorted(model.versions) if not self._version_current(model_fd, model, v)]
+        # a config.pbtxt longer than the rendered one differs from it: replaced without being read (a tenant's
+        # sparse file of any size costs nothing here)
+        wanted = len(model.config_text.encode("utf-8"))
         try:
-            old_text: str | None = confined.read_bytes(model_fd, CONFIG_FILE).decode("utf-8")
+            old_text: str | None = confined.read_bytes(model_fd, CONFIG_FILE, max_bytes=wanted).decode("utf-8")
         except FileNotFoundError:
             old_text = None
         except confined.Refused as exc:
             raise _rejected(exc, place.rel / model.name) from None
         except (OSError, UnicodeDecodeError):
-            old_text = ""  # unreadable: replace it
+            old_text = ""  # unreadable or larger: replace it
         config_changed = old_text != model.config_text
         staged: dict[int, str] = {}
         try:
@@ -574,7 +624,12 @@ class RepositoryWriter:
         check_model_name_for_writer(name)
         try:
             with self._place(server_dir) as place:
-                self._clean_stale(place, name)
+                try:
+                    self._clean_stale(place, name)
+                except ArtifactError as exc:
+                    if exc.reason != "TooManyEntries":
+                        raise
+                    # a folder over the listing cap keeps its leftovers; the model goes all the same
                 if confined.exists(place.staging, name):  # the model's staging mirror
                     publish.retire(place.staging, name)
                 if not confined.exists(place.server, name):

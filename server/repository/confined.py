@@ -23,7 +23,8 @@ cost little next to a model load or a download (``benchmarks/confined_walk.py`` 
 path everywhere.
 
 Errors: ``Refused`` (a ``PathEscape``) names the path asked for and the component that was refused;
-callers turn it into their own message (``describe``). Other ``OSError``s pass through.
+callers turn it into their own message (``describe``). ``OverLimit`` (an ``OSError``) is a file over a
+reader's ``max_bytes`` or a folder over a lister's ``limit``. Other ``OSError``s pass through.
 """
 
 from __future__ import annotations
@@ -68,6 +69,16 @@ class Refused(PathEscape):
         if self.kind == DOTDOT:
             return f"{what} leads outside {inside}"
         return f"{what} cannot be resolved: too many levels of symbolic links"
+
+
+class OverLimit(OSError):
+    """A file larger than a reader's ``max_bytes``, or a folder with more entries than a lister's ``limit``: refused
+    before it is held in memory whole. Whoever writes a folder can make a sparse file of any size, or a folder of
+    millions of entries, at no cost; an ``OSError``, so a caller that treats an unreadable file as stale does the
+    same with this one."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(errno.EFBIG, message)
 
 
 def parts_of(relative: str | Path) -> list[str]:
@@ -297,11 +308,22 @@ def read_fd(fd: int, limit: int | None = None) -> bytes:
 
 
 def read_bytes(
-    root_fd: int, relative: str | Path, *, follow: bool = False, start: tuple[int, str] | None = None
+    root_fd: int,
+    relative: str | Path,
+    *,
+    follow: bool = False,
+    start: tuple[int, str] | None = None,
+    max_bytes: int | None = None,
 ) -> bytes:
-    """The bytes of the regular file ``relative`` beneath ``root_fd``."""
+    """The bytes of the regular file ``relative`` beneath ``root_fd``; ``OverLimit`` when it holds more than
+    ``max_bytes`` (told by its size before anything is read, or by the read if it grows meanwhile)."""
     with opened(open_file(root_fd, relative, follow=follow, start=start)) as fd:
-        return read_fd(fd)
+        if max_bytes is not None and os.fstat(fd).st_size > max_bytes:
+            raise OverLimit(f"'{relative}' is larger than {max_bytes} bytes")
+        data = read_fd(fd, max_bytes)
+        if max_bytes is not None and len(data) > max_bytes:
+            raise OverLimit(f"'{relative}' is larger than {max_bytes} bytes")
+        return data
 
 
 def write_new(dir_fd: int, name: str, data: bytes, mode: int = 0o644, durable: bool = True) -> None:
@@ -349,7 +371,15 @@ def kind_of(dir_fd: int, name: str) -> str:
     return "file" if stat.S_ISREG(mode) else "other"
 
 
-def names(dir_fd: int) -> list[str]:
-    """The entry names of an open folder (``os.scandir`` on a descriptor: nothing re-resolved by path)."""
+def names(dir_fd: int, limit: int | None = None) -> list[str]:
+    """The entry names of an open folder (``os.scandir`` on a descriptor: nothing re-resolved by path);
+    ``OverLimit`` as soon as there are more than ``limit`` (the rest is never listed)."""
     with os.scandir(dir_fd) as it:
-        return [e.name for e in it]
+        if limit is None:
+            return [e.name for e in it]
+        found: list[str] = []
+        for entry in it:
+            if len(found) >= limit:
+                raise OverLimit(f"the folder holds more than {limit} entries")
+            found.append(entry.name)
+        return found
