@@ -2,8 +2,10 @@
 package has another version than the server's; the server and a model without one keep the server's.
 
 The environment is built here: a virtualenv (``python -m venv``) holding its own ``idna`` (the server's
-environment has the real one), numpy linked in from the server's environment (the stub needs numpy, as
-Triton's does), packed as a tarball and named with ``$$TRITON_MODEL_DIRECTORY`` as Triton's docs do.
+environment has the real one), and a ``.pth`` file naming a folder outside it that links to the server's
+numpy (the stub needs numpy, as Triton's does; a symlink inside the tarball may not lead out of it, and
+copying numpy would cost seconds), packed as a tarball and named with ``$$TRITON_MODEL_DIRECTORY`` as
+Triton's docs do. Its ``bin/python3`` is a symlink to the base interpreter, as a packed virtualenv's is.
 """
 
 from __future__ import annotations
@@ -67,16 +69,19 @@ def _model(repo: Path, name: str, parameters: str = "") -> Path:
 
 
 def _packed_venv(root: Path) -> Path:
-    """A virtualenv with a fake ``idna``, numpy linked from this environment, as a folder."""
+    """A virtualenv with a fake ``idna``, and this environment's numpy through a ``.pth`` file, as a folder."""
     env = root / "env"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True)
     site = env / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
     (site / "idna").mkdir()
     (site / "idna" / "__init__.py").write_text(f'__version__ = "{FAKE_VERSION}"\n')
+    numpy_only = root / "numpy-only"
+    numpy_only.mkdir()
     numpy_dir = Path(np.__file__).parent
     for name in ("numpy", "numpy.libs"):
         if (numpy_dir.parent / name).exists():
-            (site / name).symlink_to(numpy_dir.parent / name)
+            (numpy_only / name).symlink_to(numpy_dir.parent / name)
+    (site / "server-numpy.pth").write_text(f"{numpy_only}\n")
     return env
 
 

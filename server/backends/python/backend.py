@@ -28,7 +28,7 @@ from ...vocabulary.custom_metrics import CustomMetrics
 from ...vocabulary.registry_view import RegistryView
 from ..base import Backend, BackendInstance, InstanceSpec
 from ..settings import setting
-from . import context, envs, ipc
+from . import context, env_archive, envs, ipc
 from . import triton_python_backend_utils as pb_utils
 from .inprocess import InProcessHost, PythonInstance
 from .loader import ModelLoadError, ModelModule
@@ -55,10 +55,18 @@ def in_process(config: pb.ModelConfig) -> bool:
 def launch_for(config: pb.ModelConfig, version_path: Path) -> Launch:
     """The interpreter and environment a model's stubs run with, and the backend's stub settings
     (``--backend-config=python,<setting>=<value>``: Triton's ``stub-timeout-seconds`` and
-    ``shm-default-byte-size``, and kubeinfer's ``stub-health-interval-seconds``)."""
+    ``shm-default-byte-size``, and kubeinfer's ``stub-health-interval-seconds``, ``env-archive-max-bytes``
+    and ``env-archive-max-entries``)."""
     param = config.parameters.get(EXECUTION_ENV_PATH)
     path = param.string_value if param is not None else ""
-    python, env = envs.stub_environment(path, version_path.parent) if path else (sys.executable, envs.base_env())
+    if path:
+        limits = env_archive.Limits(
+            max_bytes=int(_positive("env-archive-max-bytes", float(env_archive.DEFAULT_MAX_BYTES))),
+            max_entries=int(_positive("env-archive-max-entries", float(env_archive.DEFAULT_MAX_ENTRIES))),
+        )
+        python, env = envs.stub_environment(path, version_path.parent, limits)
+    else:
+        python, env = sys.executable, envs.base_env()
     return Launch(
         python=python,
         env=env,

@@ -6,7 +6,8 @@ environment folder. ``$$TRITON_MODEL_DIRECTORY`` is the model's folder; a relati
 there too. A tarball is unpacked once into a cache keyed by its SHA-256 digest (``<cache>/<digest>``,
 written to a temporary folder and renamed into place, so two loads never see half an environment) and
 reused by every model and every later load that names the same bytes. The cache is
-``$KUBEINFER_PYTHON_ENV_CACHE``, else ``<temp dir>/kubeinfer-python-envs``.
+``$KUBEINFER_PYTHON_ENV_CACHE``, else ``<temp dir>/kubeinfer-python-envs``. Unpacking runs in the server,
+within the operator's limits for model archives (size, entries, names, kinds, links: ``env_archive``).
 
 The model's stubs run with the environment's own interpreter (``bin/python3``) and its ``bin`` first on
 ``PATH`` and ``lib`` on ``LD_LIBRARY_PATH``, as Triton's stub does after sourcing ``bin/activate``; the
@@ -24,6 +25,7 @@ import threading
 from pathlib import Path
 
 from ...config import ConfigError
+from . import env_archive
 
 MODEL_DIRECTORY = "$$TRITON_MODEL_DIRECTORY"
 _ARCHIVES = (".tar.gz", ".tgz", ".tar")
@@ -58,8 +60,11 @@ def resolve(value: str, model_dir: Path) -> Path:
     return path if path.is_absolute() else model_dir / path
 
 
-def stub_environment(value: str, model_dir: Path) -> tuple[str, dict[str, str]]:
-    """The interpreter and environment variables for stubs of a model with ``EXECUTION_ENV_PATH`` ``value``."""
+def stub_environment(
+    value: str, model_dir: Path, limits: env_archive.Limits | None = None
+) -> tuple[str, dict[str, str]]:
+    """The interpreter and environment variables for stubs of a model with ``EXECUTION_ENV_PATH`` ``value``
+    (a tarball is unpacked within ``limits``)."""
     path = resolve(value, model_dir)
     label = f"EXECUTION_ENV_PATH '{value}'"
     if path.is_dir():
@@ -67,7 +72,7 @@ def stub_environment(value: str, model_dir: Path) -> tuple[str, dict[str, str]]:
     elif path.is_file():
         if not path.name.endswith(_ARCHIVES):
             raise ConfigError(f"{label}: {path.name} is neither a folder nor a .tar.gz, .tgz or .tar archive")
-        root = unpacked(path, label)
+        root = unpacked(path, label, limits or env_archive.Limits())
     else:
         raise ConfigError(f"{label}: {path} does not exist")
     if not (root / "bin").is_dir():  # a tarball of the folder rather than of its contents
@@ -102,8 +107,11 @@ def digest(archive: Path) -> str:
     return value
 
 
-def unpacked(archive: Path, label: str) -> Path:
+def unpacked(archive: Path, label: str, limits: env_archive.Limits) -> Path:
     """The archive's contents in the cache (unpacked now unless an earlier load did)."""
+    size = archive.stat().st_size
+    if size > limits.max_bytes:  # before hashing it
+        raise ConfigError(f"{label}: {archive.name} is {size} bytes, over the limit of {limits.max_bytes} bytes")
     target = cache_dir() / digest(archive)
     if target.is_dir():
         return target
@@ -111,14 +119,10 @@ def unpacked(archive: Path, label: str) -> Path:
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name[:12]}-", dir=target.parent))
     try:
         try:
-            with tarfile.open(archive) as tar:
-                if hasattr(tarfile, "tar_filter"):
-                    # "tar": no member outside the folder, no setuid bits; absolute symlinks stay (a packed
-                    # virtualenv's bin/python points at its base interpreter)
-                    tar.extractall(staging, filter="tar")
-                else:  # pragma: no cover - Pythons before the extraction filters
-                    tar.extractall(staging)
-        except (tarfile.TarError, OSError) as exc:
+            env_archive.unpack(archive, staging, archive.name, limits)
+        except env_archive.Refused as exc:
+            raise ConfigError(f"{label}: {exc}") from None
+        except (tarfile.TarError, EOFError, OSError) as exc:
             raise ConfigError(f"{label}: cannot unpack {archive.name}: {exc}") from None
         try:
             os.rename(staging, target)

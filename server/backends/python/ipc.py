@@ -16,6 +16,14 @@ process dies, and the file descriptor reaches the other side over the socket (``
 are reserved with ``posix_fallocate``, so a full ``/dev/shm`` is an error for one request, never a
 SIGBUS.
 
+The server maps no segment at all. A stub runs a model's code, which holds the descriptors of both
+sides' segments and may truncate one; touching a mapping past the shortened file's end is a SIGBUS that
+would end the server and every model in it. So the server's arena is written with ``pwrite``
+(``Arena(mapped=False)``: a truncated file grows again, never faults) and the stub's segments are read
+with ``pread`` into a copy (``SegmentReader``: a short read is an error for that tensor), as client shared
+memory is (``server/sharedmemory/system.py``). The stub, which trusts the server, maps both and reads
+the server's tensors in place (``SegmentMap``).
+
 Stub-safe (standard library and numpy only): see ``context``.
 """
 
@@ -29,6 +37,7 @@ import mmap
 import os
 import secrets
 import socket
+import stat
 import struct
 import tempfile
 import time
@@ -50,6 +59,10 @@ _MAX_FDS = 16
 
 class ShmError(Exception):
     """Shared memory could not be had (a full ``/dev/shm``): fails the request that needed it."""
+
+
+class SegmentUnreadable(ValueError):
+    """A tensor the stub named cannot be read from its segment: the stub's process truncated the file."""
 
 
 def shm_dir() -> str:
@@ -99,8 +112,15 @@ def recv(sock: socket.socket, fds: list[int], size: int = 1 << 16) -> bytes:
 
 
 # ---- segments -----------------------------------------------------------------------------------
-def create_segment(size: int) -> tuple[int, mmap.mmap]:
-    """A new shared-memory file of ``size`` bytes, reserved, unlinked, mapped."""
+def _no_room(size: int, exc: OSError) -> ShmError:
+    return ShmError(
+        f"cannot reserve {size} bytes of shared memory in {shm_dir()} ({exc.strerror}): the Python model's "
+        "tensors do not fit; give the server a larger /dev/shm (InferenceServer spec.sharedMemorySize)"
+    )
+
+
+def create_segment(size: int, mapped: bool = True) -> tuple[int, mmap.mmap | None]:
+    """A new shared-memory file of ``size`` bytes, reserved, unlinked, and mapped unless not ``mapped``."""
     path = os.path.join(shm_dir(), f"kubeinfer-{os.getpid()}-{secrets.token_hex(8)}")
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     try:
@@ -108,11 +128,8 @@ def create_segment(size: int) -> tuple[int, mmap.mmap]:
         try:
             os.posix_fallocate(fd, 0, size)
         except OSError as exc:
-            raise ShmError(
-                f"cannot reserve {size} bytes of shared memory in {shm_dir()} ({exc.strerror}): the Python model's "
-                "tensors do not fit; give the server a larger /dev/shm (InferenceServer spec.sharedMemorySize)"
-            ) from None
-        return fd, mmap.mmap(fd, size)
+            raise _no_room(size, exc) from None
+        return fd, mmap.mmap(fd, size) if mapped else None
     except BaseException:
         os.close(fd)
         raise
@@ -121,7 +138,7 @@ def create_segment(size: int) -> tuple[int, mmap.mmap]:
 class Segment:
     __slots__ = ("fd", "size", "map", "free", "used", "idle_since")
 
-    def __init__(self, fd: int, size: int, mapping: mmap.mmap) -> None:
+    def __init__(self, fd: int, size: int, mapping: mmap.mmap | None) -> None:
         self.fd = fd
         self.size = size
         self.map = mapping
@@ -159,11 +176,30 @@ class Segment:
             self.idle_since = time.monotonic()
         return True
 
-    def close(self) -> None:
+    def write(self, offset: int, data: np.ndarray | bytes) -> None:
+        """``data`` at ``offset``: copied into the mapping, or with ``pwrite`` where there is none."""
+        if self.map is not None:
+            if isinstance(data, bytes):
+                self.map[offset : offset + len(data)] = data
+            else:
+                np.copyto(np.ndarray(data.shape, data.dtype, buffer=self.map, offset=offset), data, casting="no")
+            return
+        raw = (
+            memoryview(data) if isinstance(data, bytes) else np.ascontiguousarray(data).reshape(-1).view(np.uint8).data
+        )
+        done = 0
         try:
-            self.map.close()
-        except BufferError:  # views of it are still alive: the mapping goes with the last of them
-            pass
+            while done < len(raw):  # one call writes at most ~2 GiB on Linux
+                done += os.pwrite(self.fd, raw[done:], offset + done)
+        except OSError as exc:  # the stub truncated the file and /dev/shm has no room to grow it back
+            raise _no_room(len(raw), exc) from None
+
+    def close(self) -> None:
+        if self.map is not None:
+            try:
+                self.map.close()
+            except BufferError:  # views of it are still alive: the mapping goes with the last of them
+                pass
         os.close(self.fd)
 
 
@@ -171,7 +207,7 @@ class Arena:
     """The shared memory one side writes its tensors to. Not thread-safe: callers serialise.
 
     ``announce(segment_id, fd, size)`` tells the other side about a new segment; ``retire(segment_id)``
-    that one is gone.
+    that one is gone. ``mapped=False`` (the server's): segments are written with ``pwrite``, never mapped.
     """
 
     def __init__(
@@ -179,10 +215,12 @@ class Arena:
         initial: int,
         announce: Callable[[int, int, int], None],
         retire: Callable[[int], None],
+        mapped: bool = True,
     ) -> None:
         self.initial = initial
         self.announce = announce
         self.retire = retire
+        self.mapped = mapped
         self.segments: dict[int, Segment] = {}
         self._next = 0
 
@@ -196,7 +234,7 @@ class Arena:
         self._trim()
         size = max(self.initial, nbytes) if not self.segments else max(nbytes, self._largest(), self.initial)
         size = -(-size // (1 << 20)) * (1 << 20)
-        fd, mapping = create_segment(size)
+        fd, mapping = create_segment(size, self.mapped)
         sid = self._next
         self._next += 1
         segment = self.segments[sid] = Segment(fd, size, mapping)
@@ -225,10 +263,6 @@ class Arena:
                 self.retire(sid)
                 segment.close()
 
-    def view(self, sid: int, offset: int, dtype: np.dtype[Any], shape: tuple[int, ...]) -> np.ndarray:
-        view: np.ndarray = np.ndarray(shape, dtype, buffer=self.segments[sid].map, offset=offset)
-        return view
-
     def in_use(self) -> int:
         return sum(sum(s.used.values()) for s in self.segments.values())
 
@@ -238,8 +272,39 @@ class Arena:
         self.segments.clear()
 
 
+def _checked(
+    desc: list[Any], segment_size: Callable[[int], int | None]
+) -> tuple[str, str, tuple[int, ...], int, int, int]:
+    """A descriptor's fields, checked against what the other side may name: whole numbers, no negative
+    dimension, a data type without objects, a block inside one of its own segments (``segment_size``
+    answers None for an unknown one) and as many bytes as the type and shape need. ValueError otherwise."""
+    name, dtype_text, shape, sid, offset, nbytes = desc
+    shape = tuple(int(d) for d in shape)
+    if not all(type(v) is int for v in (sid, offset, nbytes)):
+        raise ValueError(f"tensor '{name}': segment, offset and size must be whole numbers")
+    if any(d < 0 for d in shape):
+        raise ValueError(f"tensor '{name}': negative dimension in {list(shape)}")
+    if dtype_text != "O":
+        dtype = _dtype(dtype_text)
+        if sid >= 0 and math.prod(shape) * dtype.itemsize != nbytes:
+            raise ValueError(f"tensor '{name}': {nbytes} bytes do not hold {dtype} {list(shape)}")
+    if sid >= 0:
+        size = segment_size(sid)
+        if size is None:
+            raise ValueError(f"tensor '{name}': unknown shared-memory segment {sid}")
+        if not (0 <= offset and 0 <= nbytes and offset + nbytes <= size):
+            raise ValueError(f"tensor '{name}': block [{offset}, {offset + nbytes}) outside segment {sid}")
+    return str(name), str(dtype_text), shape, sid, offset, nbytes
+
+
+def _empty(shape: tuple[int, ...], dtype_text: str) -> np.ndarray:
+    """A tensor without elements: it has no block."""
+    return np.empty(shape, np.object_ if dtype_text == "O" else _dtype(dtype_text))
+
+
 class SegmentMap:
-    """The other side's segments, mapped here, and the views of its blocks handed out.
+    """The other side's segments, mapped here, and the views of its blocks handed out (the stub's: it
+    reads the server's tensors in place).
 
     ``release(segment, offset)`` is called (from whichever thread drops the last view) once a block is
     no longer read here; the caller turns it into a ``free`` message.
@@ -265,29 +330,22 @@ class SegmentMap:
             except BufferError:
                 pass
 
+    def _size(self, sid: int) -> int | None:
+        entry = self.maps.get(sid)
+        return entry[0] if entry is not None else None
+
     def array(self, desc: list[Any]) -> np.ndarray:
         """The tensor ``desc`` describes, read in place (BYTES: decoded, and the block freed at once)."""
-        name, dtype_text, shape, sid, offset, nbytes = desc
-        shape = tuple(int(d) for d in shape)
-        if any(d < 0 for d in shape):
-            raise ValueError(f"tensor '{name}': negative dimension in {list(shape)}")
-        if sid < 0:  # an empty tensor: no block
-            return np.empty(shape, np.object_ if dtype_text == "O" else _dtype(dtype_text))
-        entry = self.maps.get(sid)
-        if entry is None:
-            raise ValueError(f"tensor '{name}': unknown shared-memory segment {sid}")
-        size, mapping = entry
-        if not (0 <= offset and 0 <= nbytes and offset + nbytes <= size):
-            raise ValueError(f"tensor '{name}': block [{offset}, {offset + nbytes}) outside segment {sid}")
+        _, dtype_text, shape, sid, offset, nbytes = _checked(desc, self._size)
+        if sid < 0:
+            return _empty(shape, dtype_text)
+        mapping = self.maps[sid][1]
         if dtype_text == "O":
             try:
                 return decode_bytes(memoryview(mapping)[offset : offset + nbytes], shape)
             finally:
                 self.release(sid, offset)
-        dtype = _dtype(dtype_text)
-        if math.prod(shape) * dtype.itemsize != nbytes:
-            raise ValueError(f"tensor '{name}': {nbytes} bytes do not hold {dtype} {list(shape)}")
-        array: np.ndarray = np.ndarray(shape, dtype, buffer=mapping, offset=offset)
+        array: np.ndarray = np.ndarray(shape, _dtype(dtype_text), buffer=mapping, offset=offset)
         ref = weakref.ref(array, self._gone)
         self._views[id(ref)] = (ref, sid, offset)
         return array
@@ -299,6 +357,78 @@ class SegmentMap:
 
     def close(self) -> None:
         for sid in list(self.maps):
+            self.drop(sid)
+
+
+class SegmentReader:
+    """The stub's segments as the server reads them: copied out with ``pread``, never mapped.
+
+    The stub's model code holds these descriptors and may truncate a file after naming a block in it. A
+    mapping would then fault (SIGBUS, the server's end) at the first byte past the new end; ``pread``
+    returns fewer bytes instead, and that one tensor is an error (``SegmentUnreadable``). The price is one
+    copy per tensor the server takes from a stub (outputs, BLS inputs); in return the block goes back to
+    the stub at once (``release``), not when the server's last view of it dies. Not thread-safe: the
+    server calls it on its loop.
+    """
+
+    def __init__(self, release: Callable[[int, int], None]) -> None:
+        #: segment → (size announced, descriptor)
+        self.fds: dict[int, tuple[int, int]] = {}
+        self.release = release
+
+    def add(self, sid: int, fd: int, size: int) -> None:
+        """Take the descriptor that came with a ``seg`` message (closed on ``drop``); ValueError unless it
+        is a file (its size is checked by every read: the stub may shorten it at any time)."""
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode) or size < 0:
+                raise ValueError(f"shared-memory segment {sid} is not a file")
+        except BaseException:
+            os.close(fd)
+            raise
+        self.drop(sid)
+        self.fds[sid] = (size, fd)
+
+    def drop(self, sid: int) -> None:
+        entry = self.fds.pop(sid, None)
+        if entry is not None:
+            os.close(entry[1])
+
+    def _size(self, sid: int) -> int | None:
+        entry = self.fds.get(sid)
+        return entry[0] if entry is not None else None
+
+    def array(self, desc: list[Any]) -> np.ndarray:
+        """A copy of the tensor ``desc`` describes (read-only, as a request's inputs are)."""
+        name, dtype_text, shape, sid, offset, nbytes = _checked(desc, self._size)
+        if sid < 0:
+            return _empty(shape, dtype_text)
+        try:
+            data = self._read(name, sid, offset, nbytes)
+        finally:
+            self.release(sid, offset)
+        if dtype_text == "O":
+            return decode_bytes(memoryview(data), shape)
+        return np.frombuffer(data, _dtype(dtype_text)).reshape(shape)
+
+    def _read(self, name: str, sid: int, offset: int, nbytes: int) -> bytes:
+        fd = self.fds[sid][1]
+        data = os.pread(fd, nbytes, offset)
+        if len(data) == nbytes:
+            return data
+        parts, done = [data], len(data)  # over ~2 GiB (one call's most on Linux), or the file is shorter
+        while done < nbytes:
+            part = os.pread(fd, nbytes - done, offset + done)
+            if not part:
+                raise SegmentUnreadable(
+                    f"tensor '{name}' is at bytes [{offset}, {offset + nbytes}) of the stub's shared-memory segment "
+                    f"{sid}, which the stub's process truncated to {os.fstat(fd).st_size} bytes"
+                )
+            parts.append(part)
+            done += len(part)
+        return b"".join(parts)
+
+    def close(self) -> None:
+        for sid in list(self.fds):
             self.drop(sid)
 
 
@@ -347,13 +477,22 @@ def write_tensor(arena: Arena, name: str, array: np.ndarray) -> list[Any]:
         if not data:
             return [name, "O", shape, -1, 0, 0]
         sid, offset = arena.alloc(len(data))
-        arena.segments[sid].map[offset : offset + len(data)] = data
+        _write(arena, sid, offset, data)
         return [name, "O", shape, sid, offset, len(data)]
     if array.nbytes == 0:
         return [name, array.dtype.str, list(array.shape), -1, 0, 0]
     sid, offset = arena.alloc(array.nbytes)
-    np.copyto(arena.view(sid, offset, array.dtype, array.shape), array, casting="no")
+    _write(arena, sid, offset, array)
     return [name, array.dtype.str, list(array.shape), sid, offset, array.nbytes]
+
+
+def _write(arena: Arena, sid: int, offset: int, data: np.ndarray | bytes) -> None:
+    """Into the block just allocated; a failure gives it back (it has no descriptor yet)."""
+    try:
+        arena.segments[sid].write(offset, data)
+    except BaseException:
+        arena.free(sid, offset)
+        raise
 
 
 def write_tensors(arena: Arena, tensors: Iterable[tuple[str, np.ndarray]]) -> list[list[Any]]:

@@ -31,7 +31,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from . import context, ipc
+from . import context, dumpable, ipc
 from . import triton_python_backend_utils as pb_utils
 from .loader import ModelLoadError, ModelModule
 from .pb_request import InferenceRequest, SenderState
@@ -452,6 +452,9 @@ class Stub:
 
 def main(argv: list[str]) -> None:
     """``stub_boot.py <socket fd> [<bytes of the first arena segment>]``."""
+    # before any model code: another model's stub (same user) must not open this one's descriptors
+    # (its tensors) or memory through /proc (``dumpable``); execve reset what the server had set
+    dumpable.make_non_dumpable()
     sock = socket.socket(fileno=int(argv[0]))
     sock.setblocking(True)
     stub = Stub(sock, int(argv[1]) if len(argv) > 1 else INITIAL_ARENA)

@@ -3,7 +3,8 @@
 Runs on the server's event loop: the socket is read with ``loop.add_reader``, so an ``execute`` costs the
 loop two socket operations and no thread hand-off. What the stub sends is untrusted (a model's code
 runs there): it is read as JSON, tensor descriptors are bounds-checked against the stub's own segments
-(``ipc.SegmentMap``), and a malformed message ends the stub like a crash.
+(``ipc.SegmentReader``), and a malformed message ends the stub like a crash. The server maps no shared
+memory (``ipc``): a segment the stub truncated fails the tensor that lies past its end, never the server.
 
 What it serves: BLS requests (through the registry, with the in-process backend's checks and texts:
 ``bridge``), ``is_model_ready``, ``load_model``/``unload_model``, custom metrics (handles per stub,
@@ -109,8 +110,8 @@ class StubProcess:
         self._frees: list[list[int]] = []
         self._flush_scheduled = False
         self._loop_thread = 0
-        self.arena = ipc.Arena(launch.arena_bytes, self._announce, self._retire)
-        self.segments = ipc.SegmentMap(self._release)
+        self.arena = ipc.Arena(launch.arena_bytes, self._announce, self._retire, mapped=False)
+        self.segments = ipc.SegmentReader(self._release)
         self._ids = itertools.count(1)
         self.pending: dict[int, Pending] = {}
         #: what to call with each ``execute``'s answer (or StubLost), by its id
@@ -343,7 +344,11 @@ class StubProcess:
         if "e" in wire:
             code, message = wire["e"]
             return bridge.error_of(str(code), str(message))
-        tensors = [(str(desc[0]), self.segments.array(desc)) for desc in wire.get("o", ())]
+        try:
+            tensors = [(str(desc[0]), self.segments.array(desc)) for desc in wire.get("o", ())]
+        except ipc.SegmentUnreadable as exc:  # this response is lost; the server and the other requests are not
+            log.error("stub process '%s' (pid %d): %s", self.name, self.pid, exc)
+            return BackendError(f"Python model instance '{self.name}' sent an output the server cannot read: {exc}")
         return bridge.outputs_or_error(tensors, None, wanted)
 
     # ---- execute ---------------------------------------------------------------------------------
@@ -534,7 +539,12 @@ class StubProcess:
     # ---- BLS ---------------------------------------------------------------------------------------
     def _on_bls(self, message: dict[str, Any]) -> None:
         bls_id = message["b"]
-        inputs = {str(desc[0]): self.segments.array(desc) for desc in message["in"]}
+        try:
+            inputs = {str(desc[0]): self.segments.array(desc) for desc in message["in"]}
+        except ipc.SegmentUnreadable as exc:
+            text = f"Python model instance '{self.name}' sent a BLS input the server cannot read: {exc}"
+            self.send({"op": "bls_item", "b": bls_id, "r": {"e": ["INTERNAL", text]}, "end": True})
+            return
         task = self.loop.create_task(self._run_bls(bls_id, dict(message["f"]), inputs, bool(message["d"])))
         self._bls[bls_id] = task
         task.add_done_callback(lambda _: self._bls.pop(bls_id, None))
