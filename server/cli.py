@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .app import ServerSettings, run
+from .backends.python.dumpable import make_non_dumpable
 from .grpc.settings import Keepalive
 from .grpc.transport import ENV as GRPC_TRANSPORT_ENV
 from .grpc.transport import TRANSPORTS as GRPC_TRANSPORTS
@@ -444,6 +445,22 @@ def build_parser(triton: bool = False) -> argparse.ArgumentParser:
         default=60.0,
         help="with on-demand loading: seconds a request waits for its model to load, then 503 / UNAVAILABLE",
     )
+    mc.add_argument(
+        "--model-load-abandon-seconds",
+        type=_non_negative,
+        default=600.0,
+        help="with on-demand loading: a load still running after this long is abandoned: its requests get 503 / "
+        "UNAVAILABLE and the model is refused with the reason until that load has returned (what it loaded is "
+        "unloaded) and as long again has passed, or until a repository API load",
+    )
+    mc.add_argument(
+        "--model-cache-swaps-per-minute",
+        type=_non_negative_int,
+        default=60,
+        help="with a budget: loads that unload another model to make room, at most this many in any minute; past "
+        "it a request for a model not loaded that needs room gets 503 / UNAVAILABLE 'try again in Ns' and no "
+        "loaded model is unloaded (0: no limit)",
+    )
     repo.add_argument(
         "--backend-config",
         action="append",
@@ -708,16 +725,22 @@ def _model_cache(args: argparse.Namespace) -> CacheSettings | None:
         for flag, value, default in (
             ("--model-idle-unload-seconds", args.model_idle_unload_seconds, 0.0),
             ("--model-load-timeout", args.model_load_timeout, 60.0),
+            ("--model-load-abandon-seconds", args.model_load_abandon_seconds, 600.0),
+            ("--model-cache-swaps-per-minute", args.model_cache_swaps_per_minute, 60),
         ):
             if value != default:
                 raise ValueError(f"{flag} needs --model-load-on-demand=true or --model-cache-memory-budget")
         return None
     if args.model_load_timeout <= 0:
         raise ValueError("--model-load-timeout must be more than 0 seconds")
+    if args.model_load_abandon_seconds <= 0:
+        raise ValueError("--model-load-abandon-seconds must be more than 0 seconds")
     return CacheSettings(
         memory_budget=args.model_cache_memory_budget,
         idle_unload_seconds=args.model_idle_unload_seconds,
         load_timeout=args.model_load_timeout,
+        abandon_seconds=args.model_load_abandon_seconds,
+        swaps_per_minute=args.model_cache_swaps_per_minute,
     )
 
 
@@ -774,6 +797,9 @@ def _log_level(args: argparse.Namespace) -> str:
 
 
 def _start(argv: Sequence[str] | None, triton: bool) -> int:
+    # first of all: Python models' stubs run as this user; they must not read this process's
+    # descriptors (other models' tensors) or memory through /proc (backends/python/dumpable.py)
+    make_non_dumpable()
     parser = build_parser(triton)
     args = parser.parse_args(argv)
     prog = parser.prog

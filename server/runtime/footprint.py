@@ -1,7 +1,8 @@
 """What a model version costs in memory: host RSS and GPU memory, read before and after its load.
 
-The model cache (``model_cache``) loads one model at a time, so the difference between two readings
-belongs to that load. Host memory is the process's resident set (``/proc/self/statm``); GPU memory is
+The difference between two readings belongs to the load between them when nothing else loaded or
+unloaded meanwhile; the model cache (``model_cache``) lets loads overlap and tells which readings were
+alone. Host memory is the process's resident set (``/proc/self/statm``); GPU memory is
 this process's use per device as NVML reports it, or, where NVML cannot see this process (a container
 with its own PID namespace), the device's used memory (other processes on the device blur it then).
 After an unload ``release_free_memory`` hands glibc's freed pages back to the system, so that RSS

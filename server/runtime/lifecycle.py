@@ -412,9 +412,11 @@ class ModelLifecycle:
         try:
             if self.on_demand and (entry is None or not entry.serving):
                 # on demand, a model loads on its next request; a failed load whose files changed is
-                # forgotten, so that request tries the new files
-                if entry is not None and await self._changed(entry):
-                    self.models.pop(name, None)
+                # forgotten, so that request tries the new files. Not an entry whose load runs now (the
+                # model cache loads outside any poll): that load owns it, the next poll looks again
+                if entry is not None and not entry.lock.locked() and await self._changed(entry):
+                    if not entry.lock.locked() and self.models.get(name) is entry:
+                        self.models.pop(name, None)
                 return
             if entry is not None and not await self._changed(entry):
                 return

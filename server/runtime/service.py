@@ -200,7 +200,13 @@ class InferenceService:
 
     async def ensure_loaded(self, name: str, version: str = "") -> None:
         """With the model cache (``--model-load-on-demand``): load ``name`` now if it is not loaded, so that
-        metadata, config and stream requests see it as inference requests do (no-op otherwise)."""
+        metadata, config and stream requests see it as inference requests do (no-op otherwise).
+
+        Triton's own clients ask for a model's metadata and config before its first inference (perf_analyzer,
+        the image_client example) and stop on an error, so metadata that answered "not loaded" would make a
+        model on demand unusable to them. Such a load is no cheaper to cause than by inference: it goes
+        through the same rules (one load per model, the load slots, the budget, the swap limit, the
+        abandonment of a load that hangs), and the metadata needs the same token."""
         if self.registry.cache is not None and self.started:
             await self.registry.loaded(name, version)
 

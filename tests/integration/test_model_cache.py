@@ -92,8 +92,13 @@ def drill(tmp_path_factory: pytest.TempPathFactory, footprint: int) -> Iterator[
     root = tmp_path_factory.mktemp("drill")
     weights = _matmul_repo(root / "repo", MODELS)
     budget = int(footprint * 5.5)
+    # the drill swaps models on purpose: no limit on loads that unload another (test_model_cache_hostile.py)
     server = start_server(
-        root / "repo", f"--model-cache-memory-budget={budget}", "--model-load-timeout=60", log_dir=root
+        root / "repo",
+        f"--model-cache-memory-budget={budget}",
+        "--model-load-timeout=60",
+        "--model-cache-swaps-per-minute=0",
+        log_dir=root,
     )
     yield server, weights, budget
     server.terminate()
