@@ -5,17 +5,23 @@ downloads (a server that sends a byte a minute) hold every thread and nothing el
 it, a download over its namespace's share is not started: the model says ``Queued`` and kopf retries
 it later, the thread goes back to the pool. The quota bounds what one namespace's models take on the
 shared volume; its usage is measured by walking the namespace's folder at most once per ``ttl``
-seconds and counted in between (a resync of unchanged models never walks anything).
+seconds and counted in between (a resync of unchanged models never walks anything). The walk goes
+from folder descriptor to folder descriptor and never through a symlink, however the tenant swaps
+its folders meanwhile (``folder_bytes``).
 """
 
 from __future__ import annotations
 
 import os
+import stat
 import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from kubeinfer.server.repository.confined import open_dir, open_root, opened
+from kubeinfer.server.repository.layout import PathEscape
 
 from .artifacts import ArtifactError
 
@@ -66,29 +72,66 @@ class DownloadGate:
 MAX_WALK_ENTRIES = 1_000_000
 
 
+#: folder levels a walk goes down below the namespace's folder: far deeper than models and uploads nest (a
+#: Python environment's site-packages is about ten); the walk holds one descriptor per level, so a folder
+#: nested thousands deep cannot make it run out of them
+MAX_WALK_DEPTH = 64
+
+
 def folder_bytes(folder: Path, max_entries: int = MAX_WALK_ENTRIES) -> int | None:
-    """Apparent size of the regular files below ``folder`` (symlinks are not followed or counted); None when
-    it holds more than ``max_entries`` entries (the walk stops there)."""
+    """Apparent size of the regular files below ``folder``; None when it holds more than ``max_entries``
+    entries or folders nested deeper than ``MAX_WALK_DEPTH`` (the walk stops there).
+
+    Whoever writes the namespace's folder (its uploads) can swap a folder for a symlink to anywhere (``/``,
+    another namespace's folder) while the walk runs; a walk by path would then count, and list, what is
+    there. So the walk is confined as the repository's readers are (``server/repository/confined.py``): a
+    symlink is one entry, never followed or counted; each folder is opened relative to its parent's
+    descriptor with ``O_NOFOLLOW`` (one swapped since its parent was listed is refused and left out) and
+    listed through its own descriptor (one moved after it was opened is read where it is now). The
+    namespace's folder itself is opened the same way below the root's: a symlink there counts nothing.
+    """
+    fresh: int | None
+    try:
+        with opened(open_root(folder.parent)) as parent:
+            fresh = open_dir(parent, folder.name)
+    except (PathEscape, FileNotFoundError, NotADirectoryError, PermissionError):
+        return 0  # missing, not a folder, or a symlink: nothing of the namespace's is there
     total = 0
     seen = 0
-    stack = [str(folder)]
-    while stack:
-        try:
-            entries = os.scandir(stack.pop())
-        except (FileNotFoundError, NotADirectoryError, PermissionError):
-            continue
-        with entries:
-            for entry in entries:
-                seen += 1
-                if seen > max_entries:
+    #: from the namespace's folder down to where the walk is: each level's descriptor and subfolders left
+    levels: list[tuple[int, list[str]]] = []
+    try:
+        while fresh is not None or levels:
+            if fresh is not None:  # a folder just opened: list it whole before going down (one listing open)
+                levels.append((fresh, []))
+                fresh = None
+                if len(levels) > MAX_WALK_DEPTH + 1:
                     return None
-                try:
-                    if entry.is_dir(follow_symlinks=False):
-                        stack.append(entry.path)
-                    elif entry.is_file(follow_symlinks=False):
-                        total += entry.stat(follow_symlinks=False).st_size
-                except OSError:
-                    continue
+                with os.scandir(levels[-1][0]) as entries:
+                    for entry in entries:
+                        seen += 1
+                        if seen > max_entries:
+                            return None
+                        try:
+                            if entry.is_dir(follow_symlinks=False):
+                                levels[-1][1].append(entry.name)
+                                continue
+                            info = entry.stat(follow_symlinks=False)
+                        except OSError:
+                            continue
+                        if stat.S_ISREG(info.st_mode):
+                            total += info.st_size
+            here, subfolders = levels[-1]
+            if not subfolders:
+                os.close(levels.pop()[0])
+                continue
+            try:
+                fresh = open_dir(here, subfolders.pop())
+            except (PathEscape, FileNotFoundError, NotADirectoryError, PermissionError):
+                fresh = None  # swapped for a symlink or a file, or removed, since its parent was listed
+    finally:
+        for fd, _ in levels:
+            os.close(fd)
     return total
 
 
@@ -152,9 +195,9 @@ class NamespaceQuota:
         if seen.measured is None:
             raise ArtifactError(
                 "QuotaExceeded",
-                f"namespace '{namespace}' has more than {self.max_entries} files and folders on the repository "
-                "volume, more than the operator counts for its quota; nothing was written: remove files "
-                "(uploads, models) from its folder",
+                f"namespace '{namespace}' has more than {self.max_entries} files and folders (or folders nested "
+                f"deeper than {MAX_WALK_DEPTH}) on the repository volume, more than the operator counts for its "
+                "quota; nothing was written: remove files (uploads, models) from its folder",
             )
         return seen.measured + seen.added
 

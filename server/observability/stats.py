@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import threading
 import time
+from bisect import bisect_left
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ..vocabulary.statistics import LATENCY_KEY
+from ..vocabulary.statistics import LATENCY_KEY, ROUTED_KEY
 from ..vocabulary.types import ExecutionTimings, InferenceRequest
+from .metrics import LATENCY_BUCKETS_US
 
 
 @dataclass
@@ -34,6 +36,30 @@ class BatchStats:
     compute_input: Duration = field(default_factory=Duration)
     compute_infer: Duration = field(default_factory=Duration)
     compute_output: Duration = field(default_factory=Duration)
+
+
+class RoutedStats:
+    """The requests the traffic weights sent to a version (``InferenceRequest.routed``): their own counts and
+    latency histogram (the metrics' buckets), since the row's others also count callers that name the
+    version, who are outside the weighted split and would steer the operator's canary judgement."""
+
+    __slots__ = ("success", "fail", "counts")
+
+    def __init__(self) -> None:
+        self.success = Duration()
+        self.fail = Duration()
+        self.counts = [0] * (len(LATENCY_BUCKETS_US) + 1)  # last = +Inf
+
+    def add(self, success: bool, total_ns: int) -> None:
+        (self.success if success else self.fail).add(total_ns)
+        self.counts[bisect_left(LATENCY_BUCKETS_US, total_ns / 1000)] += 1
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "success": self.success.as_dict(),
+            "fail": self.fail.as_dict(),
+            LATENCY_KEY: {"bounds_us": list(LATENCY_BUCKETS_US), "counts": list(self.counts)},
+        }
 
 
 class StatsListener(Protocol):
@@ -75,6 +101,8 @@ class ModelStats:
         self.batch_stats: dict[int, BatchStats] = {}
         #: Triton's ``memory_usage`` entries: what loading this version took (set by the model cache)
         self.memory_usage: list[dict[str, Any]] = []
+        #: made at the first request the traffic weights send here: rows of unweighted models stay as they were
+        self.routed: RoutedStats | None = None
 
     def record_execution(self, batch_size: int, timings: ExecutionTimings) -> None:
         with self._lock:
@@ -101,6 +129,10 @@ class ModelStats:
                 self._record_success(total, queue_ns, timings)
             else:
                 self.fail.add(total)
+            if request.routed:
+                if self.routed is None:
+                    self.routed = RoutedStats()
+                self.routed.add(success, total)
         for listener in self.listeners:
             listener.on_request(self.model, self.version, success, total, queue_ns, timings, reason)
         if first and self.on_first_success is not None:
@@ -163,7 +195,12 @@ class ModelStats:
                     for size, b in sorted(self.batch_stats.items())
                 ],
                 "memory_usage": list(self.memory_usage),
-            } | self._latency()
+            } | self._extensions()
+
+    def _extensions(self) -> dict[str, Any]:
+        """kubeinfer's additions to the HTTP rows (under the lock): the latency histogram, and once the traffic
+        weights sent this version a request, the numbers the operator judges a canary by (``RoutedStats``)."""
+        return self._latency() | ({ROUTED_KEY: self.routed.as_dict()} if self.routed is not None else {})
 
     def _latency(self) -> dict[str, Any]:
         """kubeinfer's addition to the HTTP rows (gRPC keeps Triton's fields): the request latency histogram

@@ -141,6 +141,15 @@ class ModelRegistry:
             raise NotFound(f"Request for unknown model: '{name}' version {v} is not found")
         return mv
 
+    def _by_weights(self, request: InferenceRequest, mv: ModelVersion) -> bool:
+        """Whether ``request`` reached ``mv`` through the model's traffic weights: it named no version and
+        ``mv`` has a weight above 0 (``resolve`` draws among those; it falls back to the highest version
+        only when none of them serves, and that one has none). Its statistics count such requests apart."""
+        if request.model_version:
+            return False
+        entry = self._models.get(request.model_name)
+        return entry is not None and entry.traffic.get(mv.version, 0) > 0
+
     @staticmethod
     def _reason(entry: ModelEntry) -> str:
         reasons = [s.reason for s in entry.states.values() if s.reason]
@@ -155,6 +164,7 @@ class ModelRegistry:
             mv = self.resolve(request.model_name, request.model_version, sequence)
         else:  # nothing awaits between the version's return and its in-flight count: no eviction in between
             mv = await cache.resolve(request.model_name, request.model_version, sequence)
+        request.routed = self._by_weights(request, mv)
         return await self._shutdown.track(mv.infer(request))
 
     async def loaded(self, name: str, version: str = "") -> None:
@@ -170,6 +180,7 @@ class ModelRegistry:
             mv = self.cache.resolve_now(request.model_name, request.model_version, sequence)
         else:
             mv = self.resolve(request.model_name, request.model_version, sequence)
+        request.routed = self._by_weights(request, mv)
         return mv.infer_stream(request)
 
     def is_decoupled(self, name: str, version: str = "") -> bool:

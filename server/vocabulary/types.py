@@ -43,6 +43,10 @@ class InferenceRequest:
     #: set when the client went away (gRPC cancel, closed connection, stream cancel); models read it
     #: through ``is_cancelled()``, schedulers drop a cancelled request that has not started
     cancelled: bool = False
+    #: set by the registry: the request named no version and the model's traffic weights chose this one
+    #: (``kubeinfer.version_traffic``); its statistics count it apart, so that callers naming a version
+    #: cannot steer the operator's canary judgement
+    routed: bool = False
     #: where a decoupled model's responses go (set by the runtime for decoupled models only)
     stream: ResponseStream | None = None
 
