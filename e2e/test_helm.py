@@ -46,6 +46,11 @@ EVERYTHING = [
     "--set", "rbac.secretNamespaces={team-a}",
     "--set", "networkPolicy.monitoringNamespaces={monitoring}",
     "--set", "operator.serverImagePrefixes={registry.example.com/ml/}",
+    "--set", "keda.httpAddon.hostDomains.team-a={team-a.example.com}",
+    "--set", "keda.httpAddon.interceptor.namespace=keda-http",
+    "--set", "networkPolicy.pools.egressCIDRs={203.0.113.0/24}",
+    "--set", "operator.defaultAllowedBackends={onnxruntime,python}",
+    "--set", "repository.volumeRoot.hostPath=/srv/models",
 ]  # fmt: skip
 NAMESPACED = ["--set", "operator.watchNamespaces={team-a,team-b}"]
 
@@ -91,6 +96,7 @@ def test_template_renders_operator_with_leader_election(helm) -> None:
     assert _kinds(docs) == [
         *["ClusterRole"] * 3, *["ClusterRoleBinding"] * 2, "Deployment", "NetworkPolicy", "PersistentVolumeClaim",
         *["Role"] * 2, *["RoleBinding"] * 2, "ServiceAccount",
+        "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",  # the operator's PersistentVolumes
     ]  # fmt: skip
     dep = next(d for d in docs if d["kind"] == "Deployment")
     pod = dep["spec"]["template"]["spec"]
@@ -156,9 +162,25 @@ def test_every_option_renders(helm) -> None:
         {"apiGroups": ["keda.sh"], "resources": ["scaledobjects"], "verbs": ["get", "create", "patch", "delete"]}
     ]
     http_rules = [r for r in role["rules"] if r["apiGroups"] == ["http.keda.sh"]]
-    verbs = ["get", "create", "patch", "delete"]
+    verbs = ["get", "list", "create", "patch", "delete"]  # list: a host another route holds is a conflict
     assert http_rules == [{"apiGroups": ["http.keda.sh"], "resources": ["interceptorroutes"], "verbs": verbs}]
     assert "--keda-http-scaler-address=keda-add-ons-http-external-scaler.keda:9090" in args
+    # issue #37: host domains, the interceptor's pods, pool egress, code backends, the volume policy's root
+    for arg in (
+        "--route-domains=team-a=team-a.example.com",
+        "--interceptor-namespace=keda-http",
+        "--interceptor-pod-labels=app.kubernetes.io/component=interceptor,app.kubernetes.io/name=http-add-on",
+        "--pool-egress-policy=true",
+        "--pool-egress-cidr=203.0.113.0/24",
+        "--dns-namespace-labels=kubernetes.io/metadata.name=kube-system",
+        "--dns-pod-labels=k8s-app=kube-dns",
+        "--default-allowed-backends=onnxruntime,python",
+    ):
+        assert arg in args, (arg, args)
+    policy = by_kind["ValidatingAdmissionPolicy"]
+    rules = [v["expression"] for v in policy["spec"]["validations"]]
+    assert any("'/srv/models/' + variables.ns" in r for r in rules), rules
+    assert by_kind["ValidatingAdmissionPolicyBinding"]["spec"]["policyName"] == policy["metadata"]["name"]
     pm = by_kind["PodMonitor"]
     assert pm["metadata"]["labels"]["release"] == "prometheus"
     assert pm["spec"]["podTargetLabels"] == ["serving.kubeinfer.io/server"]
@@ -197,6 +219,7 @@ NAMESPACED_RULES = [
      "verbs": ["patch"]},
     {"apiGroups": ["serving.kubeinfer.io"], "resources": ["inferenceservers/finalizers"], "verbs": ["update"]},
     {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["list", "watch", "create", "patch"]},
+    {"apiGroups": ["apps"], "resources": ["replicasets"], "verbs": ["list"]},
     {"apiGroups": [""], "resources": ["services"], "verbs": ["list", "watch", "create", "patch"]},
     {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list", "watch"]},
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
@@ -288,6 +311,7 @@ NEEDED = [
     ("create", "deployments.apps"),
     ("patch", "deployments.apps"),
     ("watch", "deployments.apps"),
+    ("list", "replicasets.apps"),  # only the pods a pool's ReplicaSets control are its replicas
     ("patch", "services"),
     ("delete", "horizontalpodautoscalers.autoscaling"),
     ("get", "secrets"),  # rbac.secretNamespaces names the team's namespace here

@@ -6,7 +6,8 @@ status change seen here comes from a change handler or its follow-up rechecks, n
 * Ready only once the server serves the *config* that was rendered (an explicit-mode server loads
   only when told, so the in-between state is stable and observable), Normal events;
 * status per replica, read from the EndpointSlices of the server's Service (two real servers on
-  this machine's non-loopback address, listed in hand-made EndpointSlices);
+  this machine's non-loopback address, listed in hand-made EndpointSlices that name two real pods of the
+  pool: the operator reads only endpoints whose pods its Deployment's ReplicaSets control);
 * each namespace's repository claim: the one the operator provides (a PersistentVolume on its
   namespace's folder of the NFS export, bound by the controller manager) and the check of claims named in
   a spec (the whole volume, other storage, a missing claim are refused);
@@ -111,9 +112,9 @@ class Stage:
         }
         return {"apiVersion": API, "kind": "InferenceModel", "metadata": {"name": name}, "spec": spec}
 
-    def server(self, name: str, claim: str | None = None, replicas: int = 0) -> None:
+    def server(self, name: str, claim: str | None = None, replicas: int = 0, **extra: Any) -> None:
         """An InferenceServer (the operator's claim unless ``claim``); no pods by default (the servers here are
-        processes on this machine)."""
+        processes on this machine); ``extra``: more of its spec."""
         self.apply(
             {
                 "apiVersion": API,
@@ -124,6 +125,7 @@ class Stage:
                     "image": "registry.example.com/kubeinfer-server:0.1.0",
                     "repository": {"subPath": name, **({"claimName": claim} if claim else {})},
                     "server": {"pollIntervalSeconds": 1},
+                    **extra,
                 },
             }
         )
@@ -272,7 +274,20 @@ def test_status_counts_every_replica_behind_the_service(stage: Stage) -> None:
     if ip is None:
         pytest.skip("needs a non-loopback IPv4 address on this machine (EndpointSlices refuse 127.0.0.0/8)")
     pool, name = "replicated", "spread"
-    stage.server(pool)  # no pods: the two server processes below are its replicas
+    # two real pods of the pool that no node takes (Pending: no address of their own); the two server processes
+    # below stand in for them in hand-made EndpointSlices that name them, as the EndpointSlice controller would
+    stage.server(pool, replicas=2, nodeSelector={"e2e.kubeinfer.io/no-such-node": "true"})
+    selector = f"app.kubernetes.io/instance={pool},app.kubernetes.io/name=kubeinfer-server"
+
+    def pods() -> list[dict[str, Any]] | None:
+        out = stage.kubectl("get", "pods", "-l", selector, "-o", "json", check=False)
+        items = json.loads(out.stdout)["items"] if out.returncode == 0 else []
+        return items if len(items) == 2 else None
+
+    targets = [
+        {"kind": "Pod", "name": p["metadata"]["name"], "uid": p["metadata"]["uid"]}
+        for p in wait_for_cluster("the pool's two pods", pods, 60)
+    ]
     repo = stage.folder / pool
     repo.mkdir(exist_ok=True)  # the operator may have made it already
     logs = stage.log_path.parent
@@ -280,7 +295,7 @@ def test_status_counts_every_replica_behind_the_service(stage: Stage) -> None:
     b = start_server(repo, "--model-control-mode", "explicit", log_dir=logs, host=ip)
     slices = []
     try:
-        for replica, server in (("replica-a", a), ("replica-b", b)):
+        for replica, server, target in (("replica-a", a, targets[0]), ("replica-b", b, targets[1])):
             piece = {
                 "apiVersion": "discovery.k8s.io/v1",
                 "kind": "EndpointSlice",
@@ -294,9 +309,7 @@ def test_status_counts_every_replica_behind_the_service(stage: Stage) -> None:
                 },
                 "addressType": "IPv4",
                 "ports": [{"name": "http", "port": server.http_port, "protocol": "TCP"}],
-                "endpoints": [
-                    {"addresses": [ip], "conditions": {"ready": True}, "targetRef": {"kind": "Pod", "name": replica}}
-                ],
+                "endpoints": [{"addresses": [ip], "conditions": {"ready": True}, "targetRef": target}],
             }
             stage.apply(piece)
             slices.append(piece)

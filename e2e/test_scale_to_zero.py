@@ -11,6 +11,7 @@ through the interceptor) and printed with the woken pod's start-up phases.
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import json
 import time
@@ -34,6 +35,9 @@ POOL = "idle-pool"
 MODEL = "add-sub"
 #: seconds without requests before KEDA scales the pool to zero (the add-on's default is 300)
 IDLE_SECONDS = 15
+#: the pool's bearer token: a pool that scales to zero must have one (the interceptor is shared)
+TOKEN = "e2e-zero-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
 #: longest wait for one answer from zero: a pod's scheduling, container start and model load on 2 busy cores
 FIRST_ANSWER_LIMIT = 300.0
 
@@ -64,8 +68,15 @@ def pool(
     with host_operator(cluster, node, "e2e-zero", tmp_path_factory.mktemp("scale-to-zero"), args) as op:
         uploads = op.uploads()
         (uploads / "add_sub.onnx").write_bytes((default_repository() / "add_sub" / "1" / "model.onnx").read_bytes())
+        secret = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "pool-token"},
+            "data": {"token": base64.b64encode(TOKEN.encode()).decode()},
+        }
         server = pool_server(
             POOL, images,
+            auth={"tokenSecret": {"name": "pool-token"}},
             drainSeconds=1,
             probes={"readiness": {"periodSeconds": 1}, "startup": {"periodSeconds": 1, "failureThreshold": 300}},
             autoscaling={
@@ -89,7 +100,8 @@ def pool(
             },
         }  # fmt: skip
         p = Pool(cluster, op.ns, op, f"{POOL}.{op.ns}")
-        p.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": [server, model]}))
+        items = [secret, server, model]
+        p.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
         yield p
 
 
@@ -164,7 +176,7 @@ def test_scale_from_zero_with_the_first_request_answered(pool: Pool, http_addon:
     r = httpx.post(
         f"{http_addon.interceptor_url}/v2/models/{MODEL}/infer",
         json=body,
-        headers={"Host": pool.host},
+        headers={"Host": pool.host, **AUTH},
         timeout=FIRST_ANSWER_LIMIT,
     )
     http_seconds = time.monotonic() - t0
@@ -186,7 +198,9 @@ def test_scale_from_zero_with_the_first_request_answered(pool: Pool, http_addon:
     inputs[0].set_data_from_numpy(a)
     inputs[1].set_data_from_numpy(b)
     sent, t0 = time.time(), time.monotonic()
-    result = client.infer(MODEL, inputs, client_timeout=FIRST_ANSWER_LIMIT)
+    result = client.infer(
+        MODEL, inputs, client_timeout=FIRST_ANSWER_LIMIT, headers={"authorization": f"Bearer {TOKEN}"}
+    )
     grpc_seconds = time.monotonic() - t0
     answered = time.time()
     client.close()
@@ -208,6 +222,58 @@ def test_scale_from_zero_with_the_first_request_answered(pool: Pool, http_addon:
         lines.append(f"{proto:<8} {secs:>14.1f} {wake:>5.1f} {start:>6.1f} {tail:>6.1f}  {detail}")
     print("\n" + "\n".join(lines))
     assert http_seconds < FIRST_ANSWER_LIMIT and grpc_seconds < FIRST_ANSWER_LIMIT
+    # through the shared interceptor, a caller without the pool's token is refused by the pool itself
+    refused = httpx.post(
+        f"{http_addon.interceptor_url}/v2/models/{MODEL}/infer", json=body, headers={"Host": pool.host}, timeout=60
+    )
+    assert refused.status_code == 401, refused.text
+
+
+def test_a_host_name_another_pool_holds_is_a_condition_not_a_second_route(pool: Pool, images: dict) -> None:
+    """Issue #37 item 4: a second pool asking for the first pool's host gets ScaleToZero False (HostConflict)
+    and a route without that name; a name of another namespace's Service is refused (HostRefused)."""
+    wait_for_cluster(
+        "the first pool's routes", lambda: _with_condition(pool, "inferenceserver", POOL, "ScaleToZero"), 180,
+        describe=pool.describe,
+    )  # fmt: skip
+    grab = pool_server(
+        "grabber", images,
+        auth={"tokenSecret": {"name": "pool-token"}},
+        autoscaling={
+            "minReplicas": 0, "maxReplicas": 1, "target": {"metric": "PendingRequests", "value": "10"},
+            "scaleToZero": {"idleSeconds": IDLE_SECONDS, "hosts": [pool.host, "resnet.team-a"]},
+        },
+    )  # fmt: skip
+    pool.apply(grab)
+
+    def refused() -> dict[str, Any] | None:
+        cond = _condition(pool.get("inferenceserver", "grabber"), "ScaleToZero")
+        return cond if cond.get("reason") == "HostConflict" else None
+
+    try:
+        cond = wait_for_cluster("ScaleToZero HostConflict on the second pool", refused, 120, describe=pool.describe)
+        assert f"host '{pool.host}' is already routed by InterceptorRoute {pool.ns}/{POOL}-http" in cond["message"]
+        assert "'resnet.team-a' is a Service name of namespace 'team-a'" in cond["message"]
+        route = pool.get("interceptorroute", "grabber-http")
+        hosts = route["spec"]["rules"][0]["hosts"]
+        assert pool.host not in hosts and "resnet.team-a" not in hosts and f"grabber.{pool.ns}" in hosts
+        # the first pool keeps its name
+        assert pool.host in pool.get("interceptorroute", f"{POOL}-http")["spec"]["rules"][0]["hosts"]
+    finally:
+        pool.kubectl("delete", "inferenceserver", "grabber", "--wait=false", check=False)
+
+
+def test_scale_to_zero_needs_a_token_and_no_tls(pool: Pool) -> None:
+    """The API server refuses minReplicas 0 without auth.tokenSecret, and with auth.tls (issue #37 item 5)."""
+    base = {"image": "kubeinfer-server:test", "autoscaling": {"minReplicas": 0, "maxReplicas": 2}}
+    for name, auth, message in [
+        ("no-token", None, "autoscaling.minReplicas 0 needs auth.tokenSecret"),
+        ("tls", {"tokenSecret": {"name": "t"}, "tls": {"certificateSecret": "c"}}, "cannot be used with auth.tls"),
+    ]:
+        spec = {**base, **({"auth": auth} if auth else {})}
+        bad = {"apiVersion": API, "kind": "InferenceServer", "metadata": {"name": name}, "spec": spec}
+        proc = pool.kubectl("apply", "-f", "-", input=json.dumps(bad), check=False)
+        assert proc.returncode != 0 and message in proc.stderr, proc.stderr
 
 
 def test_scale_to_zero_objects_go_with_min_replicas_back_at_one(pool: Pool) -> None:

@@ -118,6 +118,10 @@ def copy_from_volume(
     sha256 when given; ``dest_fd`` is written from its start and fsynced, and stays open."""
     digest = hashlib.sha256()
     with confined.opened(volume_file(root_fd, relative, namespace)) as src:
+        if os.fstat(src).st_size > max_bytes:  # told by its size: a sparse file of any size costs its writer nothing
+            raise ArtifactError(
+                "TooLarge", f"source.path '{relative}' is larger than the operator's limit of {max_bytes} bytes"
+            )
         size = copy_chunks(
             iter(lambda: os.read(src, CHUNK), b""),
             lambda chunk: _write_all(dest_fd, chunk),

@@ -55,7 +55,9 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from . import manifests, status
+from . import route_hosts as route_hosts_rules
 from .api import API_VERSION
+from .route_hosts import RouteDomains
 
 KEDA_GROUP = "keda.sh"
 KEDA_VERSION = "v1alpha1"
@@ -207,6 +209,26 @@ def scales_to_zero(autoscaling: Mapping[str, Any]) -> bool:
     return int(autoscaling.get("minReplicas", 1)) == 0
 
 
+def scale_to_zero_refusal(spec: Mapping[str, Any]) -> AutoscalingError | None:
+    """Why a pool may not scale to zero through the shared interceptor (the CRD's CEL rules say the same; this
+    holds for objects an older CRD admitted): without a token anyone who reaches the interceptor reaches the
+    pool, and the interceptor cannot speak TLS to it."""
+    auth = spec.get("auth") or {}
+    if auth.get("tls"):
+        return AutoscalingError(
+            "ScaleToZeroNeedsPlainText",
+            "minReplicas 0 cannot be used with auth.tls: KEDA's HTTP add-on interceptor speaks plain HTTP and h2c "
+            "to the pool; use minReplicas 1 or more, or terminate TLS in front of the interceptor",
+        )
+    if not auth.get("tokenSecret"):
+        return AutoscalingError(
+            "ScaleToZeroNeedsToken",
+            "minReplicas 0 needs auth.tokenSecret: requests come through KEDA's shared HTTP add-on interceptor, "
+            "which any pod that reaches it can call, so the pool's own token must keep other callers out",
+        )
+    return None
+
+
 def route_hosts(namespace: str, name: str, autoscaling: Mapping[str, Any]) -> list[str]:
     """Host names the interceptor routes to the pool: ``scaleToZero.hosts``, then the Service's DNS names."""
     extra = (autoscaling.get("scaleToZero") or {}).get("hosts") or []
@@ -219,11 +241,13 @@ def route_names(name: str) -> dict[str, str]:
     return {"http": f"{name}-http", "grpc": f"{name}-grpc"}
 
 
-def interceptor_routes(body: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The add-on's routes to the pool's HTTP and gRPC ports (gRPC by its path prefix, under the same hosts)."""
+def interceptor_routes(body: Mapping[str, Any], hosts: list[str] | None = None) -> list[dict[str, Any]]:
+    """The add-on's routes to the pool's HTTP and gRPC ports (gRPC by its path prefix, under the same hosts);
+    ``hosts`` are the names the pool may have (``checked_hosts``), default all it asks for."""
     meta, autoscaling = body["metadata"], body["spec"]["autoscaling"]
     ns, name = meta["namespace"], meta["name"]
-    hosts = route_hosts(ns, name, autoscaling)
+    if hosts is None:
+        hosts = route_hosts(ns, name, autoscaling)
     per_replica = int((autoscaling.get("scaleToZero") or {}).get("concurrencyPerReplica", DEFAULT_CONCURRENCY))
     routes = []
     for port, route in route_names(name).items():
@@ -385,8 +409,10 @@ class Autoscaler:
         prometheus_url: str | None = None,
         discovery_ttl: float = 30.0,
         http_scaler_address: str = DEFAULT_SCALER_ADDRESS,
+        route_domains: RouteDomains | None = None,
     ) -> None:
         self.kube = kube
+        self.route_domains = route_domains or RouteDomains()
         self.prometheus_url = prometheus_url
         self.http_scaler_address = http_scaler_address
         self._ttl = discovery_ttl
@@ -440,8 +466,12 @@ class Autoscaler:
             return [], None
         zero = scales_to_zero(autoscaling)
         routes: list[dict[str, Any]] = []
+        host_problems: list[tuple[str, str]] = []
         try:
             mode = self.choose(autoscaling)
+            refusal = scale_to_zero_refusal(spec) if zero else None
+            if refusal is not None:
+                raise refusal
             if zero and mode != "KEDA":
                 raise AutoscalingError(
                     "ScaleToZeroNeedsKEDA", "minReplicas 0 needs KEDA and its HTTP add-on: an HPA never scales to zero"
@@ -461,7 +491,9 @@ class Autoscaler:
                         "or the operator's --prometheus-url (chart value keda.prometheusAddress)",
                     )
                 obj = scaled_object(body, address, self.http_scaler_address if zero else None)
-                routes = interceptor_routes(body) if zero else []
+                if zero:
+                    hosts, host_problems = self.checked_hosts(body)
+                    routes = interceptor_routes(body, hosts)
             else:
                 obj = hpa(body)
         except AutoscalingError as exc:
@@ -484,7 +516,42 @@ class Autoscaler:
                 return self._refused(zero, "Invalid", f"the API server refused an object: {exc.body or exc.reason}")
             raise
         self._remove(ns, name, uid, keep=mode, keep_routes=bool(routes))
-        return self._observe(ns, name, mode, obj, routes)
+        return self._observe(ns, name, mode, obj, routes, host_problems)
+
+    def checked_hosts(self, body: Mapping[str, Any]) -> tuple[list[str], list[tuple[str, str]]]:
+        """The host names the pool's routes get, and why each name it asked for and does not get was left out:
+        a name its namespace may not route (``route_hosts.refusal``), or one another route already claims."""
+        meta, autoscaling = body["metadata"], body["spec"]["autoscaling"]
+        ns, name = meta["namespace"], meta["name"]
+        domains = self.route_domains.domains(ns)
+        problems: list[tuple[str, str]] = []  # (condition reason, message)
+        wanted: list[str] = []
+        for host in route_hosts(ns, name, autoscaling):
+            why = route_hosts_rules.refusal(ns, host, domains)
+            if why is None:
+                wanted.append(route_hosts_rules.normal(host))
+            else:
+                problems.append(("HostRefused", f"host {why}"))
+        taken = route_hosts_rules.claimed_elsewhere(self._routes_around(ns), meta["uid"])
+        hosts = []
+        for host in dict.fromkeys(wanted):
+            if host in taken:
+                problems.append(("HostConflict", f"host '{host}' is already routed by InterceptorRoute {taken[host]}"))
+            else:
+                hosts.append(host)
+        if not hosts:
+            why = "; ".join(text for _, text in problems)
+            raise AutoscalingError("HostConflict", f"no host name is left to route to the pool: {why}")
+        return hosts, problems
+
+    def _routes_around(self, namespace: str) -> list[dict[str, Any]]:
+        """Every InterceptorRoute the operator may list: cluster-wide, else (a namespaced install) its namespace's."""
+        try:
+            return list(self.kube.list_custom(HTTP_GROUP, HTTP_VERSION, ROUTES, None))
+        except ApiException as exc:
+            if exc.status != 403:
+                raise
+        return list(self.kube.list_custom(HTTP_GROUP, HTTP_VERSION, ROUTES, namespace))
 
     @staticmethod
     def _refused(zero: bool, reason: str, message: str) -> tuple[list[status.Condition], dict[str, Any]]:
@@ -515,7 +582,13 @@ class Autoscaler:
             self.kube.delete_custom(group, version, plural, ns, name)
 
     def _observe(
-        self, ns: str, name: str, mode: str, obj: Mapping[str, Any], routes: list[dict[str, Any]]
+        self,
+        ns: str,
+        name: str,
+        mode: str,
+        obj: Mapping[str, Any],
+        routes: list[dict[str, Any]],
+        host_problems: list[tuple[str, str]] | None = None,
     ) -> tuple[list[status.Condition], dict[str, Any]]:
         hpa_name = keda_hpa_name(name) if mode == "KEDA" else name
         report: dict[str, Any] = {
@@ -529,7 +602,7 @@ class Autoscaler:
             trigger = obj["spec"]["triggers"][0]
             report["query"] = trigger["metadata"]["query"]
             report["threshold"] = trigger["metadata"]["threshold"]
-            zero = self._observe_routes(ns, routes, obj, report) if routes else []
+            zero = self._observe_routes(ns, routes, obj, report, host_problems or []) if routes else []
             live = self.kube.get_custom(KEDA_GROUP, KEDA_VERSION, SCALED_OBJECTS, ns, name) or {}
             ready = _ready(live)
             if ready is None or ready.get("status") != "True":
@@ -542,10 +615,16 @@ class Autoscaler:
         return [status.Condition(CONDITION, True, "HPAReady", f"HPA {hpa_name} scales the pool")], report
 
     def _observe_routes(
-        self, ns: str, routes: list[dict[str, Any]], obj: Mapping[str, Any], report: dict[str, Any]
+        self,
+        ns: str,
+        routes: list[dict[str, Any]],
+        obj: Mapping[str, Any],
+        report: dict[str, Any],
+        host_problems: list[tuple[str, str]],
     ) -> list[status.Condition]:
         """``status.autoscaling.scaleToZero`` and the ScaleToZero condition: in force once the add-on's
-        operator has reconciled both routes (their Ready condition)."""
+        operator has reconciled both routes (their Ready condition); False while a host name the pool asks for
+        is refused or taken (the other names are routed all the same)."""
         hosts = routes[0]["spec"]["rules"][0]["hosts"]
         names = [r["metadata"]["name"] for r in routes]
         report["scaleToZero"] = {
@@ -554,6 +633,9 @@ class Autoscaler:
             "idleSeconds": obj["spec"]["cooldownPeriod"],
             "scalerAddress": self.http_scaler_address,
         }
+        if host_problems:
+            reason = "HostConflict" if any(r == "HostConflict" for r, _ in host_problems) else "HostRefused"
+            return [status.Condition(SCALE_TO_ZERO, False, reason, "; ".join(text for _, text in host_problems))]
         for route in names:
             live = self.kube.get_custom(HTTP_GROUP, HTTP_VERSION, ROUTES, ns, route) or {}
             ready = _ready(live)

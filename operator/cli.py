@@ -25,8 +25,10 @@ from .kube import Kube, load_config
 from .leader import LeaseElector
 from .liveness import FollowerLiveness
 from .network_policy import PolicyContext
+from .pool_defaults import parse_backends
 from .reconcile_parts import RECHECK_THREADS
 from .reconciler import FINALIZER, Reconciler
+from .route_hosts import RouteDomains
 from .settings import OperatorConfig
 from .tenant_volumes import DEFAULT_CLAIM
 from .wiring import register
@@ -55,6 +57,14 @@ def _quota(value: str) -> tuple[str, int]:
     return namespace, int(size)
 
 
+def _bool(value: str) -> bool:
+    if value.lower() in ("true", "1", "yes"):
+        return True
+    if value.lower() in ("false", "0", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got '{value}'")
+
+
 def _networks(value: str) -> str:
     try:
         parse_networks([value])
@@ -66,6 +76,21 @@ def _networks(value: str) -> str:
 def _hosts(value: str) -> str:
     try:
         HostRules.parse([value])
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return value
+
+
+def _backends(value: str) -> tuple[str, ...]:
+    try:
+        return parse_backends(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _route_domains(value: str) -> str:
+    try:
+        RouteDomains.parse([value])
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     return value
@@ -109,10 +134,58 @@ def build_parser() -> argparse.ArgumentParser:
         "the servers (default: any pod of that namespace)",
     )
     p.add_argument(
+        "--pool-egress-policy",
+        type=_bool,
+        default=True,
+        help="whether pools' NetworkPolicies close egress to all but DNS and --pool-egress-cidr (default true)",
+    )
+    p.add_argument(
+        "--pool-egress-cidr",
+        action="append",
+        default=[],
+        type=_networks,
+        metavar="CIDR",
+        help="a network pool pods may reach besides DNS, any port (repeatable; default none)",
+    )
+    p.add_argument(
+        "--dns-namespace-labels",
+        type=_labels,
+        default={"kubernetes.io/metadata.name": "kube-system"},
+        metavar="K=V[,K=V]",
+        help="labels of the cluster DNS's namespace, which pool pods may reach (default: kube-system's name)",
+    )
+    p.add_argument(
+        "--dns-pod-labels",
+        type=_labels,
+        default={"k8s-app": "kube-dns"},
+        metavar="K=V[,K=V]",
+        help="labels of the cluster DNS's pods (default k8s-app=kube-dns)",
+    )
+    p.add_argument(
+        "--interceptor-namespace",
+        default="keda",
+        help="namespace of KEDA's HTTP add-on interceptor: pools that scale to zero let its pods in (default keda)",
+    )
+    p.add_argument(
+        "--interceptor-pod-labels",
+        type=_labels,
+        default={"app.kubernetes.io/name": "http-add-on", "app.kubernetes.io/component": "interceptor"},
+        metavar="K=V[,K=V]",
+        help="labels of the interceptor's pods (default: those of the add-on's chart)",
+    )
+    p.add_argument(
         "--monitoring-namespace",
         action="append",
         default=[],
         help="namespace allowed to scrape the servers' metrics port through their NetworkPolicies (repeatable)",
+    )
+    p.add_argument(
+        "--default-allowed-backends",
+        type=_backends,
+        default=None,
+        metavar="BACKEND[,BACKEND...]",
+        help="the backends a pool allows when its spec.allowedBackends is unset (default: every backend; the chart "
+        "sets the backends whose models are not code: python, pytorch and tensorflow run the model author's code)",
     )
     p.add_argument(
         "--server-image-prefix",
@@ -170,6 +243,16 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAMESPACE=HOST[,HOST...]",
         help="the hosts a namespace may download from (repeatable; '*.example.com' matches below it; NAMESPACE "
         "'*' is every namespace without a list of its own; default: any public host)",
+    )
+    p.add_argument(
+        "--route-domains",
+        action="append",
+        default=[],
+        type=_route_domains,
+        metavar="NAMESPACE=DOMAIN[,DOMAIN...]",
+        help="domains under which a namespace's scale-to-zero pools may claim host names on the shared interceptor "
+        "(repeatable; NAMESPACE '*' is every namespace without a list of its own, and '{namespace}' in a domain "
+        "stands for the namespace; default: none, a pool is routed its own Service names only)",
     )
     p.add_argument(
         "--downloads-per-namespace",
@@ -309,13 +392,21 @@ def main(argv: list[str] | None = None) -> int:
         namespaces=list(args.namespace),
         prometheus_url=args.prometheus_url,
         http_scaler_address=args.keda_http_scaler_address,
+        route_domains=RouteDomains.parse(args.route_domains),
         tenant_claim=args.tenant_claim_name,
         policy=PolicyContext(
             operator_namespace=args.claim_namespace,
             operator_labels=args.operator_pod_labels,
             monitoring_namespaces=tuple(args.monitoring_namespace),
+            egress=args.pool_egress_policy,
+            dns_namespace_labels=args.dns_namespace_labels,
+            dns_pod_labels=args.dns_pod_labels,
+            egress_cidrs=tuple(args.pool_egress_cidr),
+            interceptor_namespace=args.interceptor_namespace,
+            interceptor_labels=args.interceptor_pod_labels,
         ),
         server_image_prefixes=list(args.server_image_prefix),
+        default_allowed_backends=args.default_allowed_backends,
         workers=args.workers,
     )
     if args.claim_name and not args.claim_namespace:

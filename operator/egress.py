@@ -9,7 +9,7 @@ cluster Service or the cloud metadata endpoint (169.254.169.254) and store the a
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -166,12 +166,16 @@ class HostRules:
     @classmethod
     def parse(cls, values: Iterable[str]) -> HostRules:
         """From ``--allowed-hosts NAMESPACE=PATTERN[,PATTERN...]`` flags (``*`` as NAMESPACE: the default)."""
-        lists: dict[str, tuple[str, ...]] = {}
-        for value in values:
-            namespace, sep, rest = value.partition("=")
-            namespace = namespace.strip()
-            if not sep or not namespace:
-                raise ValueError(f"expected NAMESPACE=HOST[,HOST...], got '{value}'")
-            patterns = tuple(check_pattern(p) for p in rest.split(",") if p.strip())
-            lists[namespace] = lists.get(namespace, ()) + patterns
-        return cls(lists)
+        return cls(namespace_lists(values, check_pattern, "HOST"))
+
+
+def namespace_lists(values: Iterable[str], check: Callable[[str], str], what: str) -> dict[str, tuple[str, ...]]:
+    """``NAMESPACE=ITEM[,ITEM...]`` flags (repeatable, lists of one namespace add up), each item ``check``ed."""
+    lists: dict[str, tuple[str, ...]] = {}
+    for value in values:
+        namespace, sep, rest = value.partition("=")
+        namespace = namespace.strip()
+        if not sep or not namespace:
+            raise ValueError(f"expected NAMESPACE={what}[,{what}...], got '{value}'")
+        lists[namespace] = lists.get(namespace, ()) + tuple(check(p) for p in rest.split(",") if p.strip())
+    return lists

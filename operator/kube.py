@@ -207,6 +207,15 @@ class Kube:
             raise
 
     @retried
+    def list_custom(self, group: str, version: str, plural: str, namespace: str | None) -> list[dict[str, Any]]:
+        """Every object of a custom resource in ``namespace``, or in the whole cluster (None)."""
+        if namespace is None:
+            listing = self.custom.list_cluster_custom_object(group, version, plural, **TIMEOUT)
+        else:
+            listing = self.custom.list_namespaced_custom_object(group, version, namespace, plural, **TIMEOUT)
+        return list(cast(dict[str, Any], listing)["items"])
+
+    @retried
     def delete_custom(self, group: str, version: str, plural: str, namespace: str, name: str) -> bool:
         try:
             self.custom.delete_namespaced_custom_object(group, version, namespace, plural, name, **TIMEOUT)
@@ -381,6 +390,20 @@ class Kube:
     def pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
         """The pods of ``namespace`` that match the label ``selector`` (an InferenceServer's pool)."""
         listing = self.core.list_namespaced_pod(namespace, label_selector=selector, **TIMEOUT)
+        listing = self.client.sanitize_for_serialization(listing)
+        return list(cast(dict[str, Any], listing).get("items") or [])
+
+    @retried
+    def deployments(self, namespace: str, name: str) -> list[dict[str, Any]]:
+        """The Deployment named ``name`` in ``namespace`` as a list of none or one (``list`` needs no ``get``)."""
+        listing = self.apps.list_namespaced_deployment(namespace, field_selector=f"metadata.name={name}", **TIMEOUT)
+        listing = self.client.sanitize_for_serialization(listing)
+        return list(cast(dict[str, Any], listing).get("items") or [])
+
+    @retried
+    def replica_sets(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        """The ReplicaSets of ``namespace`` that match the label ``selector`` (an InferenceServer's pool)."""
+        listing = self.apps.list_namespaced_replica_set(namespace, label_selector=selector, **TIMEOUT)
         listing = self.client.sanitize_for_serialization(listing)
         return list(cast(dict[str, Any], listing).get("items") or [])
 

@@ -19,6 +19,10 @@ from .api import API_VERSION
 MODEL_REPOSITORY_MOUNT = "/models"
 MANAGED_BY = "kubeinfer-operator"
 SERVER_LABEL = "serving.kubeinfer.io/server"
+#: on the pool's pods, the InferenceServer's uid: the Service selects on it (``service``), so a pod made with the
+#: pool's older, name-based labels only is no replica of it (the operator trusts no pod for its labels anyway:
+#: ``pool_pods``)
+POOL_UID_LABEL = "serving.kubeinfer.io/pool-uid"
 #: the server's own defaults: the operator passes them unless the spec names others
 DEFAULT_PORTS = server_defaults.DEFAULT_PORTS
 DEFAULT_POLL_SECONDS = 5
@@ -49,6 +53,13 @@ def labels(name: str) -> dict[str, str]:
 
 def selector_string(name: str) -> str:
     return ",".join(f"{k}={v}" for k, v in selector_labels(name).items())
+
+
+def pod_labels(body: Mapping[str, Any]) -> dict[str, str]:
+    """The pods' labels: the pool's, and its uid's. Not in the Deployment's selector, which is immutable: the
+    pools made before the uid label keep their selector, and their pods get the label at the next rollout."""
+    meta = body["metadata"]
+    return {**labels(meta["name"]), POOL_UID_LABEL: str(meta["uid"])}
 
 
 def mount_subpath(name: str, spec: Mapping[str, Any]) -> str:
@@ -166,7 +177,9 @@ def server_args(spec: Mapping[str, Any]) -> list[str]:
     backends = spec.get("allowedBackends")
     if backends is not None:
         args.append(f"--allowed-backends={','.join(backends)}")
-    if not spec.get("allowExternalOpLibraries", True):
+    # a pool refuses op libraries from outside the model's folder unless it says otherwise (the standalone
+    # server's default is Triton's, which loads them from anywhere)
+    if not spec.get("allowExternalOpLibraries", False):
         args.append("--allow-external-op-libraries=false")
     args += model_cache.server_flags(spec)
     reserved = set(reserved_extra_args(spec))
@@ -285,7 +298,7 @@ def deployment(body: Mapping[str, Any], claim: str) -> dict[str, Any]:
     for key in ("nodeSelector", "tolerations", "affinity", "imagePullSecrets"):
         if spec.get(key):
             pod_spec[key] = spec[key]
-    template_meta: dict[str, Any] = {"labels": labels(name), "annotations": pod_annotations(spec)}
+    template_meta: dict[str, Any] = {"labels": pod_labels(body), "annotations": pod_annotations(spec)}
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -300,14 +313,21 @@ def deployment(body: Mapping[str, Any], claim: str) -> dict[str, Any]:
     }
 
 
-def service(body: Mapping[str, Any], affinity: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def service(
+    body: Mapping[str, Any], affinity: Mapping[str, Any] | None = None, *, by_uid: bool = True
+) -> dict[str, Any]:
     """The pool's Service; ``affinity``: a ``sessionAffinityConfig`` (ClientIP affinity, for sequence models:
-    ``sequence_routing``), None for none."""
+    ``sequence_routing``), None for none. ``by_uid``: it selects on the pool's uid label too, which the caller
+    turns on only once every pod of the pool carries it (a pool made before the label would otherwise serve
+    from no pod until its rollout ends: ``server_reconcile``)."""
     name = body["metadata"]["name"]
     p = ports(body["spec"])
+    selector = selector_labels(name)
+    if by_uid:
+        selector[POOL_UID_LABEL] = str(body["metadata"]["uid"])
     spec: dict[str, Any] = {
         "type": "ClusterIP",
-        "selector": selector_labels(name),
+        "selector": selector,
         "ports": [
             {"name": "http", "port": p["http"], "targetPort": "http", "protocol": "TCP"},
             # gRPC is HTTP/2 in clear text: the standard appProtocol tells proxies (KEDA's HTTP add-on, Gateway

@@ -31,6 +31,7 @@ from .failures import TEMPORARY_REASONS, FailureBook, retry_delay
 from .fetch import Fetch
 from .kube import MODELS, Kube
 from .nudge import Nudger
+from .pool_defaults import CODE_BACKENDS, pool_spec
 from .recheck import DELAYS, Rechecker
 from .reconcile_parts import RECHECK_THREADS, ReconcileParts, log
 from .render import DEFAULT_BACKENDS, RenderedModel, render_model
@@ -43,7 +44,6 @@ from .settings import OperatorConfig
 from .superseded import superseded
 
 #: backends whose models are code run by the server
-CODE_BACKENDS = ("python", "pytorch")
 #: Ready reasons worth a quick recheck after a change (the server has yet to pick it up)
 SETTLING = {"Loading", "ServerUnreachable", "ServerNotReady", "ServerUnavailable"}
 #: seconds a render's status write waits for the replicas' answer to its poll request (Rendered and Ready in
@@ -187,7 +187,8 @@ class ModelReconcile(ReconcileParts):
     def _read_replicas(self, run: _ModelPass, max_age: float | None) -> None:
         """The model's state on each replica (a changed folder: the replicas are asked to poll it first)."""
         assert run.server is not None
-        run.endpoints, run.obs.index_error = self.endpoints(run.ns, run.server_name)
+        uid = str(run.server["metadata"].get("uid") or "")
+        run.endpoints, run.obs.index_error = self.endpoints(run.ns, run.server_name, uid)
         run.access = self.access.for_server(run.ns, run.server_name, run.server["spec"])
         if run.changed and isinstance(run.access, ServerAccess) and run.endpoints:
             run.nudged = self._nudge(run.endpoints, run.access, run.name, (run.ns, run.name, run.uid))
@@ -267,7 +268,7 @@ class ModelReconcile(ReconcileParts):
             rendered = render_model(
                 run.name, run.spec, sspec.get("backends") or DEFAULT_BACKENDS, run.server_name, traffic=dict(traffic)
             )
-            _check_backend_allowed(rendered, run.server_name, sspec)
+            _check_backend_allowed(rendered, run.server_name, pool_spec(sspec, self.config.default_allowed_backends))
             obs.target = select_versions(rendered.config, rendered.versions)
             obs.config_digest = config_digest(rendered.config_text.encode("utf-8"))
             if held:
@@ -534,11 +535,16 @@ def _check_backend_allowed(model: RenderedModel, server: str, server_spec: Mappi
     allowed = server_spec.get("allowedBackends")
     needed = backend_for(model.config)
     if allowed is not None and needed and needed not in allowed:
-        code = " (Python and TorchScript models are code that runs in the server)" if needed in CODE_BACKENDS else ""
+        code = (
+            " (Python, TorchScript and SavedModel models are code that runs in the server)"
+            if needed in CODE_BACKENDS
+            else ""
+        )
         raise ArtifactError(
             "BackendNotAllowed",
-            f"InferenceServer '{server}' does not allow backend '{needed}'{code}: its spec.allowedBackends is "
-            f"[{', '.join(allowed)}]; serve the model on another pool or ask the pool's owners",
+            f"InferenceServer '{server}' does not allow backend '{needed}'{code}: its spec.allowedBackends (or the "
+            f"operator's default for pools that set none) is [{', '.join(allowed)}]; serve the model on another pool "
+            "or ask the pool's owners",
         )
 
 

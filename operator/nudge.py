@@ -27,8 +27,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
-
+from .replica_http import AnswerError, ReplicaClient
+from .replicas import INDEX_MAX_BYTES
 from .server_access import ServerAccess
 
 #: names one request carries at most (each is one load or unload on the server)
@@ -78,16 +78,18 @@ class Nudger:
 
     def __init__(
         self,
-        client: Callable[[ServerAccess], httpx.Client],
+        client: Callable[[ServerAccess], ReplicaClient],
         done: Callable[[str, ServerAccess, list[str], dict[str, Rows] | None], None] | None = None,
         timeout: float = 60.0,
         threads: int = 4,
+        max_bytes: int = INDEX_MAX_BYTES,
         linger: float = LINGER,
         full: int = FULL,
     ) -> None:
         self.client = client
         self.done = done
         self.timeout = timeout
+        self.max_bytes = max_bytes
         self.linger = linger
         self.full = full
         self._replicas: dict[str, _Replica] = {}
@@ -149,8 +151,9 @@ class Nudger:
             rows = self._post(replica, access, names)
             by_name: dict[str, Rows] = {name: [] for name in names}
             for row in rows or ():
-                if row.get("name") in by_name:
-                    by_name[row["name"]].append(row)
+                row_name = row.get("name")
+                if isinstance(row_name, str) and row_name in by_name:
+                    by_name[row_name].append(row)
             for name, tickets in batch.items():
                 for ticket in tickets:
                     ticket.finish(None if rows is None else by_name[name])
@@ -163,28 +166,33 @@ class Nudger:
     def _post(self, replica: _Replica, access: ServerAccess, names: list[str]) -> Rows | None:
         self.requests += 1
         try:
-            response = self.client(access).post(
+            # the answer comes once the replica has loaded the models: ``timeout`` bounds the whole exchange
+            answer = self.client(access).exchange(
+                "POST",
                 f"{access.url(replica.url)}/v2/repository/poll",
-                json={"models": names},
-                headers=dict(access.headers),
+                json_body={"models": names},
+                headers=access.headers,
+                max_bytes=self.max_bytes,
+                deadline=self.timeout,
                 timeout=self.timeout,
             )
-        except httpx.HTTPError as exc:
+        except AnswerError as exc:
             log.info("poll request to %s failed (%s): the server's own poll will pick the changes up", replica.url, exc)
             return None
-        if response.status_code in (404, 405, 503):
+        if answer.status in (404, 405, 503):
             with self._guard:
                 replica.refused_until = time.monotonic() + UNSUPPORTED_FOR
             log.info(
                 "%s does not take poll requests (HTTP %s): waiting for its own poll instead",
                 replica.url,
-                response.status_code,
+                answer.status,
             )
             return None
         try:
-            response.raise_for_status()
-            data = response.json()
-        except (httpx.HTTPError, ValueError) as exc:
+            if not 200 <= answer.status < 300:
+                raise ValueError(f"HTTP {answer.status}")
+            data = answer.json()
+        except ValueError as exc:
             log.info("poll request to %s failed: %s", replica.url, exc)
             return None
         return [r for r in data if isinstance(r, dict)] if isinstance(data, list) else None

@@ -24,7 +24,8 @@ from .events import EventPoster
 from .fetch import Fetcher
 from .kube import MODELS, Kube
 from .lookup import Lookup
-from .manifests import repository_subpath
+from .manifests import repository_subpath, selector_string
+from .pool_pods import Members, PoolPods
 from .quota import DownloadGate, NamespaceQuota
 from .replicas import Endpoint, IndexReader, endpoints_from_slices
 from .repository_writer import RepositoryWriter
@@ -59,6 +60,8 @@ class ReconcileParts:
         self.gate = DownloadGate(config.downloads_per_namespace, config.downloads_total)
         self.quota = NamespaceQuota(self.writer.root, config.namespace_quota_bytes, dict(config.namespace_quotas))
         self.reader = IndexReader(config.index_timeout)
+        #: the pods each pool's endpoints must be (the operator talks to no other: ``pool_pods``)
+        self.pool_pods = PoolPods(kube)
         self.claims = ClaimCheck(lambda *a: self.kube.read_core(*a), config.claim_name, config.claim_namespace)
         self.volumes = TenantVolumes(kube, self.claims, config.tenant_claim)
         self.access = AccessBook(lambda ns, name: self.kube.read_core("Secret", name, ns))
@@ -82,8 +85,10 @@ class ReconcileParts:
         with self._locks_guard:
             return self._locks.setdefault(uid, threading.Lock())
 
-    def endpoints(self, namespace: str, server: str) -> tuple[list[Endpoint], str]:
-        """The server's replicas (``--server-endpoint`` replaces them), or why there are none."""
+    def endpoints(self, namespace: str, server: str, uid: str | None = None) -> tuple[list[Endpoint], str]:
+        """The server's replicas: the endpoints of its Service whose pods are provably its own (``pool_pods``;
+        ``--server-endpoint`` replaces them), or why there are none. ``uid``: the InferenceServer's, when the
+        caller has it (else it is looked up)."""
         override = self.config.server_endpoints.get(f"{namespace}/{server}")
         if override:
             return [Endpoint(override.rstrip("/"), override.rstrip("/"))], ""
@@ -93,7 +98,23 @@ class ReconcileParts:
             return [], f"cannot list the EndpointSlices of Service '{namespace}/{server}': {exc}"
         if not found:
             return [], f"InferenceServer '{server}' has no running replicas (its Service has no endpoints)"
-        return found, ""
+        if uid is None:
+            body = self.lookup.server(namespace, server)
+            uid = str(body["metadata"].get("uid") or "") if body else ""
+        try:
+            proven, ignored = self.pool_pods.check(namespace, server, uid, selector_string(server), found)
+        except Exception as exc:
+            return [], f"cannot list the pods of InferenceServer '{server}' to check its replicas: {exc}"
+        if not proven:
+            return [], (
+                f"InferenceServer '{server}' has no running replicas (the {len(ignored)} endpoints of its Service "
+                "are not pods of its Deployment)"
+            )
+        return proven, ""
+
+    def pool_members(self, namespace: str, server: str, uid: str, max_age: float | None = None) -> Members:
+        """The pool's provably own pods (``pool_pods``), listed at most ``max_age`` seconds ago."""
+        return self.pool_pods.members(namespace, server, uid, selector_string(server), max_age)
 
     def _server_dir(self, namespace: str, server_name: str, spec: Mapping[str, Any]) -> tuple[str, Path]:
         """The pool's folder on the volume (made if missing), after its claim is known to reach no further

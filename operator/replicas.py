@@ -6,9 +6,11 @@ says which versions it serves and from which config. Readiness is judged on the 
 (a pod still loading its models is out of the Service and serves nobody); the not-ready ones are
 read only when no replica is ready, to say why.
 
-Index reads are the bulk of a resync, so one ``httpx.Client`` (one connection pool, one TLS
+Index reads are the bulk of a resync, so one ``ReplicaClient`` (one connection pool, one TLS
 context) serves them all and each endpoint's index is shared by every model for ``max_age``
 seconds; concurrent readers of the same endpoint wait for one request instead of sending many.
+Each answer is bounded in bytes and in time (``replica_http``): an endpoint whose answer is too large
+or too slow is a replica that cannot be read. Which endpoints are read at all: ``pool_pods``.
 """
 
 from __future__ import annotations
@@ -19,14 +21,17 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
-
+from .replica_http import AnswerError, ReplicaClient
 from .server_access import PLAIN, ServerAccess
 
 Rows = list[dict[str, Any]]
 #: cache entries beyond which endpoints unread for STALE_AFTER seconds are dropped
 PRUNE_ABOVE = 256
 STALE_AFTER = 600.0
+#: bytes an index (or a poll request's) answer may have: a row is ~0.3-1 KB, so tens of thousands of versions
+INDEX_MAX_BYTES = 16 << 20
+#: seconds a whole index read may take (each connect or read within it: the reader's ``timeout``)
+INDEX_DEADLINE = 10.0
 
 
 @dataclass(frozen=True)
@@ -35,6 +40,8 @@ class Endpoint:
     #: pod name (or the address when the slice names no pod)
     name: str
     ready: bool = True
+    #: the uid of the pod the slice names (``targetRef`` of kind Pod), empty when it names none
+    pod_uid: str = ""
 
 
 def endpoints_from_slices(slices: Iterable[Mapping[str, Any]], port_name: str = "http") -> list[Endpoint]:
@@ -55,9 +62,11 @@ def endpoints_from_slices(slices: Iterable[Mapping[str, Any]], port_name: str = 
                 continue
             host = f"[{addresses[0]}]" if ipv6 else addresses[0]
             url = f"http://{host}:{port}"
-            name = (ep.get("targetRef") or {}).get("name") or addresses[0]
-            ready = cond.get("ready") is not False
-            found[url] = Endpoint(url, name, ready or found.get(url, Endpoint(url, name, False)).ready)
+            ref = ep.get("targetRef") or {}
+            name = ref.get("name") or addresses[0]
+            pod_uid = str(ref.get("uid") or "") if ref.get("kind") == "Pod" else ""
+            ready = cond.get("ready") is not False or (url in found and found[url].ready)
+            found[url] = Endpoint(url, name, ready, pod_uid)
     return sorted(found.values(), key=lambda e: (e.name, e.url))
 
 
@@ -98,12 +107,20 @@ class _Entry:
 class IndexReader:
     """Reads ``POST /v2/repository/index`` with one pooled client and a short shared cache."""
 
-    def __init__(self, timeout: float = 5.0, client: httpx.Client | None = None, workdir: str | None = None) -> None:
-        # trust_env=False: no proxy or .netrc from the environment for in-cluster pod addresses
+    def __init__(
+        self,
+        timeout: float = 5.0,
+        workdir: str | None = None,
+        *,
+        max_bytes: int = INDEX_MAX_BYTES,
+        deadline: float = INDEX_DEADLINE,
+    ) -> None:
         self.timeout = timeout
-        self.client = client or httpx.Client(timeout=timeout, trust_env=False)
+        self.max_bytes = max_bytes
+        self.deadline = deadline
+        self.client = ReplicaClient(timeout)
         #: one client per distinct TLS set-up of the pools with spec.auth.tls (ServerAccess.tls_key)
-        self._tls_clients: dict[str, httpx.Client] = {}
+        self._tls_clients: dict[str, ReplicaClient] = {}
         self.workdir = workdir
         self._cache: dict[str, _Entry] = {}
         self._locks: dict[str, threading.Lock] = {}
@@ -114,7 +131,7 @@ class IndexReader:
         with self._guard:
             return self._locks.setdefault(url, threading.Lock())
 
-    def client_for(self, access: ServerAccess) -> httpx.Client:
+    def client_for(self, access: ServerAccess) -> ReplicaClient:
         """The pooled HTTP client for a pool's access (plain, or its TLS set-up): other reads share it."""
         if not access.tls_key:
             return self.client
@@ -122,7 +139,7 @@ class IndexReader:
             client = self._tls_clients.get(access.tls_key)
             if client is None:
                 verify = access.ssl_context(self.workdir or "/tmp")
-                client = httpx.Client(timeout=self.timeout, trust_env=False, verify=verify)
+                client = ReplicaClient(self.timeout, verify)
                 self._tls_clients[access.tls_key] = client
             return client
 
@@ -143,15 +160,23 @@ class IndexReader:
             error = ""
             try:
                 self.requests += 1
-                response = self.client_for(access).post(
-                    f"{url}/v2/repository/index", json={}, headers=dict(access.headers)
+                answer = self.client_for(access).exchange(
+                    "POST",
+                    f"{url}/v2/repository/index",
+                    json_body={},
+                    headers=access.headers,
+                    max_bytes=self.max_bytes,
+                    deadline=self.deadline,
                 )
-                response.raise_for_status()
-                data = response.json()
+                if not 200 <= answer.status < 300:
+                    raise AnswerError(f"HTTPStatusError: the replica answered HTTP {answer.status}")
+                data = answer.json()
                 if not isinstance(data, list):
                     raise ValueError(f"expected a JSON list, got {type(data).__name__}")
                 rows = [r for r in data if isinstance(r, dict)]
-            except (httpx.HTTPError, ValueError) as exc:
+            except AnswerError as exc:
+                error = str(exc)
+            except ValueError as exc:
                 error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
             entry = _Entry(time.monotonic(), rows, error, None if rows is None else group_rows(rows))
             self._cache[url] = entry

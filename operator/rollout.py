@@ -6,11 +6,13 @@ the pool's servers route requests that name no version by these weights, with no
 leave a canary unloaded).
 
 For a model with weights the operator reads each ready replica's statistics of this model (HTTP
-``GET /v2/models/<m>/stats``, with the pool's token or TLS: ``server_access``), which carry success and
-failure counts and a latency histogram per version, and keeps the growth between reads for a window (in
-memory: an operator restart starts the window again). ``status.versionTraffic`` shows per version the
-weight in force, requests, failures, error rate and p99 over the window. Only models with weights pay
-for these reads (one small request per replica per resync).
+``GET /v2/models/<m>/stats``, with the pool's token or TLS: ``server_access``), which carry per version the
+success and failure counts and a latency histogram of the requests the weights routed there (the
+``kubeinfer_routed`` field: a caller naming a version is outside the split and cannot steer the decision),
+and keeps the growth between reads for a window (in memory: an operator restart starts the window again).
+``status.versionTraffic`` shows per version the weight in force, routed requests, failures, error rate and
+p99 over the window. Only models with weights pay for these reads (one small request per replica per
+resync).
 
 ``spec.rollout`` decides by a rule over that window: the canary is the highest weighted version with
 less than 100 percent; once it had ``minRequests`` in the window, an error rate above ``maxErrorRate`` or
@@ -28,12 +30,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
 from kubeinfer.server.config import ConfigError, pb
 from kubeinfer.server.config.traffic import TRAFFIC_PARAMETER, render_traffic
 from kubeinfer.server.config.version_policy import select_versions
-from kubeinfer.server.vocabulary.statistics import LATENCY_KEY
+from kubeinfer.server.vocabulary.statistics import LATENCY_KEY, ROUTED_KEY
 
+from .replica_http import AnswerError
 from .replicas import Endpoint, IndexReader
 from .server_access import PLAIN, ServerAccess
 from .status import Condition
@@ -42,6 +44,8 @@ DEFAULT_WINDOW = 60
 DEFAULT_MIN_REQUESTS = 100
 #: deltas older than this are dropped whatever the window (bounded memory per model)
 KEEP_SECONDS = 3600.0
+#: bytes one model's statistics answer may have (a few rows per version, a histogram each: a few KB)
+STATS_MAX_BYTES = 1 << 20
 
 ROLLOUT_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -250,15 +254,19 @@ class Numbers:
 
 
 def numbers_from_stats(data: Mapping[str, Any]) -> dict[int, Numbers]:
-    """Per version, from a ``GET /v2/models/<m>/stats`` answer."""
+    """Per version, from a ``GET /v2/models/<m>/stats`` answer: only the requests the traffic weights sent to
+    it (the row's ``ROUTED_KEY``). Triton's counts in the row also hold callers that name the version, who
+    are outside the weighted split: a burst of failing or fast requests to ``/versions/<v>/infer`` would
+    roll a healthy canary back or promote a slow one. A row without the field (no routed request yet, or a
+    server from before it) counts none."""
     out: dict[int, Numbers] = {}
     for row in data.get("model_stats") or ():
         try:
             version = int(row.get("version") or 0)
         except ValueError:
             continue
-        stats = row.get("inference_stats") or {}
-        latency = row.get(LATENCY_KEY) or {}
+        stats = row.get(ROUTED_KEY) or {}
+        latency = stats.get(LATENCY_KEY) or {}
         out[version] = Numbers(
             int((stats.get("success") or {}).get("count") or 0),
             int((stats.get("fail") or {}).get("count") or 0),
@@ -287,11 +295,17 @@ class StatsReader:
             url = access.url(endpoint.url)
             try:
                 self.requests += 1
-                r = self.reader.client_for(access).get(f"{url}/v2/models/{model}/stats", headers=dict(access.headers))
-                if r.status_code != 200:
-                    continue
-                out[endpoint.name] = numbers_from_stats(r.json())
-            except (httpx.HTTPError, ValueError):
+                answer = self.reader.client_for(access).exchange(
+                    "GET",
+                    f"{url}/v2/models/{model}/stats",
+                    headers=access.headers,
+                    max_bytes=STATS_MAX_BYTES,
+                    deadline=self.reader.deadline,
+                )
+                data = answer.json() if answer.status == 200 else None
+                if isinstance(data, dict):
+                    out[endpoint.name] = numbers_from_stats(data)
+            except (AnswerError, ValueError, TypeError, AttributeError):  # unreadable, or not the answer's shape
                 continue
         return out
 

@@ -277,8 +277,10 @@ INFERENCE_SERVER_SPEC = {
         },
         "allowExternalOpLibraries": {
             "type": "boolean",
+            "default": False,
             "description": "Whether a model's modelOperations.opLibraryFilename may name an absolute path outside "
-            "the repository (Triton allows it; default true). false: only libraries in the model's own folder.",
+            "the model's folder (Triton allows it). Default false on a pool: a model may load only libraries it "
+            "ships in its own folder, so a tenant's model cannot make the server run code from elsewhere.",
         },
         "auth": {
             "type": "object",
@@ -423,6 +425,22 @@ INFERENCE_SERVER_SPEC = {
             },
         },
     },
+    "x-kubernetes-validations": [
+        {
+            # the shared interceptor forwards whoever reaches it: the pool's own token is what keeps other
+            # tenants out (autoscaling.scale_to_zero_refusal says the same for objects an older CRD admitted)
+            "rule": "!has(self.autoscaling) || !has(self.autoscaling.minReplicas) || self.autoscaling.minReplicas "
+            "> 0 || (has(self.auth) && has(self.auth.tokenSecret))",
+            "message": "autoscaling.minReplicas 0 needs auth.tokenSecret: requests come through KEDA's shared "
+            "HTTP add-on interceptor, which any pod that reaches it can call",
+        },
+        {
+            "rule": "!has(self.autoscaling) || !has(self.autoscaling.minReplicas) || self.autoscaling.minReplicas "
+            "> 0 || !has(self.auth) || !has(self.auth.tls)",
+            "message": "autoscaling.minReplicas 0 cannot be used with auth.tls: KEDA's HTTP add-on interceptor "
+            "speaks plain HTTP and h2c to the pool",
+        },
+    ],
 }
 
 INFERENCE_SERVER_STATUS = {

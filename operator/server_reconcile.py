@@ -11,26 +11,35 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-import httpx
 import kopf
 from kubernetes.client.exceptions import ApiException
 
-from . import manifests, network_policy, pod_start, sequence_routing, status
+from . import image_policy, manifests, network_policy, pod_start, pool_pods, sequence_routing, status
 from .artifacts import ArtifactError
 from .autoscaling import Autoscaler
 from .events import namespace_terminating
 from .kube import SERVERS, Kube, is_temporary
+from .pool_defaults import pool_body
 from .reconcile_parts import ReconcileParts, kopf_ref
+from .replica_http import AnswerError
 from .server_access import ServerAccess
 from .settings import OperatorConfig
 
 log = logging.getLogger("kubeinfer.operator")
+#: a server's start-up timeline: a few timestamps (bytes), and the seconds the whole read may take
+STARTUP_MAX_BYTES = 64 << 10
+STARTUP_DEADLINE = 2.0
 
 
 class ServerReconcile(ReconcileParts):
     def __init__(self, config: OperatorConfig, kube: Kube) -> None:
         super().__init__(config, kube)
-        self.autoscaler = Autoscaler(kube, config.prometheus_url, http_scaler_address=config.http_scaler_address)
+        self.autoscaler = Autoscaler(
+            kube,
+            config.prometheus_url,
+            http_scaler_address=config.http_scaler_address,
+            route_domains=config.route_domains,
+        )
         #: (namespace, server) -> pod uid -> the complete start-up timelines of its pods (``_pod_starts``)
         self._pod_timelines: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
 
@@ -100,7 +109,7 @@ class ServerReconcile(ReconcileParts):
                     "endpoint": manifests.service_endpoint(ns, name, spec)["http"],
                     "repositoryClaim": claim,
                     "autoscaling": scaling_status,
-                    "pods": self._pod_starts(ns, name, spec) if dep is not None else None,
+                    "pods": self._pod_starts(ns, name, meta["uid"], spec) if dep is not None else None,
                 },
             )
 
@@ -134,9 +143,10 @@ class ServerReconcile(ReconcileParts):
         server refused the spec: said in ``conds``; the autoscaling conditions and status)."""
         spec, name = body["spec"], body["metadata"]["name"]
         try:
-            dep = self.kube.apply(manifests.deployment(body, claim))
+            dep = self.kube.apply(manifests.deployment(pool_body(body, self.config.default_allowed_backends), claim))
             stateful = sequence_routing.sequence_models(listed, name)
-            self.kube.apply(manifests.service(body, sequence_routing.affinity(spec, stateful)))
+            by_uid = self._all_pods_carry_uid(body)
+            self.kube.apply(manifests.service(body, sequence_routing.affinity(spec, stateful), by_uid=by_uid))
             self._apply_network_policy(body)
             scaling, scaling_status = self.autoscaler.reconcile(body)
         except ApiException as exc:
@@ -148,11 +158,25 @@ class ServerReconcile(ReconcileParts):
             return None, [], None
         return dep, scaling, scaling_status
 
-    def _pod_starts(self, ns: str, name: str, spec: Mapping[str, Any]) -> list[dict[str, Any]] | None:
-        """``status.pods``: how each pod of the pool started (``pod_start``); a pod's server is asked for its
-        side of it (``GET /v2/kubeinfer/startup``) until its timeline is complete, never again after."""
+    def _all_pods_carry_uid(self, body: Mapping[str, Any]) -> bool:
+        """Whether the Service may select on the pool's uid label: every pod of the pool carries it (true of a
+        new pool; a pool made before the label gets it on every pod by the rollout the new template starts,
+        and until then its Service keeps selecting by name, or the old pods would stop getting requests).
+        Once true it stays true: every later pod comes from a template with the label."""
+        meta = body["metadata"]
         try:
-            pods = self.kube.pods(ns, manifests.selector_string(name))
+            members = self.pool_members(meta["namespace"], meta["name"], meta["uid"], max_age=pool_pods.MIN_AGE)
+        except Exception as exc:  # the pods are unknown: the selector every pod of the pool matches
+            log.warning("listing the pods of InferenceServer %s/%s failed: %s", meta["namespace"], meta["name"], exc)
+            return False
+        return members.all_carry(manifests.POOL_UID_LABEL, str(meta["uid"]))
+
+    def _pod_starts(self, ns: str, name: str, uid: str, spec: Mapping[str, Any]) -> list[dict[str, Any]] | None:
+        """``status.pods``: how each pod of the pool started (``pod_start``); a pod's server is asked for its
+        side of it (``GET /v2/kubeinfer/startup``) until its timeline is complete, never again after. Only the
+        pool's provably own pods (``pool_pods``: listed moments ago, for the Service's selector)."""
+        try:
+            pods = list(self.pool_members(ns, name, uid, max_age=pool_pods.MIN_AGE).pods.values())
         except Exception as exc:  # the status says nothing about pods rather than fail the reconcile
             log.warning("listing the pods of InferenceServer %s/%s failed: %s", ns, name, exc)
             return None
@@ -167,7 +191,7 @@ class ServerReconcile(ReconcileParts):
             entry = known.get(meta["uid"])
             if entry is None:
                 if urls is None:
-                    urls = {e.name: e.url for e in self.endpoints(ns, name)[0]}
+                    urls = {e.name: e.url for e in self.endpoints(ns, name, uid)[0]}
                 url = urls.get(meta["name"])
                 startup = self._startup(url, access) if url and isinstance(access, ServerAccess) else None
                 entry = pod_start.pod_timeline(pod, startup)
@@ -178,11 +202,15 @@ class ServerReconcile(ReconcileParts):
     def _startup(self, url: str, access: ServerAccess) -> dict[str, Any] | None:
         """A server's start-up timeline, or None (not answering yet, or a server without the route)."""
         try:
-            response = self.reader.client_for(access).get(
-                f"{access.url(url)}/v2/kubeinfer/startup", headers=dict(access.headers), timeout=2.0
+            answer = self.reader.client_for(access).exchange(
+                "GET",
+                f"{access.url(url)}/v2/kubeinfer/startup",
+                headers=access.headers,
+                max_bytes=STARTUP_MAX_BYTES,
+                deadline=STARTUP_DEADLINE,
             )
-            data = response.json() if response.status_code == 200 else None
-        except (httpx.HTTPError, ValueError):
+            data = answer.json() if answer.status == 200 else None
+        except (AnswerError, ValueError):
             return None
         return data if isinstance(data, dict) else None
 
@@ -196,7 +224,7 @@ class ServerReconcile(ReconcileParts):
                 f"server.extraArgs {reserved} set flags the operator sets; use the InferenceServer's own fields",
             )
         prefixes = self.config.server_image_prefixes
-        if prefixes and not any(str(spec.get("image", "")).startswith(p) for p in prefixes):
+        if not image_policy.allowed(str(spec.get("image", "")), prefixes):
             return (
                 "ImageRefused",
                 f"image '{spec.get('image')}' is not one this operator runs (--server-image-prefix: "

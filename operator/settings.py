@@ -12,6 +12,7 @@ from .autoscaling import DEFAULT_SCALER_ADDRESS
 from .egress import HostRules, IPNetwork
 from .fetch import DEFAULT_DEADLINE
 from .onnx_check import DEFAULT_CHECK_TIMEOUT
+from .route_hosts import RouteDomains
 from .tenant_volumes import DEFAULT_CLAIM
 
 
@@ -51,10 +52,14 @@ class OperatorConfig:
     prometheus_url: str | None = None
     #: KEDA's HTTP add-on external scaler (host:port) that scale-to-zero ScaledObjects name
     http_scaler_address: str = DEFAULT_SCALER_ADDRESS
+    #: domains each namespace's scale-to-zero host names must be under (none: own Service names only)
+    route_domains: RouteDomains = field(default_factory=RouteDomains)
     #: the claim the operator provides in each namespace (servers that name none mount it)
     tenant_claim: str = DEFAULT_CLAIM
     #: who the servers' NetworkPolicies let in besides their own namespace
     policy: network_policy.PolicyContext = field(default_factory=network_policy.PolicyContext)
+    #: backends of pools whose spec.allowedBackends is unset (None: every backend)
+    default_allowed_backends: tuple[str, ...] | None = None
     #: image prefixes InferenceServers may run (empty: any)
     server_image_prefixes: list[str] = field(default_factory=list)
     #: threads that run model reconciles (the operator's --workers)

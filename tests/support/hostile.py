@@ -2,7 +2,8 @@
 
 Each route is a function of the request handler that writes the whole answer itself; the server
 records every request (path and headers), so a test can assert that a refused download sent nothing.
-Used by the download tests and by the e2e drill (e2e/test_operator_drill.py).
+Used by the download tests, the e2e drill (e2e/test_operator_drill.py) and the tests of the operator's reads
+from replicas (tests/unit/operator/test_replica_http.py).
 """
 
 from __future__ import annotations
@@ -55,6 +56,10 @@ class HostileServer:
                     route(self)
                 except (TimeoutError, BrokenPipeError, ConnectionResetError):
                     pass
+
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))  # the request's body, unused
+                self.do_GET()
 
             def log_message(self, *args: Any) -> None:
                 pass

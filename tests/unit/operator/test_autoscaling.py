@@ -201,6 +201,7 @@ def zero_body(server_body):
         "maxReplicas": 3,
         "scaleToZero": {"idleSeconds": 30, "hosts": ["pool.example.com"]},
     }
+    server_body["spec"]["auth"] = {"tokenSecret": {"name": "pool-token"}}  # a pool at zero must have one
     return server_body
 
 
@@ -276,3 +277,26 @@ def test_min_zero_without_the_add_on_is_refused_with_both_conditions(zero_body):
         ("ScaleToZero", False, "HTTPAddonNotInstalled"),
     ]
     assert "InterceptorRoutes" in conds[0].message
+
+
+@pytest.mark.parametrize(
+    ("auth", "reason"),
+    [
+        (None, "ScaleToZeroNeedsToken"),
+        ({"tokenSecret": {"name": "t"}, "tls": {"certificateSecret": "c"}}, "ScaleToZeroNeedsPlainText"),
+        ({"tokenSecret": {"name": "t"}}, None),
+    ],
+)
+def test_scale_to_zero_needs_a_token_and_plain_text(zero_body, auth, reason):
+    """Issue #37 item 5, for objects an older CRD admitted (the CRD's CEL rules refuse them first)."""
+    zero_body["spec"].pop("auth")
+    if auth is not None:
+        zero_body["spec"]["auth"] = auth
+    refusal = autoscaling.scale_to_zero_refusal(zero_body["spec"])
+    assert (refusal.reason if refusal else None) == reason
+    if reason:
+        conditions, report = autoscaling.Autoscaler(Discovery("scaledobjects.keda.sh")).reconcile(zero_body)
+        assert [(c.type, c.status, c.reason) for c in conditions] == [
+            ("AutoscalingReady", False, reason),
+            ("ScaleToZero", False, reason),
+        ]

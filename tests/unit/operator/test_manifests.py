@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+import pytest
 from kubeinfer.operator import manifests, network_policy
 
 
@@ -92,6 +93,7 @@ def test_server_flags_ports_and_scheduling(server_body):
         "--connection-drain-seconds=3",
         "--grpc-max-connection-age=1000",
         "--log-level=debug",
+        "--allow-external-op-libraries=false",  # a pool's default (issue #37)
         "--x=1",
     ]
     assert dep["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 3 + 3 + 120 + 5
@@ -127,7 +129,24 @@ def test_service_ports_are_named(server_body):
         ("grpc", 8001, "grpc"),
         ("metrics", 8002, "metrics"),
     ]
-    assert svc["spec"]["selector"] == manifests.selector_labels("gpu-pool")
+    assert svc["spec"]["selector"] == {**manifests.selector_labels("gpu-pool"), manifests.POOL_UID_LABEL: "1234-uid"}
+
+
+def test_the_pods_carry_the_pools_uid_and_the_service_selects_on_it_once_all_do(server_body):
+    """A tenant can put the pool's name labels on a pod of its own; the pool's uid label too only by reading it
+    off the pool. The Deployment's selector (immutable) stays the name labels, so pools made before the uid label
+    update in place; its pods get the uid label; the Service selects on it when told every pod has it."""
+    dep = manifests.deployment(server_body, "kubeinfer-repository")
+    assert dep["spec"]["selector"] == {"matchLabels": manifests.selector_labels("gpu-pool")}
+    labels = dep["spec"]["template"]["metadata"]["labels"]
+    assert labels[manifests.POOL_UID_LABEL] == "1234-uid"
+    assert manifests.selector_labels("gpu-pool").items() <= labels.items()
+    assert manifests.POOL_UID_LABEL not in dep["metadata"]["labels"]  # the pods', not the owned objects'
+    by_uid = manifests.service(server_body)["spec"]["selector"]
+    assert by_uid == {**manifests.selector_labels("gpu-pool"), manifests.POOL_UID_LABEL: "1234-uid"}
+    assert by_uid.items() <= labels.items()  # the Service selects the Deployment's pods
+    by_name = manifests.service(server_body, by_uid=False)["spec"]["selector"]
+    assert by_name == manifests.selector_labels("gpu-pool")
 
 
 def test_no_prestop_drain_means_no_grpc_connection_age(server_body):
@@ -196,6 +215,17 @@ def test_pool_policies_become_server_flags(server_body):
     assert "--allow-external-op-libraries=false" in args
 
 
+def test_pools_refuse_external_op_libraries_unless_they_allow_them(server_body):
+    """Issue #37 item 10: a pool's servers load op libraries only from the model's folder by default."""
+    server_body["spec"].pop("allowExternalOpLibraries", None)
+    assert "--allow-external-op-libraries=false" in _container(manifests.deployment(server_body, "c"))["args"]
+    server_body["spec"]["allowExternalOpLibraries"] = True
+    assert not any(
+        a.startswith("--allow-external-op-libraries")
+        for a in _container(manifests.deployment(server_body, "c"))["args"]
+    )
+
+
 def test_network_policy(server_body):
     context = network_policy.PolicyContext("kubeinfer-system", {"app.kubernetes.io/name": "op"}, ("monitoring",))
     server_body["spec"]["networkPolicy"] = {"allowFrom": [{"namespaceSelector": {"matchLabels": {"team": "a"}}}]}
@@ -209,7 +239,7 @@ def test_network_policy(server_body):
     assert policy["metadata"]["ownerReferences"][0]["uid"] == "1234-uid"
     spec = policy["spec"]
     assert spec["podSelector"] == {"matchLabels": manifests.selector_labels("gpu-pool")}
-    assert spec["policyTypes"] == ["Ingress"]
+    assert spec["policyTypes"] == ["Ingress", "Egress"]  # egress closed too (issue #37 item 7)
     serving, metrics = spec["ingress"]
     assert serving["from"] == [
         {"podSelector": {}},
@@ -231,3 +261,68 @@ def test_network_policy(server_body):
     assert network_policy.enabled(server_body["spec"])
     server_body["spec"]["networkPolicy"]["enabled"] = False
     assert not network_policy.enabled(server_body["spec"])
+
+
+def test_a_pool_at_zero_lets_in_the_interceptors_pods_only(server_body):
+    """Issue #37 item 5: a pool that scales to zero admits the interceptor's pods (its namespace and labels),
+    not every pod of the interceptor's namespace; a pool that does not scale to zero admits neither."""
+    context = network_policy.PolicyContext(interceptor_namespace="keda-http", interceptor_labels={"c": "interceptor"})
+    ports = manifests.ports(server_body["spec"])
+
+    def callers() -> list:
+        return network_policy.network_policy(server_body, ports, {}, {}, context)["spec"]["ingress"][0]["from"]
+
+    assert callers() == [{"podSelector": {}}]
+    server_body["spec"]["autoscaling"] = {"minReplicas": 0, "maxReplicas": 2}
+    assert callers() == [
+        {"podSelector": {}},
+        {
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "keda-http"}},
+            "podSelector": {"matchLabels": {"c": "interceptor"}},
+        },
+    ]
+
+
+def test_pool_pods_reach_dns_and_the_admins_networks_only(server_body):
+    """Issue #37 item 7: the pool's policy closes egress: DNS, then --pool-egress-cidr, nothing else (the cloud
+    metadata endpoint, the API server, other pods); --pool-egress-policy=false leaves egress open."""
+    ports = manifests.ports(server_body["spec"])
+    context = network_policy.PolicyContext(egress_cidrs=("203.0.113.0/24",))
+    spec = network_policy.network_policy(server_body, ports, {}, {}, context)["spec"]
+    assert spec["egress"] == [
+        {
+            "to": [
+                {
+                    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+                    "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}},
+                }
+            ],
+            "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}],
+        },
+        {"to": [{"ipBlock": {"cidr": "203.0.113.0/24"}}]},
+    ]
+    open_egress = network_policy.network_policy(server_body, ports, {}, {}, network_policy.PolicyContext(egress=False))
+    assert open_egress["spec"]["policyTypes"] == ["Ingress"] and "egress" not in open_egress["spec"]
+
+
+def test_pool_pods_get_no_service_account_token(server_body):
+    """Issue #37 item 7: no API credentials in a pool's pods for a model's code to read."""
+    pod = manifests.deployment(server_body, "c")["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False
+
+
+def test_pools_without_allowed_backends_get_the_operators_default(server_body):
+    """Issue #37 item 7: code backends are a pool's explicit opt-in where the admin set a default."""
+    from kubeinfer.operator.pool_defaults import parse_backends, pool_body
+
+    default = parse_backends("onnxruntime,tensorrt")
+    args = _container(manifests.deployment(pool_body(server_body, default), "c"))["args"]
+    assert "--allowed-backends=onnxruntime,tensorrt" in args
+    server_body["spec"]["allowedBackends"] = ["onnxruntime", "python"]  # the pool's own list wins
+    args = _container(manifests.deployment(pool_body(server_body, default), "c"))["args"]
+    assert "--allowed-backends=onnxruntime,python" in args
+    server_body["spec"].pop("allowedBackends")
+    args = _container(manifests.deployment(pool_body(server_body, None), "c"))["args"]
+    assert not any(a.startswith("--allowed-backends") for a in args)  # no default: every backend
+    with pytest.raises(ValueError, match="unknown backend"):
+        parse_backends("onnxruntime,shell")

@@ -33,6 +33,7 @@ from kubeinfer.operator.settings import OperatorConfig
 from kubernetes.client.exceptions import ApiException
 from onnx import TensorProto
 
+from tests.support.hostile import HostileServer, send
 from tests.support.models import unary
 from tests.support.server import start_server
 from tests.support.specs import server_spec
@@ -54,6 +55,7 @@ class FakeKube:
         self.stop = SimpleNamespace(set=lambda: None)
         self.slices: list[dict[str, Any]] = []
         self.pod_list: list[dict[str, Any]] = []
+        self.replica_set_list: list[dict[str, Any]] = []
 
     # InferenceServers / InferenceModels
     def get(self, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
@@ -88,6 +90,16 @@ class FakeKube:
 
     def pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
         return copy.deepcopy(self.pod_list)
+
+    def deployments(self, namespace: str, name: str) -> list[dict[str, Any]]:
+        found = copy.deepcopy(self.objects.get(("Deployment", namespace, name)))
+        if found is None:
+            return []
+        found["metadata"]["uid"] = f"dep-{name}"  # what the API server gives the applied Deployment
+        return [found]
+
+    def replica_sets(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        return copy.deepcopy(self.replica_set_list)
 
     # owned objects
     def apply(self, manifest: Mapping[str, Any]) -> Any:
@@ -198,6 +210,29 @@ def model(server: str, path: str = "uploads/relu.onnx", generation: int = 1) -> 
 
 def condition(status: Mapping[str, Any], ctype: str) -> Mapping[str, Any]:
     return next(c for c in status["conditions"] if c["type"] == ctype)
+
+
+def own(kube: FakeKube, server: str, *pods: dict[str, Any]) -> None:
+    """Make ``pods`` the pool's own, as the controllers would: controlled by a ReplicaSet (with its
+    pod-template-hash) that the server's Deployment (``FakeKube.deployments``) controls."""
+    owner = {"kind": "InferenceServer", "name": server, "uid": f"uid-{server}", "controller": True}
+    kube.objects.setdefault(("Deployment", NS, server), {"metadata": {"name": server, "ownerReferences": [owner]}})
+    kube.replica_set_list = [
+        {
+            "metadata": {
+                "name": f"{server}-abc12",
+                "uid": f"rs-{server}",
+                "labels": {"pod-template-hash": "abc12"},
+                "ownerReferences": [{"kind": "Deployment", "name": server, "uid": f"dep-{server}", "controller": True}],
+            }
+        }
+    ]
+    for pod in pods:
+        meta = pod["metadata"]
+        meta["labels"] = {**(meta.get("labels") or {}), "pod-template-hash": "abc12"}
+        meta["ownerReferences"] = [
+            {"kind": "ReplicaSet", "name": f"{server}-abc12", "uid": f"rs-{server}", "controller": True}
+        ]
 
 
 def counting_syncs(reconciler: Reconciler, monkeypatch: pytest.MonkeyPatch) -> list[str]:
@@ -786,11 +821,16 @@ def test_server_status_shows_how_each_pod_started(
         }
         kube.pod_list = [pod, {**pod, "metadata": {**pod["metadata"], "name": "gone", "uid": "x",
                                                    "deletionTimestamp": "2026-01-01T00:00:09Z"}}]  # fmt: skip
+        own(kube, "pool", *kube.pod_list)
         kube.slices = [
             {
                 "ports": [{"name": "http", "port": server.http_port}],
                 "endpoints": [
-                    {"addresses": ["127.0.0.1"], "conditions": {"ready": True}, "targetRef": {"name": "pool-0"}}
+                    {
+                        "addresses": ["127.0.0.1"],
+                        "conditions": {"ready": True},
+                        "targetRef": {"kind": "Pod", "name": "pool-0", "uid": "pod-0"},
+                    }
                 ],
             }
         ]
@@ -810,6 +850,88 @@ def test_server_status_shows_how_each_pod_started(
         server.terminate()
 
 
+def test_an_endpoint_whose_pod_the_pool_does_not_own_is_never_read(
+    reconciler: Reconciler, kube: FakeKube, root: Path, tmp_path: Path
+) -> None:
+    """A pod with the pool's labels is in its Service's endpoints, but no ReplicaSet of the pool's Deployment
+    controls it: the operator never calls it (here it would answer every call with 150 MB) and the model's
+    status counts the real replica only."""
+    folder = root / NS / "pool"
+    folder.mkdir(parents=True)
+    server = start_server(folder, "--model-control-mode", "poll", "--repository-poll-secs", "1", log_dir=tmp_path)
+    huge = b"[" + b" " * (150 << 20) + b"]"
+    paths = ("/v2/repository/index", "/v2/repository/poll", "/v2/models/m/stats", "/v2/kubeinfer/startup")
+    posing = HostileServer(dict.fromkeys(paths, lambda h: send(h, 200, huge)))
+    try:
+        kube.slices = [
+            {
+                "ports": [{"name": "http", "port": port}],
+                "endpoints": [
+                    {
+                        "addresses": ["127.0.0.1"],
+                        "conditions": {"ready": True},
+                        "targetRef": {"kind": "Pod", "name": name, "uid": f"uid-{name}"},
+                    }
+                ],
+            }
+            for name, port in (("pool-0", server.http_port), ("posing", posing.port))
+        ]
+        labels = {"app.kubernetes.io/name": "kubeinfer-server", "app.kubernetes.io/instance": "pool"}
+        real = {"metadata": {"name": "pool-0", "uid": "uid-pool-0", "labels": dict(labels)}}
+        own(kube, "pool", real)
+        kube.pod_list = [real, {"metadata": {"name": "posing", "uid": "uid-posing", "labels": dict(labels)}}]
+        reconciler.reconcile_server(add_server(kube, "pool"))
+        body = model("pool")
+        kube.objects[(MODELS, NS, "m")] = body
+        reconciler.reconcile_model(body, recheck=False)
+
+        def ready() -> dict[str, Any] | None:
+            new = reconciler.reconcile_model(body, from_timer=True, max_age=0.0, recheck=False)
+            return new if new is not None and condition(new, "Ready")["status"] == "True" else None
+
+        status = wait_for("the model Ready", ready, timeout=30, describe=lambda: kube.statuses[-1:])
+        (row,) = status["versionStates"]
+        assert (row["replicas"], row["readyReplicas"]) == (1, 1)
+        plural, _, server_status = kube.statuses[0]
+        assert plural == SERVERS and [p["name"] for p in server_status["pods"]] == ["pool-0"]  # status.pods
+        assert posing.seen.paths == []
+    finally:
+        posing.close()
+        server.terminate()
+
+
+def test_the_service_selects_on_the_pool_uid_once_every_pod_carries_it(
+    reconciler: Reconciler, kube: FakeKube, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Upgrading the operator: a pool made before the uid label has pods without it, so its Service keeps
+    selecting by name (else those pods would get no requests until the rollout ends); once every pod of the
+    pool carries the label, the Service selects on it. A new pool (no pods yet) selects on it at once."""
+    from kubeinfer.operator import pool_pods
+
+    monkeypatch.setattr(pool_pods, "MIN_AGE", 0.0)  # each reconcile lists the pods afresh
+
+    def selector() -> dict[str, str]:
+        return next(m for m in reversed(kube.applied) if m["kind"] == "Service")["spec"]["selector"]
+
+    body = add_server(kube, "pool")
+    reconciler.reconcile_server(body)
+    assert selector()["serving.kubeinfer.io/pool-uid"] == "uid-pool"  # no pods: nothing to wait for
+
+    old = {"metadata": {"name": "pool-old", "uid": "uid-old", "labels": {"app.kubernetes.io/instance": "pool"}}}
+    new = {"metadata": {"name": "pool-new", "uid": "uid-new", "labels": {"serving.kubeinfer.io/pool-uid": "uid-pool"}}}
+    kube.pod_list = [old, new]
+    own(kube, "pool", *kube.pod_list)
+    reconciler.reconcile_server(body)  # mid-rollout: an old pod without the label still serves
+    assert "serving.kubeinfer.io/pool-uid" not in selector()
+    kube.pod_list = [new]
+    reconciler.reconcile_server(body)
+    assert selector()["serving.kubeinfer.io/pool-uid"] == "uid-pool"
+    # a pod with the pool's labels that no ReplicaSet of the pool controls changes nothing
+    kube.pod_list = [new, {"metadata": {"name": "posing", "uid": "uid-posing", "labels": {}}}]
+    reconciler.reconcile_server(body)
+    assert selector()["serving.kubeinfer.io/pool-uid"] == "uid-pool"
+
+
 # ---- events: one per model created, when the replicas load it at once ---------------------------------------
 def test_a_model_ready_right_after_its_render_gets_one_event_that_says_both(
     reconciler: Reconciler, kube: FakeKube, root: Path, events: list[tuple[str, str, str]], tmp_path: Path
@@ -824,10 +946,16 @@ def test_a_model_ready_right_after_its_render_gets_one_event_that_says_both(
             {
                 "ports": [{"name": "http", "port": server.http_port}],
                 "endpoints": [
-                    {"addresses": ["127.0.0.1"], "conditions": {"ready": True}, "targetRef": {"name": "pool-0"}}
+                    {
+                        "addresses": ["127.0.0.1"],
+                        "conditions": {"ready": True},
+                        "targetRef": {"kind": "Pod", "name": "pool-0", "uid": "pod-0"},
+                    }
                 ],
             }
         ]
+        kube.pod_list = [{"metadata": {"name": "pool-0", "uid": "pod-0"}}]
+        own(kube, "pool", *kube.pod_list)
         add_server(kube, "pool")
         body = model("pool")
         kube.objects[(MODELS, NS, "m")] = body  # what the recheck reads

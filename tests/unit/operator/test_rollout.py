@@ -12,6 +12,7 @@ from kubeinfer.operator.status import ModelObservation, ReplicaView, model_statu
 from kubeinfer.server.config import ConfigError
 from kubeinfer.server.config.traffic import TRAFFIC_PARAMETER
 from kubeinfer.server.repository.layout import NOT_LOADED
+from kubeinfer.server.vocabulary.statistics import LATENCY_KEY, ROUTED_KEY
 
 BOUNDS = [1_000.0, 10_000.0, 100_000.0]  # µs
 
@@ -151,6 +152,55 @@ def test_the_rule_rolls_back_promotes_or_waits() -> None:
     assert decided == {1: pytest.approx(200 / 3), 2: pytest.approx(100 / 3), 3: 0.0}
     assert rollout.canary_of({1: 90, 2: 10}) == 2 and rollout.canary_of({1: 0, 2: 100}) is None
     assert rollout.canary_of({1: 100}) is None
+
+
+def _row(version: int, ok: int, failed: int, routed: tuple[int, int] | None) -> dict:
+    """A statistics row as the server writes it: Triton's counts and the latency histogram of every request,
+    and (once the weights sent the version any) the counts and histogram of the routed ones."""
+    row: dict = {
+        "name": "m",
+        "version": str(version),
+        "inference_stats": {"success": {"count": ok, "ns": 0}, "fail": {"count": failed, "ns": 0}},
+        LATENCY_KEY: {"bounds_us": BOUNDS, "counts": [ok + failed, 0, 0, 0]},
+    }
+    if routed is not None:
+        row[ROUTED_KEY] = {
+            "success": {"count": routed[0], "ns": 0},
+            "fail": {"count": routed[1], "ns": 0},
+            LATENCY_KEY: {"bounds_us": BOUNDS, "counts": [0, sum(routed), 0, 0]},
+        }
+    return row
+
+
+def test_only_requests_the_weights_routed_are_judged() -> None:
+    """Callers that name version 2 (``/versions/2/infer``) are outside the weighted split: their failures, or
+    their fast successes, are in Triton's counts of the row and must neither roll the canary back nor
+    promote it; only the routed numbers (``ROUTED_KEY``) reach the window and the rule."""
+    rule = Rule(window=60, min_requests=100, max_error_rate=0.05, max_p99_ms=None, promote=True)
+    weights = {1: 90.0, 2: 10.0}
+
+    def read(v2_all: tuple[int, int], v2_routed: tuple[int, int] | None) -> dict[str, dict[int, Numbers]]:
+        rows = [_row(1, 900, 0, (900, 0)), _row(2, *v2_all, v2_routed)]
+        return {"a": rollout.numbers_from_stats({"model_stats": rows})}
+
+    # steering towards a rollback: 500 failing requests pinned to version 2, 120 healthy routed ones
+    t = WindowTracker()
+    t.observe("m", read((0, 0), None), now=0)
+    t.observe("m", read((120, 500), (120, 0)), now=30)
+    window, covered = t.window("m", 60, now=30)
+    assert (window[2].success, window[2].failure) == (120, 0)
+    assert window[2].quantile(0.99) == pytest.approx(BOUNDS[0] + (BOUNDS[1] - BOUNDS[0]) * 0.99)
+    assert judge(rule, 2, weights, window, covered)[0] == "Progressing"
+    assert rollout.version_traffic(weights, window, covered)[1]["failures"] == 0
+    # steering towards a promotion: 1,000 fast successes pinned, 40 routed ones (short of minRequests)
+    t = WindowTracker()
+    t.observe("m", read((0, 0), None), now=0)
+    t.observe("m", read((1040, 0), (40, 0)), now=60)
+    window, covered = t.window("m", 60, now=60)
+    phase, message, _ = judge(rule, 2, weights, window, covered)
+    assert phase == "Progressing" and "40 of the 100 requests" in message
+    # a row without the field (no routed request yet, or an older server) counts none
+    assert rollout.numbers_from_stats({"model_stats": [_row(2, 50, 50, None)]})[2].requests == 0
 
 
 def test_model_cache_flags() -> None:
