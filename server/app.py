@@ -25,6 +25,7 @@ import uvicorn
 from .backends import loader as backend_loader
 from .backends import settings as backend_settings
 from .grpc.settings import Keepalive
+from .observability.latencies import MetricsConfig
 from .observability.logsettings import LogControl
 from .observability.metrics import TritonMetrics
 from .observability.trace import Tracer
@@ -60,6 +61,8 @@ class ServerSettings:
     exit_on_error: bool = False
     #: fill inputs/outputs/max_batch_size from model files (off: --disable-auto-complete-config)
     auto_complete: bool = True
+    #: --model-config-name: read <model>/configs/<name>.pbtxt where it exists ("" : config.pbtxt only)
+    model_config_name: str = ""
     load_threads: int = 4
     #: --backend-config, {backend or "": {setting: value}}
     backend_config: dict[str, dict[str, str]] = field(default_factory=dict)
@@ -77,6 +80,8 @@ class ServerSettings:
     model_cache: CacheSettings | None = None
     #: the trace extension's settings at start (--trace-config)
     trace_settings: dict[str, Any] = field(default_factory=dict)
+    #: Triton's latency metric families (--metrics-config)
+    metrics_config: MetricsConfig = field(default_factory=MetricsConfig)
     #: the logging extension's control, configured by the command line (None: defaults)
     log_control: LogControl | None = None
     shutdown_timeout: float = SHUTDOWN_TIMEOUT_SECONDS
@@ -162,7 +167,7 @@ async def serve(settings: ServerSettings) -> int:
     extensions: tuple[str, ...] = ()
     if settings.allow_client_shm:
         extensions = ("system_shared_memory",) + (("cuda_shared_memory",) if not cuda_available() else ())
-    metrics = TritonMetrics()
+    metrics = TritonMetrics(config=settings.metrics_config)
     cache = ResponseCache(settings.response_cache_bytes) if settings.response_cache_bytes > 0 else None
     metrics.response_cache = cache
     registry = ModelRegistry(
@@ -173,6 +178,7 @@ async def serve(settings: ServerSettings) -> int:
         response_cache=cache,
         allow_external_op_libraries=settings.allow_external_op_libraries,
         model_cache=settings.model_cache,
+        model_config_name=settings.model_config_name,
     )
     registry.on_load_failure.append(metrics.on_load_failure)
     registry.on_load_phase.append(metrics.on_load_phase)

@@ -13,7 +13,7 @@ entry point is ``kubeinfer-server``, and KServe's Triton ServingRuntime passes
 
 Triton flags that have no meaning here are accepted and named in one warning at start (``IGNORED``);
 flags whose silent omission would surprise (a Redis cache, SageMaker/Vertex listeners, model
-namespacing, custom config names) stop the server with a message instead (``REFUSED``).
+namespacing) stop the server with a message instead (``REFUSED``).
 """
 
 from __future__ import annotations
@@ -30,8 +30,10 @@ from .grpc.settings import Keepalive
 from .grpc.transport import ENV as GRPC_TRANSPORT_ENV
 from .grpc.transport import TRANSPORTS as GRPC_TRANSPORTS
 from .grpc.transport import default_transport as default_grpc_transport
+from .observability.latencies import parse_metrics_config
 from .observability.logsettings import LogControl, LogSettings
 from .observability.trace import parse_trace_config
+from .repository.config_name import check_config_name
 from .runtime.auth import TlsFiles
 from .runtime.cache import parse_cache_config
 from .runtime.model_cache import CacheSettings
@@ -56,7 +58,6 @@ IGNORED: dict[str, str] = {
     "--allow-gpu-metrics": "GPU gauges are exported whenever NVML finds a GPU",
     "--allow-cpu-metrics": "CPU gauges are always exported",
     "--metrics-interval-ms": "gauges are read at scrape time",
-    "--metrics-config": "counters are always on; summaries and histograms are not offered",
     "--pinned-memory-pool-byte-size": "no pinned-memory pool (host tensors are numpy arrays)",
     "--cuda-memory-pool-byte-size": "each backend manages its own device memory",
     "--cuda-virtual-address-size": "each backend manages its own device memory",
@@ -74,7 +75,6 @@ REFUSED: dict[str, str] = {
     "--allow-sagemaker": "the SageMaker listener is not implemented",
     "--allow-vertex-ai": "the Vertex AI listener is not implemented",
     "--model-namespacing": "model namespacing is not implemented: model names are unique per server",
-    "--model-config-name": "custom config names (configs/<name>.pbtxt) are not implemented",
 }
 #: flags that take no value (all others take exactly one)
 _NO_VALUE = {"--disable-auto-complete-config"}
@@ -415,6 +415,12 @@ def build_parser(triton: bool = False) -> argparse.ArgumentParser:
     repo.add_argument(
         "--model-load-thread-count", type=int, default=4, help="models loaded in parallel at start and on poll"
     )
+    repo.add_argument(
+        "--model-config-name",
+        default=None,
+        metavar="NAME",
+        help="read <model>/configs/NAME.pbtxt instead of config.pbtxt where a model has one (Triton's flag)",
+    )
     mc = p.add_argument_group("model cache: models on demand within a memory budget (beyond Triton)")
     mc.add_argument(
         "--model-load-on-demand",
@@ -504,6 +510,14 @@ def build_parser(triton: bool = False) -> argparse.ArgumentParser:
     net.add_argument("--allow-http", type=_bool, default=True)
     net.add_argument("--allow-grpc", type=_bool, default=True)
     net.add_argument("--allow-metrics", type=_bool, default=True)
+    net.add_argument(
+        "--metrics-config",
+        action="append",
+        default=[],
+        metavar="SETTING=VALUE",
+        help="Triton's latency families: summary_latencies=true, summary_quantiles=Q:ERR,..., "
+        "histogram_latencies=true, counter_latencies=false (repeatable; see README 'Metrics and statistics')",
+    )
     net.add_argument(
         "--allow-client-shm",
         type=_bool,
@@ -675,6 +689,8 @@ def settings_from_args(args: argparse.Namespace, triton: bool) -> ServerSettings
         raise ValueError("--load-model=* must be the only --load-model argument")
     if args.model_load_thread_count < 1:
         raise ValueError("--model-load-thread-count must be at least 1")
+    if args.model_config_name is not None:
+        check_config_name(args.model_config_name)
     auto_complete = not args.disable_auto_complete_config and not args.strict_model_config
     model_cache = _model_cache(args)
     backend_config = parse_backend_config(args.backend_config)
@@ -695,6 +711,7 @@ def settings_from_args(args: argparse.Namespace, triton: bool) -> ServerSettings
         strict_readiness=args.strict_readiness,
         exit_on_error=args.exit_on_error,
         auto_complete=auto_complete,
+        model_config_name=args.model_config_name or "",
         load_threads=args.model_load_thread_count,
         backend_config=backend_config,
         allowed_backends=args.allowed_backends,
@@ -704,6 +721,7 @@ def settings_from_args(args: argparse.Namespace, triton: bool) -> ServerSettings
         response_cache_bytes=_cache_bytes(args),
         model_cache=model_cache,
         trace_settings=parse_trace_config(_trace_items(args)),
+        metrics_config=parse_metrics_config(args.metrics_config),
         shutdown_timeout=args.shutdown_timeout,
         connection_drain_seconds=args.connection_drain_seconds,
         grpc_max_connection_age_ms=args.grpc_max_connection_age,

@@ -272,35 +272,24 @@ class OnnxRuntimeInstance(TensorBackendInstance):
         self.output_names = [o.name for o in config.output] or [o.name for o in self.session.get_outputs()]
         # implicit state: the sequence batcher reads the state outputs of every step
         self.output_names += sorted(sequence.state_output_names(config) - set(self.output_names))
-        self._input_reshape = {t.name: list(t.reshape.shape) for t in config.input if t.HasField("reshape")}
-        self._output_reshape = {t.name: list(t.dims) for t in config.output if t.HasField("reshape")}
+        # a config ``reshape`` is applied by the runtime for every backend (``runtime.reshape``): inputs
+        # arrive in ``reshape.shape`` and outputs leave in it
         self._string_inputs = {t.name for t in config.input if t.data_type == pb.TYPE_STRING}
-        #: nothing to convert on either side (no reshape, no strings): ``run`` hands the arrays straight
-        #: through, without the per-execution conversion work
-        self._plain = (
-            not self._input_reshape
-            and not self._string_inputs
-            and not self._output_reshape
-            and all(o.type != "tensor(string)" for o in self.session.get_outputs())
-        )
+        #: nothing to convert on either side (no strings): ``run`` hands the arrays straight through,
+        #: without the per-execution conversion work
+        self._plain = not self._string_inputs and all(o.type != "tensor(string)" for o in self.session.get_outputs())
 
     def run(self, inputs: dict[str, np.ndarray], output_names: list[str]) -> dict[str, np.ndarray]:
         if self._plain:
             return dict(zip(output_names, self.session.run(output_names, inputs), strict=True))
         feed = {}
         for name, array in inputs.items():
-            if name in self._input_reshape:
-                shape = self._input_reshape[name]
-                array = array.reshape(([array.shape[0]] if self.batching else []) + shape)
             if name in self._string_inputs:
                 array = np.vectorize(_to_str, otypes=[object])(array) if array.size else array
             feed[name] = array
         results = self.session.run(output_names, feed)
         outputs: dict[str, np.ndarray] = {}
         for name, value in zip(output_names, results, strict=True):
-            if name in self._output_reshape:
-                dims = self._output_reshape[name]
-                value = value.reshape(([value.shape[0]] if self.batching else []) + dims)
             if value.dtype == np.object_ or value.dtype.kind == "U":
                 value = np.vectorize(_to_bytes, otypes=[object])(value) if value.size else value.astype(object)
             outputs[name] = value

@@ -285,11 +285,13 @@ class TensorRTBackend(Backend):
                         f"{kind} '{t.name}' is {info.config_types[t.name]} in the engine but {want} in the config"
                     )
                 engine_dims = list(info.shapes[t.name][skip:])
-                if len(engine_dims) != len(t.dims) or any(
-                    e != -1 and c != -1 and e != c for e, c in zip(engine_dims, t.dims, strict=True)
+                # with a reshape the engine sees reshape.shape (the runtime reshapes, runtime.reshape)
+                field, dims = ("reshape", list(t.reshape.shape)) if t.HasField("reshape") else ("dims", list(t.dims))
+                if len(engine_dims) != len(dims) or any(
+                    e != -1 and c != -1 and e != c for e, c in zip(engine_dims, dims, strict=True)
                 ):
                     raise ConfigError(
-                        f"{kind} '{t.name}' has dims {list(t.dims)} in the config but {engine_dims} "
+                        f"{kind} '{t.name}' has {field} {dims} in the config but {engine_dims} "
                         "in the engine" + (" (without the batch dimension)" if skip else "")
                     )
 

@@ -7,6 +7,7 @@ from . import model_config_pb2 as pb
 from .codec import (
     MODEL_CONFIG,
     ConfigError,
+    ConfigParseError,
     config_from_dict,
     config_from_json,
     config_to_dict,
@@ -32,6 +33,7 @@ __all__ = [
     "MAX_FILE_NAME_BYTES",
     "MODEL_CONFIG",
     "ConfigError",
+    "ConfigParseError",
     "ModelConfig",
     "check_file_name",
     "check_file_names",

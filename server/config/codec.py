@@ -18,12 +18,21 @@ class ConfigError(ValueError):
     """A config that cannot be used; the message says what to fix."""
 
 
+class ConfigParseError(ConfigError):
+    """Config text that is not a ModelConfig; ``detail`` is protobuf's position and reason, for a caller
+    that words the message its own way (a custom config's, in Triton's words)."""
+
+    def __init__(self, source: str, detail: str) -> None:
+        super().__init__(f"failed to parse {source}: {detail}")
+        self.detail = detail
+
+
 def parse_config_text(text: str, source: str = "config.pbtxt") -> pb.ModelConfig:
     config = pb.ModelConfig()
     try:
         text_format.Parse(text, config)
     except text_format.ParseError as exc:
-        raise ConfigError(f"failed to parse {source}: {exc}") from None
+        raise ConfigParseError(source, str(exc)) from None
     return config
 
 

@@ -108,17 +108,57 @@ def _check_tensor(kind: str, t: pb.ModelInput | pb.ModelOutput, max_batch_size: 
             + (" without the batch dimension (max_batch_size > 0)" if max_batch_size > 0 else "")
         )
     if t.HasField("reshape"):
-        for d in t.reshape.shape:
-            if d == 0 or d < -1:
-                raise ConfigError(f"{where} reshape {list(t.reshape.shape)}: sizes must be positive or -1")
-        if -1 not in t.dims and -1 not in t.reshape.shape:
-            a = _count(t.dims)
-            b = _count(t.reshape.shape)
-            if a != b:
-                raise ConfigError(
-                    f"{where} has dims {list(t.dims)} ({a} elements) but reshape {list(t.reshape.shape)} "
-                    f"({b} elements); they must hold the same number of elements"
-                )
+        _check_reshape(kind, t, max_batch_size)
+
+
+def _check_reshape(kind: str, t: pb.ModelInput | pb.ModelOutput, max_batch_size: int) -> None:
+    """Triton core's reshape rules (``ValidateIOShape``, model_config_utils.cc), its words first, then which
+    tensor and why: the same elements in ``dims`` and ``reshape``, variable sizes (-1) in the same number and
+    between them the same counts (``[2, 4, -1, 6]`` to ``[8, -1, 1, 6]``); an empty reshape only for a
+    one-element ``dims`` of a batching model (a ``[batch]`` tensor)."""
+    dims, shape = list(t.dims), list(t.reshape.shape)
+    said = f"model {kind} "
+    where = f"{kind} '{t.name}' has dims {dims} and reshape {shape}"
+    if not shape and max_batch_size == 0:
+        raise ConfigError(
+            f"{said}cannot have empty reshape for non-batching model: {where}; an empty reshape is a tensor "
+            "of the batch dimension alone (max_batch_size > 0)"
+        )
+    if any(d == 0 or d < -1 for d in shape):
+        raise ConfigError(
+            f"{said}reshape dimensions must be integer >= 1, or -1 to indicate a variable-size dimension: {where}"
+        )
+    if -1 not in dims and -1 not in shape:
+        if _count(dims) != _count(shape):
+            raise ConfigError(
+                f"{said}has different size for dims and reshape: {where}, {_count(dims)} and {_count(shape)} "
+                "elements; they must hold the same number of elements"
+            )
+        return
+    if (-1 in dims) != (-1 in shape):
+        raise ConfigError(
+            f"{said}has different size for dims and reshape: {where}; a variable size (-1) must be in both"
+        )
+    dim_chunks, shape_chunks = _chunks(dims), _chunks(shape)
+    if len(dim_chunks) != len(shape_chunks):
+        raise ConfigError(f"{said}has different number of variable-size dimensions for dims and reshape: {where}")
+    if dim_chunks != shape_chunks:
+        raise ConfigError(
+            f"{said}has different size for dims and reshape: {where}; the fixed sizes before, between and after "
+            f"the variable ones (-1) must hold the same number of elements ({dim_chunks} and {shape_chunks})"
+        )
+
+
+def _chunks(dims: list[int]) -> list[int]:
+    """Element counts of the runs of fixed sizes around each -1 (Triton's trunks)."""
+    counts, n = [], 1
+    for d in dims:
+        if d == -1:
+            counts.append(n)
+            n = 1
+        else:
+            n *= d
+    return counts + [n]
 
 
 def _count(dims: Iterable[int]) -> int:

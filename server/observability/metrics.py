@@ -7,6 +7,8 @@ few float additions per request on the event loop; formatting happens only at sc
 
 Series labelled ``model`` and ``version`` (``nv_inference_request_failure`` adds ``reason``:
 REJECTED, CANCELED, BACKEND, OTHER); host gauges come from /proc, GPU gauges from NVML when present.
+Triton's opt-in latency summaries and first-response histogram (``--metrics-config``) are recorded from
+the same calls; see ``latencies.py``.
 """
 
 from __future__ import annotations
@@ -23,6 +25,19 @@ from prometheus_client.utils import floatToGoString
 
 from ..scheduling.base import Scheduler
 from ..vocabulary.types import ExecutionTimings
+from .latencies import (
+    FIRST_RESPONSE_BUCKETS_MS,
+    FIRST_RESPONSE_FAMILY,
+    FIRST_RESPONSE_HELP,
+    SUMMARIES,
+    MetricsConfig,
+    SummaryWindow,
+    WindowView,
+    compact,
+    first_response_buckets,
+    format_number,
+    window_quantiles,
+)
 from .system import CpuUtilization, GpuReader, cpu_memory
 
 
@@ -43,6 +58,7 @@ class ServingModels(Protocol):
 
 
 FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
+_NAN = float("nan")
 #: request/queue latency buckets in microseconds: 100 µs … 60 s
 LATENCY_BUCKETS_US = (
     100,
@@ -156,10 +172,25 @@ class _Series:
         "cache_misses",
         "cache_hit_us",
         "cache_miss_us",
+        "success_us",
+        "timed",
+        "window",
+        "view",
+        "first_response",
     )
 
     def __init__(self) -> None:
         self.success = self.count = self.exec_count = 0
+        #: with summaries on: µs of the successful requests, and how many of them executed (have timings), the
+        #: summaries' sums and counts (the counters' request_us also counts failures)
+        self.success_us = 0.0
+        self.timed = 0
+        #: the summaries' observations (summary_latencies=true), made at the first successful request
+        self.window: SummaryWindow | None = None
+        #: in a scrape's snapshot: what it reads of ``window``
+        self.view: WindowView | None = None
+        #: first-response histogram (histogram_latencies=true), made at the first response
+        self.first_response: _Histogram | None = None
         self.cache_hits = self.cache_misses = 0
         self.cache_hit_us = self.cache_miss_us = 0.0
         self.request_us = self.queue_us = self.input_us = self.infer_us = self.output_us = 0.0
@@ -172,8 +203,14 @@ class _Series:
 class TritonMetrics(Collector):
     """A StatsListener that turns request and execution records into Prometheus series."""
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, registry: CollectorRegistry | None = None, config: MetricsConfig | None = None) -> None:
         self.registry = registry or CollectorRegistry()
+        self.config = config or MetricsConfig()
+        self._summaries = self.config.summary_latencies
+        self._histograms = self.config.histogram_latencies
+        self._latencies = self._summaries or self._histograms
+        #: (model, version) → first-response buckets from its config.pbtxt ``model_metrics``
+        self._first_bounds: dict[tuple[str, str], tuple[float, ...]] = {}
         self._series: dict[tuple[str, str], _Series] = {}
         #: (model, version, phase) → seconds each cold start spent in that phase (``runtime.cold_start``)
         self._load_phases: dict[tuple[str, str, str], _Histogram] = {}
@@ -210,7 +247,10 @@ class TritonMetrics(Collector):
         queue_ns: int,
         timings: ExecutionTimings | None,
         reason: str,
+        first_response_ns: int | None = None,
     ) -> None:
+        """``first_response_ns``: from arrival to the request's first response (None: ``total_ns``, the one
+        response of a non-decoupled model; -1: it sent none, only a flag-only final)."""
         s = self._series.get((model, version)) or self._get(model, version)
         total_us = total_ns / 1000
         with self._lock:
@@ -228,6 +268,45 @@ class TritonMetrics(Collector):
             else:
                 key = reason if reason in s.failure else "OTHER"
                 s.failure[key] += 1
+            if self._latencies:  # one test when Triton's opt-in families are off
+                first = total_ns if first_response_ns is None else first_response_ns
+                self._observe_latencies(s, model, version, success, total_us, queue_ns, timings, first)
+
+    def _observe_latencies(
+        self,
+        s: _Series,
+        model: str,
+        version: str,
+        success: bool,
+        total_us: float,
+        queue_ns: int,
+        timings: ExecutionTimings | None,
+        first_response_ns: int,
+    ) -> None:
+        """Summaries and first-response histogram of one request (under the lock)."""
+        if self._summaries and success:
+            s.success_us += total_us
+            if timings is not None:
+                s.timed += 1
+                row = (
+                    total_us,
+                    queue_ns / 1000,
+                    timings.compute_input_ns / 1000,
+                    timings.compute_infer_ns / 1000,
+                    timings.compute_output_ns / 1000,
+                )
+            else:  # not executed (a cache hit): no compute observations
+                row = (total_us, queue_ns / 1000, _NAN, _NAN, _NAN)
+            window = s.window
+            if window is None:
+                window = s.window = SummaryWindow()
+            window.observe(row)
+        if self._histograms and first_response_ns >= 0:
+            h = s.first_response
+            if h is None:
+                bounds = self._first_bounds.get((model, version), FIRST_RESPONSE_BUCKETS_MS)
+                h = s.first_response = _Histogram(bounds)
+            h.observe(first_response_ns // 1_000_000)  # whole ms, as Triton divides
 
     def on_execution(self, model: str, version: str, batch_size: int, timings: ExecutionTimings) -> None:
         s = self._get(model, version)
@@ -244,6 +323,20 @@ class TritonMetrics(Collector):
             else:
                 s.cache_misses += 1
                 s.cache_miss_us += ns / 1000
+
+    def on_version_config(self, model: str, version: str, config: Any) -> None:
+        """A version is being built from ``config``: its first-response buckets (config.pbtxt ``model_metrics``;
+        raises ValueError for buckets Triton could not create). Changed buckets start the histogram anew."""
+        buckets = first_response_buckets(config, self._histograms)
+        bounds = buckets if buckets is not None else FIRST_RESPONSE_BUCKETS_MS
+        with self._lock:
+            if buckets is None:
+                self._first_bounds.pop((model, version), None)
+            else:
+                self._first_bounds[(model, version)] = buckets
+            s = self._series.get((model, version))
+            if s is not None and s.first_response is not None and s.first_response.bounds != bounds:
+                s.first_response = None
 
     def on_load_failure(self, model: str, version: str, reason: str) -> None:
         s = self._get(model, version)
@@ -286,6 +379,8 @@ class TritonMetrics(Collector):
     def collect(self) -> Iterator[Metric]:
         with self._lock:
             items = [(k, _snapshot(s)) for k, s in sorted(self._series.items())]
+            first_bounds = dict(self._first_bounds)
+        counters = self.config.counter_latencies
         for attr, name, doc in COUNTERS[:1]:
             yield _family(name, doc, "counter", ((k, getattr(s, attr)) for k, s in items))
         failure = Metric(
@@ -296,10 +391,19 @@ class TritonMetrics(Collector):
                 failure.add_sample(failure.name, {"model": model, "reason": reason, "version": version}, value)
         yield failure
         for attr, name, doc in COUNTERS[1:]:
-            yield _family(name, doc, "counter", ((k, getattr(s, attr)) for k, s in items))
+            if counters or attr in ("count", "exec_count"):  # counter_latencies=false: the µs counters go
+                yield _family(name, doc, "counter", ((k, getattr(s, attr)) for k, s in items))
         cached = [(k, s) for k, s in items if s.cache_hits or s.cache_misses or k in self._cached_models]
-        for attr, name, doc in CACHE_COUNTERS:
+        for attr, name, doc in CACHE_COUNTERS if counters else ():  # Triton creates these with the µs counters
             yield _family(name, doc, "counter", ((k, getattr(s, attr)) for k, s in cached))
+        if self._summaries:
+            yield from self._summary_families(items)
+        if self._histograms:
+            m = Metric(FIRST_RESPONSE_FAMILY, FIRST_RESPONSE_HELP, "histogram")
+            for (model, version), s in items:
+                h = s.first_response or _Histogram(first_bounds.get((model, version), FIRST_RESPONSE_BUCKETS_MS))
+                _add_histogram(m, {"model": model, "version": version}, h, format_number)
+            yield m
         if self.response_cache is not None and self.response_cache.enabled:
             yield from self._cache_gauges()
         yield _family(
@@ -345,6 +449,41 @@ class TritonMetrics(Collector):
             yield from _model_cache_metrics(self.model_cache)
         yield from self._system()
         yield from self._models_own()
+
+    def _summary_families(self, items: list[tuple[tuple[str, str], _Series]]) -> Iterator[Metric]:
+        """Triton's five summaries: ``_count`` and ``_sum`` since start from the counters' records, quantiles over
+        the window (the request summary not for versions with the response cache, as Triton)."""
+        qs = [q for q, _ in self.config.quantiles]
+        labels_q = [format_number(q) for q in qs]
+        nan = [_NAN] * len(qs)
+        quantiles: dict[tuple[str, str], list[list[float]]] = {}
+        to_compact = []
+        for key, s in items:
+            if s.view is not None:
+                quantiles[key], compacted = window_quantiles(s.view, qs)
+                to_compact += compacted
+        if to_compact:
+            with self._lock:
+                compact(to_compact)
+        for family, (name, doc) in enumerate(SUMMARIES):
+            m = Metric(name, doc, "summary")
+            for (model, version), s in items:
+                if family == 0 and (model, version) in self._cached_models:
+                    continue
+                labels = {"model": model, "version": version}
+                count, total = (
+                    (s.success, s.success_us),
+                    (s.success, s.queue_us),
+                    (s.timed, s.input_us),
+                    (s.timed, s.infer_us),
+                    (s.timed, s.output_us),
+                )[family]
+                m.add_sample(f"{name}_count", labels, count)
+                m.add_sample(f"{name}_sum", labels, total)
+                values = quantiles[(model, version)][family] if (model, version) in quantiles else nan
+                for q, value in zip(labels_q, values, strict=True):
+                    m.add_sample(name, {**labels, "quantile": q}, value)
+            yield m
 
     def _models_own(self) -> Iterator[Metric]:
         """Families Python models created (``pb_utils.MetricFamily``), under the names they chose."""
@@ -472,6 +611,8 @@ def _snapshot(s: _Series) -> _Series:
         elif isinstance(value, _Histogram):
             value = _copy(value)
         setattr(c, attr, value)
+    c.window = None  # the snapshot reads the window through its view (copied under the caller's lock)
+    c.view = s.window.view() if s.window is not None else None
     return c
 
 
@@ -495,11 +636,15 @@ def _histogram(name: str, doc: str, values: Any) -> Metric:
     return m
 
 
-def _add_histogram(m: Metric, labels: dict[str, str], h: _Histogram) -> None:
+def _add_histogram(m: Metric, labels: dict[str, str], h: _Histogram, le_format: Any = None) -> None:
+    """``le_format``: how bounds are written (default ``100.0``; Triton's families ``format_number``: ``100``)."""
     cumulative = 0
     for bound, n in zip((*h.bounds, float("inf")), h.buckets, strict=True):
         cumulative += n
-        le = "+Inf" if bound == float("inf") else str(float(bound))
+        if bound == float("inf"):
+            le = "+Inf"
+        else:
+            le = le_format(bound) if le_format is not None else str(float(bound))
         m.add_sample(f"{m.name}_bucket", {**labels, "le": le}, cumulative)
     m.add_sample(f"{m.name}_count", labels, h.count)
     m.add_sample(f"{m.name}_sum", labels, h.sum)
@@ -522,11 +667,16 @@ def render(registry: CollectorRegistry) -> bytes:
         out.append(f"# HELP {name} {doc}\n# TYPE {name} {kind}\n")
         for s in samples:
             if s.labels:
-                labels = ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(s.labels.items()))
+                labels = ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(s.labels.items(), key=_label_order))
                 out.append(f"{s.name}{{{labels}}} {floatToGoString(s.value)}\n")
             else:
                 out.append(f"{s.name} {floatToGoString(s.value)}\n")
     return "".join(out).encode()
+
+
+def _label_order(item: tuple[str, str]) -> tuple[bool, str]:
+    """Labels sorted by name, ``le`` and ``quantile`` last (prometheus-cpp's order, so Triton's exact lines)."""
+    return item[0] in ("le", "quantile"), item[0]
 
 
 def _escape(value: str) -> str:

@@ -72,6 +72,7 @@ class StatsListener(Protocol):
         queue_ns: int,
         timings: ExecutionTimings | None,
         reason: str,
+        first_response_ns: int | None,
     ) -> None: ...
 
     def on_execution(self, model: str, version: str, batch_size: int, timings: ExecutionTimings) -> None: ...
@@ -121,6 +122,15 @@ class ModelStats:
         total = time.monotonic_ns() - request.received_ns
         queue_ns = (request.compute_start_ns - request.queued_ns) if request.compute_start_ns else 0
         timings = request.timings
+        # Triton's first-response time: a decoupled model's first response (or error) on its stream; -1 when
+        # it sent only a flag-only final; a non-decoupled request's one response is being sent now (total)
+        stream = request.stream
+        if stream is None:
+            first_response = total
+        elif stream.first_ns:
+            first_response = stream.first_ns - request.received_ns
+        else:
+            first_response = -1 if success else total  # a failure's error response follows this record
         first = False
         with self._lock:
             self.last_inference_ms = int(time.time() * 1000)
@@ -134,7 +144,7 @@ class ModelStats:
                     self.routed = RoutedStats()
                 self.routed.add(success, total)
         for listener in self.listeners:
-            listener.on_request(self.model, self.version, success, total, queue_ns, timings, reason)
+            listener.on_request(self.model, self.version, success, total, queue_ns, timings, reason, first_response)
         if first and self.on_first_success is not None:
             self.on_first_success(total)
 

@@ -8,9 +8,10 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..config import ConfigError, check_file_names, parse_config_text, pb
+from ..config import ConfigError, ConfigParseError, check_file_names, parse_config_text, pb
 from ..config.platforms import MODEL_FILENAMES, detect, model_filename, model_is_folder
 from . import confined
+from .config_name import config_files
 from .layout import CONFIG_FILE, MODEL_NAME, PathEscape, config_digest, is_version_dir_name
 from .model_files import ModelFolder
 
@@ -116,7 +117,11 @@ def list_model_names(repo: Path) -> list[str]:
 
 
 def read_model(
-    repo: Path, name: str, override: pb.ModelConfig | None = None, parsed: ParsedConfig | None = None
+    repo: Path,
+    name: str,
+    override: pb.ModelConfig | None = None,
+    parsed: ParsedConfig | None = None,
+    config_name: str = "",
 ) -> ModelSource:
     """Parse one model folder; errors are recorded on the result, never raised.
 
@@ -124,7 +129,9 @@ def read_model(
     folders and their model files are opened beneath the repository root, symlinks taken only while
     they stay inside it. ``parsed``: what an earlier read returned (``ModelSource.parsed``); when
     config.pbtxt's bytes have the same digest, that parse is copied instead of parsing the text again
-    (protobuf's text parser is most of a poll's CPU for an unchanged folder).
+    (protobuf's text parser is most of a poll's CPU for an unchanged folder). ``config_name``:
+    ``--model-config-name``; ``configs/<config_name>.pbtxt`` is read instead of config.pbtxt where it
+    exists (``config_name``), and its bytes are the config digest a poll compares.
     """
     path = repo / name
     source = ModelSource(name=name, path=path, config=None)
@@ -139,7 +146,7 @@ def read_model(
         return source
     try:
         with folder:
-            _read_model(folder, source, override, parsed)
+            _read_model(folder, source, override, parsed, config_name)
     except PathEscape as exc:
         source.config = None
         source.versions.clear()
@@ -148,8 +155,26 @@ def read_model(
     return source
 
 
+def _read_config(folder: ModelFolder, config_name: str) -> tuple[str, bytes | None, str]:
+    """(file, its bytes, why it cannot be read) of the config the model uses: the first of ``config_files``
+    that exists, else (config.pbtxt, None, ""). A file that is there but cannot be read is the model's
+    failure, not a reason to read the next one: Triton, too, uses a custom config once it exists."""
+    for relative in config_files(config_name):
+        try:
+            return relative, folder.read(relative, relative, own=False), ""
+        except (FileNotFoundError, NotADirectoryError):  # NotADirectory: a file named configs
+            continue
+        except OSError as exc:
+            return relative, None, f"cannot read {relative}: {exc.strerror or exc}"
+    return CONFIG_FILE, None, ""
+
+
 def _read_model(
-    folder: ModelFolder, source: ModelSource, override: pb.ModelConfig | None, parsed: ParsedConfig | None
+    folder: ModelFolder,
+    source: ModelSource,
+    override: pb.ModelConfig | None,
+    parsed: ParsedConfig | None,
+    config_name: str = "",
 ) -> None:
     name, path = source.name, source.path
     if override is not None:
@@ -157,20 +182,25 @@ def _read_model(
         config.CopyFrom(override)
         source.config_digest = config_digest(config.SerializeToString(deterministic=True))
     else:
-        try:
-            text = folder.read(CONFIG_FILE, CONFIG_FILE, own=False)
-        except FileNotFoundError:
-            text = None
-        except OSError as exc:
-            source.error = f"cannot read {CONFIG_FILE}: {exc.strerror or exc}"
+        relative, text, unreadable = _read_config(folder, config_name)
+        if unreadable:
+            source.error = unreadable
             return
         if text is not None:
             digest = source.config_digest = config_digest(text)
             if parsed is None or parsed.digest != digest:
                 try:
-                    parsed = ParsedConfig(digest, parse_config_text(text.decode("utf-8"), CONFIG_FILE))
+                    parsed = ParsedConfig(digest, parse_config_text(text.decode("utf-8"), relative))
                 except UnicodeDecodeError as exc:
-                    source.error = f"cannot read {CONFIG_FILE}: {exc}"
+                    source.error = f"cannot read {relative}: {exc}"
+                    return
+                except ConfigParseError as exc:
+                    # a custom config's failure in Triton's words (filesystem ReadTextProto), and where
+                    source.error = (
+                        f"failed to read text proto from {path / relative}: {exc.detail}"
+                        if relative != CONFIG_FILE
+                        else str(exc)
+                    )
                     return
                 except ConfigError as exc:
                     source.error = str(exc)

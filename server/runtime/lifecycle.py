@@ -103,6 +103,7 @@ class ModelLifecycle:
         load_threads: int = 4,
         response_cache: ResponseCache | None = None,
         allow_external_op_libraries: bool = True,
+        config_name: str = "",
     ) -> None:
         #: the registry's routing table, shared: the lifecycle writes it, the registry reads it
         self.models = models
@@ -125,6 +126,8 @@ class ModelLifecycle:
         self.response_cache = response_cache
         #: False with ``--allow-external-op-libraries=false``: op libraries only from the model's own folder
         self.allow_external_op_libraries = allow_external_op_libraries
+        #: ``--model-config-name``: read ``configs/<name>.pbtxt`` where a model has one (``repository.config_name``)
+        self.config_name = config_name
         #: measure each version's memory around its build (the model cache: loads do not overlap then)
         self.measure_footprint = False
         #: models load on request (the model cache): the poll reloads loaded models only
@@ -166,7 +169,9 @@ class ModelLifecycle:
     async def _reconcile(self, entry: ModelEntry, polled: bool = False) -> list[str]:
         """Bring ``entry`` in line with the repository; returns why each failed part failed."""
         name = entry.name
-        source = await asyncio.to_thread(scan.read_model, self.repository_path, name, entry.override, entry.parsed)
+        source = await asyncio.to_thread(
+            scan.read_model, self.repository_path, name, entry.override, entry.parsed, self.config_name
+        )
         if polled and source.missing:
             raise FolderGone(name)
         entry.config_digest = source.config_digest
@@ -442,7 +447,7 @@ class ModelLifecycle:
         same = set()
         for name, entry in entries.items():
             try:
-                source = scan.read_model(self.repository_path, name, entry.override, entry.parsed)
+                source = scan.read_model(self.repository_path, name, entry.override, entry.parsed, self.config_name)
                 if not source.missing and not self._differs(entry, source):
                     same.add(name)
             except Exception:  # whatever it is, the per-model pass meets it and says so
@@ -451,7 +456,7 @@ class ModelLifecycle:
 
     async def _changed(self, entry: ModelEntry) -> bool:
         source = await asyncio.to_thread(
-            scan.read_model, self.repository_path, entry.name, entry.override, entry.parsed
+            scan.read_model, self.repository_path, entry.name, entry.override, entry.parsed, self.config_name
         )
         if source.missing:
             raise FolderGone(entry.name)

@@ -30,6 +30,7 @@ from ..vocabulary.types import InferenceRequest, InferenceResponse
 from .cache import ResponseCache, request_key
 from .cold_start import ColdStart
 from .footprint import Footprint
+from .reshape import Reshaper
 from .validation import RequestValidator, check_outputs
 from .warmup import warm_up
 
@@ -112,6 +113,10 @@ class ModelVersion:
         self.digest = digest
         self.labels = labels or {}
         self.validator = RequestValidator(config, checks_outputs)
+        #: the config's ``reshape``s, applied here for every backend as Triton core does (``runtime.reshape``)
+        self.reshaper = Reshaper(config)
+        self._reshapes_inputs = bool(self.reshaper.inputs)
+        self._reshapes_outputs = bool(self.reshaper.outputs)
         self.decoupled = config.model_transaction_policy.decoupled
         self.inflight = 0
         #: memory its load took (measured when loads do not overlap: the model cache)
@@ -135,11 +140,15 @@ class ModelVersion:
         try:
             try:
                 self.validator.validate(request)
+                if self._reshapes_inputs:
+                    request.inputs = self.reshaper.model_inputs(request.inputs)
                 if self.cache is not None:
                     return await self._infer_cached(request, self.cache)
                 outputs = await self.scheduler.submit(request)
                 if outputs is None:
                     raise BackendError(f"model '{self.name}' sent its response to a stream nobody reads")
+                if self._reshapes_outputs:
+                    outputs = self.reshaper.client_outputs(outputs)
                 check_outputs(self.validator, outputs)
             except ServerError as exc:
                 self.stats.record_request(request, False, exc.failure_reason)
@@ -166,9 +175,13 @@ class ModelVersion:
         if self.closed:
             raise Unavailable(f"model '{self.name}' version {self.version} is unloading")
         self.validator.validate(request)
+        if self._reshapes_inputs:
+            request.inputs = self.reshaper.model_inputs(request.inputs)
         stream = ResponseStream(request, self.name, self.version_str)
         if self.decoupled:
             request.stream = stream
+            if self._reshapes_outputs:  # the model sends its responses itself, each reshaped on its way
+                stream.shape_outputs = self.reshaper.client_outputs
         if not self.inflight:
             self._idle.clear()
         self.inflight += 1
@@ -185,7 +198,9 @@ class ModelVersion:
         try:
             try:
                 outputs = await self.scheduler.submit(request)
-                if outputs is not None:
+                if outputs is not None and stream.shape_outputs is None:  # else ``send`` reshapes them
+                    if self._reshapes_outputs:
+                        outputs = self.reshaper.client_outputs(outputs)
                     check_outputs(self.validator, outputs)
             except ServerError as exc:
                 self.stats.record_request(request, False, exc.failure_reason)
@@ -225,6 +240,8 @@ class ModelVersion:
             outputs = await self.scheduler.submit(request)
             if outputs is None:
                 raise BackendError(f"model '{self.name}' sent its response to a stream nobody reads")
+            if self._reshapes_outputs:
+                outputs = self.reshaper.client_outputs(outputs)
             check_outputs(self.validator, outputs)  # a wrong answer is never cached
             insert_start = time.perf_counter_ns()
             cache.insert(key, outputs)
@@ -263,6 +280,10 @@ async def build_model_version(
     opened for this load (every file it reads is read through it); ``allow_external_op_libraries``:
     ``--allow-external-op-libraries`` (see ``_op_libraries``)."""
     stats = ModelStats(config.name, str(version), listeners)
+    for listener in listeners:  # the metrics read the version's config.pbtxt model_metrics (histogram buckets)
+        on_config = getattr(listener, "on_version_config", None)
+        if on_config is not None:
+            on_config(config.name, str(version), config)
     warmup_seconds = 0.0
     labels = {t.name: _labels(model_dir, t) for t in config.output if t.label_filename and model_dir is not None}
     op_libraries = _op_libraries(config, backend_cls, model_dir, allow_external_op_libraries)

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..config import pb
+from ..repository.config_name import config_files
 from ..repository.layout import NOT_LOADED, check_model_name
 from ..vocabulary.errors import InvalidArgument, NotFound, ServerError, Unavailable
 from . import footprint
@@ -334,7 +335,8 @@ class ModelCache:
             check_model_name(name)
         except InvalidArgument:
             raise NotFound(f"Request for unknown model: '{name}' is not found") from None
-        if not (self.repository_path / name / "config.pbtxt").is_file():
+        folder = self.repository_path / name
+        if not any((folder / f).is_file() for f in config_files(self.registry.lifecycle.config_name)):
             raise NotFound(f"Request for unknown model: '{name}' is not found")
 
     # ---- one load ---------------------------------------------------------------------------

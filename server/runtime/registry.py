@@ -71,7 +71,9 @@ class ModelRegistry:
         response_cache: ResponseCache | None = None,
         allow_external_op_libraries: bool = True,
         model_cache: CacheSettings | None = None,
+        model_config_name: str = "",
     ) -> None:
+        """``model_config_name``: ``--model-config-name`` (see ``repository.config_name``)."""
         self.repository_path = repository_path
         #: metric families Python models create; the metrics endpoint exports them
         self.custom_metrics = custom_metrics if custom_metrics is not None else CustomMetrics()
@@ -90,6 +92,7 @@ class ModelRegistry:
             load_threads=load_threads,
             response_cache=response_cache,
             allow_external_op_libraries=allow_external_op_libraries,
+            config_name=model_config_name,
         )
         self._shutdown = GracefulShutdown(self.loop)
         #: models on demand within a memory budget (None: models load as the control mode says)

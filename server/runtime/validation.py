@@ -25,11 +25,12 @@ class RequestValidator:
             for t in config.input
         }
         self.outputs = {t.name for t in config.output}
-        #: what each output must look like (outputs with a reshape are left to the backend)
+        #: what each output must look like, in its ``dims`` (an output with a ``reshape`` is checked once
+        #: ``runtime.reshape`` made it so)
         self.output_specs = {
             t.name: (datatypes.from_config(pb.DataType.Name(t.data_type)).v2, list(t.dims))
             for t in config.output
-            if checks_outputs and t.dims and not t.HasField("reshape") and t.data_type != pb.TYPE_INVALID
+            if checks_outputs and t.dims and t.data_type != pb.TYPE_INVALID
         }
         self.required = [n for n, (_, _, optional) in self.inputs.items() if not optional]
         #: ``accepts``' tables: numpy dtype and dims per input and output (dims as a tuple, -1 = any size)

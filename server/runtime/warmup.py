@@ -28,6 +28,7 @@ from ..scheduling.instance_pool import InstancePool
 from ..vocabulary import datatypes, tensors
 from ..vocabulary.errors import InvalidArgument, ServerError
 from ..vocabulary.types import InferenceRequest
+from .reshape import Reshaper
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +96,8 @@ def _input(
 def warmup_requests(config: pb.ModelConfig, model_dir: ModelFolder | None) -> list[tuple[str, int, InferenceRequest]]:
     """(sample name, times, request) for every warm-up sample; raises InvalidArgument on a bad sample."""
     declared = {t.name: t.data_type for t in config.input}
+    #: samples are written in the inputs' dims, as requests are, and reach the model reshaped as they do
+    reshaper = Reshaper(config)
     out = []
     for i, sample in enumerate(config.model_warmup):
         name = sample.name or f"sample {i}"
@@ -110,6 +113,10 @@ def warmup_requests(config: pb.ModelConfig, model_dir: ModelFolder | None) -> li
                     f"model input is {pb.DataType.Name(declared[input_name])}"
                 )
             inputs[input_name] = _input(config, sample, input_name, spec, model_dir)
+        try:
+            inputs = reshaper.model_inputs(inputs)
+        except InvalidArgument as exc:
+            raise InvalidArgument(f"model_warmup '{name}': {exc.message}") from None
         request = InferenceRequest(config.name, inputs=inputs, id=f"warmup:{name}")
         out.append((name, max(1, sample.count), request))
     return out

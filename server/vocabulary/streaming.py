@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -54,10 +55,17 @@ class ResponseStream:
         self._waiter: asyncio.Future[None] | None = None
         #: the final item was sent (producer side)
         self.finished = False
+        #: ``time.monotonic_ns()`` when the first response or error was sent (0: none yet; a flag-only final
+        #: is not a response): the request's first-response time in the metrics
+        self.first_ns = 0
         #: the final item was read (consumer side)
         self._ended = False
         self.cancelled = False
         self._on_cancel: list[Callable[[], Any]] = []
+        #: applied to every response's outputs in ``send`` (the model's shapes → its clients', the config's
+        #: ``reshape``), for models that send their responses themselves; a ServerError it raises is sent
+        #: as that response's error
+        self.shape_outputs: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None
 
     # ---- producer side: any thread ---------------------------------------------------------
     def send(
@@ -70,6 +78,11 @@ class ResponseStream:
     ) -> bool:
         """Queue one response (or error); False when the stream was already finished (nothing queued)."""
         response = None
+        if outputs is not None and error is None and self.shape_outputs is not None:
+            try:
+                outputs = self.shape_outputs(outputs)
+            except ServerError as exc:
+                outputs, error = None, exc
         if outputs is not None and error is None:
             response = InferenceResponse(
                 self.model_name, self.model_version, outputs, self.request.id, parameters or {}
@@ -79,6 +92,8 @@ class ResponseStream:
                 return False
             self._items.append(StreamItem(response, error, final))
             self.finished = final
+            if not self.first_ns and (response is not None or error is not None):
+                self.first_ns = time.monotonic_ns()
             waiter, self._waiter = self._waiter, None
             self._lock.notify_all()
         if waiter is not None:

@@ -49,6 +49,7 @@ class FakeLifecycle:
         self.load_threads = load_threads
         self.measure_footprint = False
         self.on_demand = False
+        self.config_name = ""  # --model-config-name
         self.sizes: dict[str, int] = {}
         self.gates: dict[str, asyncio.Event] = {}
         self.started: list[str] = []

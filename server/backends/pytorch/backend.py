@@ -193,13 +193,11 @@ class PyTorchInstance(TensorBackendInstance):
         self.batching = config.max_batch_size > 0
         self._input_types = {t.name: pb.DataType.Name(t.data_type) for t in config.input}
         self._output_types = {t.name: pb.DataType.Name(t.data_type) for t in config.output}
-        self._input_reshape = {t.name: list(t.reshape.shape) for t in config.input if t.HasField("reshape")}
-        self._output_reshape = {t.name: list(t.dims) for t in config.output if t.HasField("reshape")}
+        # a config ``reshape`` (a [batch] string tensor's dims [1] with an empty reshape, too) is applied by the
+        # runtime for every backend (``runtime.reshape``): tensors come and go in ``reshape.shape``
 
     # ---- inputs ------------------------------------------------------------------------------------
     def _argument(self, name: str, array: np.ndarray) -> Any:
-        if name in self._input_reshape:
-            array = array.reshape(([array.shape[0]] if self.batching else []) + self._input_reshape[name])
         if self._input_types[name] == dtypes.STRING:
             return [v.decode("utf-8", errors="replace") if isinstance(v, bytes) else str(v) for v in array.ravel()]
         tensor = dtypes.to_tensor(array)
@@ -252,8 +250,6 @@ class PyTorchInstance(TensorBackendInstance):
             array = dtypes.to_numpy(value)
         else:
             raise InvalidArgument(f"output '{name}' must be of type Tensor or List[str].")
-        if name in self._output_reshape:
-            array = array.reshape(([array.shape[0]] if self.batching else []) + self._output_reshape[name])
         if rows is not None and (array.ndim == 0 or array.shape[0] != rows):
             raise InvalidArgument(
                 f"output '{name}' has shape {list(array.shape)} for a batch of {rows}: with max_batch_size > 0 "

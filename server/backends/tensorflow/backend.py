@@ -388,30 +388,18 @@ class TensorFlowInstance(TensorBackendInstance):
         self.session = session
         self.batching = config.max_batch_size > 0
         self.output_names = [t.name for t in config.output]
-        self._input_reshape = {t.name: list(t.reshape.shape) for t in config.input if t.HasField("reshape")}
-        self._output_reshape = {t.name: list(t.dims) for t in config.output if t.HasField("reshape")}
+        # a config ``reshape`` (a [batch] tensor's dims [1] with an empty reshape, too) is applied by the
+        # runtime for every backend (``runtime.reshape``): tensors come and go in ``reshape.shape``
         self._errors = (session.tf.errors.OpError, ValueError, TypeError)
 
     def run(self, inputs: dict[str, np.ndarray], output_names: list[str]) -> dict[str, np.ndarray]:
-        feeds = []
-        for name in self.session.input_order:
-            array = inputs[name]
-            shape = self._input_reshape.get(name)
-            if shape is not None:
-                array = array.reshape(([array.shape[0]] if self.batching else []) + shape)
-            feeds.append(array)
+        feeds = [inputs[name] for name in self.session.input_order]
         names = tuple(output_names)
         try:
             values = self.session.callable(names)(*feeds)
         except self._errors as exc:
             raise BackendError(f"TensorFlow execute failure: {_first_line(exc)}") from None
-        outputs: dict[str, np.ndarray] = {}
-        for name, value in zip(names, values, strict=True):
-            dims = self._output_reshape.get(name)
-            if dims is not None:
-                value = value.reshape(([value.shape[0]] if self.batching else []) + dims)
-            outputs[name] = value
-        return outputs
+        return dict(zip(names, values, strict=True))
 
     def close(self) -> None:
         self.session.release()
