@@ -32,7 +32,7 @@ from typing import Any
 import pytest
 from onnx import TensorProto
 
-from tests.support import hostile, processes
+from tests.support import drills, hostile, processes
 from tests.support.models import unary
 from tests.support.server import ServerProcess, start_server
 from tests.support.waiting import wait_for_cluster
@@ -111,15 +111,6 @@ def pool() -> dict[str, Any]:
     }
 
 
-def _sample_rss(pid: int, out: list[int], stop: threading.Event) -> None:
-    while not stop.wait(0.5):
-        try:
-            with open(f"/proc/{pid}/status") as f:
-                out.append(next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS")))
-        except (OSError, StopIteration):
-            return
-
-
 @pytest.fixture
 def drill(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Drill]:
     suffix = uuid.uuid4().hex[:6]
@@ -156,7 +147,7 @@ def drill(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dr
     with open(log, "wb") as out:
         operator = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
     d = Drill(cluster, root, evil, good, files, attacker, listener, server, operator, log, stop)
-    sampler = threading.Thread(target=_sample_rss, args=(operator.pid, d.rss, stop), daemon=True)
+    sampler = threading.Thread(target=drills.sample_rss, args=(operator.pid, d.rss, stop), daemon=True)
     sampler.start()
     try:
         for ns in (evil, good):

@@ -117,10 +117,16 @@ class ModelFolder:
             shown = relative if own else f"{self.name}/{relative}"
             raise PathEscape(exc.describe(f"{what} '{shown}'", MODEL_FOLDER if own else REPOSITORY)) from None
 
-    def read(self, relative: str, what: str, *, own: bool = True) -> bytes:
-        """The bytes of ``relative``; ``PathEscape`` for a symlink leading out, ``OSError`` when unreadable."""
+    def read(self, relative: str, what: str, *, own: bool = True, max_bytes: int | None = None) -> bytes:
+        """The bytes of ``relative``; ``PathEscape`` for a symlink leading out, ``OSError`` when unreadable
+        (``confined.OverLimit`` when it holds more than ``max_bytes``: told by its size, never read whole)."""
         with confined.opened(self._open(relative, what, own)) as fd:
-            return confined.read_fd(fd)
+            if max_bytes is not None and os.fstat(fd).st_size > max_bytes:
+                raise confined.OverLimit(f"it is larger than {max_bytes} bytes")
+            data = confined.read_fd(fd, max_bytes)
+            if max_bytes is not None and len(data) > max_bytes:
+                raise confined.OverLimit(f"it is larger than {max_bytes} bytes")
+            return data
 
     def pin(self, relative: str, what: str, *, own: bool = True, directory: bool = False) -> Path:
         """A ``/proc/self/fd/N`` path for ``relative``, opened once and held until ``close``."""

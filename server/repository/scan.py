@@ -155,13 +155,18 @@ def read_model(
     return source
 
 
+#: a config.pbtxt is a few KiB (a large ensemble's, tens): a bigger one is refused from its size, never read --
+#: a tenant who can write a served folder (hostPath volumes) could plant a sparse file of any size for free
+MAX_CONFIG_BYTES = 16 << 20
+
+
 def _read_config(folder: ModelFolder, config_name: str) -> tuple[str, bytes | None, str]:
     """(file, its bytes, why it cannot be read) of the config the model uses: the first of ``config_files``
     that exists, else (config.pbtxt, None, ""). A file that is there but cannot be read is the model's
     failure, not a reason to read the next one: Triton, too, uses a custom config once it exists."""
     for relative in config_files(config_name):
         try:
-            return relative, folder.read(relative, relative, own=False), ""
+            return relative, folder.read(relative, relative, own=False, max_bytes=MAX_CONFIG_BYTES), ""
         except (FileNotFoundError, NotADirectoryError):  # NotADirectory: a file named configs
             continue
         except OSError as exc:

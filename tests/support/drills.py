@@ -8,6 +8,7 @@ terminal summary (so they show whatever the capture settings) and writes them to
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 LINES: list[str] = []
@@ -34,6 +35,16 @@ def rss_bytes(pid: int) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024
     raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+def sample_rss(pid: int, out: list[int], stop: threading.Event, interval: float = 0.5) -> None:
+    """Append the process's resident set size (bytes, /proc) to ``out`` every ``interval`` seconds until ``stop``
+    is set or the process is gone; run it in a thread beside a drill."""
+    while not stop.wait(interval):
+        try:
+            out.append(rss_bytes(pid))
+        except (OSError, RuntimeError):
+            return
 
 
 def mib(n: float) -> str:

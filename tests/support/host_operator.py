@@ -29,10 +29,13 @@ class HostOperator:
     root: Path
     log: Path
     proc: subprocess.Popen[bytes]
+    #: the further namespaces the operator watches (``host_operator``'s ``others``), in that order
+    others: tuple[str, ...] = ()
 
-    def uploads(self) -> Path:
-        """The namespace's folder on the volume that ``file://`` sources of its models read from."""
-        folder = self.root / self.ns / "uploads"
+    def uploads(self, ns: str = "") -> Path:
+        """The namespace's (default: the first one's) folder on the volume that ``source.path`` of its models
+        reads from."""
+        folder = self.root / (ns or self.ns) / "uploads"
         folder.mkdir(parents=True, exist_ok=True)
         return folder
 
@@ -75,17 +78,25 @@ class InNamespace:
 
 @contextmanager
 def host_operator(
-    cluster: Any, node: dict, prefix: str, log_dir: Path, extra_args: tuple[str, ...] = ()
+    cluster: Any,
+    node: dict,
+    prefix: str,
+    log_dir: Path,
+    extra_args: tuple[str, ...] = (),
+    others: tuple[str, ...] = (),
 ) -> Iterator[HostOperator]:
     """This tree's CRDs applied, a fresh namespace, a claim ``models`` on a volume of its own, and the
     operator (this tree's code) watching the namespace with that claim as its repository (``extra_args``:
-    more of its command-line options)."""
+    more of its command-line options). ``others``: further namespaces it watches too, each made fresh as
+    ``<prefix>-<other>-<suffix>`` (``HostOperator.others``), their pools on folders of the same volume."""
     suffix = uuid.uuid4().hex[:6]
     ns, pv_name = f"{prefix}-{suffix}", f"{prefix}-{suffix}"
+    more = tuple(f"{prefix}-{other}-{suffix}" for other in others)
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))
     for crd in ("inferencemodels", "inferenceservers"):
         cluster.kubectl("wait", "--for=condition=Established", f"crd/{crd}.serving.kubeinfer.io", "--timeout=60s")
-    cluster.kubectl("create", "namespace", ns)
+    for name in (ns, *more):
+        cluster.kubectl("create", "namespace", name)
     folder = Path(node["volumes"]) / pv_name
     folder.mkdir(parents=True)
     folder.chmod(0o777)
@@ -136,19 +147,23 @@ def host_operator(
     args = [
         sys.executable, "-m", "kubeinfer.operator", "--kubeconfig", cluster.kubeconfig,
         "--repository-root", str(folder), "--claim-name", "models", "--claim-namespace", ns,
-        "--namespace", ns, "--resync-seconds", "3", *extra_args,
+        "--namespace", ns, *(a for name in more for a in ("--namespace", name)), "--resync-seconds", "3", *extra_args,
     ]  # fmt: skip
     with open(log, "wb") as out:
         proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
     try:
-        yield HostOperator(ns, folder, log, proc)
+        yield HostOperator(ns, folder, log, proc, more)
     finally:
-        cluster.kubectl(
-            "-n", ns, "delete", "inferencemodels,inferenceservers", "--all", "--wait=true", "--timeout=90s", check=False
-        )
+        for name in (ns, *more):
+            cluster.kubectl(
+                "-n", name, "delete", "inferencemodels,inferenceservers", "--all", "--wait=true", "--timeout=90s",
+                check=False,
+            )  # fmt: skip
         processes.stop(proc)
-        cluster.release_finalizers(ns)
-        cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
-        for label in (f"serving.kubeinfer.io/tenant-namespace={ns}",):
-            cluster.kubectl("delete", "pv", "-l", label, "--wait=false", check=False)
+        for name in (ns, *more):
+            cluster.release_finalizers(name)
+            cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+            cluster.kubectl(
+                "delete", "pv", "-l", f"serving.kubeinfer.io/tenant-namespace={name}", "--wait=false", check=False
+            )
         cluster.kubectl("delete", "pv", pv_name, "--wait=false", check=False)

@@ -25,34 +25,14 @@ from kubeinfer.operator.quota import DownloadGate
 from kubeinfer.operator.render import render_model
 from kubeinfer.server.repository import confined
 
+from tests.support.archive_bombs import tar_header as _header
+from tests.support.archive_bombs import zeros_tgz as _bomb
 from tests.unit.operator.test_repository_writer import NS, make_writer
 
 MIB = 1 << 20
 GIB = 1 << 30
-_ZEROS_MIB = gzip.compress(bytes(MIB), compresslevel=9)
 #: an unpack that reads only a few MiB of a bomb ends in well under this; decompressing the bomb takes far longer
 QUICK = 3.0
-
-
-def _header(name: str, size: int) -> bytes:
-    info = tarfile.TarInfo(name)
-    info.size = size
-    return info.tobuf(tarfile.GNU_FORMAT)  # base-256 sizes: 8 GiB and more
-
-
-def _bomb(path: Path, files: list[tuple[str, int]], *, end: bool = True) -> Path:
-    """A .tgz of files of zeros (sizes whole MiB), written as gzip members; without ``end`` it stops after the
-    last header (no data, no end-of-archive blocks)."""
-    with path.open("wb") as out:
-        for i, (name, size) in enumerate(files):
-            out.write(gzip.compress(_header(name, size)))
-            if not end and i == len(files) - 1:
-                return path
-            assert size % MIB == 0
-            for _ in range(size // MIB):
-                out.write(_ZEROS_MIB)
-        out.write(gzip.compress(bytes(2 * tarfile.BLOCKSIZE)))
-    return path
 
 
 def _unpack(archive: Path, dest: Path, **kw: object) -> int:
