@@ -108,7 +108,11 @@ STATUS_SCHEMA: dict[str, Any] = {
             "properties": {
                 "version": {"type": "integer", "format": "int64", "description": "Version number."},
                 "trafficPercent": {"type": "number", "description": "Weight in force (after a rollout decision)."},
-                "requests": {"type": "integer", "format": "int64", "description": "Requests in the window."},
+                "requests": {
+                    "type": "integer",
+                    "format": "int64",
+                    "description": "Requests the weights routed here in the window (not those naming the version).",
+                },
                 "failures": {"type": "integer", "format": "int64", "description": "Failed requests in the window."},
                 "errorRate": {"type": "number", "description": "failures / requests (0 without requests)."},
                 "p99Milliseconds": {"type": "number", "description": "p99 latency in the window (histogram)."},
