@@ -302,7 +302,10 @@ def test_each_pool_gets_a_network_policy_for_its_namespace_and_the_operator(tena
     )
     spec = policy["spec"]
     assert spec["podSelector"]["matchLabels"]["app.kubernetes.io/instance"] == "open"
-    assert spec["policyTypes"] == ["Ingress"]
+    assert spec["policyTypes"] == ["Ingress", "Egress"]  # egress closed too: DNS only by default (issue #37)
+    assert [rule["ports"] for rule in spec["egress"]] == [
+        [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]
+    ]
     serving, metrics = spec["ingress"]
     assert serving["from"][0] == {"podSelector": {}}  # the pool's own namespace
     assert serving["from"][1]["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": t.ops}}
