@@ -357,3 +357,10 @@ def crd_schemas(tmp_path_factory) -> Path:
     )
     assert proc.returncode == 0, proc.stderr
     return out
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The drills' figures (tests/support/drills.py), shown for a pass too."""
+    from tests.support import drills
+
+    drills.write_summary(terminalreporter)

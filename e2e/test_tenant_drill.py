@@ -424,8 +424,8 @@ def test_a_hostile_namespace_beside_two_good_ones(drill: Drill) -> None:
         planted = planted or _plant(d)
         time.sleep(1.0)
     times = sorted(ready_after.values()) or [float("nan")]
-    print(
-        f"\ntenant drill: {len(ready_after)}/{2 * GOOD_MODELS} good models Ready; seconds after their apply: "
+    drills.note(
+        f"tenant drill: {len(ready_after)}/{2 * GOOD_MODELS} good models Ready; seconds after their apply: "
         f"first {times[0]:.1f}, median {statistics.median(times):.1f}, last {times[-1]:.1f} (limit {BUDGET:.0f})"
     )
     assert len(ready_after) == 2 * GOOD_MODELS and times[-1] <= BUDGET, d.describe()
@@ -511,27 +511,27 @@ def test_a_hostile_namespace_beside_two_good_ones(drill: Drill) -> None:
         elif line.startswith("kubeinfer_model_cache_evictions{") and 'reason="budget"' in line:
             cache["evictions"] += int(float(line.rsplit(" ", 1)[1]))
 
-    print(
+    drills.note(
         f"  good traffic through the Services over {duration:.0f} s: "
         + ", ".join(f"{ns}: {traffic.inferences[ns]} inferences + {traffic.probes[ns]} probes" for ns in services)
         + f"; failed {len(traffic.failures)}"
     )
-    print(
+    drills.note(
         f"  operator: exited 0 times (restarts 0), peak RSS {peak / 1e6:.0f} MB ({peak / (1 << 20):.0f} MiB; "
         f"{len(d.rss)} samples, limit {RSS_LIMIT / 1e6:.0f} MB)"
     )
-    print(
+    drills.note(
         f"  thrasher ({THRASH_MODELS} models, budget {CACHE_BUDGET}, up to {THRASH_RATE:.0f} requests/s): "
         f"{dict(thrasher.answers)}; the hostile replica's cache: {dict(cache)}"
     )
-    print(
+    drills.note(
         "  hostile objects in their conditions, seconds after the hostile apply: "
         + ", ".join(f"{name} {t:.1f}" for name, t in seen_after.items())
     )
-    print(f"  fake replica {fake}: {len(fake_requests)} requests received; the operator logged it ignored")
-    print(f"  bomb-zeros: {zeros}\n  bomb-headers: {headers}\n  sparse: {sparse}")
-    print(f"  crowded ({ENTRIES} entries, made in {d.crowd_seconds:.1f} s): {crowded}")
-    print(f"  planted: 50 GB config.pbtxt and {SOURCE_MARKER} rewritten unread\n  {GRAB}: {grab}")
+    drills.note(f"  fake replica {fake}: {len(fake_requests)} requests received; the operator logged it ignored")
+    drills.note(f"  bomb-zeros: {zeros}\n  bomb-headers: {headers}\n  sparse: {sparse}")
+    drills.note(f"  crowded ({ENTRIES} entries, made in {d.crowd_seconds:.1f} s): {crowded}")
+    drills.note(f"  planted: 50 GB config.pbtxt and {SOURCE_MARKER} rewritten unread\n  {GRAB}: {grab}")
 
     assert traffic.failures == [], traffic.failures[:20]
     assert all(traffic.inferences[ns] > 0 for ns in services), traffic.inferences

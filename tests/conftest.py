@@ -52,7 +52,4 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     """The fuzzing runs' and fault drills' one-line summaries (tests/support/drills.py)."""
     from tests.support import drills
 
-    if drills.LINES:
-        terminalreporter.section("drills")
-        for line in drills.LINES:
-            terminalreporter.write_line(line)
+    drills.write_summary(terminalreporter)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import threading
 from pathlib import Path
+from typing import Any
 
 LINES: list[str] = []
 
@@ -21,12 +22,25 @@ def report(
         f"{name}: inputs tried {inputs}, crashes {crashes}, 5xx-on-bad-input {server_errors}, "
         f"failed good requests {failed_good}, RSS growth {rss}"
     )
+    return note(line)
+
+
+def note(line: str) -> str:
+    """A line of a drill's figures for the summary (shown whatever the capture settings, also for a pass)."""
     LINES.append(line)
     target = os.environ.get("KUBEINFER_DRILL_REPORT")
     if target:
         with Path(target).open("a", encoding="utf-8") as f:
             f.write(line + "\n")
     return line
+
+
+def write_summary(terminalreporter: Any) -> None:
+    """The "drills" section of the terminal summary (both conftests' ``pytest_terminal_summary``)."""
+    if LINES:
+        terminalreporter.section("drills")
+        for line in LINES:
+            terminalreporter.write_line(line)
 
 
 def rss_bytes(pid: int) -> int:
