@@ -463,5 +463,5 @@ def test_private_downloads_use_only_a_labelled_secret_for_its_hosts_over_https(s
     body = stage.model("cleartext", MANUAL, [{"version": 1, "source": {"uri": f"{stage.files_url}/relu.onnx"}}])
     body["spec"]["versions"][0]["source"].update(sha256=sha, credentialsSecret="creds")
     refused = stage.kubectl("create", "-f", "-", input=json.dumps(body), check=False)
-    assert refused.returncode != 0 and "credentialsSecret needs an https:// source.uri" in refused.stderr
+    assert refused.returncode != 0 and "credentialsSecret needs an https://" in refused.stderr
     stage.kubectl("delete", "inferencemodel", *cases, "--wait=true", "--timeout=60s")

@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import kopf
+from kubeinfer.server.sources.egress import HostRules, parse_networks
 from kubernetes.client import CoordinationV1Api
 
 from .autoscaling import DEFAULT_SCALER_ADDRESS
-from .egress import HostRules, parse_networks
 from .kube import Kube, load_config
 from .leader import LeaseElector
 from .liveness import FollowerLiveness
@@ -236,6 +236,15 @@ def build_parser() -> argparse.ArgumentParser:
         "(repeatable; wins over --allowed-network)",
     )
     p.add_argument(
+        "--ambient-s3-credentials",
+        action="append",
+        default=[],
+        metavar="NAMESPACE[,NAMESPACE...]",
+        help="namespaces whose s3:// sources without source.credentialsSecret are signed with the operator's own "
+        "AWS credentials (botocore's chain: web identity token / IRSA, instance role); '*' is every namespace. "
+        "Default: none (such a source is fetched anonymously)",
+    )
+    p.add_argument(
         "--allowed-hosts",
         action="append",
         default=[],
@@ -381,6 +390,7 @@ def main(argv: list[str] | None = None) -> int:
         allowed_networks=parse_networks(args.allowed_network),
         blocked_networks=parse_networks(args.blocked_network),
         allowed_hosts=HostRules.parse(args.allowed_hosts),
+        ambient_s3_namespaces=tuple(n.strip() for v in args.ambient_s3_credentials for n in v.split(",") if n.strip()),
         downloads_per_namespace=args.downloads_per_namespace,
         downloads_total=args.downloads_total,
         namespace_quota_bytes=args.namespace_quota_bytes,

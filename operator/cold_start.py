@@ -32,14 +32,20 @@ def timestamp(epoch: float) -> str:
 
 
 def render_record(
-    sync_seconds: float, fetched: Iterable[tuple[int, int, float]], finished: float | None = None
+    sync_seconds: float,
+    fetched: Iterable[tuple[int, int, float]],
+    finished: float | None = None,
+    served: Mapping[int, str] | None = None,
 ) -> dict[str, Any]:
     """``status.coldStart.render`` of a sync that changed the model: ``sync_seconds`` its wall clock,
     ``fetched`` (version, bytes, seconds) per artifact, ``finished`` (epoch seconds; default now) when it was
-    published."""
+    published, ``served`` what pinned each version a store served."""
     fetched = list(fetched)
     finished = time.time() if finished is None else finished
-    artifacts = [{"version": v, "bytes": n, "seconds": round(s, 3)} for v, n, s in fetched]
+    artifacts: list[dict[str, Any]] = [{"version": v, "bytes": n, "seconds": round(s, 3)} for v, n, s in fetched]
+    for artifact in artifacts:
+        if served and artifact["version"] in served:
+            artifact["pinnedBy"] = served[artifact["version"]]
     fetch_seconds = sum(s for _, _, s in fetched)
     return {
         "time": timestamp(finished),

@@ -11,8 +11,9 @@ import base64
 from collections.abc import Mapping
 from typing import Any
 
+from kubeinfer.server.sources.egress import check_pattern, matches_any
+
 from .artifacts import ArtifactError
-from .egress import check_pattern, matches_any
 
 #: Secrets the operator may use as download credentials carry this label (set to "true")
 CREDENTIALS_LABEL = "serving.kubeinfer.io/artifact-credentials"
@@ -41,14 +42,12 @@ def secret_hosts(secret: Mapping[str, Any], name: str) -> tuple[str, ...]:
     return patterns
 
 
-def credential_headers(secret: Mapping[str, Any], name: str, host: str) -> dict[str, str]:
-    """HTTP headers from a Secret the user named in ``source.credentialsSecret``, for a download from ``host``.
+def credential_data(secret: Mapping[str, Any], name: str, host: str) -> dict[str, str]:
+    """The decoded data of a Secret the user named in ``source.credentialsSecret``, for a download from ``host``.
 
     The Secret must be labelled ``serving.kubeinfer.io/artifact-credentials: "true"`` (so naming a
-    Secret cannot make the operator send one that was never meant for downloads), annotated with the
-    hosts it may be sent to (``serving.kubeinfer.io/artifact-hosts``, which must match ``host``), and
-    hold ``token`` (sent as ``Authorization: Bearer``), ``username`` and ``password`` (Basic), or
-    ``authorization`` (the header's full value).
+    Secret cannot make the operator send one that was never meant for downloads) and annotated with the
+    hosts it may be sent to (``serving.kubeinfer.io/artifact-hosts``, which must match ``host``).
     """
     labels = (secret.get("metadata") or {}).get("labels") or {}
     if labels.get(CREDENTIALS_LABEL) != "true":
@@ -61,7 +60,12 @@ def credential_headers(secret: Mapping[str, Any], name: str, host: str) -> dict[
             "CredentialsRejected",
             f"Secret '{name}' may not be sent to '{host}': that host is not in its annotation {HOSTS_ANNOTATION}",
         )
-    data = {k: base64.b64decode(v).decode("utf-8", "replace").strip() for k, v in (secret.get("data") or {}).items()}
+    return {k: base64.b64decode(v).decode("utf-8", "replace").strip() for k, v in (secret.get("data") or {}).items()}
+
+
+def headers_from(data: Mapping[str, str], name: str) -> dict[str, str]:
+    """HTTP headers from checked Secret data: ``token`` (sent as ``Authorization: Bearer``), ``username``
+    and ``password`` (Basic), or ``authorization`` (the header's full value)."""
     if data.get("authorization"):
         return {"Authorization": data["authorization"]}
     if data.get("token"):
@@ -73,3 +77,8 @@ def credential_headers(secret: Mapping[str, Any], name: str, host: str) -> dict[
         "CredentialsRejected",
         f"Secret '{name}' has none of the keys token, username+password, authorization",
     )
+
+
+def credential_headers(secret: Mapping[str, Any], name: str, host: str) -> dict[str, str]:
+    """HTTP headers from a credentials Secret for a download from ``host`` (``credential_data``, ``headers_from``)."""
+    return headers_from(credential_data(secret, name, host), name)

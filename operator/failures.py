@@ -13,8 +13,10 @@ import threading
 import time
 from dataclasses import dataclass
 
+from kubeinfer.server.sources.errors import TEMPORARY as TEMPORARY_SOURCE_REASONS
+
 #: artifact failures that may go away by themselves (network, a download slot); the rest wait for a spec change
-TEMPORARY_REASONS = {"FetchFailed", "Queued"}
+TEMPORARY_REASONS = {"FetchFailed", "Queued", *TEMPORARY_SOURCE_REASONS}
 #: seconds (on average; spread by half either way, so queued models do not come back in step) before
 #: kopf retries a model whose download waits for a slot
 QUEUE_RETRY = 3.0

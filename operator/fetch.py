@@ -1,11 +1,8 @@
-"""Downloads of ``source.uri``: public addresses only, bounded in bytes and in time, refusals without oracles.
+"""Downloads of an http(s) ``source.uri``: public addresses only, bounded in bytes and time, no oracles.
 
-Built on httpcore's public network-backend interface: the pool asks ``GuardedBackend`` for every TCP
-connection, and the backend resolves the name once, checks every address it got
-(``egress.AddressPolicy``), and connects to exactly such an address. So a redirect hop, a name that
-resolves to a private address, and DNS rebinding (a second lookup answering differently) all meet the
-same check, at the one place a connection is made. httpcore never decodes a ``Content-Encoding``, so
-the bytes counted against the size limit are the bytes received.
+Every connection goes through ``kubeinfer.server.sources.guard`` (the one egress guard of every source
+scheme). httpcore never decodes a ``Content-Encoding``, so the bytes counted against the size limit are
+the bytes received.
 
 With ``--fetch-proxy`` the proxy is the address connected to (the operator's own setting, not
 checked); the operator still checks the scheme, the host allow-lists and URL hosts that are IP
@@ -22,19 +19,25 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
-import socket
 import ssl
-import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 import httpcore
 import httpx
+from kubeinfer.server.sources.egress import AddressPolicy, EgressRefused, HostRules, literal_address, normal_host
+from kubeinfer.server.sources.guard import (
+    GuardedBackend,
+    Resolver,
+    deadline_scope,
+    failure_phrase,
+    system_resolve,
+)
 
 from .artifacts import ArtifactError, Digest, copy_chunks
-from .egress import AddressPolicy, EgressRefused, HostRules, IPAddress, literal_address, normal_host
+from .credentials import headers_from
 from .quota import DownloadGate, NamespaceQuota
 
 #: redirects followed per download (each checked: http(s) only, never from https down to http)
@@ -46,172 +49,12 @@ DEFAULT_DEADLINE = 1800.0
 KNOWN_ENCODINGS = {"gzip", "x-gzip", "deflate", "br", "compress", "zstd", "identity"}
 log = logging.getLogger("kubeinfer.operator.fetch")
 
-_local = threading.local()
-
-
-@contextlib.contextmanager
-def deadline_scope(at: float) -> Iterator[None]:
-    """Every connect, TLS handshake and read of this thread ends by monotonic time ``at``."""
-    before = getattr(_local, "deadline", None)
-    _local.deadline = at
-    try:
-        yield
-    finally:
-        _local.deadline = before
-
-
-def clamp(timeout: float | None) -> float | None:
-    """``timeout`` cut to what is left of the thread's deadline (a past deadline: a timeout at once)."""
-    at: float | None = getattr(_local, "deadline", None)
-    if at is None:
-        return timeout
-    left = max(0.001, at - time.monotonic())
-    return left if timeout is None else min(timeout, left)
-
-
-class Unresolvable(httpcore.ConnectError):
-    """The host name has no address."""
-
-
-class GuardedStream(httpcore.NetworkStream):
-    """A connection whose reads, writes and TLS handshake obey the thread's deadline."""
-
-    def __init__(self, inner: httpcore.NetworkStream) -> None:
-        self._inner = inner
-
-    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
-        return self._inner.read(max_bytes, clamp(timeout))
-
-    def write(self, buffer: bytes, timeout: float | None = None) -> None:
-        self._inner.write(buffer, clamp(timeout))
-
-    def close(self) -> None:
-        self._inner.close()
-
-    def start_tls(
-        self, ssl_context: ssl.SSLContext, server_hostname: str | None = None, timeout: float | None = None
-    ) -> httpcore.NetworkStream:
-        return GuardedStream(self._inner.start_tls(ssl_context, server_hostname, clamp(timeout)))
-
-    def get_extra_info(self, info: str) -> Any:
-        return self._inner.get_extra_info(info)
-
-
-Resolver = Callable[[str, int], list[IPAddress]]
-
-
-def system_resolve(host: str, port: int) -> list[IPAddress]:
-    """Every address the system resolver gives for ``host``, in its order, without duplicates."""
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except (socket.gaierror, UnicodeError) as exc:
-        raise Unresolvable(f"{host} does not resolve") from exc
-    out: list[IPAddress] = []
-    for info in infos:
-        address = literal_address(str(info[4][0]).split("%")[0])
-        if address is not None and address not in out:
-            out.append(address)
-    return out
-
-
-class GuardedBackend(httpcore.NetworkBackend):
-    """Resolve once, refuse if any address breaks the policy, connect to exactly a checked address.
-
-    ``exempt`` is the configured proxy's (host, port): connections to it are not checked.
-    """
-
-    def __init__(
-        self,
-        policy: AddressPolicy,
-        resolve: Resolver = system_resolve,
-        exempt: tuple[str, int] | None = None,
-        inner: httpcore.NetworkBackend | None = None,
-    ) -> None:
-        self.policy = policy
-        self.resolve = resolve
-        self.exempt = exempt
-        self.inner = inner or httpcore.SyncBackend()
-        #: (host, address) of every connection made, for the tests and the logs
-        self.connected: list[tuple[str, str]] = []
-
-    def connect_tcp(
-        self,
-        host: str,
-        port: int,
-        timeout: float | None = None,
-        local_address: str | None = None,
-        socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
-    ) -> httpcore.NetworkStream:
-        timeout = clamp(timeout)
-        if self.exempt is not None and (normal_host(host), port) == self.exempt:
-            return GuardedStream(self.inner.connect_tcp(host, port, timeout, local_address, socket_options))
-        literal = literal_address(host)
-        addresses = [literal] if literal is not None else self.resolve(host, port)
-        if not addresses:
-            raise Unresolvable(f"{host} has no address")
-        for address in addresses:
-            refused = self.policy.refusal(address)
-            if refused is not None:
-                log.info("refused a connection to %s (%s): %s", host, address, refused)
-                what = f"'{host}' is" if literal is not None else f"host '{host}' resolves to"
-                raise EgressRefused("address", f"{what} a {refused} address")
-        error: Exception | None = None
-        for address in addresses:
-            try:
-                stream = self.inner.connect_tcp(str(address), port, timeout, local_address, socket_options)
-            except httpcore.ConnectError as exc:  # the next address, as socket.create_connection would
-                error = exc
-                continue
-            if len(self.connected) < 10_000:
-                self.connected.append((host, str(address)))
-            return GuardedStream(stream)
-        assert error is not None
-        raise error
-
-    def connect_unix_socket(
-        self,
-        path: str,
-        timeout: float | None = None,
-        socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
-    ) -> httpcore.NetworkStream:
-        raise EgressRefused("address", "downloads over unix sockets are not allowed")
-
-    def sleep(self, seconds: float) -> None:
-        self.inner.sleep(seconds)
-
 
 def shown(url: httpx.URL) -> str:
     """A URL for a status message: no user info, query or fragment (pre-signed tokens live there)."""
     port = f":{url.port}" if url.port else ""
     path = url.path if len(url.path) <= 200 else url.path[:200] + "..."
     return f"{url.scheme}://{url.host}{port}{path}"
-
-
-def _failure(exc: Exception, timeout: float) -> str:
-    """A fixed phrase per kind of failure: never the exception's text (it may quote the remote)."""
-    if isinstance(exc, Unresolvable):
-        return "the host name does not resolve"
-    if isinstance(exc, httpcore.ConnectTimeout):
-        return f"connecting took longer than {timeout:g} s"
-    if isinstance(exc, httpcore.ReadTimeout):
-        return f"the server sent nothing for {timeout:g} s"
-    if isinstance(exc, httpcore.WriteTimeout):
-        return f"the server took no data for {timeout:g} s"
-    if isinstance(exc, httpcore.ProxyError):
-        return "the download proxy refused the request"
-    if isinstance(exc, httpcore.ConnectError):
-        # httpcore wraps the socket's error as the first argument (the pool re-raises "from None")
-        causes = [exc.__cause__, exc.__context__, *exc.args]
-        if any(isinstance(c, ssl.SSLCertVerificationError) for c in causes):
-            return "the server's TLS certificate is not trusted (see the operator's --fetch-ca-file)"
-        if any(isinstance(c, ssl.SSLError) for c in causes):
-            return "the TLS handshake failed"
-        return "the connection could not be made"
-    if isinstance(exc, httpcore.RemoteProtocolError):
-        return "the server's answer is not valid HTTP"
-    if isinstance(exc, httpcore.UnsupportedProtocol):
-        return "the URL's scheme is not supported"
-    return "the connection broke off"
 
 
 def _header(headers: list[tuple[bytes, bytes]], name: bytes) -> str | None:
@@ -258,6 +101,8 @@ class Fetcher:
         self.timeout = timeout
         self.deadline = deadline
         self.proxy = proxy
+        self.ca_file = ca_file
+        self.resolve = resolve
         context = ssl.create_default_context(cafile=ca_file) if ca_file else httpcore.default_ssl_context()
         exempt = None
         if proxy:
@@ -341,7 +186,9 @@ class Fetcher:
         except (httpcore.TimeoutException, httpcore.NetworkError, httpcore.ProtocolError, httpcore.ProxyError) as exc:
             log.info("download of %s failed: %r", shown(url), exc)
             self._check_deadline(started)
-            raise ArtifactError("FetchFailed", f"cannot download {shown(url)}: {_failure(exc, self.timeout)}") from None
+            raise ArtifactError(
+                "FetchFailed", f"cannot download {shown(url)}: {failure_phrase(exc, self.timeout)}"
+            ) from None
         except httpcore.UnsupportedProtocol:
             raise ArtifactError("SchemeRejected", f"{shown(url)}: the scheme is not supported") from None
         if digest.hexdigest() != sha256.lower():
@@ -439,7 +286,7 @@ _ADDRESS_HINT = (
 
 @dataclass
 class Fetch:
-    """Per-sync fetch context: credentials for a (Secret, host), cancellation, the namespace's download
+    """Per-sync fetch context: a credentials Secret's data for a (Secret, host), cancellation, the namespace's download
     slot (taken at the first download, held until ``finish``) and its quota."""
 
     credentials: Callable[[str, str], dict[str, str]] | None = None
@@ -452,11 +299,17 @@ class Fetch:
         self._written: dict[str, int] = {}
         #: (version, bytes, seconds) of each artifact this sync fetched, in order (a cold start's fetch phase)
         self.fetched: list[tuple[int, int, float]] = []
+        #: version -> what pinned the content a store served (``oci-digest sha256:...``), for the status
+        self.served: dict[int, str] = {}
 
     def headers(self, secret: str, uri: str) -> dict[str, str]:
+        return headers_from(self.secret_data(secret, uri_host(uri)), secret)
+
+    def secret_data(self, secret: str, host: str) -> dict[str, str]:
+        """The credentials Secret's data, when its annotation allows ``host`` (ArtifactError otherwise)."""
         if self.credentials is None:
             raise ArtifactError("CredentialsRejected", f"no Secret lookup available for credentialsSecret '{secret}'")
-        return self.credentials(secret, uri_host(uri))
+        return self.credentials(secret, host)
 
     def take_slot(self, namespace: str) -> None:
         """A download slot of ``namespace`` for the rest of this sync (ArtifactError 'Queued' if none is free)."""

@@ -13,28 +13,59 @@ from .schema import CONFIG_TOP_FIELDS, MAX_VERSIONS, message_schema
 
 _SOURCE = {
     "type": "object",
-    "description": "Where the version's model file comes from: a uri (http/https, with sha256) or a path on the "
-    "repository volume. For tensorflow_savedmodel it is a tar archive (plain, gzip, bzip2 or xz) of the SavedModel "
+    "description": "Where the version's model file comes from: a uri (https/http with sha256, s3:// for an object "
+    "or a prefix/ folder, oci:// for an ORAS artifact or a modelcar image) or a path on the repository volume. A "
+    "folder (an s3 prefix, an artifact's files, a modelcar's /models) fills the version folder (for "
+    "tensorflow_savedmodel, model.savedmodel/); a single object is the model file. For tensorflow_savedmodel "
+    "a single file is a tar archive (plain, gzip, bzip2 or xz) of the SavedModel "
     "folder, unpacked into model.savedmodel/ (only files and folders are taken). Omit only for ensembles (their "
     "version folders are empty).",
     "properties": {
         "uri": {
             "type": "string",
             "maxLength": 2048,
-            "pattern": "^https?://",
-            "description": "http(s) URL of the model file; downloaded, size-limited and checked against sha256.",
+            "pattern": "^(https?|s3|oci)://",
+            "description": "Where the store keeps the model: https://host/file (with sha256), s3://bucket/key, "
+            "s3://bucket/prefix/ (every object under it), s3://host:port/bucket/key (Triton's form for a local S3 "
+            "store, over http), oci://registry/repository:tag or @sha256:<digest>. Downloaded through the egress "
+            "rules, size-limited, and checked against what pins it: sha256, the S3 object's SHA-256 checksum or "
+            "version, the OCI digests.",
+        },
+        "endpoint": {
+            "type": "string",
+            "maxLength": 512,
+            "pattern": "^https?://[^/?#]+/?$",
+            "description": "The store's base URL when it is not the default: an S3-compatible store "
+            "(https://minio.example.com:9000; path-style addressing unless pathStyle is false), or a registry "
+            "reached over plain http (http://registry.local:5000, never with credentials). Checked by the "
+            "egress rules like any URL.",
+        },
+        "region": {
+            "type": "string",
+            "maxLength": 64,
+            "pattern": "^[a-z0-9-]+$",
+            "description": "The S3 region (default us-east-1): signs the requests, and picks AWS's endpoint.",
+        },
+        "pathStyle": {
+            "type": "boolean",
+            "description": "S3 path-style addressing (endpoint/bucket/key) instead of virtual-hosted "
+            "(bucket.endpoint/key). Default: true with an endpoint, false for AWS.",
         },
         "sha256": {
             "type": "string",
             "pattern": "^[0-9a-f]{64}$",
-            "description": "Lower-case hex SHA-256 of the file; required with uri, verified for path when given.",
+            "description": "Lower-case hex SHA-256 of the file; required with an http(s) uri, and with an s3 object "
+            "that has neither a SHA-256 checksum nor a version id; verified for path when given. Not for folders "
+            "(each object is pinned by the store).",
         },
         "credentialsSecret": {
             "type": "string",
             "maxLength": 253,
             "pattern": "^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
-            "description": "Secret in the model's namespace with download credentials for uri (https only): key "
-            "token (Bearer), username and password (Basic), or authorization (the header's value). The Secret "
+            "description": "Secret in the model's namespace with download credentials for uri: for https and oci "
+            "the keys token (Bearer), username and password (Basic), or authorization (the header's value); for "
+            "s3 AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and optionally AWS_SESSION_TOKEN (requests are signed, "
+            "the secret key is never sent). The Secret "
             "must be labelled serving.kubeinfer.io/artifact-credentials=true and name the hosts it may be sent to "
             "in the annotation serving.kubeinfer.io/artifact-hosts (comma-separated; '*.example.com' matches "
             "names below it). Sent only to the uri's own host, and only when that host is listed.",
@@ -50,10 +81,19 @@ _SOURCE = {
     },
     "x-kubernetes-validations": [
         {"rule": "has(self.uri) != has(self.path)", "message": "give exactly one of source.uri or source.path"},
-        {"rule": "!has(self.uri) || has(self.sha256)", "message": "source.uri needs source.sha256 (hex SHA-256)"},
         {
-            "rule": "!has(self.credentialsSecret) || (has(self.uri) && self.uri.startsWith('https://'))",
-            "message": "source.credentialsSecret needs an https:// source.uri (credentials are never sent in clear)",
+            "rule": "!has(self.uri) || !self.uri.matches('^https?://') || has(self.sha256)",
+            "message": "an http(s) source.uri needs source.sha256 (hex SHA-256)",
+        },
+        {
+            "rule": "!has(self.credentialsSecret) || (has(self.uri) && !self.uri.startsWith('http://'))",
+            "message": "source.credentialsSecret needs an https://, s3:// or oci:// source.uri (credentials are never "
+            "sent in clear)",
+        },
+        {
+            "rule": "!has(self.endpoint) && !has(self.region) && !has(self.pathStyle) || "
+            "(has(self.uri) && self.uri.matches('^(s3|oci)://'))",
+            "message": "source.endpoint, region and pathStyle are for s3:// and oci:// sources",
         },
         {
             "rule": "!has(self.path) || (!self.path.startsWith('/') && !self.path.matches('(^|/)[.][.](/|$)'))",
@@ -201,6 +241,12 @@ COLD_START_STATUS = {
                             "version": {"type": "integer", "format": "int64", "description": "Version."},
                             "bytes": {"type": "integer", "format": "int64", "description": "Bytes fetched."},
                             "seconds": _seconds("Seconds the fetch took."),
+                            "pinnedBy": {
+                                "type": "string",
+                                "description": "What pinned the content an s3:// or oci:// store served: "
+                                "'oci-digest sha256:<manifest digest>', 's3-checksum sha256:<hex>', "
+                                "'s3-version <id>', 'sha256 sha256:<hex>', or a count for a folder.",
+                            },
                         },
                     },
                 },

@@ -26,7 +26,7 @@ from kubernetes.client.exceptions import ApiException
 from . import cold_start, manifests, sequence_routing, status
 from .artifacts import ArtifactError
 from .autoscaling import scales_to_zero
-from .credentials import credential_headers
+from .credentials import credential_data
 from .failures import TEMPORARY_REASONS, FailureBook, retry_delay
 from .fetch import Fetch
 from .kube import MODELS, Kube
@@ -309,7 +309,9 @@ class ModelReconcile(ReconcileParts):
         finally:
             fetch.finish(succeeded)
         if result.changed:
-            run.obs.render_timing = cold_start.render_record(time.monotonic() - started, fetch.fetched)
+            run.obs.render_timing = cold_start.render_record(
+                time.monotonic() - started, fetch.fetched, served=fetch.served
+            )
         run.obs.repository_path = f"{subpath}/{run.name}"
         self._forget_old_location(run.ns, run.name, run.prev.get("repositoryPath"), run.obs.repository_path)
         if result.changed:
@@ -367,7 +369,7 @@ class ModelReconcile(ReconcileParts):
                 raise ArtifactError(
                     "CredentialsNotFound", f"Secret '{name}' (source.credentialsSecret) does not exist in '{namespace}'"
                 )
-            return credential_headers(secret, name, host)
+            return credential_data(secret, name, host)
 
         return lookup
 

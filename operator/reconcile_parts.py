@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any, cast
 
 import kopf
+from kubeinfer.server.sources.egress import AddressPolicy
 
 from . import status
 from .claims import ClaimCheck
-from .egress import AddressPolicy
 from .events import EventPoster
 from .fetch import Fetcher
 from .kube import MODELS, Kube
@@ -56,6 +56,7 @@ class ReconcileParts:
                 ca_file=config.fetch_ca_file,
             ),
             check_timeout=config.onnx_check_timeout,
+            ambient_s3_namespaces=config.ambient_s3_namespaces,
         )
         self.gate = DownloadGate(config.downloads_per_namespace, config.downloads_total)
         self.quota = NamespaceQuota(self.writer.root, config.namespace_quota_bytes, dict(config.namespace_quotas))

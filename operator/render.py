@@ -21,6 +21,7 @@ from kubeinfer.server.config import (
     validate_config,
 )
 from kubeinfer.server.config.platforms import BUILTIN_BACKENDS, backend_for, model_filename
+from kubeinfer.server.sources.uris import STORE_SCHEMES, scheme_of
 from kubeinfer.server.vocabulary import datatypes
 
 from . import rollout
@@ -114,6 +115,10 @@ class Source:
     sha256: str | None = None
     #: name of a Secret (the model's namespace) with download credentials for ``uri``
     credentials_secret: str | None = None
+    #: s3:// and oci://: the store's base URL when not the default, the S3 region and addressing style
+    endpoint: str | None = None
+    region: str | None = None
+    path_style: bool | None = None
 
     @classmethod
     def from_spec(cls, data: Mapping[str, Any] | None) -> Source:
@@ -123,19 +128,27 @@ class Source:
             path=data.get("path"),
             sha256=data.get("sha256"),
             credentials_secret=data.get("credentialsSecret"),
+            endpoint=data.get("endpoint"),
+            region=data.get("region"),
+            path_style=data.get("pathStyle"),
         )
 
-    def as_dict(self) -> dict[str, str]:
-        return {
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
             k: v
             for k, v in (
                 ("uri", self.uri),
                 ("path", self.path),
                 ("sha256", self.sha256),
                 ("credentialsSecret", self.credentials_secret),
+                ("endpoint", self.endpoint),
+                ("region", self.region),
             )
             if v
         }
+        if self.path_style is not None:
+            out["pathStyle"] = self.path_style
+        return out
 
 
 @dataclass(frozen=True)
@@ -184,12 +197,15 @@ def render_model(
         source = Source.from_spec(entry.get("source"))
         if config.platform != "ensemble" and not (source.uri or source.path):
             raise ConfigError(f"spec.versions[{version}] needs source.uri or source.path")
-        if source.uri and not source.sha256:
+        web = bool(source.uri) and str(source.uri).startswith(("http://", "https://"))
+        if source.uri and not web and scheme_of(source.uri) not in STORE_SCHEMES:
+            raise ConfigError(f"spec.versions[{version}].source.uri must be http(s)://, s3:// or oci://")
+        if web and not source.sha256:
             raise ConfigError(f"spec.versions[{version}].source.uri needs source.sha256")
-        if source.uri and not source.uri.startswith(("http://", "https://")):
-            raise ConfigError(f"spec.versions[{version}].source.uri must be http:// or https://")
-        if source.credentials_secret and not (source.uri or "").startswith("https://"):
-            raise ConfigError(f"spec.versions[{version}].source.credentialsSecret needs an https:// source.uri")
+        if source.credentials_secret and (not source.uri or source.uri.startswith("http://")):
+            raise ConfigError(
+                f"spec.versions[{version}].source.credentialsSecret needs an https://, s3:// or oci:// source.uri"
+            )
         versions[version] = source
     if not versions:
         raise ConfigError("spec.versions is empty: list at least one version")

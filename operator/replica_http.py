@@ -28,8 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpcore
-
-from .fetch import GuardedStream, clamp, deadline_scope
+from kubeinfer.server.sources.guard import GuardedStream, clamp, deadline_scope
 
 #: connections kept per pool (the operator reads many replicas at once from its worker threads)
 MAX_CONNECTIONS = 100

@@ -32,6 +32,7 @@ from kubeinfer.server.config import ConfigError, check_file_name
 from kubeinfer.server.config.platforms import backend_for, model_is_folder
 from kubeinfer.server.repository import confined, publish
 from kubeinfer.server.repository.layout import CONFIG_FILE, check_model_name, is_version_dir_name
+from kubeinfer.server.sources.client import StoreClient
 from kubeinfer.server.vocabulary.errors import InvalidArgument
 
 from . import archives, artifacts
@@ -39,6 +40,7 @@ from .artifacts import ArtifactError
 from .fetch import Fetch, Fetcher
 from .onnx_check import DEFAULT_CHECK_TIMEOUT, check_onnx
 from .render import RenderedModel, Source
+from .store_sources import StoreSources, is_store_uri
 
 #: dot-named record of where a version folder's file came from (the server ignores dot files)
 SOURCE_MARKER = ".kubeinfer-source.json"
@@ -161,6 +163,8 @@ class RepositoryWriter:
         fetcher: Fetcher | None = None,
         check_timeout: float = DEFAULT_CHECK_TIMEOUT,
         max_entries: int = MAX_FOLDER_ENTRIES,
+        stores: StoreSources | None = None,
+        ambient_s3_namespaces: tuple[str, ...] = (),
     ) -> None:
         self.root = root.resolve()
         self.max_bytes = max_bytes
@@ -168,6 +172,18 @@ class RepositoryWriter:
         self.timeout = timeout
         #: one connection pool and one set of egress rules for every download (see fetch.py)
         self.fetcher = fetcher or Fetcher(timeout=timeout)
+        #: s3:// and oci:// sources, under the same egress rules as the https downloads
+        self.stores = stores or StoreSources(
+            StoreClient(
+                self.fetcher.policy,
+                self.fetcher.hosts,
+                timeout=self.fetcher.timeout,
+                ca_file=self.fetcher.ca_file,
+                resolve=self.fetcher.resolve,
+            ),
+            deadline=self.fetcher.deadline,
+            ambient_s3_namespaces=ambient_s3_namespaces,
+        )
         self.check_timeout = check_timeout
         self._listings: dict[tuple[str, Path], tuple[float, list[str]]] = {}
         self._listing_guard = threading.Lock()
@@ -428,7 +444,9 @@ class RepositoryWriter:
         if model.filename:
             check_file_name_for_writer(model.filename)
             try:
-                if model_is_folder(model.config):
+                if is_store_uri(source.uri):
+                    self._fill_from_store(folder, model, source, version, place, fetch)
+                elif model_is_folder(model.config):
                     self._stage_folder(folder, model.filename, source, version, place, fetch)
                 else:
                     with confined.opened(confined.create_new(folder, model.filename)) as dest:
@@ -446,6 +464,26 @@ class RepositoryWriter:
         # (``_version_current``), so the version is fetched again; one fsync less per version written
         publish.write_file(folder, SOURCE_MARKER, json.dumps(source.as_dict(), sort_keys=True), durable=False)
         publish.fsync_dir(folder)
+
+    def _fill_from_store(
+        self, folder: int, model: RenderedModel, source: Source, version: int, place: _Place, fetch: Fetch
+    ) -> None:
+        """An s3:// or oci:// source fills the version folder (``store_sources``)."""
+        namespace = place.rel.parts[0]
+        fetch.check_quota(namespace)
+        self.stores.precheck(source, namespace)  # refusals that need no connection, no slot
+        started = time.monotonic()
+        served = self.stores.fill(
+            source,
+            folder,
+            model.filename,
+            model_is_folder(model.config),
+            namespace=namespace,
+            fetch=fetch,
+            max_bytes=self.max_bytes,
+        )
+        fetch.fetched.append((version, served.size, time.monotonic() - started))
+        fetch.served[version] = served.pinned
 
     def _stage_folder(self, folder: int, name: str, source: Source, version: int, place: _Place, fetch: Fetch) -> None:
         """A folder model (a SavedModel): its source is a tar archive, fetched beside the folder under a dot-name,

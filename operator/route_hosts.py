@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .egress import namespace_lists
+from kubeinfer.server.sources.egress import namespace_lists
 
 _LABEL = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 PLACEHOLDER = "{namespace}"

@@ -6,10 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kubeinfer.server.sources.egress import HostRules, IPNetwork
+
 from . import network_policy
 from .artifacts import DEFAULT_MAX_BYTES
 from .autoscaling import DEFAULT_SCALER_ADDRESS
-from .egress import HostRules, IPNetwork
 from .fetch import DEFAULT_DEADLINE
 from .onnx_check import DEFAULT_CHECK_TIMEOUT
 from .route_hosts import RouteDomains
@@ -33,6 +34,9 @@ class OperatorConfig:
     blocked_networks: tuple[IPNetwork, ...] = ()
     #: per-namespace host allow-lists ("*": every other namespace; none: any public host)
     allowed_hosts: HostRules = field(default_factory=HostRules)
+    #: namespaces whose s3:// sources without a credentialsSecret may use the operator's own AWS credentials
+    #: (botocore's chain: web identity / IRSA, instance role); "*": every namespace; empty: none
+    ambient_s3_namespaces: tuple[str, ...] = ()
     #: downloads at once per namespace and overall (0: no limit)
     downloads_per_namespace: int = 2
     downloads_total: int = 4

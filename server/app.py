@@ -15,7 +15,7 @@ import signal
 import ssl
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +36,7 @@ from .runtime.registry import ModelRegistry
 from .runtime.service import InferenceService, ServiceOptions
 from .sharedmemory import SharedMemoryRegistry
 from .sharedmemory.cuda import cuda_available
+from .vocabulary.errors import Unavailable
 from .vocabulary.limits import DEFAULT_LIMITS, Limits
 from .vocabulary.server_defaults import GRPC_PORT, HTTP_PORT, METRICS_PORT, SHUTDOWN_TIMEOUT_SECONDS
 
@@ -45,6 +46,8 @@ log = logging.getLogger("kubeinfer.server")
 @dataclass
 class ServerSettings:
     model_repository: Path
+    #: ``s3://...``: ``model_repository`` is its local copy, synced before serving and before every poll or load
+    cloud_repository: str | None = None
     host: str = "0.0.0.0"
     #: per-listener bind addresses (Triton's --http-address/--grpc-address/--metrics-address); "" = host
     http_host: str = ""
@@ -160,6 +163,28 @@ def _uvicorn(app: Any, host: str, port: int, log_level: str, limits: Limits, tls
     return _Uvicorn(config)
 
 
+async def _cloud_repository(uri: str, local: Path) -> Callable[[list[str] | None], Awaitable[None]] | None:
+    """Copy the cloud repository ``uri`` into ``local`` (every model, as Triton localizes them) and return what
+    syncs it again before a poll or a load; None (logged in Triton's words) when it cannot be read."""
+    from .sources.mirror import CloudRepository, RepositoryUnavailable  # botocore only for a cloud repository
+
+    try:
+        mirror = CloudRepository(uri, local)
+        await asyncio.to_thread(mirror.sync)
+    except RepositoryUnavailable as exc:
+        log.error("failed to read model repository '%s': %s", uri, exc)
+        return None
+    log.info("cloud repository %s copied to %s", uri, local)
+
+    async def refresh(names: list[str] | None) -> None:
+        try:
+            await asyncio.to_thread(mirror.sync, names)
+        except RepositoryUnavailable as exc:
+            raise Unavailable(str(exc)) from None
+
+    return refresh
+
+
 async def serve(settings: ServerSettings) -> int:
     backend_settings.configure(settings.backend_config)
     backend_loader.allow_only(list(settings.allowed_backends) if settings.allowed_backends is not None else None)
@@ -170,6 +195,11 @@ async def serve(settings: ServerSettings) -> int:
     metrics = TritonMetrics(config=settings.metrics_config)
     cache = ResponseCache(settings.response_cache_bytes) if settings.response_cache_bytes > 0 else None
     metrics.response_cache = cache
+    refresh = None
+    if settings.cloud_repository:
+        refresh = await _cloud_repository(settings.cloud_repository, settings.model_repository)
+        if refresh is None:
+            return 1
     registry = ModelRegistry(
         settings.model_repository,
         listeners=[metrics],
@@ -193,6 +223,7 @@ async def serve(settings: ServerSettings) -> int:
             request_timeout=settings.limits.request_timeout,
             server_name=settings.server_name,
             extensions=extensions,
+            refresh=refresh,
         ),
         tracer=Tracer(settings.trace_settings),
         log_control=settings.log_control,

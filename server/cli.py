@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -37,6 +39,7 @@ from .repository.config_name import check_config_name
 from .runtime.auth import TlsFiles
 from .runtime.cache import parse_cache_config
 from .runtime.model_cache import CacheSettings
+from .sources.uris import is_cloud
 from .vocabulary.limits import DEFAULT_LIMITS, Limits
 from .vocabulary.server_defaults import GRPC_PORT, HTTP_PORT, METRICS_PORT, SHUTDOWN_TIMEOUT_SECONDS
 
@@ -374,10 +377,12 @@ def build_parser(triton: bool = False) -> argparse.ArgumentParser:
         "--model-repository",
         "--model-store",
         dest="model_repository",
-        type=Path,
+        type=_repository_arg,
         action="append",
         default=[],
-        help="model repository folder (Triton: may repeat; this server serves one). "
+        help="model repository folder, or a cloud repository: s3://bucket/path, s3://host:port/bucket/path "
+        "(copied locally per model, as Triton does; credentials from TRITON_CLOUD_CREDENTIAL_PATH or AWS_*) "
+        "(Triton: may repeat; this server serves one). "
         + ("" if triton else "Default: the bundled example repository, generated on first use."),
     )
     repo.add_argument("--model-control-mode", choices=["none", "poll", "explicit"], default="none")
@@ -668,15 +673,29 @@ def parse_backend_config(items: Sequence[str]) -> dict[str, dict[str, str]]:
     return out
 
 
+def _repository_arg(value: str) -> Path | str:
+    """A local folder as a Path; a cloud repository (``s3://...``) kept as the URI it is."""
+    return value if is_cloud(value) else Path(value)
+
+
 def settings_from_args(args: argparse.Namespace, triton: bool) -> ServerSettings:
     """The server settings the parsed flags describe; raises ValueError on contradictions."""
-    repos: list[Path] = args.model_repository
+    repos: list[Path | str] = args.model_repository
     if len(repos) > 1:
         raise ValueError(
             f"{len(repos)} model repositories given; this server serves one (--model-repository/--model-store)"
         )
-    if repos:
-        repo = repos[0]
+    cloud: str | None = None
+    if repos and isinstance(repos[0], str):
+        from .sources.mirror import check_uri  # botocore is imported only for a cloud repository
+
+        cloud = repos[0]
+        check_uri(cloud)
+        mount = os.environ.get("TRITON_AWS_MOUNT_DIRECTORY")
+        repo = Path(mount) if mount else Path(tempfile.mkdtemp(prefix="kubeinfer-cloud-repository-"))
+        repo.mkdir(parents=True, exist_ok=True)
+    elif repos:
+        repo = Path(repos[0])
     elif triton:
         raise ValueError("--model-repository (or --model-store) must be specified")
     else:
@@ -698,6 +717,7 @@ def settings_from_args(args: argparse.Namespace, triton: bool) -> ServerSettings
     http_tls, grpc_tls = _tls_settings(args)
     return ServerSettings(
         model_repository=repo.resolve(),
+        cloud_repository=cloud,
         host=host,
         http_host=args.http_address or host,
         grpc_host=args.grpc_address or host,

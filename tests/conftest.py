@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from collections.abc import Iterator
@@ -10,7 +11,9 @@ from pathlib import Path
 import pytest
 from hypothesis import settings as hypothesis_settings
 
+from tests.support.oci_registry import OciRegistry
 from tests.support.repos import copy_example_repository
+from tests.support.s3_store import S3Store, S3StoreError, seaweedfs_dir
 from tests.support.server import ServerProcess, start_server
 
 # as the server's pytorch backend does before torch loads: libgomp's spinning threads made the tests'
@@ -40,12 +43,36 @@ def example_server(example_repository: Path, tmp_path_factory: pytest.TempPathFa
     server.terminate()
 
 
+@pytest.fixture(scope="session")
+def oci_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OciRegistry]:
+    """A real OCI registry (CNCF distribution, htpasswd auth), pushed to with the real ``oras`` CLI; see
+    tests/support/oci_registry.py. Shared: give each test its own repository."""
+    with OciRegistry(tmp_path_factory.mktemp("oci_registry")) as registry:
+        yield registry
+
+
+@pytest.fixture(scope="session")
+def s3_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Store]:
+    """A real S3-compatible store (SeaweedFS: admin and read-only identities); see tests/support/s3_store.py.
+    Shared: give each test its own bucket."""
+    with S3Store(tmp_path_factory.mktemp("s3_store")) as store:
+        yield store
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     """TensorFlow and torch.export's compiler abort one process together (see tests/support/tf_worker.py)."""
     if "tensorflow" in sys.modules:
         raise pytest.UsageError(
             "a test module imported tensorflow into the pytest process: use tests.support.tf_worker"
         )
+    # a cold build of the S3 store's ``weed`` takes minutes, longer than a test's timeout: built here, outside
+    # any test, when a test needs it (the fixture, or S3Store in its module; a failure shows where it is used)
+    if not session.config.option.collectonly and any(
+        "s3_store" in getattr(item, "fixturenames", ()) or getattr(getattr(item, "module", None), "S3Store", None)
+        for item in session.items
+    ):
+        with contextlib.suppress(S3StoreError):
+            seaweedfs_dir()
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

@@ -263,7 +263,8 @@ def main(argv: list[str] | None = None) -> int:
                 "--addons",
                 metavar="NAMES",
                 help=f"comma-separated add-ons to build and start: {', '.join(addons.ADDONS)} "
-                "(default: $KUBEINFER_CLUSTER_ADDONS); see localcluster/addons/",
+                f"(build only: {', '.join(addons.BUILD_ONLY)}; default: $KUBEINFER_CLUSTER_ADDONS); "
+                "see localcluster/addons/",
             )
         if name == "up":
             p.add_argument(

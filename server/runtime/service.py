@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,6 +89,9 @@ class ServiceOptions:
     server_name: str | None = None
     #: extensions the wiring adds (shared memory when --allow-client-shm)
     extensions: tuple[str, ...] = ()
+    #: brings the local copy of a cloud repository in line with it (these models; None: every model) before a
+    #: poll or a load reads the folder; raises ``Unavailable`` when the repository cannot be read
+    refresh: Callable[[list[str] | None], Awaitable[None]] | None = None
 
 
 class InferenceService:
@@ -164,6 +167,7 @@ class InferenceService:
             await asyncio.sleep(self.options.poll_secs)
             try:
                 async with self._full_poll:
+                    await self._refresh(None, quiet=True)
                     await self.registry.poll()
             except Exception:  # keep polling whatever one scan hit
                 log.exception("repository poll failed")
@@ -341,10 +345,12 @@ class InferenceService:
             )
         if names is None:
             async with self._full_poll:  # one full scan at a time, however many callers ask
+                await self._refresh(None)
                 await self.registry.poll()
             return self.registry.index()
         for name in names:
             check_model_name(name)
+        await self._refresh(names)
         await self.registry.poll_models(names)
         return self.registry.index(names=names)
 
@@ -366,7 +372,20 @@ class InferenceService:
             raise InvalidArgument(
                 f"config override names model '{config_override.name}' but the request loads '{name}'"
             )
+        await self._refresh([name])
         await self.registry.load_model(name, config_override)
+
+    async def _refresh(self, names: list[str] | None, quiet: bool = False) -> None:
+        """The cloud repository's local copy brought up to date first (Triton localizes a model on load); a
+        poll that cannot read the repository keeps serving the copy it has (``quiet``: logged only)."""
+        if self.options.refresh is None:
+            return
+        try:
+            await self.options.refresh(names)
+        except Unavailable:
+            if not quiet:
+                raise
+            log.warning("cloud repository not readable; serving the local copy", exc_info=True)
 
     async def unload_model(self, name: str, unload_dependents: bool = False, wait: bool = True) -> None:
         self._check_explicit()

@@ -18,6 +18,7 @@ SERVER_LAYERS = {
     "vocabulary": 1,
     "config": 1,
     "repository": 1,
+    "sources": 1,
     "backends": 2,
     "scheduling": 3,
     "runtime": 4,
@@ -32,7 +33,7 @@ SERVER_LAYERS = {
     "examples": 6,
 }
 #: the operator stands apart and may use only the bottom layer of the server
-OPERATOR_MAY_IMPORT = {"", "vocabulary", "config", "repository"}
+OPERATOR_MAY_IMPORT = {"", "vocabulary", "config", "repository", "sources"}
 #: front ends translate wire formats and call the runtime; they never reach past it
 FORBIDDEN = {(front, lower) for front in ("http", "grpc", "sharedmemory") for lower in ("backends", "scheduling")}
 

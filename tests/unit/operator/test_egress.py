@@ -5,7 +5,7 @@ from __future__ import annotations
 import ipaddress
 
 import pytest
-from kubeinfer.operator.egress import (
+from kubeinfer.server.sources.egress import (
     AddressPolicy,
     HostRules,
     address_class,

@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 from kubeinfer.operator.artifacts import ArtifactError
 from kubeinfer.operator.credentials import CREDENTIALS_LABEL, HOSTS_ANNOTATION, credential_headers
-from kubeinfer.operator.egress import AddressPolicy, HostRules, IPAddress, parse_networks
 from kubeinfer.operator.fetch import Fetcher
 from kubeinfer.operator.fetch import system_resolve as real_resolve
+from kubeinfer.server.sources.egress import AddressPolicy, HostRules, IPAddress, parse_networks
 
 from tests.support import hostile
 from tests.support.https import ScriptedServer, make_ca_and_cert

@@ -24,12 +24,12 @@ import kopf
 import onnx
 import pytest
 from kubeinfer.operator import failures, model_reconcile, pod_start, render_memo
-from kubeinfer.operator.egress import parse_networks
 from kubeinfer.operator.failures import FAILURE_BACKOFF
 from kubeinfer.operator.kube import MODELS, SERVERS
 from kubeinfer.operator.reconciler import Reconciler
 from kubeinfer.operator.render import render_model
 from kubeinfer.operator.settings import OperatorConfig
+from kubeinfer.server.sources.egress import parse_networks
 from kubernetes.client.exceptions import ApiException
 from onnx import TensorProto
 

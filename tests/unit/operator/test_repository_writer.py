@@ -14,12 +14,12 @@ import onnx
 import pytest
 from kubeinfer.operator import repository_writer
 from kubeinfer.operator.artifacts import ArtifactError
-from kubeinfer.operator.egress import AddressPolicy, parse_networks
 from kubeinfer.operator.fetch import Fetcher
 from kubeinfer.operator.render import render_model
 from kubeinfer.operator.repository_writer import SOURCE_MARKER, RepositoryWriter
 from kubeinfer.server.config import ConfigError, load_config_file
 from kubeinfer.server.repository.scan import read_model
+from kubeinfer.server.sources.egress import AddressPolicy, parse_networks
 from onnx import TensorProto
 
 from tests.support.models import unary

@@ -20,13 +20,19 @@
 * ``kubeconform`` -- always built with the cluster (seconds): the binary plus JSON schemas
   generated offline from the pinned Kubernetes module's ``api/openapi-spec/swagger.json`` (the
   document the apiserver serves) and from the CRDs of KEDA and the Prometheus Operator.
+* ``registry`` -- build-only (``build --addons registry``; ``up`` starts nothing): CNCF distribution's ``registry``
+  and the ORAS CLI from their pinned Go modules (``e2e/cluster/registry``, ``registry/oras``); the tests start their
+  own registries (``tests/support/oci_registry.py``).
+* ``seaweedfs`` -- build-only: SeaweedFS's ``weed`` from its pinned Go module (``e2e/cluster/seaweedfs``), the tests'
+  S3-compatible object store (``tests/support/s3_store.py`` starts ``weed mini``: master, volume server, filer and
+  S3 gateway in one process, on free ports, with its own data folder and identities).
 
 Add-ons are opt-in: ``up --addons prometheus,keda,keda-http`` (or ``KUBEINFER_CLUSTER_ADDONS``) starts the
 missing ones on a new or running cluster; ``down``/``release`` stop them with the cluster. Each is
 cached like the control-plane binaries, under ``<cache>/addons/<name>-<hash of its inputs>``.
 
-Modules: ``prometheus``, ``keda``, ``keda_http``, ``kubeconform`` (+ ``schemas``, its JSON schema generation),
-``support`` (what they share). ``e2e/cluster/addons.py`` is the command line of the schema tools.
+Modules: ``prometheus``, ``keda``, ``keda_http``, ``seaweedfs``, ``kubeconform`` (+ ``schemas``, its JSON schema
+generation), ``support`` (what they share). ``e2e/cluster/addons.py`` is the command line of the schema tools.
 """
 
 from __future__ import annotations
@@ -38,7 +44,8 @@ import time
 from pathlib import Path
 
 from localcluster import processes
-from localcluster.addons import keda, keda_http, kubeconform, prometheus
+from localcluster.addons import keda, keda_http, kubeconform, prometheus, seaweedfs
+from localcluster.addons import registry as oci_registry
 from localcluster.base import ClusterError
 from localcluster.processes import alive
 from localcluster.state import save_state
@@ -46,17 +53,19 @@ from localcluster.state import save_state
 ADDONS = ("prometheus", "keda", "keda-http")
 #: add-ons another one needs running (started first)
 NEEDS = {"keda-http": ("keda",)}
+#: add-ons ``build`` builds and ``up`` accepts but does not start (the tests run them)
+BUILD_ONLY = ("registry", "seaweedfs")
 
 
 def selected(arg: str | None) -> list[str]:
     """Add-on names from ``--addons`` (else ``KUBEINFER_CLUSTER_ADDONS``), checked."""
     raw = arg if arg is not None else os.environ.get("KUBEINFER_CLUSTER_ADDONS", "")
     names = [n.strip() for n in raw.split(",") if n.strip()]
-    unknown = [n for n in names if n not in ADDONS]
+    unknown = [n for n in names if n not in ADDONS + BUILD_ONLY]
     if unknown:
-        raise ClusterError(f"unknown add-on(s) {unknown}; known: {', '.join(ADDONS)}")
+        raise ClusterError(f"unknown add-on(s) {unknown}; known: {', '.join(ADDONS + BUILD_ONLY)}")
     names += [dep for n in names for dep in NEEDS.get(n, ())]
-    return [n for n in ADDONS if n in names]
+    return [n for n in ADDONS + BUILD_ONLY if n in names]
 
 
 def stop(rd: Path, state: dict) -> list[str]:
@@ -102,6 +111,10 @@ def ensure_built(names: list[str]) -> dict[str, str]:
         out["keda"] = str(keda.keda_dir())
     if "keda-http" in names:
         out["keda-http"] = str(keda_http.keda_http_dir())
+    if "registry" in names:
+        out["registry"] = str(oci_registry.registry_dir())
+    if "seaweedfs" in names:
+        out["seaweedfs"] = str(seaweedfs.seaweedfs_dir())
     return out
 
 

@@ -1,6 +1,6 @@
 """Where the operator may download from: the address rules and the per-namespace host allow-lists.
 
-Pure functions and frozen values, so every rule is unit-testable; ``operator/fetch.py`` applies them
+Pure functions and frozen values, so every rule is unit-testable; ``kubeinfer.server.sources.guard`` applies them
 to every redirect hop and to the address a connection is actually made to. A tenant names
 ``source.uri``; without these rules that URI could point the operator at loopback, the node, a
 cluster Service or the cloud metadata endpoint (169.254.169.254) and store the answer as a "model".

@@ -1,0 +1,261 @@
+"""``s3://`` and ``oci://`` sources onto the volume: the shared downloader (``kubeinfer.server.sources``) fills
+a staged version folder, under the namespace's download slot, quota, deadline and the operator's limits.
+
+What a source names becomes the version folder: one object is the model file (for a folder model, a tar
+archive of it, as with https); an S3 prefix's objects and an ORAS artifact's files keep their relative
+paths (an ONNX model with external data, a SavedModel, a multi-file Python model); a modelcar image's
+layer is unpacked (its ``/models`` folder, KServe's layout). The whole size is checked from the listing or
+the manifest before the first byte, and nothing is written outside the staged folder.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+import httpx
+from kubeinfer.server.repository import confined
+from kubeinfer.server.sources import errors as source_errors
+from kubeinfer.server.sources.client import StoreClient
+from kubeinfer.server.sources.errors import SourceError
+from kubeinfer.server.sources.oci import OciSource
+from kubeinfer.server.sources.s3 import S3Endpoint, S3Source, ambient_credentials, credentials_from
+from kubeinfer.server.sources.transfer import Limits, RemoteFile, download
+from kubeinfer.server.sources.uris import STORE_SCHEMES, parse_oci, parse_s3, scheme_of
+
+from . import archives
+from .artifacts import ArtifactError
+from .fetch import Fetch
+from .render import Source
+
+#: files one source may bring into a version folder
+MAX_FILES = 10_000
+#: names the operator keeps in a version folder for itself; a source may not bring them
+RESERVED_PREFIX = ".kubeinfer"
+#: a modelcar layer while it is unpacked (removed before the version is published)
+LAYER_FILE = ".kubeinfer-layer"
+
+
+def is_store_uri(uri: str | None) -> bool:
+    return bool(uri) and scheme_of(uri or "") in STORE_SCHEMES
+
+
+@dataclass(frozen=True)
+class Served:
+    """What a version was fetched as: the pins, for the status (``oci-digest sha256:...``, ``s3-checksum``)."""
+
+    pinned: str
+    files: int
+    size: int
+
+
+def _artifact_error(exc: SourceError) -> ArtifactError:
+    return ArtifactError(exc.reason, exc.message)
+
+
+class StoreSources:
+    def __init__(
+        self,
+        client: StoreClient,
+        *,
+        deadline: float,
+        max_files: int = MAX_FILES,
+        part_size: int | None = None,
+        parallel: int | None = None,
+        ambient_s3_namespaces: tuple[str, ...] = (),
+    ) -> None:
+        self.client = client
+        #: namespaces allowed the operator's own AWS credentials (``--ambient-s3-credentials``)
+        self.ambient_s3_namespaces = ambient_s3_namespaces
+        self.deadline = deadline
+        self.max_files = max_files
+        self.part_size = part_size
+        self.parallel = parallel
+
+    # ------------------------------------------------------------------------------------- opening
+    def _open(self, source: Source, namespace: str, fetch: Fetch) -> S3Source | OciSource:
+        uri = source.uri or ""
+        if scheme_of(uri) == "s3":
+            location = parse_s3(uri)
+            endpoint = S3Endpoint.of(location, source.endpoint, source.region, source.path_style)
+            credentials = None
+            if source.credentials_secret:
+                credentials = credentials_from(fetch.secret_data(source.credentials_secret, endpoint.host))
+            elif namespace in self.ambient_s3_namespaces or "*" in self.ambient_s3_namespaces:
+                credentials = ambient_credentials()
+            return S3Source(self.client, location, endpoint, credentials, namespace)
+        location_oci = parse_oci(uri)
+        plain = False
+        if source.endpoint:
+            url = httpx.URL(source.endpoint)
+            if url.host.lower() != location_oci.registry.split(":")[0].lower():
+                raise SourceError(
+                    source_errors.INVALID, "source.endpoint of an oci:// source must name the URI's registry host"
+                )
+            plain = url.scheme == "http"
+        secret = source.credentials_secret
+        if secret and plain:
+            raise SourceError(
+                source_errors.REFUSED, "registry credentials are not sent over plain http (source.endpoint http://)"
+            )
+
+        def basic_for(host: str) -> tuple[str, str] | None:
+            if not secret:
+                return None
+            data = fetch.secret_data(secret, host)
+            if data.get("username") and data.get("password"):
+                return data["username"], data["password"]
+            if data.get("token"):
+                return "<token>", data["token"]
+            return None
+
+        return OciSource(self.client, location_oci, namespace, plain_http=plain, basic_for=basic_for)
+
+    def precheck(self, source: Source, namespace: str) -> None:
+        """The refusals that need no connection (URI form, the endpoint's host rules), before a download slot."""
+        try:
+            uri = source.uri or ""
+            if scheme_of(uri) == "s3":
+                location = parse_s3(uri)
+                endpoint = S3Endpoint.of(location, source.endpoint, source.region, source.path_style)
+                self.client.admit(endpoint.url, namespace, "source.uri")
+            else:
+                location_oci = parse_oci(uri)
+                self.client.admit(httpx.URL(f"https://{location_oci.registry}"), namespace, "source.uri")
+        except SourceError as exc:
+            raise _artifact_error(exc) from None
+
+    # ------------------------------------------------------------------------------------- filling
+    def fill(
+        self,
+        source: Source,
+        version_fd: int,
+        filename: str | None,
+        folder_model: bool,
+        *,
+        namespace: str,
+        fetch: Fetch,
+        max_bytes: int,
+    ) -> Served:
+        """Fill the staged version folder ``version_fd`` from ``source``; ArtifactError on any failure."""
+        try:
+            return self._fill(source, version_fd, filename, folder_model, namespace, fetch, max_bytes)
+        except SourceError as exc:
+            raise _artifact_error(exc) from None
+
+    def _fill(
+        self,
+        source: Source,
+        version_fd: int,
+        filename: str | None,
+        folder_model: bool,
+        namespace: str,
+        fetch: Fetch,
+        max_bytes: int,
+    ) -> Served:
+        store = self._open(source, namespace, fetch)
+        fetch.take_slot(namespace)
+        started = time.monotonic()
+        if isinstance(store, S3Source):
+            files = store.files(source.sha256, self.max_files, max_bytes)
+        else:
+            if source.sha256:
+                raise SourceError(source_errors.INVALID, "an oci:// source is pinned by its digests, not source.sha256")
+            files = store.files(self.max_files, max_bytes)
+        total = sum(f.size for f in files)
+        if total > max_bytes:
+            raise SourceError(source_errors.TOO_LARGE, f"{store.shown}: {total} bytes, over the limit of {max_bytes}")
+        fetch.check_quota(namespace, total)
+        limits = Limits(
+            max_bytes=max_bytes,
+            deadline_at=started + self.deadline,
+            cancelled=fetch.cancelled,
+            on_bytes=lambda n: fetch.count(namespace, n),
+        )
+        if self.part_size:
+            limits.part_size = self.part_size
+        if self.parallel:
+            limits.parallel = self.parallel
+        single = len(files) == 1 and files[0].path == "" and not files[0].unpack
+        if single and not folder_model:  # one object: the model file itself
+            _one(store, files[0], version_fd, filename or "model", limits, store.shown)
+        elif single or (len(files) == 1 and files[0].unpack):  # an archive: a folder model's, or a modelcar layer
+            self._unpack(store, files[0], version_fd, filename if folder_model else None, limits, fetch, namespace)
+        else:
+            dest = version_fd
+            if folder_model and filename:
+                os.mkdir(filename, 0o755, dir_fd=version_fd)
+                dest = confined.open_dir(version_fd, filename)
+            try:
+                for file in files:
+                    if file.path.split("/")[0].startswith(RESERVED_PREFIX):
+                        raise SourceError(source_errors.INVALID, f"{store.shown} lists '{file.path}', a name kept")
+                    _placed(store, file, dest, limits, store.shown)
+            finally:
+                if dest != version_fd:
+                    os.close(dest)
+        if filename and not folder_model and confined.kind_of(version_fd, filename) != "file":
+            raise SourceError(
+                source_errors.INVALID, f"{store.shown} has no file '{filename}' (the model file the config names)"
+            )
+        pinned = f"oci-digest {store.digest}" if isinstance(store, OciSource) else _pins(files)
+        return Served(pinned, len(files), total)
+
+    def _unpack(
+        self,
+        store: S3Source | OciSource,
+        file: RemoteFile,
+        version_fd: int,
+        folder: str | None,
+        limits: Limits,
+        fetch: Fetch,
+        namespace: str,
+    ) -> None:
+        with confined.opened(confined.create_new(version_fd, LAYER_FILE)) as packed:
+            download(store, file, packed, limits, store.shown)
+            if folder:
+                os.mkdir(folder, 0o755, dir_fd=version_fd)
+                dest = confined.open_dir(version_fd, folder)
+            else:
+                dest = os.dup(version_fd)
+            with confined.opened(dest):
+                size = archives.unpack(
+                    packed,
+                    dest,
+                    shown=store.shown,
+                    max_bytes=limits.max_bytes,
+                    cancelled=fetch.cancelled,
+                    deadline=limits.deadline_at,
+                )
+        os.unlink(LAYER_FILE, dir_fd=version_fd)
+        fetch.count(namespace, size)
+
+
+def _one(store: S3Source | OciSource, file: RemoteFile, dir_fd: int, name: str, limits: Limits, shown: str) -> None:
+    with confined.opened(confined.create_new(dir_fd, name)) as out:
+        download(store, file, out, limits, shown)
+        os.fsync(out)
+
+
+def _placed(store: S3Source | OciSource, file: RemoteFile, root_fd: int, limits: Limits, shown: str) -> None:
+    """``file`` at its relative path under ``root_fd``, making its folders (never following a link)."""
+    *folders, name = file.path.split("/")
+    fd = os.dup(root_fd)
+    try:
+        for folder in folders:
+            if confined.kind_of(fd, folder) == "":
+                os.mkdir(folder, 0o755, dir_fd=fd)
+            nxt = confined.open_dir(fd, folder)
+            os.close(fd)
+            fd = nxt
+        _one(store, file, fd, name, limits, f"{shown}{file.path}")
+    finally:
+        os.close(fd)
+
+
+def _pins(files: list[RemoteFile]) -> str:
+    kinds = sorted({f.pinned_by.split(" ")[0] for f in files})
+    if len(files) == 1:
+        return files[0].pinned_by + (f" sha256:{files[0].sha256}" if files[0].sha256 else "")
+    return f"{len(files)} objects pinned by {' and '.join(kinds)}"
