@@ -5,8 +5,9 @@ Layers, bottom to top; a module imports only from its own layer or the ones belo
 
 1. vocabulary: ``vocabulary`` (request/response types, typed errors, tensors, data types, the
    ``RegistryView`` protocol), ``config`` (the ModelConfig schema, the platform table, version policy)
-   and ``repository`` (the on-disk layout and atomic-publish contract). Pure facts that server and
-   operator share; the operator imports nothing else from the server.
+   ``repository`` (the on-disk layout and atomic-publish contract) and ``sources`` (where model files come
+   from: the egress guard and the one downloader of every store). What server and operator share; the
+   operator imports nothing else from the server.
 2. ``backends``: execute a batch on an instance (onnxruntime, tensorrt, pytorch, tensorflow, python).
 3. ``scheduling``: default scheduler, dynamic batcher, ensemble, instance pool.
 4. ``runtime`` (lifecycle, registry, ``InferenceService`` and its repository poll loop) with ``observability``

@@ -24,6 +24,9 @@ CHECKSUM_REQUIRED = "ChecksumRequired"
 #: the bytes do not match what pins them
 CHECKSUM_MISMATCH = "ChecksumMismatch"
 
+#: the caller stopped wanting it (the model was deleted or changed meanwhile)
+CANCELLED = "Cancelled"
+
 #: reasons that may go away by themselves: the operator retries them with backoff
 TEMPORARY = frozenset({UNAVAILABLE})
 

@@ -233,8 +233,10 @@ class S3Source:
             return RemoteFile(rel, info.size, None, f"s3-version {info.version_id}", (info.key, info.version_id))
         raise SourceError(
             CHECKSUM_REQUIRED,
-            f"{what}: nothing pins its content: give source.sha256, upload it with a SHA-256 checksum "
-            "(aws s3 cp --checksum-algorithm SHA256), or enable versioning on the bucket",
+            f"{what}: nothing pins its content: give source.sha256, upload it in one part with a SHA-256 "
+            "checksum (aws s3api put-object --checksum-algorithm SHA256 --checksum-sha256 ...; "
+            "aws s3 cp --checksum-algorithm SHA256 for files under the multipart threshold), "
+            "or enable versioning on the bucket",
         )
 
     # ----------------------------------------------------------------------------------- transfer

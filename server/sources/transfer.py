@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from .errors import CHECKSUM_MISMATCH, TOO_LARGE, UNAVAILABLE, SourceError
+from .errors import CANCELLED, CHECKSUM_MISMATCH, TOO_LARGE, UNAVAILABLE, SourceError
 from .guard import deadline_scope
 
 PART_SIZE = 8 << 20
@@ -63,10 +63,6 @@ class Limits:
     on_bytes: Callable[[int], None] | None = None
 
 
-class Cancelled(Exception):
-    """The caller no longer wants the file (the model was deleted or changed)."""
-
-
 def download(reader: RangeReader, file: RemoteFile, fd: int, limits: Limits, shown: str) -> str:
     """Fill the open, empty file ``fd`` with ``file``; the sha256 hex of what was written.
 
@@ -81,7 +77,7 @@ def download(reader: RangeReader, file: RemoteFile, fd: int, limits: Limits, sho
 
     def count(n: int) -> None:
         if limits.cancelled is not None and limits.cancelled():
-            raise Cancelled()
+            raise SourceError(CANCELLED, f"the download of {shown} was cancelled")
         if time.monotonic() > limits.deadline_at:
             raise SourceError(UNAVAILABLE, f"{shown}: the download did not finish within its deadline")
         if limits.on_bytes is not None:
@@ -139,7 +135,7 @@ def _fetch_part(
     """Bytes ``start``..``end`` into ``fd`` at their offset; a break resumes where the bytes stopped."""
     at = start
     for attempt in range(limits.attempts):
-        if stop.is_set():
+        if stop.is_set() or at > end:  # stopped, or every byte came before the connection broke
             return
         try:
             with reader.read_range(file, at, end) as chunks:

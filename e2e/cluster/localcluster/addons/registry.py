@@ -15,17 +15,23 @@ from localcluster import gotool
 from localcluster.addons import support
 
 # bump when the build below changes
-REGISTRY_RECIPE = "v1 trimpath cgo=0 ldflags=-s,-w,version-stamps registry=cmd/registry oras=cmd/oras"
+REGISTRY_RECIPE = "v2 trimpath cgo=0 ldflags=-s,-w,version-stamps registry=wrapper-main oras=cmd/oras"
 DISTRIBUTION = "github.com/distribution/distribution/v3"
 ORAS = "oras.land/oras"
 
 
 def registry_dir() -> Path:
-    """``<cache>/addons/registry-<hash>``: ``registry`` (distribution v3, every upstream storage driver and auth
-    backend, as its ``cmd/registry``), ``oras``, and ``REGISTRY_VERSION``/``ORAS_VERSION``."""
+    """``<cache>/addons/registry-<hash>``: ``registry`` (distribution v3's registry command with the local drivers
+    only: ``e2e/cluster/registry/registry/main.go``), ``oras``, and ``REGISTRY_VERSION``/``ORAS_VERSION``."""
     key = support.key(
         REGISTRY_RECIPE.encode(),
-        *support.module_files("registry/go.mod", "registry/go.sum", "registry/oras/go.mod", "registry/oras/go.sum"),
+        *support.module_files(
+            "registry/go.mod",
+            "registry/go.sum",
+            "registry/registry/main.go",
+            "registry/oras/go.mod",
+            "registry/oras/go.sum",
+        ),
     )
 
     def make(out: Path) -> None:
@@ -40,7 +46,7 @@ def registry_dir() -> Path:
             stamps.append(f"-X {DISTRIBUTION}/version.revision={dist['commit']}")
         gotool.go(
             ["build", "-p", jobs, "-trimpath", "-ldflags", " ".join(["-s -w", *stamps]),
-             "-o", str(out / "registry"), f"{DISTRIBUTION}/cmd/registry"],
+             "-o", str(out / "registry"), "./registry"],
             "registry",
         )  # fmt: skip
         oras = gotool.module_info("registry/oras", ORAS)
