@@ -14,8 +14,9 @@ from .schema import CONFIG_TOP_FIELDS, MAX_VERSIONS, message_schema
 _SOURCE = {
     "type": "object",
     "description": "Where the version's model file comes from: a uri (https/http with sha256, s3:// for an object "
-    "or a prefix/ folder, oci:// for an ORAS artifact or a modelcar image) or a path on the repository volume. A "
-    "folder (an s3 prefix, an artifact's files, a modelcar's /models) fills the version folder (for "
+    "or a prefix/ folder, oci:// for an ORAS artifact or a modelcar image, hf:// for a Hugging Face Hub file or "
+    "folder) or a path on the repository volume. A folder (an s3 prefix, an artifact's files, a modelcar's "
+    "/models, a Hub repository's folder) fills the version folder (for "
     "tensorflow_savedmodel, model.savedmodel/); a single object is the model file. For tensorflow_savedmodel "
     "a single file is a tar archive (plain, gzip, bzip2 or xz) of the SavedModel "
     "folder, unpacked into model.savedmodel/ (only files and folders are taken). Omit only for ensembles (their "
@@ -24,21 +25,24 @@ _SOURCE = {
         "uri": {
             "type": "string",
             "maxLength": 2048,
-            "pattern": "^(https?|s3|oci)://",
+            "pattern": "^(https?|s3|oci|hf)://",
             "description": "Where the store keeps the model: https://host/file (with sha256), s3://bucket/key, "
             "s3://bucket/prefix/ (every object under it), s3://host:port/bucket/key (Triton's form for a local S3 "
-            "store, over http), oci://registry/repository:tag or @sha256:<digest>. Downloaded through the egress "
-            "rules, size-limited, and checked against what pins it: sha256, the S3 object's SHA-256 checksum or "
-            "version, the OCI digests.",
+            "store, over http), oci://registry/repository:tag or @sha256:<digest>, hf://org/repo[@revision]/path "
+            "(a file, a folder/ or, with no path, the whole repository of a Hugging Face Hub model; the revision, "
+            "main by default, is resolved to a commit). Downloaded through the egress rules, size-limited, and "
+            "checked against what pins it: sha256, the S3 object's SHA-256 checksum or version, the OCI digests, "
+            "the Hub's commit and each LFS file's sha256.",
         },
         "endpoint": {
             "type": "string",
             "maxLength": 512,
             "pattern": "^https?://[^/?#]+/?$",
             "description": "The store's base URL when it is not the default: an S3-compatible store "
-            "(https://minio.example.com:9000; path-style addressing unless pathStyle is false), or a registry "
-            "reached over plain http (http://registry.local:5000, never with credentials). Checked by the "
-            "egress rules like any URL.",
+            "(https://minio.example.com:9000; path-style addressing unless pathStyle is false), a registry "
+            "reached over plain http (http://registry.local:5000, never with credentials), or a Hugging Face Hub "
+            "other than https://huggingface.co (a mirror or a private Hub). Checked by the egress rules like any "
+            "URL.",
         },
         "region": {
             "type": "string",
@@ -64,6 +68,7 @@ _SOURCE = {
             "pattern": "^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
             "description": "Secret in the model's namespace with download credentials for uri: for https and oci "
             "the keys token (Bearer), username and password (Basic), or authorization (the header's value); for "
+            "hf the key token (a Hub access token, for private and gated models; never sent over http); for "
             "s3 AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and optionally AWS_SESSION_TOKEN (requests are signed, "
             "the secret key is never sent). The Secret "
             "must be labelled serving.kubeinfer.io/artifact-credentials=true and name the hosts it may be sent to "
@@ -87,13 +92,13 @@ _SOURCE = {
         },
         {
             "rule": "!has(self.credentialsSecret) || (has(self.uri) && !self.uri.startsWith('http://'))",
-            "message": "source.credentialsSecret needs an https://, s3:// or oci:// source.uri (credentials are never "
-            "sent in clear)",
+            "message": "source.credentialsSecret needs an https://, s3://, oci:// or hf:// source.uri (credentials "
+            "are never sent in clear)",
         },
         {
             "rule": "!has(self.endpoint) && !has(self.region) && !has(self.pathStyle) || "
-            "(has(self.uri) && self.uri.matches('^(s3|oci)://'))",
-            "message": "source.endpoint, region and pathStyle are for s3:// and oci:// sources",
+            "(has(self.uri) && self.uri.matches('^(s3|oci|hf)://'))",
+            "message": "source.endpoint, region and pathStyle are for s3://, oci:// and hf:// sources",
         },
         {
             "rule": "!has(self.path) || (!self.path.startsWith('/') && !self.path.matches('(^|/)[.][.](/|$)'))",
@@ -243,8 +248,9 @@ COLD_START_STATUS = {
                             "seconds": _seconds("Seconds the fetch took."),
                             "pinnedBy": {
                                 "type": "string",
-                                "description": "What pinned the content an s3:// or oci:// store served: "
-                                "'oci-digest sha256:<manifest digest>', 's3-checksum sha256:<hex>', "
+                                "description": "What pinned the content an s3://, oci:// or hf:// store served: "
+                                "'oci-digest sha256:<manifest digest>', 'hf-commit <commit>', "
+                                "'s3-checksum sha256:<hex>', "
                                 "'s3-version <id>', 'sha256 sha256:<hex>', or a count for a folder.",
                             },
                         },

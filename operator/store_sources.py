@@ -1,11 +1,12 @@
-"""``s3://`` and ``oci://`` sources onto the volume: the shared downloader (``kubeinfer.server.sources``) fills
-a staged version folder, under the namespace's download slot, quota, deadline and the operator's limits.
+"""``s3://``, ``oci://`` and ``hf://`` sources onto the volume: the shared downloader (``kubeinfer.server.sources``)
+fills a staged version folder, under the namespace's download slot, quota, deadline and the operator's limits.
 
 What a source names becomes the version folder: one object is the model file (for a folder model, a tar
-archive of it, as with https); an S3 prefix's objects and an ORAS artifact's files keep their relative
-paths (an ONNX model with external data, a SavedModel, a multi-file Python model); a modelcar image's
-layer is unpacked (its ``/models`` folder, KServe's layout). The whole size is checked from the listing or
-the manifest before the first byte, and nothing is written outside the staged folder.
+archive of it, as with https); an S3 prefix's objects, an ORAS artifact's files and a Hugging Face repository
+folder's files keep their relative paths (an ONNX model with external data, a SavedModel, a multi-file Python
+model); a modelcar image's layer is unpacked (its ``/models`` folder, KServe's layout). The whole size is
+checked from the listing or the manifest before the first byte, and nothing is written outside the staged
+folder.
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ from kubeinfer.server.repository import confined
 from kubeinfer.server.sources import errors as source_errors
 from kubeinfer.server.sources.client import StoreClient
 from kubeinfer.server.sources.errors import SourceError
+from kubeinfer.server.sources.hf import HfSource, hub_endpoint
 from kubeinfer.server.sources.oci import OciSource
 from kubeinfer.server.sources.s3 import S3Endpoint, S3Source, ambient_credentials, credentials_from
 from kubeinfer.server.sources.transfer import Limits, RemoteFile, download
-from kubeinfer.server.sources.uris import STORE_SCHEMES, parse_oci, parse_s3, scheme_of
+from kubeinfer.server.sources.uris import STORE_SCHEMES, parse_hf, parse_oci, parse_s3, scheme_of
 
 from . import archives
 from .artifacts import ArtifactError
@@ -36,6 +38,8 @@ RESERVED_PREFIX = ".kubeinfer"
 #: a modelcar layer while it is unpacked (removed before the version is published)
 LAYER_FILE = ".kubeinfer-layer"
 
+Store = S3Source | OciSource | HfSource
+
 
 def is_store_uri(uri: str | None) -> bool:
     return bool(uri) and scheme_of(uri or "") in STORE_SCHEMES
@@ -43,7 +47,8 @@ def is_store_uri(uri: str | None) -> bool:
 
 @dataclass(frozen=True)
 class Served:
-    """What a version was fetched as: the pins, for the status (``oci-digest sha256:...``, ``s3-checksum``)."""
+    """What a version was fetched as: the pins, for the status (``oci-digest sha256:...``, ``s3-checksum``,
+    ``hf-commit <sha>``)."""
 
     pinned: str
     files: int
@@ -74,8 +79,23 @@ class StoreSources:
         self.parallel = parallel
 
     # ------------------------------------------------------------------------------------- opening
-    def _open(self, source: Source, namespace: str, fetch: Fetch) -> S3Source | OciSource:
+    def _open(self, source: Source, namespace: str, fetch: Fetch) -> Store:
         uri = source.uri or ""
+        if scheme_of(uri) == "hf":
+            location_hf = parse_hf(uri)
+            hub = hub_endpoint(source.endpoint)
+            token = None
+            if source.credentials_secret:
+                if hub.scheme == "http":
+                    raise SourceError(
+                        source_errors.REFUSED, "a Hub token is not sent over plain http (source.endpoint http://)"
+                    )
+                token = fetch.secret_data(source.credentials_secret, hub.host).get("token")
+                if not token:
+                    raise SourceError(
+                        source_errors.UNAUTHORIZED, "the credentials Secret of an hf:// source needs the key token"
+                    )
+            return HfSource(self.client, location_hf, namespace, endpoint=str(hub), token=token, deadline=self.deadline)
         if scheme_of(uri) == "s3":
             location = parse_s3(uri)
             endpoint = S3Endpoint.of(location, source.endpoint, source.region, source.path_style)
@@ -120,6 +140,9 @@ class StoreSources:
                 location = parse_s3(uri)
                 endpoint = S3Endpoint.of(location, source.endpoint, source.region, source.path_style)
                 self.client.admit(endpoint.url, namespace, "source.uri")
+            elif scheme_of(uri) == "hf":
+                parse_hf(uri)
+                self.client.admit(hub_endpoint(source.endpoint), namespace, "source.uri")
             else:
                 location_oci = parse_oci(uri)
                 self.client.admit(httpx.URL(f"https://{location_oci.registry}"), namespace, "source.uri")
@@ -159,6 +182,12 @@ class StoreSources:
         started = time.monotonic()
         if isinstance(store, S3Source):
             files = store.files(source.sha256, self.max_files, max_bytes)
+        elif isinstance(store, HfSource):
+            if source.sha256:
+                raise SourceError(
+                    source_errors.INVALID, "an hf:// source is pinned by its commit and LFS sha256s, not source.sha256"
+                )
+            files = store.files(self.max_files, max_bytes)
         else:
             if source.sha256:
                 raise SourceError(source_errors.INVALID, "an oci:// source is pinned by its digests, not source.sha256")
@@ -199,12 +228,17 @@ class StoreSources:
             raise SourceError(
                 source_errors.INVALID, f"{store.shown} has no file '{filename}' (the model file the config names)"
             )
-        pinned = f"oci-digest {store.digest}" if isinstance(store, OciSource) else _pins(files)
+        if isinstance(store, OciSource):
+            pinned = f"oci-digest {store.digest}"
+        elif isinstance(store, HfSource):
+            pinned = f"hf-commit {store.commit}"
+        else:
+            pinned = _pins(files)
         return Served(pinned, len(files), total)
 
     def _unpack(
         self,
-        store: S3Source | OciSource,
+        store: Store,
         file: RemoteFile,
         version_fd: int,
         folder: str | None,
@@ -232,13 +266,13 @@ class StoreSources:
         fetch.count(namespace, size)
 
 
-def _one(store: S3Source | OciSource, file: RemoteFile, dir_fd: int, name: str, limits: Limits, shown: str) -> None:
+def _one(store: Store, file: RemoteFile, dir_fd: int, name: str, limits: Limits, shown: str) -> None:
     with confined.opened(confined.create_new(dir_fd, name)) as out:
         download(store, file, out, limits, shown)
         os.fsync(out)
 
 
-def _placed(store: S3Source | OciSource, file: RemoteFile, root_fd: int, limits: Limits, shown: str) -> None:
+def _placed(store: Store, file: RemoteFile, root_fd: int, limits: Limits, shown: str) -> None:
     """``file`` at its relative path under ``root_fd``, making its folders (never following a link)."""
     *folders, name = file.path.split("/")
     fd = os.dup(root_fd)

@@ -1,14 +1,16 @@
-"""Source URIs as typed locations: ``s3://``, ``oci://`` (and http(s), which the operator's fetch keeps).
+"""Source URIs as typed locations: ``s3://``, ``oci://``, ``hf://`` (and http(s), which the operator's fetch keeps).
 
 Pure functions: what a URI names, checked before any connection. The forms follow the peers' so a manifest
 moves over unchanged: ``s3://bucket/key`` and ``s3://bucket/prefix/`` (KServe's ``storageUri``), Triton's
 ``s3://host:port/bucket/path`` for a local S3 store, ``oci://registry/repository:tag`` and ``@sha256:...``
-(KServe's modelcars, ORAS artifacts).
+(KServe's modelcars, ORAS artifacts), ``hf://org/repo[@revision][/path]`` (huggingface_hub's own ``hf://``
+form for a model repository: a file, a folder ending in '/', or the whole repository).
 """
 
 from __future__ import annotations
 
 import re
+import urllib.parse
 from dataclasses import dataclass
 
 from .errors import INVALID, SourceError
@@ -20,7 +22,16 @@ _REPOSITORY = re.compile(r"^[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?
 _TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")
 _DIGEST = re.compile(r"^sha256:[a-f0-9]{64}$")
 _HOSTPORT = re.compile(r"^[A-Za-z0-9.\-]+:[0-9]{1,5}$|^\[[0-9A-Fa-f:.]+\](?::[0-9]{1,5})?$")
-STORE_SCHEMES = ("s3", "oci")
+#: a Hub repository id's two parts (huggingface_hub's validate_repo_id: letters, digits, '-', '_', '.', at most
+#: 96 characters, neither starting nor ending with '-' or '.')
+_HF_NAME = re.compile(r"^[A-Za-z0-9_](?:[A-Za-z0-9_.\-]{0,94}[A-Za-z0-9_])?$")
+#: a branch, tag or commit (git's ref names, narrowed to what the Hub's revisions use)
+_HF_REVISION = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._\-/]{0,254}$")
+#: the revisions that contain '/' and stand unquoted in a URI (pull requests, the Hub's conversions)
+_HF_SPECIAL_REVISION = re.compile(r"^refs/(?:pr/[0-9]+|convert/[A-Za-z0-9_.\-]+)(?=/|$)")
+#: huggingface_hub's type prefixes other than models/: not model repositories
+_HF_OTHER_TYPES = ("datasets", "spaces", "kernels", "buckets")
+STORE_SCHEMES = ("s3", "oci", "hf")
 #: what the server reads as a cloud model repository (Triton's --model-repository=s3://...)
 CLOUD_SCHEMES = ("s3",)
 
@@ -52,6 +63,24 @@ class OciLocation:
     def reference(self) -> str:
         """The manifest reference: the digest when pinned, else the tag."""
         return self.digest or self.tag or "latest"
+
+
+@dataclass(frozen=True)
+class HfLocation:
+    #: "namespace/name" of a model repository
+    repo: str
+    #: the branch, tag or commit asked for ("main" unless the URI names one); resolved to a commit per fetch
+    revision: str
+    #: a file of the repository, a folder ending in "/", or "" for the whole repository
+    path: str
+
+    @property
+    def is_folder(self) -> bool:
+        return self.path == "" or self.path.endswith("/")
+
+    @property
+    def shown(self) -> str:
+        return f"hf://{self.repo}@{self.revision}/{self.path}"
 
 
 def scheme_of(uri: str) -> str:
@@ -101,6 +130,54 @@ def parse_oci(uri: str) -> OciLocation:
     if tag is None and digest is None:
         raise SourceError(INVALID, "an oci:// URI needs a :tag or an @sha256: digest ('latest' is not assumed)")
     return OciLocation(registry.lower(), path, tag, digest)
+
+
+def parse_hf(uri: str) -> HfLocation:
+    """``hf://[models/]namespace/name[@revision][/path]``: a model repository of the Hugging Face Hub.
+
+    The revision ends at the next '/' (a branch whose name has '/' is written with %2F, as huggingface_hub
+    writes it), except the Hub's own ``refs/pr/<n>`` and ``refs/convert/<name>``."""
+    rest = uri[len("hf://") :]
+    parts = rest.split("/", 2)
+    if parts[0] in _HF_OTHER_TYPES:
+        raise SourceError(INVALID, f"hf://{parts[0]}/... is not a model repository (hf://<namespace>/<name>)")
+    if parts[0] == "models":
+        rest = rest[len("models/") :]
+    namespace, slash, rest = rest.partition("/")
+    name_end = min((i for i in (rest.find("@"), rest.find("/")) if i >= 0), default=len(rest))
+    name, rest = rest[:name_end], rest[name_end:]
+    if not slash or not _hf_name(namespace) or not _hf_name(name):
+        raise SourceError(
+            INVALID,
+            "an hf:// URI is hf://<namespace>/<name>[@<revision>][/<path>] (a model repository's id: letters, "
+            "digits, '-', '_' and '.')",
+        )
+    revision = "main"
+    if rest.startswith("@"):
+        rest = rest[1:]
+        special = _HF_SPECIAL_REVISION.match(rest)
+        end = special.end() if special else (rest.find("/") if "/" in rest else len(rest))
+        revision, rest = urllib.parse.unquote(rest[:end]), rest[end:]
+        if (
+            not _HF_REVISION.match(revision)
+            or ".." in revision
+            or "//" in revision
+            or revision.endswith(("/", ".lock", "."))
+        ):
+            raise SourceError(INVALID, f"'{revision[:80]}' in the hf:// URI is not a branch, tag or commit")
+    path = rest[1:] if rest.startswith("/") else rest
+    if rest and not rest.startswith("/"):
+        raise SourceError(INVALID, "in an hf:// URI the path follows the repository (or its @revision) after '/'")
+    segments = path.split("/")[:-1] if path.endswith("/") else path.split("/")
+    if path and (any(p in ("", ".", "..") for p in segments) or "\\" in path or "\0" in path):
+        raise SourceError(INVALID, "the path in an hf:// URI must not contain '.', '..' or empty segments")
+    if len(path.encode()) > 1024:
+        raise SourceError(INVALID, "the path in an hf:// URI is longer than 1024 bytes")
+    return HfLocation(f"{namespace}/{name}", revision, path)
+
+
+def _hf_name(part: str) -> bool:
+    return bool(_HF_NAME.match(part)) and "--" not in part and ".." not in part and not part.endswith(".git")
 
 
 def _check_key(key: str) -> None:
