@@ -36,6 +36,7 @@ import tritonclient.http as httpclient
 import yaml
 from kubeinfer.server.examples import models
 
+from tests.support import drills
 from tests.support.oci_registry import OciRegistry
 from tests.support.operator_logs import problems
 from tests.support.s3_store import S3Store
@@ -162,13 +163,16 @@ def stores(cluster, node, images, tmp_path_factory) -> Iterator[Stores]:
 
 @pytest.fixture(scope="module")
 def installed(stores: Stores) -> Stores:
-    """The chart with its default values, but for the watched namespace and the stores' network."""
+    """The chart with its default values, but for the watched namespace, the stores' network and the namespace
+    whose Secrets the operator may read."""
     st = stores
     st.cluster.helm(
         "install", st.release, str(CHART), "-n", st.ns, "--create-namespace",
         "--set", f"operator.watchNamespaces={{{st.ns}}}",
         # the stores listen on this machine, a private address: downloads reach public ones only by default
         "--set", f"artifacts.allowedNetworks={{{st.node['host_ip']}/32}}",
+        # the operator reads Secrets (source.credentialsSecret) only in the namespaces named here
+        "--set", f"rbac.secretNamespaces={{{st.ns}}}",
         "--wait", "--timeout", "5m", timeout=330,
     )  # fmt: skip
     pvc = st.get("pvc", "kubeinfer-models")
@@ -238,10 +242,18 @@ def test_both_models_ready_and_pinned_by_the_stores(served: Stores) -> None:
         assert [a["version"] for a in artifacts] == [1], (model, artifacts)
         assert artifacts[0]["pinnedBy"] == pins[kind], (model, artifacts)
         assert artifacts[0]["bytes"] == st.model_file.stat().st_size, (model, artifacts)
-        # what the operator pod wrote to the pool's folder on the volume: the uploaded bytes, nothing else
+        render = status["coldStart"]["render"]
+        drills.note(
+            f"cold start, fetch from {kind} ({artifacts[0]['bytes']} bytes): fetch {render['fetchSeconds']} s, "
+            f"render {render['renderSeconds']} s"
+        )
+        # what the operator pod wrote to the pool's folder on the volume: the uploaded bytes, and beside them
+        # only its own dot-named record of the source (which the server ignores)
         rendered = st.volume / st.ns / pool / model
         assert (rendered / "1" / "model.onnx").read_bytes() == st.model_file.read_bytes(), model
-        assert sorted(p.name for p in (rendered / "1").iterdir()) == ["model.onnx"], model
+        assert sorted(p.name for p in (rendered / "1").iterdir() if not p.name.startswith(".")) == ["model.onnx"]
+        marker = json.loads((rendered / "1" / ".kubeinfer-source.json").read_text())
+        assert marker.get("uri") == st.get("inferencemodel", model)["spec"]["versions"][0]["source"]["uri"], marker
         assert model in (rendered / "config.pbtxt").read_text()
         selector = f"app.kubernetes.io/name=kubeinfer-server,app.kubernetes.io/instance={pool}"
         pods = st.get("pods", selector=selector)["items"]
@@ -276,6 +288,10 @@ def test_the_s3_secret_key_shows_nowhere(served: Stores) -> None:
     events = st.kubectl("get", "events", "-o", "json").stdout
     assert json.loads(events)["items"], "no events at all in the namespace"
     assert key not in events
+    for pool, model in POOLS.values():  # on the volume, which the pool's pods read
+        for path in (st.volume / st.ns / pool / model).rglob("*"):
+            if path.is_file() and path.name != "model.onnx":
+                assert key not in path.read_text(errors="replace"), path
     log = st.operator_log()
     assert st.ns in log, log[-3000:]  # the log read is the one of the operator that fetched
     assert key not in log
