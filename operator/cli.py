@@ -245,6 +245,15 @@ def build_parser() -> argparse.ArgumentParser:
         "Default: none (such a source is fetched anonymously)",
     )
     p.add_argument(
+        "--ambient-gcs-credentials",
+        action="append",
+        default=[],
+        metavar="NAMESPACE[,NAMESPACE...]",
+        help="namespaces whose gs:// sources without source.credentialsSecret use the operator's own Google "
+        "credentials (workload identity's metadata server, or GOOGLE_APPLICATION_CREDENTIALS), toward "
+        "https://storage.googleapis.com only; '*' is every namespace. Default: none (fetched anonymously)",
+    )
+    p.add_argument(
         "--allowed-hosts",
         action="append",
         default=[],
@@ -391,6 +400,9 @@ def main(argv: list[str] | None = None) -> int:
         blocked_networks=parse_networks(args.blocked_network),
         allowed_hosts=HostRules.parse(args.allowed_hosts),
         ambient_s3_namespaces=tuple(n.strip() for v in args.ambient_s3_credentials for n in v.split(",") if n.strip()),
+        ambient_gcs_namespaces=tuple(
+            n.strip() for v in args.ambient_gcs_credentials for n in v.split(",") if n.strip()
+        ),
         downloads_per_namespace=args.downloads_per_namespace,
         downloads_total=args.downloads_total,
         namespace_quota_bytes=args.namespace_quota_bytes,

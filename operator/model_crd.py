@@ -13,9 +13,10 @@ from .schema import CONFIG_TOP_FIELDS, MAX_VERSIONS, message_schema
 
 _SOURCE = {
     "type": "object",
-    "description": "Where the version's model file comes from: a uri (https/http with sha256, s3:// for an object "
-    "or a prefix/ folder, oci:// for an ORAS artifact or a modelcar image, hf:// for a Hugging Face Hub file or "
-    "folder) or a path on the repository volume. A folder (an s3 prefix, an artifact's files, a modelcar's "
+    "description": "Where the version's model file comes from: a uri (https/http with sha256, s3:// or gs:// for an "
+    "object or a prefix/ folder, oci:// for an ORAS artifact or a modelcar image, hf:// for a Hugging Face Hub file or "
+    "folder, az:// for an Azure blob or a prefix/ folder) or a path on the repository volume. A folder "
+    "(an s3 or gs prefix, an artifact's files, a modelcar's "
     "/models, a Hub repository's folder) fills the version folder (for "
     "tensorflow_savedmodel, model.savedmodel/); a single object is the model file. For tensorflow_savedmodel "
     "a single file is a tar archive (plain, gzip, bzip2 or xz) of the SavedModel "
@@ -25,24 +26,30 @@ _SOURCE = {
         "uri": {
             "type": "string",
             "maxLength": 2048,
-            "pattern": "^(https?|s3|oci|hf)://",
+            "pattern": "^(https?|s3|gs|oci|hf|az)://",
             "description": "Where the store keeps the model: https://host/file (with sha256), s3://bucket/key, "
             "s3://bucket/prefix/ (every object under it), s3://host:port/bucket/key (Triton's form for a local S3 "
-            "store, over http), oci://registry/repository:tag or @sha256:<digest>, hf://org/repo[@revision]/path "
+            "store, over http), gs://bucket/object, gs://bucket/prefix/ (Cloud Storage), "
+            "oci://registry/repository:tag or @sha256:<digest>, hf://org/repo[@revision]/path "
             "(a file, a folder/ or, with no path, the whole repository of a Hugging Face Hub model; the revision, "
             "main by default, is resolved to a commit). Downloaded through the egress rules, size-limited, and "
-            "checked against what pins it: sha256, the S3 object's SHA-256 checksum or version, the OCI digests, "
-            "the Hub's commit and each LFS file's sha256.",
+            "checked against what pins it: sha256, the S3 object's SHA-256 checksum or version, the Cloud Storage "
+            "object's generation, the OCI digests, "
+            "the Hub's commit and each LFS file's sha256, the Azure blob's version id. az://account/container/blob or "
+            "az://account/container/prefix/ (Azure Blob Storage; https://account.blob.core.windows.net URIs are "
+            "fetched as plain https, with sha256).",
         },
         "endpoint": {
             "type": "string",
             "maxLength": 512,
-            "pattern": "^https?://[^/?#]+/?$",
+            "pattern": "^https?://[^/?#]+(/[a-z0-9]{3,24})?/?$",
             "description": "The store's base URL when it is not the default: an S3-compatible store "
             "(https://minio.example.com:9000; path-style addressing unless pathStyle is false), a registry "
-            "reached over plain http (http://registry.local:5000, never with credentials), or a Hugging Face Hub "
-            "other than https://huggingface.co (a mirror or a private Hub). Checked by the egress rules like any "
-            "URL.",
+            "reached over plain http (http://registry.local:5000, never with credentials), a Cloud Storage endpoint "
+            "other than https://storage.googleapis.com (never with credentials over http), or a Hugging Face Hub "
+            "other than https://huggingface.co (a mirror or a private Hub), or an Azure Blob endpoint other than "
+            "https://<account>.blob.core.windows.net (only az:// takes a path: the account, path-style as Azurite "
+            "serves, http://127.0.0.1:10000/devstoreaccount1). Checked by the egress rules like any URL.",
         },
         "region": {
             "type": "string",
@@ -59,7 +66,8 @@ _SOURCE = {
             "type": "string",
             "pattern": "^[0-9a-f]{64}$",
             "description": "Lower-case hex SHA-256 of the file; required with an http(s) uri, and with an s3 object "
-            "that has neither a SHA-256 checksum nor a version id; verified for path when given. Not for folders "
+            "that has neither a SHA-256 checksum nor a version id (a gs object's generation pins it without one); "
+            "verified for path when given. Not for folders "
             "(each object is pinned by the store).",
         },
         "credentialsSecret": {
@@ -70,7 +78,11 @@ _SOURCE = {
             "the keys token (Bearer), username and password (Basic), or authorization (the header's value); for "
             "hf the key token (a Hub access token, for private and gated models; never sent over http); for "
             "s3 AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and optionally AWS_SESSION_TOKEN (requests are signed, "
-            "the secret key is never sent). The Secret "
+            "the secret key is never sent); for gs a service-account key's JSON under key.json (its read-only "
+            "access token goes to the endpoint, the signed grant to the key's token_uri through the egress rules); "
+            "for az AZURE_STORAGE_SAS_TOKEN (or sasToken; read and list permissions) or AZURE_STORAGE_KEY (or "
+            "accountKey: it signs a short-lived read-only SAS here and is never sent). "
+            "The Secret "
             "must be labelled serving.kubeinfer.io/artifact-credentials=true and name the hosts it may be sent to "
             "in the annotation serving.kubeinfer.io/artifact-hosts (comma-separated; '*.example.com' matches "
             "names below it). Sent only to the uri's own host, and only when that host is listed.",
@@ -92,13 +104,13 @@ _SOURCE = {
         },
         {
             "rule": "!has(self.credentialsSecret) || (has(self.uri) && !self.uri.startsWith('http://'))",
-            "message": "source.credentialsSecret needs an https://, s3://, oci:// or hf:// source.uri (credentials "
-            "are never sent in clear)",
+            "message": "source.credentialsSecret needs an https://, s3://, gs://, oci://, hf:// or az:// source.uri "
+            "(credentials are never sent in clear)",
         },
         {
             "rule": "!has(self.endpoint) && !has(self.region) && !has(self.pathStyle) || "
-            "(has(self.uri) && self.uri.matches('^(s3|oci|hf)://'))",
-            "message": "source.endpoint, region and pathStyle are for s3://, oci:// and hf:// sources",
+            "(has(self.uri) && self.uri.matches('^(s3|gs|oci|hf|az)://'))",
+            "message": "source.endpoint, region and pathStyle are for s3://, gs://, oci://, hf:// and az:// sources",
         },
         {
             "rule": "!has(self.path) || (!self.path.startsWith('/') && !self.path.matches('(^|/)[.][.](/|$)'))",
@@ -248,8 +260,8 @@ COLD_START_STATUS = {
                             "seconds": _seconds("Seconds the fetch took."),
                             "pinnedBy": {
                                 "type": "string",
-                                "description": "What pinned the content an s3://, oci:// or hf:// store served: "
-                                "'oci-digest sha256:<manifest digest>', 'hf-commit <commit>', "
+                                "description": "What pinned the content an s3://, gs://, oci:// or hf:// store served: "
+                                "'oci-digest sha256:<manifest digest>', 'hf-commit <commit>', 'gcs-generation <n>', "
                                 "'s3-checksum sha256:<hex>', "
                                 "'s3-version <id>', 'sha256 sha256:<hex>', or a count for a folder.",
                             },

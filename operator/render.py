@@ -115,7 +115,8 @@ class Source:
     sha256: str | None = None
     #: name of a Secret (the model's namespace) with download credentials for ``uri``
     credentials_secret: str | None = None
-    #: s3://, oci:// and hf://: the store's base URL when not the default, the S3 region and addressing style
+    #: s3://, gs://, oci://, hf:// and az://: the store's base URL when not the default, the S3 region and
+    #: addressing style
     endpoint: str | None = None
     region: str | None = None
     path_style: bool | None = None
@@ -199,13 +200,15 @@ def render_model(
             raise ConfigError(f"spec.versions[{version}] needs source.uri or source.path")
         web = bool(source.uri) and str(source.uri).startswith(("http://", "https://"))
         if source.uri and not web and scheme_of(source.uri) not in STORE_SCHEMES:
-            raise ConfigError(f"spec.versions[{version}].source.uri must be http(s)://, s3://, oci:// or hf://")
+            raise ConfigError(
+                f"spec.versions[{version}].source.uri must be http(s)://, s3://, gs://, oci://, hf:// or az://"
+            )
         if web and not source.sha256:
             raise ConfigError(f"spec.versions[{version}].source.uri needs source.sha256")
         if source.credentials_secret and (not source.uri or source.uri.startswith("http://")):
             raise ConfigError(
-                f"spec.versions[{version}].source.credentialsSecret needs an https://, s3://, oci:// or hf:// "
-                "source.uri"
+                f"spec.versions[{version}].source.credentialsSecret needs an https://, s3://, gs://, oci://, hf:// or "
+                "az:// source.uri"
             )
         versions[version] = source
     if not versions:

@@ -37,6 +37,9 @@ class OperatorConfig:
     #: namespaces whose s3:// sources without a credentialsSecret may use the operator's own AWS credentials
     #: (botocore's chain: web identity / IRSA, instance role); "*": every namespace; empty: none
     ambient_s3_namespaces: tuple[str, ...] = ()
+    #: namespaces whose gs:// sources without a credentialsSecret may use the operator's own Google credentials
+    #: (workload identity), toward storage.googleapis.com only; "*": every namespace; empty: none
+    ambient_gcs_namespaces: tuple[str, ...] = ()
     #: downloads at once per namespace and overall (0: no limit)
     downloads_per_namespace: int = 2
     downloads_total: int = 4

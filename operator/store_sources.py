@@ -1,9 +1,10 @@
-"""``s3://``, ``oci://`` and ``hf://`` sources onto the volume: the shared downloader (``kubeinfer.server.sources``)
-fills a staged version folder, under the namespace's download slot, quota, deadline and the operator's limits.
+"""``s3://``, ``gs://``, ``oci://`` and ``hf://`` sources onto the volume: the shared downloader
+(``kubeinfer.server.sources``) fills a staged version folder, under the namespace's download slot, quota, deadline
+and the operator's limits.
 
 What a source names becomes the version folder: one object is the model file (for a folder model, a tar
-archive of it, as with https); an S3 prefix's objects, an ORAS artifact's files and a Hugging Face repository
-folder's files keep their relative paths (an ONNX model with external data, a SavedModel, a multi-file Python
+archive of it, as with https); an S3 or Cloud Storage prefix's objects, an ORAS artifact's files and a Hugging Face
+repository folder's files keep their relative paths (an ONNX model with external data, a SavedModel, a multi-file Python
 model); a modelcar image's layer is unpacked (its ``/models`` folder, KServe's layout). The whole size is
 checked from the listing or the manifest before the first byte, and nothing is written outside the staged
 folder.
@@ -18,13 +19,26 @@ from dataclasses import dataclass
 import httpx
 from kubeinfer.server.repository import confined
 from kubeinfer.server.sources import errors as source_errors
+from kubeinfer.server.sources.azure import AzureBlobSource, account_url
+from kubeinfer.server.sources.azure import credential_from as azure_credential_from
 from kubeinfer.server.sources.client import StoreClient
 from kubeinfer.server.sources.errors import SourceError
+from kubeinfer.server.sources.gcs import GcsSource, gcs_endpoint
+from kubeinfer.server.sources.gcs import ambient_credentials as gcs_ambient_credentials
+from kubeinfer.server.sources.gcs import credentials_from as gcs_credentials_from
 from kubeinfer.server.sources.hf import HfSource, hub_endpoint
 from kubeinfer.server.sources.oci import OciSource
 from kubeinfer.server.sources.s3 import S3Endpoint, S3Source, ambient_credentials, credentials_from
 from kubeinfer.server.sources.transfer import Limits, RemoteFile, download
-from kubeinfer.server.sources.uris import STORE_SCHEMES, parse_hf, parse_oci, parse_s3, scheme_of
+from kubeinfer.server.sources.uris import (
+    STORE_SCHEMES,
+    parse_az,
+    parse_gs,
+    parse_hf,
+    parse_oci,
+    parse_s3,
+    scheme_of,
+)
 
 from . import archives
 from .artifacts import ArtifactError
@@ -38,7 +52,7 @@ RESERVED_PREFIX = ".kubeinfer"
 #: a modelcar layer while it is unpacked (removed before the version is published)
 LAYER_FILE = ".kubeinfer-layer"
 
-Store = S3Source | OciSource | HfSource
+Store = S3Source | GcsSource | OciSource | HfSource | AzureBlobSource
 
 
 def is_store_uri(uri: str | None) -> bool:
@@ -48,7 +62,7 @@ def is_store_uri(uri: str | None) -> bool:
 @dataclass(frozen=True)
 class Served:
     """What a version was fetched as: the pins, for the status (``oci-digest sha256:...``, ``s3-checksum``,
-    ``hf-commit <sha>``)."""
+    ``gcs-generation <n>``, ``hf-commit <sha>``)."""
 
     pinned: str
     files: int
@@ -69,10 +83,13 @@ class StoreSources:
         part_size: int | None = None,
         parallel: int | None = None,
         ambient_s3_namespaces: tuple[str, ...] = (),
+        ambient_gcs_namespaces: tuple[str, ...] = (),
     ) -> None:
         self.client = client
         #: namespaces allowed the operator's own AWS credentials (``--ambient-s3-credentials``)
         self.ambient_s3_namespaces = ambient_s3_namespaces
+        #: namespaces allowed the operator's own Google credentials, workload identity (``--ambient-gcs-credentials``)
+        self.ambient_gcs_namespaces = ambient_gcs_namespaces
         self.deadline = deadline
         self.max_files = max_files
         self.part_size = part_size
@@ -105,6 +122,10 @@ class StoreSources:
             elif namespace in self.ambient_s3_namespaces or "*" in self.ambient_s3_namespaces:
                 credentials = ambient_credentials()
             return S3Source(self.client, location, endpoint, credentials, namespace)
+        if scheme_of(uri) == "gs":
+            return self._open_gs(source, namespace, fetch)
+        if scheme_of(uri) == "az":
+            return self._open_az(source, namespace, fetch)
         location_oci = parse_oci(uri)
         plain = False
         if source.endpoint:
@@ -132,6 +153,49 @@ class StoreSources:
 
         return OciSource(self.client, location_oci, namespace, plain_http=plain, basic_for=basic_for)
 
+    def _open_gs(self, source: Source, namespace: str, fetch: Fetch) -> GcsSource:
+        location_gs = parse_gs(source.uri or "")
+        gcs = gcs_endpoint(source.endpoint)
+        if source.credentials_secret:
+            if gcs.scheme == "http":
+                raise SourceError(
+                    source_errors.REFUSED, "Google credentials are not sent over plain http (source.endpoint http://)"
+                )
+            # the access token goes to the endpoint: the Secret must list its host; the key's token_uri is the
+            # Secret's own choice, admitted for the namespace by the egress rules when google-auth calls it
+            key = gcs_credentials_from(fetch.secret_data(source.credentials_secret, gcs.host))
+            return GcsSource(self.client, location_gs, namespace, endpoint=str(gcs), credentials=key)
+        if namespace in self.ambient_gcs_namespaces or "*" in self.ambient_gcs_namespaces:
+            if gcs != gcs_endpoint(None):
+                # a bearer token of the operator's own identity goes to Google's endpoint only, never a tenant's
+                raise SourceError(
+                    source_errors.REFUSED,
+                    "the operator's workload identity is used with https://storage.googleapis.com only: omit "
+                    "source.endpoint, or give a credentialsSecret",
+                )
+            ambient, token_client = gcs_ambient_credentials()
+            return GcsSource(
+                self.client,
+                location_gs,
+                namespace,
+                endpoint=str(gcs),
+                credentials=ambient,
+                token_client=token_client,
+                token_namespace="",
+            )
+        return GcsSource(self.client, location_gs, namespace, endpoint=str(gcs))
+
+    def _open_az(self, source: Source, namespace: str, fetch: Fetch) -> AzureBlobSource:
+        location_az = parse_az(source.uri or "")
+        base = account_url(location_az, source.endpoint)
+        credential = None
+        if source.credentials_secret:
+            # a SAS (given, or signed here with the account key: the key itself is never sent) goes to the endpoint
+            credential = azure_credential_from(fetch.secret_data(source.credentials_secret, base.host))
+        return AzureBlobSource(
+            self.client, location_az, namespace, endpoint=source.endpoint, credential=credential, lifetime=self.deadline
+        )
+
     def precheck(self, source: Source, namespace: str) -> None:
         """The refusals that need no connection (URI form, the endpoint's host rules), before a download slot."""
         try:
@@ -140,6 +204,11 @@ class StoreSources:
                 location = parse_s3(uri)
                 endpoint = S3Endpoint.of(location, source.endpoint, source.region, source.path_style)
                 self.client.admit(endpoint.url, namespace, "source.uri")
+            elif scheme_of(uri) == "gs":
+                parse_gs(uri)
+                self.client.admit(gcs_endpoint(source.endpoint), namespace, "source.uri")
+            elif scheme_of(uri) == "az":
+                self.client.admit(account_url(parse_az(uri), source.endpoint), namespace, "source.uri")
             elif scheme_of(uri) == "hf":
                 parse_hf(uri)
                 self.client.admit(hub_endpoint(source.endpoint), namespace, "source.uri")
@@ -180,7 +249,7 @@ class StoreSources:
         store = self._open(source, namespace, fetch)
         fetch.take_slot(namespace)
         started = time.monotonic()
-        if isinstance(store, S3Source):
+        if isinstance(store, S3Source | GcsSource | AzureBlobSource):
             files = store.files(source.sha256, self.max_files, max_bytes)
         elif isinstance(store, HfSource):
             if source.sha256:

@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 from hypothesis import settings as hypothesis_settings
 
+from tests.support.azurite import Azurite, AzuriteError, azurite_dir
+from tests.support.gcs_store import GcsStoreError, fake_gcs_dir
 from tests.support.oci_registry import OciRegistry
 from tests.support.repos import copy_example_repository
 from tests.support.s3_store import S3Store, S3StoreError, seaweedfs_dir
@@ -59,20 +61,36 @@ def s3_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Store]:
         yield store
 
 
+@pytest.fixture(scope="session")
+def azurite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Azurite]:
+    """A real Azure Blob Storage (Microsoft's emulator Azurite: its well-known devstoreaccount1); see
+    tests/support/azurite.py. Shared: give each test its own container."""
+    with Azurite(tmp_path_factory.mktemp("azurite")) as store:
+        yield store
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     """TensorFlow and torch.export's compiler abort one process together (see tests/support/tf_worker.py)."""
     if "tensorflow" in sys.modules:
         raise pytest.UsageError(
             "a test module imported tensorflow into the pytest process: use tests.support.tf_worker"
         )
-    # a cold build of the S3 store's ``weed`` takes minutes, longer than a test's timeout: built here, outside
-    # any test, when a test needs it (the fixture, or S3Store in its module; a failure shows where it is used)
-    if not session.config.option.collectonly and any(
-        "s3_store" in getattr(item, "fixturenames", ()) or getattr(getattr(item, "module", None), "S3Store", None)
-        for item in session.items
-    ):
-        with contextlib.suppress(S3StoreError):
-            seaweedfs_dir()
+    # a cold build of a store (the S3 store's ``weed``, fake-gcs-server) or Azurite's npm install takes minutes,
+    # longer than a test's timeout: made here, outside any test, when a test needs it (its fixture, or its class
+    # in the test's module; a failure shows where the store is used)
+    stores = (
+        ("s3_store", "S3Store", S3StoreError, seaweedfs_dir),
+        ("azurite", "Azurite", AzuriteError, azurite_dir),
+        ("", "GcsStore", GcsStoreError, fake_gcs_dir),
+    )
+    for fixture, cls, error, build in stores:
+        if not session.config.option.collectonly and any(
+            (fixture and fixture in getattr(item, "fixturenames", ()))
+            or getattr(getattr(item, "module", None), cls, None)
+            for item in session.items
+        ):
+            with contextlib.suppress(error):
+                build()
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

@@ -1,10 +1,13 @@
-"""Source URIs as typed locations: ``s3://``, ``oci://``, ``hf://`` (and http(s), which the operator's fetch keeps).
+"""Source URIs as typed locations: ``s3://``, ``gs://``, ``oci://``, ``hf://`` (and http(s), which the operator's
+fetch keeps).
 
 Pure functions: what a URI names, checked before any connection. The forms follow the peers' so a manifest
 moves over unchanged: ``s3://bucket/key`` and ``s3://bucket/prefix/`` (KServe's ``storageUri``), Triton's
-``s3://host:port/bucket/path`` for a local S3 store, ``oci://registry/repository:tag`` and ``@sha256:...``
+``s3://host:port/bucket/path`` for a local S3 store, ``gs://bucket/object`` and ``gs://bucket/prefix/`` (KServe's and
+gsutil's), ``oci://registry/repository:tag`` and ``@sha256:...``
 (KServe's modelcars, ORAS artifacts), ``hf://org/repo[@revision][/path]`` (huggingface_hub's own ``hf://``
-form for a model repository: a file, a folder ending in '/', or the whole repository).
+form for a model repository: a file, a folder ending in '/', or the whole repository), and
+``az://account/container/blob`` or ``.../prefix/`` (Azure Blob Storage, the form KServe's AWS-style URIs take).
 """
 
 from __future__ import annotations
@@ -31,7 +34,10 @@ _HF_REVISION = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._\-/]{0,254}$")
 _HF_SPECIAL_REVISION = re.compile(r"^refs/(?:pr/[0-9]+|convert/[A-Za-z0-9_.\-]+)(?=/|$)")
 #: huggingface_hub's type prefixes other than models/: not model repositories
 _HF_OTHER_TYPES = ("datasets", "spaces", "kernels", "buckets")
-STORE_SCHEMES = ("s3", "oci", "hf")
+#: Cloud Storage's bucket names: 3-63 characters (up to 222 with dots, each dot-separated part at most 63),
+#: lower-case letters, digits, '-', '_' and '.', starting and ending with a letter or digit
+_GCS_BUCKET = re.compile(r"^[a-z0-9][a-z0-9._\-]{1,220}[a-z0-9]$")
+STORE_SCHEMES = ("s3", "gs", "oci", "hf", "az")
 #: what the server reads as a cloud model repository (Triton's --model-repository=s3://...)
 CLOUD_SCHEMES = ("s3",)
 
@@ -49,6 +55,21 @@ class S3Location:
     @property
     def is_folder(self) -> bool:
         return self.key == "" or self.key.endswith("/")
+
+
+@dataclass(frozen=True)
+class GcsLocation:
+    bucket: str
+    #: the object's name, or the prefix (ending in "/") of a folder; "" is the whole bucket
+    name: str
+
+    @property
+    def is_folder(self) -> bool:
+        return self.name == "" or self.name.endswith("/")
+
+    @property
+    def shown(self) -> str:
+        return f"gs://{self.bucket}/{self.name}"
 
 
 @dataclass(frozen=True)
@@ -83,6 +104,33 @@ class HfLocation:
         return f"hf://{self.repo}@{self.revision}/{self.path}"
 
 
+#: an Azure storage account's name (3-24 lower-case letters and digits) and a container's (3-63: lower-case
+#: letters, digits, single hyphens between them)
+_AZ_ACCOUNT = re.compile(r"^[a-z0-9]{3,24}$")
+_AZ_CONTAINER = re.compile(r"^[a-z0-9](?:[a-z0-9]|-(?=[a-z0-9])){2,62}$")
+
+
+@dataclass(frozen=True)
+class AzureLocation:
+    """``az://account/container/blob``: a blob, a prefix ending in "/", or "" for the whole container."""
+
+    account: str
+    container: str
+    blob: str
+
+    @property
+    def is_folder(self) -> bool:
+        return self.blob == "" or self.blob.endswith("/")
+
+    @property
+    def base_shown(self) -> str:
+        return f"az://{self.account}/{self.container}/"
+
+    @property
+    def shown(self) -> str:
+        return f"{self.base_shown}{self.blob}"
+
+
 def scheme_of(uri: str) -> str:
     return uri.partition("://")[0].lower() if "://" in uri else ""
 
@@ -108,6 +156,23 @@ def parse_s3(uri: str) -> S3Location:
         raise SourceError(INVALID, f"'{first}' in the s3:// URI is not a bucket name (S3's naming rules)")
     _check_key(key)
     return S3Location(first, key, hostport, scheme)
+
+
+def parse_gs(uri: str) -> GcsLocation:
+    """``gs://bucket/object`` or ``gs://bucket/prefix/`` (a folder; ``gs://bucket/`` is the whole bucket)."""
+    bucket, _, name = uri[len("gs://") :].partition("/")
+    parts = bucket.split(".")
+    if (
+        not _GCS_BUCKET.match(bucket)
+        or any(not p or len(p) > 63 for p in parts)
+        or (len(bucket) > 63 and "." not in bucket)
+        or bucket.startswith("goog")
+    ):
+        raise SourceError(INVALID, f"'{bucket[:80]}' in the gs:// URI is not a bucket name (Cloud Storage's rules)")
+    if "\r" in name or "\n" in name:
+        raise SourceError(INVALID, "the object name in a gs:// URI must not contain line breaks (Cloud Storage's rule)")
+    _check_key(name)
+    return GcsLocation(bucket, name)
 
 
 def parse_oci(uri: str) -> OciLocation:
@@ -176,6 +241,25 @@ def parse_hf(uri: str) -> HfLocation:
     return HfLocation(f"{namespace}/{name}", revision, path)
 
 
+def parse_az(uri: str) -> AzureLocation:
+    """``az://<account>/<container>/<blob>`` (or ``.../<prefix>/``, a folder): an Azure Blob Storage location, the
+    account's endpoint ``https://<account>.blob.core.windows.net`` unless ``source.endpoint`` names another."""
+    account, _, rest = uri[len("az://") :].partition("/")
+    container, _, blob = rest.partition("/")
+    if not _AZ_ACCOUNT.match(account):
+        raise SourceError(
+            INVALID, f"'{account[:80]}' in the az:// URI is not a storage account name (3-24 letters a-z, digits)"
+        )
+    if not _AZ_CONTAINER.match(container):
+        raise SourceError(
+            INVALID, f"'{container[:80]}' in the az:// URI is not a container name (Azure's naming rules)"
+        )
+    if "\\" in blob or any(c in blob for c in "\r\n"):
+        raise SourceError(INVALID, "the blob name in an az:// URI must not contain backslashes or line breaks")
+    _check_key(blob)
+    return AzureLocation(account, container, blob)
+
+
 def _hf_name(part: str) -> bool:
     return bool(_HF_NAME.match(part)) and "--" not in part and ".." not in part and not part.endswith(".git")
 
@@ -185,7 +269,7 @@ def _check_key(key: str) -> None:
     if any(p in (".", "..") for p in parts) or "\0" in key or key.startswith("/"):
         raise SourceError(INVALID, "the object key must not contain '.' or '..' segments or start with '/'")
     if len(key.encode()) > 1024:
-        raise SourceError(INVALID, "the object key is longer than S3's 1024 bytes")
+        raise SourceError(INVALID, "the object key is longer than the stores' 1024 bytes")
 
 
 def safe_relative(path: str, *, limit_depth: int = 32) -> str:

@@ -26,6 +26,8 @@
 * ``seaweedfs`` -- build-only: SeaweedFS's ``weed`` from its pinned Go module (``e2e/cluster/seaweedfs``), the tests'
   S3-compatible object store (``tests/support/s3_store.py`` starts ``weed mini``: master, volume server, filer and
   S3 gateway in one process, on free ports, with its own data folder and identities).
+* ``fake-gcs`` -- build-only: fake-gcs-server, Google Cloud Storage's emulator, from its pinned Go module
+  (``e2e/cluster/fake-gcs``), the tests' ``gs://`` store (``tests/support/gcs_store.py``).
 
 Add-ons are opt-in: ``up --addons prometheus,keda,keda-http`` (or ``KUBEINFER_CLUSTER_ADDONS``) starts the
 missing ones on a new or running cluster; ``down``/``release`` stop them with the cluster. Each is
@@ -44,7 +46,7 @@ import time
 from pathlib import Path
 
 from localcluster import processes
-from localcluster.addons import keda, keda_http, kubeconform, prometheus, seaweedfs
+from localcluster.addons import fake_gcs, keda, keda_http, kubeconform, prometheus, seaweedfs
 from localcluster.addons import registry as oci_registry
 from localcluster.base import ClusterError
 from localcluster.processes import alive
@@ -54,7 +56,7 @@ ADDONS = ("prometheus", "keda", "keda-http")
 #: add-ons another one needs running (started first)
 NEEDS = {"keda-http": ("keda",)}
 #: add-ons ``build`` builds and ``up`` accepts but does not start (the tests run them)
-BUILD_ONLY = ("registry", "seaweedfs")
+BUILD_ONLY = ("registry", "seaweedfs", "fake-gcs")
 
 
 def selected(arg: str | None) -> list[str]:
@@ -115,6 +117,8 @@ def ensure_built(names: list[str]) -> dict[str, str]:
         out["registry"] = str(oci_registry.registry_dir())
     if "seaweedfs" in names:
         out["seaweedfs"] = str(seaweedfs.seaweedfs_dir())
+    if "fake-gcs" in names:
+        out["fake-gcs"] = str(fake_gcs.fake_gcs_dir())
     return out
 
 
