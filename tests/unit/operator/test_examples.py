@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 from kubeinfer.operator.render import render_model
-from kubeinfer.server.sources.uris import parse_hf, parse_oci, parse_s3, scheme_of
+from kubeinfer.server.sources.uris import parse_az, parse_gs, parse_hf, parse_oci, parse_s3, scheme_of
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "kubernetes"
 MODELS = [
@@ -21,7 +21,7 @@ MODELS = [
 
 def test_there_are_examples_per_store_scheme() -> None:
     schemes = {scheme_of(v["source"]["uri"]) for _, d in MODELS for v in d["spec"]["versions"] if "uri" in v["source"]}
-    assert {"s3", "oci", "hf"} <= schemes
+    assert {"s3", "oci", "hf", "gs", "az"} <= schemes
 
 
 @pytest.mark.parametrize(("file", "doc"), MODELS, ids=[f"{f}:{d['metadata']['name']}" for f, d in MODELS])
@@ -34,3 +34,7 @@ def test_example_models_render(file: str, doc: dict) -> None:
             parse_oci(source.uri)
         elif source.uri and scheme_of(source.uri) == "hf":
             parse_hf(source.uri)
+        elif source.uri and scheme_of(source.uri) == "gs":
+            parse_gs(source.uri)
+        elif source.uri and scheme_of(source.uri) == "az":
+            parse_az(source.uri)
