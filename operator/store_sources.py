@@ -12,6 +12,8 @@ folder.
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import time
 from dataclasses import dataclass
@@ -149,6 +151,8 @@ class StoreSources:
                 return data["username"], data["password"]
             if data.get("token"):
                 return "<token>", data["token"]
+            if data.get(".dockerconfigjson"):  # an image pull Secret (kubernetes.io/dockerconfigjson)
+                return pull_secret_auth(data[".dockerconfigjson"], location_oci.registry)
             return None
 
         return OciSource(self.client, location_oci, namespace, plain_http=plain, basic_for=basic_for)
@@ -333,6 +337,28 @@ class StoreSources:
                 )
         os.unlink(LAYER_FILE, dir_fd=version_fd)
         fetch.count(namespace, size)
+
+
+def pull_secret_auth(config: str, registry: str) -> tuple[str, str] | None:
+    """(user, password) for ``registry`` from an image pull Secret's ``.dockerconfigjson`` (``auths`` keyed by
+    the registry host, with ``username``/``password`` or ``auth``, base64 of ``user:password``), else None."""
+    try:
+        auths = json.loads(config).get("auths") or {}
+    except (ValueError, AttributeError):
+        raise SourceError(source_errors.UNAUTHORIZED, "the pull Secret's .dockerconfigjson is not JSON") from None
+    for key in (registry, f"https://{registry}", f"http://{registry}", f"https://{registry}/v1/"):
+        entry = auths.get(key) if isinstance(auths, dict) else None
+        if not isinstance(entry, dict):
+            continue
+        if entry.get("username") and entry.get("password"):
+            return str(entry["username"]), str(entry["password"])
+        if entry.get("auth"):
+            try:
+                user, _, password = base64.b64decode(str(entry["auth"])).decode().partition(":")
+            except (ValueError, UnicodeDecodeError):
+                raise SourceError(source_errors.UNAUTHORIZED, "the pull Secret's auth entry is not base64") from None
+            return user, password
+    return None
 
 
 def _one(store: Store, file: RemoteFile, dir_fd: int, name: str, limits: Limits, shown: str) -> None:

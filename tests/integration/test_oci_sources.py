@@ -182,6 +182,10 @@ def test_registry_credentials_come_from_the_secret_and_a_wrong_one_is_unauthoriz
     right = {"username": str(private_registry.user), "password": private_registry.password}
     writer.sync_model(server_dir, render_model("c", spec), fetch=Fetch(_secret_lookup(right, ("127.0.0.1",))))
     assert (server_dir / "c/1/model.onnx").read_bytes() == model_file.read_bytes()
+    # an image pull Secret (kubernetes.io/dockerconfigjson) works as well
+    pull = {".dockerconfigjson": private_registry.dockerconfigjson()}
+    writer.sync_model(server_dir, render_model("e", spec), fetch=Fetch(_secret_lookup(pull, ("127.0.0.1",))))
+    assert (server_dir / "e/1/model.onnx").read_bytes() == model_file.read_bytes()
     # a Secret whose hosts do not include the registry is not used
     with pytest.raises(ArtifactError) as info:
         writer.sync_model(server_dir, render_model("d", spec), fetch=Fetch(_secret_lookup(right, ("other.example",))))

@@ -106,3 +106,23 @@ def test_s3_errors_keep_the_stores_words_and_nothing_else() -> None:
 def test_printable() -> None:
     assert printable("a\nb\x00c   d") == "a b c d"
     assert printable("x" * 300, 10) == "x" * 10 + "..."
+
+
+def test_pull_secrets_give_the_registrys_entry() -> None:
+    import json
+
+    from kubeinfer.operator.store_sources import pull_secret_auth
+
+    config = json.dumps(
+        {
+            "auths": {
+                "ghcr.io": {"auth": base64.b64encode(b"bot:pa:ss").decode()},
+                "https://registry.example.com": {"username": "u", "password": "p"},
+            }
+        }
+    )
+    assert pull_secret_auth(config, "ghcr.io") == ("bot", "pa:ss")
+    assert pull_secret_auth(config, "registry.example.com") == ("u", "p")
+    assert pull_secret_auth(config, "other.io") is None
+    with pytest.raises(SourceError):
+        pull_secret_auth("not json", "ghcr.io")
