@@ -6,7 +6,8 @@ own, alternating:
 
 * **s3**: the operator's path (``S3Source`` through the guarded client, parallel ranged GETs, sha256 while
   streaming and checked against the spec's sha256: a multipart upload's checksum is a checksum of parts)
-  against boto3's ``download_file`` (s3transfer, its default concurrency of 10 and 8 MiB parts; no digest);
+  against boto3's ``download_file`` (s3transfer, its default concurrency of 10 and 8 MiB parts; no digest), and
+  against that followed by the file's sha256 (what the operator must know before it publishes a version);
 * **oci**: the operator's path (``OciSource``, the layer checked against its digest) against ``oras pull``
   (the ORAS CLI, which checks digests too).
 
@@ -56,6 +57,13 @@ if job["kind"] == "boto3":
                       aws_access_key_id=job["key"], aws_secret_access_key=job["secret"])
     before, started = start()
     s3.download_file(job["bucket"], job["object"], job["out"])
+    if job.get("verify"):  # what the operator does on top: the file's sha256 against the pin
+        import hashlib
+        digest = hashlib.sha256()
+        with open(job["out"], "rb") as f:
+            while block := f.read(4 << 20):
+                digest.update(block)
+        assert digest.hexdigest() == job["sha256"]
 else:
     from kubeinfer.server.sources.client import StoreClient
     from kubeinfer.server.sources.egress import AddressPolicy, parse_networks
@@ -119,7 +127,13 @@ def main() -> int:
             for _ in range(args.size_mib):
                 f.write(os.urandom(1 << 20))
         digest = hashlib.sha256(blob.read_bytes()).hexdigest()
-        runs: dict[str, list[dict[str, Any]]] = {"ours-s3": [], "boto3": [], "ours-oci": [], "oras": []}
+        runs: dict[str, list[dict[str, Any]]] = {
+            "ours-s3": [],
+            "boto3": [],
+            "boto3+sha256": [],
+            "ours-oci": [],
+            "oras": [],
+        }
         with S3Store(work / "s3") as store:
             s3 = store.client()
             s3.create_bucket(Bucket="bench")
@@ -128,9 +142,10 @@ def main() -> int:
             base = {"endpoint": store.endpoint, "key": key, "secret": secret, "bucket": "bench", "object": "model.bin"}
             base["sha256"] = digest
             for _ in range(args.rounds):
-                for kind in ("ours-s3", "boto3"):
+                for kind in ("ours-s3", "boto3", "boto3+sha256"):
                     out = work / f"out-{kind}"
-                    result = child({**base, "kind": kind, "out": str(out)})
+                    job = {**base, "kind": kind.split("+")[0], "out": str(out), "verify": kind.endswith("sha256")}
+                    result = child(job)
                     assert hashlib.sha256(out.read_bytes()).hexdigest() == digest, kind
                     out.unlink()
                     runs[kind].append(result)
@@ -158,7 +173,10 @@ def main() -> int:
                 medians[kind]["rss_growth_mib"] = round(statistics.median(v["rss_growth_mib"] for v in values), 1)
             if "rss_peak_mib" in values[0]:
                 medians[kind]["rss_peak_mib"] = round(statistics.median(v["rss_peak_mib"] for v in values), 1)
-    ratios = {"s3_ours_over_boto3": round(medians["boto3"]["seconds"] / medians["ours-s3"]["seconds"], 3)}
+    ratios = {
+        "s3_ours_over_boto3": round(medians["boto3"]["seconds"] / medians["ours-s3"]["seconds"], 3),
+        "s3_ours_over_boto3_then_sha256": round(medians["boto3+sha256"]["seconds"] / medians["ours-s3"]["seconds"], 3),
+    }
     if "oras" in medians:
         ratios["oci_ours_over_oras"] = round(medians["oras"]["seconds"] / medians["ours-oci"]["seconds"], 3)
     report |= {"runs": runs, "medians": medians, "throughput_ratios": ratios}
