@@ -11,6 +11,9 @@ from .rollout import ROLLOUT_SCHEMA, TRAFFIC_PERCENT_SCHEMA, TRAFFIC_RULE
 from .rollout import STATUS_SCHEMA as ROLLOUT_STATUS
 from .schema import CONFIG_TOP_FIELDS, MAX_VERSIONS, message_schema
 
+#: the schemes ``source.uri`` takes (the apiserver's message quotes this pattern)
+SOURCE_URI_PATTERN = "^(https?|s3|gs|oci|hf|az)://"
+
 _SOURCE = {
     "type": "object",
     "description": "Where the version's model file comes from: a uri (https/http with sha256, s3:// or gs:// for an "
@@ -26,7 +29,7 @@ _SOURCE = {
         "uri": {
             "type": "string",
             "maxLength": 2048,
-            "pattern": "^(https?|s3|gs|oci|hf|az)://",
+            "pattern": SOURCE_URI_PATTERN,
             "description": "Where the store keeps the model: https://host/file (with sha256), s3://bucket/key, "
             "s3://bucket/prefix/ (every object under it), s3://host:port/bucket/key (Triton's form for a local S3 "
             "store, over http), gs://bucket/object, gs://bucket/prefix/ (Cloud Storage), "
