@@ -64,6 +64,8 @@ _FORMATS: tuple[tuple[bytes, Callable[[BinaryIO], _Readable]], ...] = (
     (b"BZh", lambda f: bz2.BZ2File(f, "rb")),
     (b"\xfd7zXZ\x00", lambda f: lzma.LZMAFile(f, "rb")),
 )
+#: bytes a compressed archive may hold after its tar's end marker (tar pads to 10240-byte records)
+MAX_TRAILING = 1 << 20
 #: what a damaged compressed stream raises (bz2 and gzip raise OSError without an errno, or EOFError)
 _CORRUPT = (tarfile.TarError, EOFError, zlib.error, lzma.LZMAError)
 
@@ -249,11 +251,33 @@ def _stream(
     cancelled: Callable[[], bool] | None,
     work: Callable[[tarfile.TarFile, _Meter], _T],
 ) -> _T:
-    """``work`` on the archive read once from its start, in order, through a fresh ``_Meter``."""
+    """``work`` on the archive read once from its start, in order, through a fresh ``_Meter``; then a compressed
+    stream is read to its end, so that its own check (gzip's and bzip2's CRC, xz's check) has run: tarfile stops at
+    the archive's end marker, before the trailer, and damage inside stored data would otherwise go unseen."""
     with os.fdopen(os.dup(archive_fd), "rb") as raw, contextlib.closing(_open(raw)) as tar_bytes:
         meter = _Meter(tar_bytes, shown, deadline, cancelled)
         with tarfile.open(fileobj=meter, mode="r:") as tar:
-            return work(tar, meter)
+            result = work(tar, meter)
+        if tar_bytes is not raw:
+            _drain(meter, shown)
+        return result
+
+
+def _drain(meter: _Meter, shown: str) -> None:
+    """The rest of a compressed stream after the tar's end (its record padding), read through to the trailer;
+    more than MAX_TRAILING bytes there is refused rather than decompressed."""
+    left = MAX_TRAILING
+    while True:
+        if meter.cancelled is not None and meter.cancelled():
+            raise ArtifactError("Cancelled", f"unpacking {meter.shown} cancelled")
+        data = meter.inner.read(min(BUFSIZE, left + 1))
+        if not data:
+            return
+        left -= len(data)
+        if left < 0:
+            raise ArtifactError(
+                "ArchiveRejected", f"{shown} holds more than {MAX_TRAILING} bytes after the end of its tar archive"
+            )
 
 
 def _check(tar: tarfile.TarFile, meter: _Meter, shown: str, max_bytes: int) -> list[_Entry]:
