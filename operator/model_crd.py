@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from kubeinfer.server.config import MODEL_CONFIG
+from kubeinfer.server.sources.uris import AZURE_BLOB_URL_PATTERN
 
 from .api import CONDITIONS, crd
 from .rollout import ROLLOUT_SCHEMA, TRAFFIC_PERCENT_SCHEMA, TRAFFIC_RULE
@@ -39,8 +40,9 @@ _SOURCE = {
             "checked against what pins it: sha256, the S3 object's SHA-256 checksum or version, the Cloud Storage "
             "object's generation, the OCI digests, "
             "the Hub's commit and each LFS file's sha256, the Azure blob's version id. az://account/container/blob or "
-            "az://account/container/prefix/ (Azure Blob Storage; https://account.blob.core.windows.net URIs are "
-            "fetched as plain https, with sha256).",
+            "az://account/container/prefix/ (Azure Blob Storage; "
+            "https://account.blob.core.windows.net/container/path is read the same way, as KServe does, unless it "
+            "carries a query such as a SAS: then it is a plain https download, with sha256).",
         },
         "endpoint": {
             "type": "string",
@@ -102,8 +104,10 @@ _SOURCE = {
     "x-kubernetes-validations": [
         {"rule": "has(self.uri) != has(self.path)", "message": "give exactly one of source.uri or source.path"},
         {
-            "rule": "!has(self.uri) || !self.uri.matches('^https?://') || has(self.sha256)",
-            "message": "an http(s) source.uri needs source.sha256 (hex SHA-256)",
+            "rule": "!has(self.uri) || !self.uri.matches('^https?://') || has(self.sha256) || "
+            f"self.uri.matches(r'{AZURE_BLOB_URL_PATTERN}')",
+            "message": "an http(s) source.uri needs source.sha256 (hex SHA-256), unless it is an Azure Blob URL "
+            "(https://<account>.blob.core.windows.net/<container>/<path>)",
         },
         {
             "rule": "!has(self.credentialsSecret) || (has(self.uri) && !self.uri.startsWith('http://'))",

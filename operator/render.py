@@ -21,7 +21,7 @@ from kubeinfer.server.config import (
     validate_config,
 )
 from kubeinfer.server.config.platforms import BUILTIN_BACKENDS, backend_for, model_filename
-from kubeinfer.server.sources.uris import STORE_SCHEMES, scheme_of
+from kubeinfer.server.sources.uris import store_scheme
 from kubeinfer.server.vocabulary import datatypes
 
 from . import rollout
@@ -198,8 +198,9 @@ def render_model(
         source = Source.from_spec(entry.get("source"))
         if config.platform != "ensemble" and not (source.uri or source.path):
             raise ConfigError(f"spec.versions[{version}] needs source.uri or source.path")
-        web = bool(source.uri) and str(source.uri).startswith(("http://", "https://"))
-        if source.uri and not web and scheme_of(source.uri) not in STORE_SCHEMES:
+        store = store_scheme(source.uri or "")  # an https Azure Blob URL is read by the Azure store: no sha256
+        web = bool(source.uri) and str(source.uri).startswith(("http://", "https://")) and not store
+        if source.uri and not web and not store:
             raise ConfigError(
                 f"spec.versions[{version}].source.uri must be http(s)://, s3://, gs://, oci://, hf:// or az://"
             )

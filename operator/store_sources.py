@@ -33,13 +33,13 @@ from kubeinfer.server.sources.oci import OciSource
 from kubeinfer.server.sources.s3 import S3Endpoint, S3Source, ambient_credentials, credentials_from
 from kubeinfer.server.sources.transfer import Limits, RemoteFile, download
 from kubeinfer.server.sources.uris import (
-    STORE_SCHEMES,
+    as_store_uri,
     parse_az,
     parse_gs,
     parse_hf,
     parse_oci,
     parse_s3,
-    scheme_of,
+    store_scheme,
 )
 
 from . import archives
@@ -58,7 +58,7 @@ Store = S3Source | GcsSource | OciSource | HfSource | AzureBlobSource
 
 
 def is_store_uri(uri: str | None) -> bool:
-    return bool(uri) and scheme_of(uri or "") in STORE_SCHEMES
+    return bool(uri) and store_scheme(uri or "") != ""
 
 
 @dataclass(frozen=True)
@@ -100,7 +100,7 @@ class StoreSources:
     # ------------------------------------------------------------------------------------- opening
     def _open(self, source: Source, namespace: str, fetch: Fetch) -> Store:
         uri = source.uri or ""
-        if scheme_of(uri) == "hf":
+        if store_scheme(uri) == "hf":
             location_hf = parse_hf(uri)
             hub = hub_endpoint(source.endpoint)
             token = None
@@ -115,7 +115,7 @@ class StoreSources:
                         source_errors.UNAUTHORIZED, "the credentials Secret of an hf:// source needs the key token"
                     )
             return HfSource(self.client, location_hf, namespace, endpoint=str(hub), token=token, deadline=self.deadline)
-        if scheme_of(uri) == "s3":
+        if store_scheme(uri) == "s3":
             location = parse_s3(uri)
             endpoint = S3Endpoint.of(location, source.endpoint, source.region, source.path_style)
             credentials = None
@@ -124,9 +124,9 @@ class StoreSources:
             elif namespace in self.ambient_s3_namespaces or "*" in self.ambient_s3_namespaces:
                 credentials = ambient_credentials()
             return S3Source(self.client, location, endpoint, credentials, namespace)
-        if scheme_of(uri) == "gs":
+        if store_scheme(uri) == "gs":
             return self._open_gs(source, namespace, fetch)
-        if scheme_of(uri) == "az":
+        if store_scheme(uri) == "az":
             return self._open_az(source, namespace, fetch)
         location_oci = parse_oci(uri)
         plain = False
@@ -190,7 +190,7 @@ class StoreSources:
         return GcsSource(self.client, location_gs, namespace, endpoint=str(gcs))
 
     def _open_az(self, source: Source, namespace: str, fetch: Fetch) -> AzureBlobSource:
-        location_az = parse_az(source.uri or "")
+        location_az = parse_az(as_store_uri(source.uri or ""))
         base = account_url(location_az, source.endpoint)
         credential = None
         if source.credentials_secret:
@@ -204,16 +204,16 @@ class StoreSources:
         """The refusals that need no connection (URI form, the endpoint's host rules), before a download slot."""
         try:
             uri = source.uri or ""
-            if scheme_of(uri) == "s3":
+            if store_scheme(uri) == "s3":
                 location = parse_s3(uri)
                 endpoint = S3Endpoint.of(location, source.endpoint, source.region, source.path_style)
                 self.client.admit(endpoint.url, namespace, "source.uri")
-            elif scheme_of(uri) == "gs":
+            elif store_scheme(uri) == "gs":
                 parse_gs(uri)
                 self.client.admit(gcs_endpoint(source.endpoint), namespace, "source.uri")
-            elif scheme_of(uri) == "az":
-                self.client.admit(account_url(parse_az(uri), source.endpoint), namespace, "source.uri")
-            elif scheme_of(uri) == "hf":
+            elif store_scheme(uri) == "az":
+                self.client.admit(account_url(parse_az(as_store_uri(uri)), source.endpoint), namespace, "source.uri")
+            elif store_scheme(uri) == "hf":
                 parse_hf(uri)
                 self.client.admit(hub_endpoint(source.endpoint), namespace, "source.uri")
             else:

@@ -20,12 +20,11 @@ import datetime
 import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass
-from xml.etree import ElementTree
 
 import httpx
 from azure.storage.blob import ContainerSasPermissions, generate_container_sas
 
-from .client import StoreClient
+from .client import Answer, StoreClient
 from .errors import (
     CHECKSUM_REQUIRED,
     INVALID,
@@ -36,8 +35,9 @@ from .errors import (
     SourceError,
     printable,
 )
-from .transfer import RemoteFile
+from .transfer import RangeAnswer, RemoteFile
 from .uris import AzureLocation, safe_relative
+from .xmldoc import MAX_PAGE, document, error_fields
 
 #: the public cloud's blob endpoint of an account: https://<account>.blob.core.windows.net
 DEFAULT_SUFFIX = "blob.core.windows.net"
@@ -171,20 +171,21 @@ class AzureBlobSource:
     @contextlib.contextmanager
     def _call(
         self, method: str, blob: str, query: list[tuple[str, str]], extra: dict[str, str], what: str
-    ) -> Iterator[tuple[int, dict[str, str], Iterator[bytes]]]:
+    ) -> Iterator[Answer]:
         headers = {"x-ms-version": API_VERSION, **extra}
         url = self._url(blob, query)
         with self.client.request(method, url, headers, namespace=self.namespace, where=what) as answer:
             if answer.status >= 300:
                 body = answer.read(64 << 10) if method != "HEAD" else b""
                 raise _error(answer.status, answer.header("x-ms-error-code") or "", body, what)
-            yield answer.status, answer.headers, answer.stream
+            yield answer
 
     # ------------------------------------------------------------------------------------- listing
     def head(self, blob: str) -> BlobInfo:
         """Get Blob Properties: size, ETag, Content-MD5 and the version id (when the account keeps versions)."""
         what = f"{self.location.base_shown}{blob}"
-        with self._call("HEAD", blob, [], {}, what) as (_, headers, _s):
+        with self._call("HEAD", blob, [], {}, what) as answer:
+            headers = answer.headers
             size = headers.get("content-length", "")
             if not size.isdigit():
                 raise SourceError(UNAVAILABLE, f"{what}: the store gave no size for the blob")
@@ -210,9 +211,9 @@ class AzureBlobSource:
             ]
             if marker:
                 query.append(("marker", marker))
-            with self._call("GET", "", query, {}, self.shown) as (_, _h, stream):
-                body = b"".join(_bounded(stream, 16 << 20, self.shown))
-            root = _xml(body, self.shown)
+            with self._call("GET", "", query, {}, self.shown) as answer:
+                body = answer.read(MAX_PAGE)
+            root = document(body, self.shown, "a List Blobs document")
             for item in root.iter("Blob"):
                 name_el = item.find("Name")
                 name = (name_el.text or "") if name_el is not None else ""
@@ -275,48 +276,23 @@ class AzureBlobSource:
 
     # ----------------------------------------------------------------------------------- transfer
     @contextlib.contextmanager
-    def read_range(self, file: RemoteFile, start: int, end: int) -> Iterator[Iterator[bytes]]:
+    def read_range(self, file: RemoteFile, start: int, end: int) -> Iterator[RangeAnswer]:
         name, version, etag = file.locator
         query = [("versionid", version)] if version else []
         extra = {"x-ms-range": f"bytes={start}-{end}"}
         if etag and not version:
             extra["If-Match"] = etag  # a blob replaced mid-download fails (412), not mixes two contents
         what = f"{self.location.base_shown}{name}"
-        with self._call("GET", name, query, extra, what) as (status, headers, stream):
-            if status == 200 and not (start == 0 and end + 1 == file.size):
-                raise SourceError(UNAVAILABLE, f"{what}: the store ignored the byte range asked for")
-            if status == 206 and not headers.get("content-range", "").startswith(f"bytes {start}-"):
-                raise SourceError(UNAVAILABLE, f"{what}: the store answered another byte range")
-            yield stream
-
-
-def _bounded(stream: Iterator[bytes], limit: int, what: str) -> Iterator[bytes]:
-    total = 0
-    for chunk in stream:
-        total += len(chunk)
-        if total > limit:
-            raise SourceError(UNAVAILABLE, f"{what}: a listing page over {limit} bytes")
-        yield chunk
-
-
-def _xml(body: bytes, what: str) -> ElementTree.Element:
-    if b"<!DOCTYPE" in body or b"<!ENTITY" in body:  # a listing never declares entities
-        raise SourceError(UNAVAILABLE, f"{what}: the store's answer is not a List Blobs document")
-    try:
-        return ElementTree.fromstring(body)
-    except ElementTree.ParseError:
-        raise SourceError(UNAVAILABLE, f"{what}: the store's answer is not a List Blobs document") from None
+        with self._call("GET", name, query, extra, what) as answer:
+            yield answer.ranged()
 
 
 def _error(status: int, code: str, body: bytes, what: str) -> SourceError:
     """A store's refusal in its own words (its error code, the first line of its message), nothing else."""
-    message = ""
-    if body and b"<!DOCTYPE" not in body and b"<!ENTITY" not in body:
-        with contextlib.suppress(ElementTree.ParseError):
-            root = ElementTree.fromstring(body)
-            code = code or (root.findtext("Code") or "")
-            # the first line only: the rest is a request id, a time, and for a refused SAS the string it signed
-            message = printable((root.findtext("Message") or "").split("\n")[0], 160)
+    fields = error_fields(body, "Code", "Message")
+    code = code or fields["Code"]
+    # the first line only: the rest is a request id, a time, and for a refused SAS the string it signed
+    message = printable(fields["Message"].split("\n")[0], 160)
     code = printable(code, 60)
     said = f"{code}: {message}" if code and message else code or f"HTTP {status}"
     if status in (401, 403) or code in _UNAUTHORIZED_CODES:

@@ -20,6 +20,7 @@ import httpx
 from .egress import AddressPolicy, EgressRefused, HostRules, literal_address, normal_host
 from .errors import REFUSED, UNAVAILABLE, SourceError
 from .guard import GuardedBackend, Resolver, failure_phrase, system_resolve
+from .transfer import RangeAnswer
 
 MAX_REDIRECTS = 5
 #: the largest body read whole (listings, manifests, tokens, error documents)
@@ -58,6 +59,10 @@ class Answer:
             if len(out) > limit:
                 raise SourceError(UNAVAILABLE, f"{shown(self.url)} answered with more than {limit} bytes")
         return bytes(out)
+
+    def ranged(self) -> RangeAnswer:
+        """This answer as the downloader takes it (which checks its status and range)."""
+        return RangeAnswer(self.status, self.headers.get("content-range", ""), self.stream)
 
 
 class StoreClient:
@@ -116,11 +121,17 @@ class StoreClient:
         namespace: str,
         where: str,
         follow: bool = False,
+        body: bytes = b"",
+        timeout: float | None = None,
     ) -> Iterator[Answer]:
         """Send one request (and follow up to MAX_REDIRECTS redirects when ``follow``); the answer streams.
 
         ``headers`` go to ``url``'s origin only: a redirect elsewhere is sent without them (a pre-signed
-        location carries its own authorisation in its query)."""
+        location carries its own authorisation in its query). A request with a ``body`` (a token grant) is
+        never redirected. ``timeout`` shortens the client's own for this request."""
+        if body and follow:
+            raise ValueError("a request with a body is not redirected")
+        limit = min(timeout, self.timeout) if timeout else self.timeout
         first = url
         try:
             for hop in range(MAX_REDIRECTS + 1):
@@ -129,8 +140,10 @@ class StoreClient:
                 sent = [(b"Host", url.netloc), (b"Accept-Encoding", b"identity"), (b"User-Agent", b"kubeinfer")]
                 if own:
                     sent += [(k.encode(), v.encode()) for k, v in headers.items() if k.lower() != "host"]
-                extensions = {"timeout": dict.fromkeys(("connect", "read", "write", "pool"), self.timeout)}
-                with self.pool.stream(method, str(url).encode(), headers=sent, extensions=extensions) as response:
+                extensions = {"timeout": dict.fromkeys(("connect", "read", "write", "pool"), limit)}
+                with self.pool.stream(
+                    method, str(url).encode(), headers=sent, content=body, extensions=extensions
+                ) as response:
                     got = {k.decode("latin-1").lower(): v.decode("latin-1").strip() for k, v in response.headers}
                     location = got.get("location")
                     if follow and response.status in (301, 302, 303, 307, 308) and location:
@@ -146,6 +159,6 @@ class StoreClient:
             raise SourceError(REFUSED, f"{where}: {exc.message}; {_ADDRESS_HINT}") from None
         except (httpcore.TimeoutException, httpcore.NetworkError, httpcore.ProtocolError) as exc:
             log.info("request to %s failed: %r", shown(url), exc)
-            raise SourceError(UNAVAILABLE, f"{shown(url)}: {failure_phrase(exc, self.timeout)}") from None
+            raise SourceError(UNAVAILABLE, f"{shown(url)}: {failure_phrase(exc, limit)}") from None
         except httpcore.UnsupportedProtocol:
             raise SourceError(REFUSED, f"{shown(url)}: the scheme is not supported") from None

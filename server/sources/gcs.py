@@ -29,15 +29,13 @@ import google.auth
 import google.auth.credentials
 import google.auth.exceptions
 import google.auth.transport
-import httpcore
 import httpx
 from google.oauth2 import service_account
 
-from .client import MAX_DOCUMENT, StoreClient, shown
-from .egress import AddressPolicy, EgressRefused, parse_networks
-from .errors import INVALID, NOT_FOUND, REFUSED, TOO_LARGE, UNAUTHORIZED, UNAVAILABLE, SourceError, printable
-from .guard import failure_phrase
-from .transfer import RemoteFile
+from .client import StoreClient
+from .egress import AddressPolicy, parse_networks
+from .errors import INVALID, NOT_FOUND, TOO_LARGE, UNAUTHORIZED, UNAVAILABLE, SourceError, printable
+from .transfer import RangeAnswer, RemoteFile
 from .uris import GcsLocation, safe_relative
 
 DEFAULT_ENDPOINT = "https://storage.googleapis.com"
@@ -105,31 +103,23 @@ class GuardedRequest(google.auth.transport.Request):
         **kwargs: Any,
     ) -> _Response:
         target = httpx.URL(url)
-        self.client.admit(target, self.namespace, self.where)
-        sent = [(b"Host", target.netloc), (b"Accept-Encoding", b"identity"), (b"User-Agent", b"kubeinfer")]
-        sent += [(k.encode(), v.encode()) for k, v in (headers or {}).items() if k.lower() != "host"]
-        limit = min(timeout, self.client.timeout) if timeout else self.client.timeout
-        extensions = {"timeout": dict.fromkeys(("connect", "read", "write", "pool"), limit)}
         try:
-            with self.client.pool.stream(
-                method, str(target).encode(), headers=sent, content=body or b"", extensions=extensions
-            ) as response:
-                data = bytearray()
-                for chunk in response.iter_stream():
-                    data += chunk
-                    if len(data) > MAX_DOCUMENT:
-                        raise SourceError(UNAVAILABLE, f"{self.where}: {shown(target)} answered with too much")
-                got = {k.decode("latin-1").lower(): v.decode("latin-1").strip() for k, v in response.headers}
-                return _Response(response.status, got, bytes(data))
-        except EgressRefused as exc:
-            raise SourceError(REFUSED, f"{self.where}: {exc.message}") from None
-        except (httpcore.TimeoutException, httpcore.NetworkError, httpcore.ProtocolError) as exc:
-            log.info("request to %s failed: %r", shown(target), exc)
-            phrase = failure_phrase(exc, limit)
+            with self.client.request(
+                method,
+                target,
+                dict(headers or {}),
+                namespace=self.namespace,
+                where=self.where,
+                body=body or b"",
+                timeout=timeout,
+            ) as answer:
+                data = answer.read()
+                return _Response(answer.status, answer.headers, data)
+        except SourceError as exc:
+            if exc.reason != UNAVAILABLE:
+                raise  # refused by the guard or the namespace's hosts: google-auth passes it on unchanged
             # (google-auth's exceptions and credentials methods carry no annotations: the ignores below)
-            raise google.auth.exceptions.TransportError(f"{shown(target)}: {phrase}") from None  # type: ignore[no-untyped-call]
-        except httpcore.UnsupportedProtocol:
-            raise SourceError(REFUSED, f"{self.where}: {shown(target)}: the scheme is not supported") from None
+            raise google.auth.exceptions.TransportError(exc.message) from None  # type: ignore[no-untyped-call]
 
 
 # ------------------------------------------------------------------------------------- credentials
@@ -339,7 +329,7 @@ class GcsSource:
 
     # ----------------------------------------------------------------------------------- transfer
     @contextlib.contextmanager
-    def read_range(self, file: RemoteFile, start: int, end: int) -> Iterator[Iterator[bytes]]:
+    def read_range(self, file: RemoteFile, start: int, end: int) -> Iterator[RangeAnswer]:
         name, generation = file.locator
         what = f"gs://{self.location.bucket}/{name}#{generation}"
         url = self._url(self._object_path(name, download=True), [("alt", "media"), ("generation", generation)])
@@ -350,11 +340,7 @@ class GcsSource:
             served = answer.header("x-goog-generation")
             if served and served != generation:
                 raise SourceError(UNAVAILABLE, f"{what}: the store served generation {printable(served, 40)}")
-            if answer.status == 200 and not (start == 0 and end + 1 == file.size):
-                raise SourceError(UNAVAILABLE, f"{what}: the store ignored the byte range asked for")
-            if answer.status == 206 and not (answer.header("content-range") or "").startswith(f"bytes {start}-"):
-                raise SourceError(UNAVAILABLE, f"{what}: the store answered another byte range")
-            yield answer.stream
+            yield answer.ranged()
 
 
 #: the listing's fields read (a smaller answer)

@@ -44,7 +44,7 @@ from huggingface_hub.utils import httpx as hub_http  # type: ignore[attr-defined
 from .client import StoreClient
 from .errors import INVALID, NOT_FOUND, REFUSED, TOO_LARGE, UNAUTHORIZED, UNAVAILABLE, SourceError, printable
 from .guard import deadline_scope
-from .transfer import RemoteFile
+from .transfer import RangeAnswer, RemoteFile
 from .uris import HfLocation, safe_relative
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
@@ -257,7 +257,7 @@ class HfSource:
 
     # -------------------------------------------------------------------------------- transfer
     @contextlib.contextmanager
-    def read_range(self, file: RemoteFile, start: int, end: int) -> Iterator[Iterator[bytes]]:
+    def read_range(self, file: RemoteFile, start: int, end: int) -> Iterator[RangeAnswer]:
         assert self.commit is not None, "files() resolves the commit first"
         url = httpx.URL(hf_hub_url(self.location.repo, file.locator, revision=self.commit, endpoint=self.endpoint))
         what = f"hf://{self.location.repo}@{self.commit}/{file.locator}"
@@ -277,11 +277,7 @@ class HfSource:
             served = answer.header("x-repo-commit")
             if served and served != self.commit:
                 raise SourceError(UNAVAILABLE, f"{what}: the Hub served commit {served[:40]} for it")
-            if answer.status == 200 and not (start == 0 and end + 1 == file.size):
-                raise SourceError(UNAVAILABLE, f"{what}: the Hub ignored the byte range asked for")
-            if answer.status == 206 and not (answer.header("content-range") or "").startswith(f"bytes {start}-"):
-                raise SourceError(UNAVAILABLE, f"{what}: the Hub answered another byte range")
-            yield answer.stream
+            yield answer.ranged()
 
 
 # --------------------------------------------------------------------------------------- errors

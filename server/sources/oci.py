@@ -26,7 +26,7 @@ import httpx
 
 from .client import StoreClient
 from .errors import CHECKSUM_MISMATCH, INVALID, NOT_FOUND, TOO_LARGE, UNAUTHORIZED, UNAVAILABLE, SourceError, printable
-from .transfer import RemoteFile
+from .transfer import RangeAnswer, RemoteFile
 from .uris import OciLocation, safe_relative
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
@@ -192,14 +192,12 @@ class OciSource:
 
     # ------------------------------------------------------------------------------------- transfer
     @contextlib.contextmanager
-    def read_range(self, file: RemoteFile, start: int, end: int) -> Iterator[Iterator[bytes]]:
+    def read_range(self, file: RemoteFile, start: int, end: int) -> Iterator[RangeAnswer]:
         digest = file.locator[0]
         what = f"{self.shown} layer {digest[:19]}"
         headers = {"Range": f"bytes={start}-{end}"}
         with self._get(f"/v2/{self.location.repository}/blobs/{digest}", headers, what) as answer:
-            if answer.status == 200 and not (start == 0 and end + 1 == file.size):
-                raise SourceError(UNAVAILABLE, f"{what}: the registry ignored the byte range asked for")
-            yield answer.stream
+            yield answer.ranged()
 
 
 def _descriptor(layer: Any, shown: str) -> tuple[str, int, str, str | None]:

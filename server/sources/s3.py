@@ -15,14 +15,13 @@ import contextlib
 import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass
-from xml.etree import ElementTree
 
 import httpx
 from botocore.auth import S3SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
-from .client import StoreClient
+from .client import Answer, StoreClient
 from .errors import (
     CHECKSUM_REQUIRED,
     INVALID,
@@ -33,8 +32,9 @@ from .errors import (
     SourceError,
     printable,
 )
-from .transfer import RemoteFile
+from .transfer import RangeAnswer, RemoteFile
 from .uris import S3Location, safe_relative
+from .xmldoc import MAX_PAGE, document, error_fields
 
 DEFAULT_REGION = "us-east-1"
 _NS = "{http://s3.amazonaws.com/doc/2006-03-01/}"
@@ -145,7 +145,7 @@ class S3Source:
     @contextlib.contextmanager
     def _call(
         self, method: str, key: str, query: list[tuple[str, str]], extra: dict[str, str], what: str
-    ) -> Iterator[tuple[int, dict[str, str], Iterator[bytes]]]:
+    ) -> Iterator[Answer]:
         url = self._url(key, query)
         headers = self._headers(method, url, extra)
         with self.client.request(method, url, headers, namespace=self.namespace, where=what) as answer:
@@ -154,7 +154,7 @@ class S3Source:
             elif answer.status >= 300:
                 raise _error(answer.status, answer.read(64 << 10), what)
             else:
-                yield answer.status, answer.headers, answer.stream
+                yield answer
                 return
         # a HEAD's refusal has no body: the same request as a one-byte GET gets the store's words for it
         with self._call("GET", key, query, {"Range": "bytes=0-0"}, what):
@@ -164,7 +164,8 @@ class S3Source:
     # ------------------------------------------------------------------------------------- listing
     def head(self, key: str) -> ObjectInfo:
         what = f"s3://{self.location.bucket}/{key}"
-        with self._call("HEAD", key, [], {"x-amz-checksum-mode": "ENABLED"}, what) as (_, headers, _s):
+        with self._call("HEAD", key, [], {"x-amz-checksum-mode": "ENABLED"}, what) as answer:
+            headers = answer.headers
             size = headers.get("content-length", "")
             if not size.isdigit():
                 raise SourceError(UNAVAILABLE, f"{what}: the store gave no size for the object")
@@ -184,9 +185,9 @@ class S3Source:
             query = [("list-type", "2"), ("prefix", prefix), ("max-keys", "1000")]
             if token:
                 query.append(("continuation-token", token))
-            with self._call("GET", "", query, {}, self.shown) as (_, _h, stream):
-                body = b"".join(_bounded(stream, 16 << 20, self.shown))
-            root = _xml(body, self.shown)
+            with self._call("GET", "", query, {}, self.shown) as answer:
+                body = answer.read(MAX_PAGE)
+            root = document(body, self.shown, "an S3 document")
             for item in root.iter(f"{_NS}Contents"):
                 key = item.findtext(f"{_NS}Key") or ""
                 size = item.findtext(f"{_NS}Size") or ""
@@ -241,34 +242,12 @@ class S3Source:
 
     # ----------------------------------------------------------------------------------- transfer
     @contextlib.contextmanager
-    def read_range(self, file: RemoteFile, start: int, end: int) -> Iterator[Iterator[bytes]]:
+    def read_range(self, file: RemoteFile, start: int, end: int) -> Iterator[RangeAnswer]:
         key, version = file.locator
         query = [("versionId", version)] if version else []
         what = f"s3://{self.location.bucket}/{key}"
-        with self._call("GET", key, query, {"Range": f"bytes={start}-{end}"}, what) as (status, headers, stream):
-            if status == 200 and not (start == 0 and end + 1 == file.size):
-                raise SourceError(UNAVAILABLE, f"{what}: the store ignored the byte range asked for")
-            if status == 206 and not headers.get("content-range", "").startswith(f"bytes {start}-"):
-                raise SourceError(UNAVAILABLE, f"{what}: the store answered another byte range")
-            yield stream
-
-
-def _bounded(stream: Iterator[bytes], limit: int, what: str) -> Iterator[bytes]:
-    total = 0
-    for chunk in stream:
-        total += len(chunk)
-        if total > limit:
-            raise SourceError(UNAVAILABLE, f"{what}: a listing page over {limit} bytes")
-        yield chunk
-
-
-def _xml(body: bytes, what: str) -> ElementTree.Element:
-    if b"<!DOCTYPE" in body or b"<!ENTITY" in body:  # a listing never declares entities
-        raise SourceError(UNAVAILABLE, f"{what}: the store's answer is not an S3 document")
-    try:
-        return ElementTree.fromstring(body)
-    except ElementTree.ParseError:
-        raise SourceError(UNAVAILABLE, f"{what}: the store's answer is not an S3 document") from None
+        with self._call("GET", key, query, {"Range": f"bytes={start}-{end}"}, what) as answer:
+            yield answer.ranged()
 
 
 def _version(value: str | None) -> str | None:
@@ -288,12 +267,8 @@ def _sha256_of(value: str | None, kind: str | None) -> str | None:
 
 def _error(status: int, body: bytes, what: str) -> SourceError:
     """A store's refusal in its own words (code and message), nothing else of the answer."""
-    code = message = ""
-    if body and b"<!DOCTYPE" not in body and b"<!ENTITY" not in body:
-        with contextlib.suppress(ElementTree.ParseError):
-            root = ElementTree.fromstring(body)
-            code = printable(root.findtext("Code") or "", 60)
-            message = printable(root.findtext("Message") or "", 160)
+    fields = error_fields(body, "Code", "Message")
+    code, message = printable(fields["Code"], 60), printable(fields["Message"], 160)
     said = f"{code}: {message}" if code and message else code or f"HTTP {status}"
     if status in (401, 403) or code in _UNAUTHORIZED_CODES:
         return SourceError(

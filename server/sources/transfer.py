@@ -46,9 +46,19 @@ class RemoteFile:
     unpack: bool = False
 
 
+@dataclass(frozen=True)
+class RangeAnswer:
+    """A store's answer to a ranged GET, before its bytes: checked once, in ``_fetch_part``, for every store."""
+
+    status: int
+    #: the answer's Content-Range header ("" when it has none)
+    content_range: str
+    chunks: Iterator[bytes]
+
+
 class RangeReader(Protocol):
-    def read_range(self, file: RemoteFile, start: int, end: int) -> contextlib.AbstractContextManager[Iterator[bytes]]:
-        """The bytes ``start`` to ``end`` (inclusive) of ``file``; SourceError when the store fails."""
+    def read_range(self, file: RemoteFile, start: int, end: int) -> contextlib.AbstractContextManager[RangeAnswer]:
+        """The answer for bytes ``start`` to ``end`` (inclusive) of ``file``; SourceError when the store refuses."""
         ...
 
 
@@ -138,8 +148,9 @@ def _fetch_part(
         if stop.is_set() or at > end:  # stopped, or every byte came before the connection broke
             return
         try:
-            with reader.read_range(file, at, end) as chunks:
-                for chunk in chunks:
+            with reader.read_range(file, at, end) as answer:
+                _check_range(answer, at, end, file.size, shown)
+                for chunk in answer.chunks:
                     if at + len(chunk) > end + 1:
                         raise SourceError(TOO_LARGE, f"{shown}: the store sent more bytes than it listed")
                     count(len(chunk))
@@ -158,6 +169,16 @@ def _fetch_part(
                 raise
             time.sleep(min(8.0, 0.25 * 2**attempt))
     raise SourceError(UNAVAILABLE, f"{shown}: the store broke off {limits.attempts} times")
+
+
+def _check_range(answer: RangeAnswer, start: int, end: int, size: int, shown: str) -> None:
+    """A 200 is the whole file (only right when the whole file was asked for); a 206 must start where asked."""
+    if answer.status == 200 and not (start == 0 and end + 1 == size):
+        raise SourceError(UNAVAILABLE, f"{shown}: the store ignored the byte range asked for")
+    if answer.status == 206 and not answer.content_range.startswith(f"bytes {start}-"):
+        raise SourceError(UNAVAILABLE, f"{shown}: the store answered another byte range")
+    if answer.status not in (200, 206):
+        raise SourceError(UNAVAILABLE, f"{shown}: the store answered a ranged read with HTTP {answer.status}")
 
 
 def _hash_span(fd: int, start: int, end: int, digest: Any) -> None:

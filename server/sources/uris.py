@@ -7,7 +7,8 @@ moves over unchanged: ``s3://bucket/key`` and ``s3://bucket/prefix/`` (KServe's 
 gsutil's), ``oci://registry/repository:tag`` and ``@sha256:...``
 (KServe's modelcars, ORAS artifacts), ``hf://org/repo[@revision][/path]`` (huggingface_hub's own ``hf://``
 form for a model repository: a file, a folder ending in '/', or the whole repository), and
-``az://account/container/blob`` or ``.../prefix/`` (Azure Blob Storage, the form KServe's AWS-style URIs take).
+``az://account/container/blob`` or ``.../prefix/`` (Azure Blob Storage, the form KServe's AWS-style URIs take),
+and KServe's ``https://<account>.blob.core.windows.net/<container>/<path>``, read as the same ``az://`` location.
 """
 
 from __future__ import annotations
@@ -38,8 +39,8 @@ _HF_OTHER_TYPES = ("datasets", "spaces", "kernels", "buckets")
 #: lower-case letters, digits, '-', '_' and '.', starting and ending with a letter or digit
 _GCS_BUCKET = re.compile(r"^[a-z0-9][a-z0-9._\-]{1,220}[a-z0-9]$")
 STORE_SCHEMES = ("s3", "gs", "oci", "hf", "az")
-#: what the server reads as a cloud model repository (Triton's --model-repository=s3://...)
-CLOUD_SCHEMES = ("s3",)
+#: what the server reads as a cloud model repository (Triton's --model-repository=s3://..., gs://..., as://...)
+CLOUD_SCHEMES = ("s3", "gs", "as")
 
 
 @dataclass(frozen=True)
@@ -131,8 +132,31 @@ class AzureLocation:
         return f"{self.base_shown}{self.blob}"
 
 
+#: an Azure Blob URL as KServe's storageUri takes it, read as ``az://<account>/<container>/<path>`` (with its
+#: credentials, folders and version pins); one with a query or fragment (a pre-signed SAS URL) stays a plain https
+#: download. The CRD's validation quotes this pattern.
+AZURE_BLOB_URL_PATTERN = r"^https://[a-z0-9]{3,24}\.blob\.core\.windows\.net/[^?#]+$"
+_AZURE_BLOB_URL = re.compile(AZURE_BLOB_URL_PATTERN)
+
+
 def scheme_of(uri: str) -> str:
     return uri.partition("://")[0].lower() if "://" in uri else ""
+
+
+def store_scheme(uri: str) -> str:
+    """The store that serves ``uri`` (one of STORE_SCHEMES), or "" for a plain http(s) download or a volume path."""
+    if _AZURE_BLOB_URL.match(uri):
+        return "az"
+    scheme = scheme_of(uri)
+    return scheme if scheme in STORE_SCHEMES else ""
+
+
+def as_store_uri(uri: str) -> str:
+    """``uri`` in its store's own scheme: an Azure Blob URL as ``az://account/container/path``, others unchanged."""
+    if not _AZURE_BLOB_URL.match(uri):
+        return uri
+    host, _, path = uri[len("https://") :].partition("/")
+    return f"az://{host.split('.', 1)[0]}/{urllib.parse.unquote(path)}"
 
 
 def is_cloud(uri: str) -> bool:

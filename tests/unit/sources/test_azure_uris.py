@@ -7,7 +7,7 @@ import pytest
 from kubeinfer.server.sources.azure import AzureBlobSource, account_url, credential_from
 from kubeinfer.server.sources.client import StoreClient
 from kubeinfer.server.sources.errors import INVALID, REFUSED, UNAUTHORIZED, SourceError
-from kubeinfer.server.sources.uris import STORE_SCHEMES, AzureLocation, parse_az
+from kubeinfer.server.sources.uris import STORE_SCHEMES, AzureLocation, as_store_uri, parse_az, store_scheme
 
 KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
 
@@ -100,3 +100,28 @@ def test_a_key_signs_a_read_and_list_sas_for_the_container_only() -> None:
         assert info.value.reason == REFUSED
     finally:
         client.close()
+
+
+@pytest.mark.parametrize(
+    ("uri", "scheme", "as_az"),
+    [
+        # KServe's storageUri form: read by the Azure store, as the az:// location it names
+        ("https://acct.blob.core.windows.net/models/m/model.onnx", "az", "az://acct/models/m/model.onnx"),
+        ("https://acct.blob.core.windows.net/models/saved/1/", "az", "az://acct/models/saved/1/"),
+        ("https://acct.blob.core.windows.net/models/a%20b.bin", "az", "az://acct/models/a b.bin"),
+        # a pre-signed SAS URL, another host, plain http: an https download like any other (with its sha256)
+        ("https://acct.blob.core.windows.net/models/m.onnx?sv=2024&sig=x", "", None),
+        ("https://acct.blob.core.windows.net.evil.example/models/m.onnx", "", None),
+        ("https://Acct.blob.core.windows.net/models/m.onnx", "", None),
+        ("http://acct.blob.core.windows.net/models/m.onnx", "", None),
+        ("https://acct.blob.core.windows.net/", "", None),
+        ("az://acct/models/m.onnx", "az", "az://acct/models/m.onnx"),
+        ("s3://bucket/m.onnx", "s3", "s3://bucket/m.onnx"),
+        ("https://example.com/m.onnx", "", None),
+    ],
+)
+def test_an_azure_blob_url_is_read_by_the_azure_store(uri: str, scheme: str, as_az: str | None) -> None:
+    assert store_scheme(uri) == scheme
+    assert as_store_uri(uri) == (as_az or uri)
+    if scheme == "az":
+        assert parse_az(as_store_uri(uri)).account == "acct"
