@@ -40,6 +40,7 @@ from types import TracebackType
 from typing import Any
 
 from tests.support import processes
+from tests.support.registry_tokens import TokenService
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -98,6 +99,7 @@ class OciRegistry:
         bin_dir: Path | None = None,
         start_timeout: float = 30,
         tls: bool = False,
+        token_auth: bool = False,
     ) -> None:
         self.root = Path(root)
         self.storage = self.root / "storage"
@@ -126,6 +128,13 @@ class OciRegistry:
             (self.root / "tls").mkdir(parents=True, exist_ok=True)
             ca, cert, key = make_ca_and_cert(self.root / "tls")
             self.ca_file, self._tls = ca, (cert, key)
+        #: with ``token_auth`` (and ``tls``): distribution's token authentication, its tokens issued by a token
+        #: service (tests/support/registry_tokens.py) to this registry's user, HTTPS with the same test CA
+        self.tokens: TokenService | None = None
+        if token_auth:
+            if self._tls is None or self.user is None or self.password is None:
+                raise ValueError("token_auth needs tls and credentials")
+            self.tokens = TokenService(self.root / "tokens", *self._tls, self.user, self.password)
 
     # -- the process ----------------------------------------------------------------------------------------------
 
@@ -161,7 +170,9 @@ class OciRegistry:
         }
         if self._tls is not None:
             cfg["http"]["tls"] = {"certificate": str(self._tls[0]), "key": str(self._tls[1])}
-        if not self.anonymous_read:
+        if self.tokens is not None:
+            cfg["auth"] = self.tokens.registry_auth()
+        elif not self.anonymous_read:
             cfg["auth"] = {"htpasswd": {"realm": "kubeinfer-test-registry", "path": str(self.root / "htpasswd")}}
         return cfg
 
@@ -246,6 +257,8 @@ class OciRegistry:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.stop()
+        if self.tokens is not None:
+            self.tokens.close()
 
     # -- oras ---------------------------------------------------------------------------------------------------
 
