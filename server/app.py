@@ -29,6 +29,7 @@ from .observability.latencies import MetricsConfig
 from .observability.logsettings import LogControl
 from .observability.metrics import TritonMetrics
 from .observability.trace import Tracer
+from .repository.agents import DEFAULT_DIRECTORY as DEFAULT_REPOAGENT_DIRECTORY
 from .runtime.auth import BearerToken, TlsFiles
 from .runtime.cache import ResponseCache
 from .runtime.model_cache import CacheSettings
@@ -66,6 +67,8 @@ class ServerSettings:
     auto_complete: bool = True
     #: --model-config-name: read <model>/configs/<name>.pbtxt where it exists ("" : config.pbtxt only)
     model_config_name: str = ""
+    #: --repoagent-directory: named where a config's repository agent is not found (repository.agents)
+    repoagent_directory: str = DEFAULT_REPOAGENT_DIRECTORY
     load_threads: int = 4
     #: --backend-config, {backend or "": {setting: value}}
     backend_config: dict[str, dict[str, str]] = field(default_factory=dict)
@@ -166,13 +169,17 @@ def _uvicorn(app: Any, host: str, port: int, log_level: str, limits: Limits, tls
 async def _cloud_repository(uri: str, local: Path) -> Callable[[list[str] | None], Awaitable[None]] | None:
     """Copy the cloud repository ``uri`` into ``local`` (every model, as Triton localizes them) and return what
     syncs it again before a poll or a load; None (logged in Triton's words) when it cannot be read."""
-    from .sources.mirror import CloudRepository, RepositoryUnavailable  # botocore only for a cloud repository
+    # the stores' libraries (botocore, google-auth, azure-storage-blob) only for a cloud repository
+    from .sources.mirror import CloudRepository, RepositoryUnavailable
 
     try:
-        mirror = CloudRepository(uri, local)
+        # (finding credentials may ask a metadata server: off the event loop)
+        mirror = await asyncio.to_thread(CloudRepository, uri, local)
         await asyncio.to_thread(mirror.sync)
     except RepositoryUnavailable as exc:
-        log.error("failed to read model repository '%s': %s", uri, exc)
+        # Triton's words: its repository manager's poll error, then the server's creation failing
+        log.error("failed to poll model repository '%s': %s", uri, exc)
+        log.error("error: creating server: Internal - failed to load all models")
         return None
     log.info("cloud repository %s copied to %s", uri, local)
 
@@ -209,6 +216,7 @@ async def serve(settings: ServerSettings) -> int:
         allow_external_op_libraries=settings.allow_external_op_libraries,
         model_cache=settings.model_cache,
         model_config_name=settings.model_config_name,
+        repoagent_directory=settings.repoagent_directory,
     )
     registry.on_load_failure.append(metrics.on_load_failure)
     registry.on_load_phase.append(metrics.on_load_phase)

@@ -35,6 +35,7 @@ from .grpc.transport import default_transport as default_grpc_transport
 from .observability.latencies import parse_metrics_config
 from .observability.logsettings import LogControl, LogSettings
 from .observability.trace import parse_trace_config
+from .repository.agents import DEFAULT_DIRECTORY as DEFAULT_REPOAGENT_DIRECTORY
 from .repository.config_name import check_config_name
 from .runtime.auth import TlsFiles
 from .runtime.cache import parse_cache_config
@@ -66,7 +67,6 @@ IGNORED: dict[str, str] = {
     "--cuda-virtual-address-size": "each backend manages its own device memory",
     "--min-supported-compute-capability": "the CUDA runtime decides which GPUs are usable",
     "--backend-directory": "backends are Python packages (entry-point group kubeinfer.backends)",
-    "--repoagent-directory": "repository agents are not supported",
     "--buffer-manager-thread-count": "no buffer manager threads",
     "--model-load-retry-count": "a failed load is reported, not retried",
     "--model-load-gpu-limit": "no device memory limit is enforced at load",
@@ -426,6 +426,14 @@ def build_parser(triton: bool = False) -> argparse.ArgumentParser:
         metavar="NAME",
         help="read <model>/configs/NAME.pbtxt instead of config.pbtxt where a model has one (Triton's flag)",
     )
+    repo.add_argument(
+        "--repoagent-directory",
+        default=DEFAULT_REPOAGENT_DIRECTORY,
+        metavar="DIR",
+        help="Triton's folder of repository agent libraries: agents here are built in (checksum) or Python "
+        "packages (entry-point group kubeinfer.repository_agents); a config naming another fails its load "
+        "with Triton's words, which name this folder",
+    )
     mc = p.add_argument_group("model cache: models on demand within a memory budget (beyond Triton)")
     mc.add_argument(
         "--model-load-on-demand",
@@ -674,7 +682,7 @@ def parse_backend_config(items: Sequence[str]) -> dict[str, dict[str, str]]:
 
 
 def _repository_arg(value: str) -> Path | str:
-    """A local folder as a Path; a cloud repository (``s3://...``) kept as the URI it is."""
+    """A local folder as a Path; a cloud repository (``s3://``, ``gs://``, ``as://``) kept as the URI it is."""
     return value if is_cloud(value) else Path(value)
 
 
@@ -687,11 +695,12 @@ def settings_from_args(args: argparse.Namespace, triton: bool) -> ServerSettings
         )
     cloud: str | None = None
     if repos and isinstance(repos[0], str):
-        from .sources.mirror import check_uri  # botocore is imported only for a cloud repository
+        # the stores' libraries (botocore, google-auth, azure-storage-blob) are imported only for a cloud repository
+        from .sources.repository_stores import check_uri, mount_variable
 
         cloud = repos[0]
         check_uri(cloud)
-        mount = os.environ.get("TRITON_AWS_MOUNT_DIRECTORY")
+        mount = os.environ.get(mount_variable(cloud))  # Triton's TRITON_{AWS,GCS,AZURE}_MOUNT_DIRECTORY
         repo = Path(mount) if mount else Path(tempfile.mkdtemp(prefix="kubeinfer-cloud-repository-"))
         repo.mkdir(parents=True, exist_ok=True)
     elif repos:
@@ -732,6 +741,7 @@ def settings_from_args(args: argparse.Namespace, triton: bool) -> ServerSettings
         exit_on_error=args.exit_on_error,
         auto_complete=auto_complete,
         model_config_name=args.model_config_name or "",
+        repoagent_directory=args.repoagent_directory,
         load_threads=args.model_load_thread_count,
         backend_config=backend_config,
         allowed_backends=args.allowed_backends,

@@ -27,6 +27,7 @@ from ..config.traffic import parse_traffic, routing_neutral_digest
 from ..config.version_policy import select_versions
 from ..observability.stats import StatsListener
 from ..repository import scan
+from ..repository.agents import DEFAULT_DIRECTORY, AgentError, AgentSession, open_session
 from ..repository.layout import check_model_name
 from ..repository.model_files import ModelFolder
 from ..vocabulary.errors import InvalidArgument, ServerError
@@ -87,6 +88,8 @@ class ModelEntry:
 
     #: its folder is gone and it is being unloaded (a poll that finds it gone again does nothing)
     gone: bool = False
+    #: the repository agents of the load that serves (told UNLOAD when it is replaced or unloaded)
+    agents: AgentSession | None = None
 
 
 class ModelLifecycle:
@@ -104,6 +107,7 @@ class ModelLifecycle:
         response_cache: ResponseCache | None = None,
         allow_external_op_libraries: bool = True,
         config_name: str = "",
+        repoagent_directory: str = DEFAULT_DIRECTORY,
     ) -> None:
         #: the registry's routing table, shared: the lifecycle writes it, the registry reads it
         self.models = models
@@ -128,6 +132,8 @@ class ModelLifecycle:
         self.allow_external_op_libraries = allow_external_op_libraries
         #: ``--model-config-name``: read ``configs/<name>.pbtxt`` where a model has one (``repository.config_name``)
         self.config_name = config_name
+        #: ``--repoagent-directory``: named where a config's repository agent is not found (``repository.agents``)
+        self.repoagent_directory = repoagent_directory
         #: measure each version's memory around its build (the model cache: loads do not overlap then)
         self.measure_footprint = False
         #: models load on request (the model cache): the poll reloads loaded models only
@@ -186,10 +192,61 @@ class ModelLifecycle:
             validate_config(config, name, available_backends())
         except ConfigError as exc:
             return self._record_failure(entry, 0, str(exc))
-        entry.states.pop(0, None)
         targets = list(wanted)
         if not targets:
+            entry.states.pop(0, None)
             return self._record_failure(entry, 0, "no version folder with a model file matches the version policy")
+        try:
+            agents = await asyncio.to_thread(self._run_agents, config)
+        except (AgentError, ConfigError, ServerError, OSError) as exc:
+            return self._record_failure(entry, 0, str(exc))
+        entry.states.pop(0, None)
+        try:
+            failures, loaded = await self._switch(entry, source, config, wanted, targets)
+        except BaseException:
+            if agents is not None:
+                await asyncio.to_thread(agents.loaded, False)
+            raise
+        if agents is not None or (loaded and entry.agents is not None):
+            await asyncio.to_thread(self._agents_after_load, entry, agents, loaded)
+        return failures
+
+    def _run_agents(self, config: pb.ModelConfig) -> AgentSession | None:
+        """In a worker thread: the config's repository agents told LOAD (AgentError: one refused the model)."""
+        session = open_session(self.repository_path, config, self.repoagent_directory)
+        if session is not None:
+            try:
+                session.load()
+            except BaseException:
+                session.close()
+                raise
+        return session
+
+    @staticmethod
+    def _agents_after_load(entry: ModelEntry, agents: AgentSession | None, loaded: bool) -> None:
+        """In a worker thread: this load's agents told LOAD_COMPLETE (and they replace the serving load's, which
+        are told UNLOAD) when a version serves the config just read, else LOAD_FAIL."""
+        if not loaded:
+            if agents is not None:
+                agents.loaded(False)
+            return
+        if agents is not None:
+            agents.loaded(True)
+        previous, entry.agents = entry.agents, agents
+        if previous is not None:
+            previous.unload()
+
+    async def _switch(
+        self,
+        entry: ModelEntry,
+        source: scan.ModelSource,
+        config: pb.ModelConfig,
+        wanted: dict[int, str],
+        targets: list[int],
+    ) -> tuple[list[str], bool]:
+        """Build the wanted versions and switch the routing table to them: why each failed part failed, and
+        whether a version serves the config just read."""
+        name = entry.name
         failures: list[str] = []
         failed: set[int] = set()
         new_serving: dict[int, ModelVersion] = {}
@@ -222,7 +279,7 @@ class ModelLifecycle:
                 replaced.append(current)
         if not new_serving and entry.serving:
             # nothing new could load: what was serving stays in place
-            return failures
+            return failures, False
         removed = [mv for v, mv in entry.serving.items() if v not in new_serving]
         entry.traffic = parse_traffic(config)  # weights change without a reload (see _wanted)
         entry.serving = new_serving  # the atomic switch
@@ -239,7 +296,7 @@ class ModelLifecycle:
         # replaced and removed versions take no new requests now; they drain, then unload
         for mv in replaced + removed:
             self._spawn(self._retire(entry, mv, forget=mv in removed))
-        return failures
+        return failures, any(v not in failed for v in new_serving)
 
     async def _build(self, config: pb.ModelConfig, version: int, path: Path | None, digest: str) -> ModelVersion:
         """Complete the config against this version's model file, then load it.
@@ -335,11 +392,14 @@ class ModelLifecycle:
             for mv in retiring:
                 entry.states[mv.version] = VersionState(ModelState.UNLOADING)
             entry.override = None
+            agents, entry.agents = entry.agents, None
             if wait:
                 await asyncio.gather(*(self._retire(entry, mv, forget=True) for mv in retiring))
             else:
                 for mv in retiring:
                     self._spawn(self._retire(entry, mv, forget=True))
+            if agents is not None:
+                await asyncio.to_thread(agents.unload)
         if unload_dependents:
             for other in list(self.models.values()):
                 if other.config is not None and other.config.platform == "ensemble" and other.serving:

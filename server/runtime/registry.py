@@ -16,6 +16,7 @@ from typing import Any
 from ..config import pb
 from ..observability.stats import StatsListener
 from ..repository import scan
+from ..repository.agents import DEFAULT_DIRECTORY
 from ..vocabulary.custom_metrics import CustomMetrics
 from ..vocabulary.errors import InvalidArgument, NotFound, ServerError, Unavailable
 from ..vocabulary.registry_view import ModelControl
@@ -72,8 +73,10 @@ class ModelRegistry:
         allow_external_op_libraries: bool = True,
         model_cache: CacheSettings | None = None,
         model_config_name: str = "",
+        repoagent_directory: str = DEFAULT_DIRECTORY,
     ) -> None:
-        """``model_config_name``: ``--model-config-name`` (see ``repository.config_name``)."""
+        """``model_config_name``: ``--model-config-name`` (see ``repository.config_name``); ``repoagent_directory``:
+        ``--repoagent-directory`` (see ``repository.agents``)."""
         self.repository_path = repository_path
         #: metric families Python models create; the metrics endpoint exports them
         self.custom_metrics = custom_metrics if custom_metrics is not None else CustomMetrics()
@@ -93,6 +96,7 @@ class ModelRegistry:
             response_cache=response_cache,
             allow_external_op_libraries=allow_external_op_libraries,
             config_name=model_config_name,
+            repoagent_directory=repoagent_directory,
         )
         self._shutdown = GracefulShutdown(self.loop)
         #: models on demand within a memory budget (None: models load as the control mode says)
