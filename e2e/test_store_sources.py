@@ -20,7 +20,6 @@ shows nowhere: not in the models' status, the namespace's events, nor the operat
 
 from __future__ import annotations
 
-import hashlib
 import json
 import uuid
 from collections.abc import Iterator
@@ -34,6 +33,7 @@ import onnxruntime as ort
 import pytest
 import tritonclient.http as httpclient
 import yaml
+from chart_release import EXAMPLES, Release, example_server, install_chart, ready, sha256, uninstall
 from kubeinfer.server.examples import models
 
 from tests.support import drills
@@ -44,9 +44,6 @@ from tests.support.waiting import wait_for_cluster
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
-ROOT = Path(__file__).resolve().parents[1]
-CHART = ROOT / "helm" / "kubeinfer"
-EXAMPLES = ROOT / "examples" / "kubernetes"
 BUCKET = "models"
 KEY = "cifar10/resnet18/model.onnx"
 REPOSITORY = "models/cifar10-resnet18"
@@ -57,7 +54,7 @@ POOLS = {"s3": ("s3-pool", "resnet-s3"), "oci": ("oci-pool", "resnet-oci")}
 
 
 @dataclass
-class Stores:
+class Stores(Release):
     """The test's namespace, release, stores and what was put in them."""
 
     cluster: Any
@@ -74,23 +71,8 @@ class Stores:
     expected: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
 
     @property
-    def operator(self) -> str:
-        return f"{self.release}-operator"
-
-    @property
     def secret_key(self) -> str:
         return self.s3.credentials("reader")[1]
-
-    def kubectl(self, *args: str, check: bool = True, input: str | None = None, timeout: float = 120):
-        return self.cluster.kubectl("-n", self.ns, *args, check=check, input=input, timeout=timeout)
-
-    def get(self, kind: str, name: str = "", selector: str = "") -> Any:
-        args = ["get", kind, *([name] if name else []), *(["-l", selector] if selector else []), "-o", "json"]
-        proc = self.kubectl(*args, check=False)
-        return json.loads(proc.stdout) if proc.returncode == 0 else None
-
-    def apply(self, obj: dict) -> None:
-        self.kubectl("apply", "-f", "-", input=json.dumps(obj))
 
     def ready_condition(self, model: str) -> dict:
         obj = self.get("inferencemodel", model) or {}
@@ -107,14 +89,6 @@ class Stores:
         )
         op = self.kubectl("logs", f"deploy/{self.operator}", "--tail=60", check=False)
         return f"{out.stdout}{statuses}\n--- operator:\n{op.stdout}"
-
-
-def sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def ready(pod: dict) -> bool:
-    return any(c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions") or [])
 
 
 def infer_http(url: str, model: str, image: np.ndarray) -> tuple[str, np.ndarray]:
@@ -155,10 +129,7 @@ def stores(cluster, node, images, tmp_path_factory) -> Iterator[Stores]:
         try:
             yield st
         finally:
-            st.kubectl("delete", "inferencemodels,inferenceservers", "--all", "--wait=false", check=False)
-            cluster.release_finalizers(st.ns)  # the operator may be gone already
-            cluster.helm("uninstall", st.release, "-n", st.ns, check=False, timeout=180)
-            cluster.kubectl("delete", "namespace", st.ns, "--wait=false", check=False)
+            uninstall(st, timeout=180)
 
 
 @pytest.fixture(scope="module")
@@ -166,18 +137,9 @@ def installed(stores: Stores) -> Stores:
     """The chart with its default values, but for the watched namespace, the stores' network and the namespace
     whose Secrets the operator may read."""
     st = stores
-    st.cluster.helm(
-        "install", st.release, str(CHART), "-n", st.ns, "--create-namespace",
-        "--set", f"operator.watchNamespaces={{{st.ns}}}",
-        # the stores listen on this machine, a private address: downloads reach public ones only by default
-        "--set", f"artifacts.allowedNetworks={{{st.node['host_ip']}/32}}",
-        # the operator reads Secrets (source.credentialsSecret) only in the namespaces named here
-        "--set", f"rbac.secretNamespaces={{{st.ns}}}",
-        "--wait", "--timeout", "5m", timeout=330,
-    )  # fmt: skip
-    pvc = st.get("pvc", "kubeinfer-models")
-    pv = st.cluster.kubectl_json("get", "pv", pvc["spec"]["volumeName"])
-    st.volume = Path(pv["spec"]["hostPath"]["path"])
+    # the stores listen on this machine, a private address: install_chart allows the host's address; the
+    # operator reads Secrets (source.credentialsSecret) only in the namespaces named by rbac.secretNamespaces
+    st.volume = install_chart(st, "--set", f"rbac.secretNamespaces={{{st.ns}}}")
     return st
 
 
@@ -206,12 +168,7 @@ def served(installed: Stores) -> Stores:
         "oci": {"uri": f"oci://{st.registry.address}/{REPOSITORY}:{TAG}", "endpoint": st.registry.url},
     }
     for kind, (pool, model) in POOLS.items():
-        server = yaml.safe_load((EXAMPLES / "inferenceserver.yaml").read_text())
-        server["metadata"]["name"] = pool
-        server["spec"]["image"] = st.images["server"]
-        server["spec"]["resources"] = {"requests": {"cpu": "200m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}}
-        server["spec"]["server"] = {"pollIntervalSeconds": 1}
-        st.apply(server)
+        st.apply(example_server(st.images["server"], pool))
         spec = yaml.safe_load((EXAMPLES / "cifar10-resnet.yaml").read_text())
         spec["metadata"]["name"] = model
         spec["spec"]["server"] = pool

@@ -22,7 +22,6 @@ Steps (one module sharing one installation; the installation and the served mode
 
 from __future__ import annotations
 
-import hashlib
 import http.server
 import inspect
 import json
@@ -44,6 +43,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 import yaml
+from chart_release import CHART, EXAMPLES, Release, example_server, install_chart, ready, sha256, uninstall
 from kubeinfer.server.examples import models
 
 from tests.support.operator_logs import problems
@@ -51,16 +51,13 @@ from tests.support.waiting import wait_for, wait_for_cluster
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
-ROOT = Path(__file__).resolve().parents[1]
-CHART = ROOT / "helm" / "kubeinfer"
-EXAMPLES = ROOT / "examples" / "kubernetes"
 SERVER = "cpu-pool"
 MODEL = "cifar10-resnet"
 LABELS = "app.kubernetes.io/name=kubeinfer-server,app.kubernetes.io/instance=" + SERVER
 
 
 @dataclass
-class UserPath:
+class UserPath(Release):
     """What the steps share."""
 
     cluster: Any
@@ -75,22 +72,6 @@ class UserPath:
     files: Path = Path()
     expected: dict[str, np.ndarray] = field(default_factory=dict)
     image: np.ndarray = field(default_factory=lambda: np.random.default_rng(7).random((1, 3, 32, 32), np.float32))
-
-    @property
-    def operator(self) -> str:
-        """The chart's Deployment and Lease name (its fullname: the release name, as it contains the chart's)."""
-        return f"{self.release}-operator"
-
-    def kubectl(self, *args: str, check: bool = True, input: str | None = None, timeout: float = 120):
-        return self.cluster.kubectl("-n", self.ns, *args, check=check, input=input, timeout=timeout)
-
-    def get(self, kind: str, name: str = "", selector: str = "") -> Any:
-        args = ["get", kind, *([name] if name else []), *(["-l", selector] if selector else []), "-o", "json"]
-        proc = self.kubectl(*args, check=False)
-        return json.loads(proc.stdout) if proc.returncode == 0 else None
-
-    def apply(self, obj: dict) -> None:
-        self.kubectl("apply", "-f", "-", input=json.dumps(obj))
 
     def cluster_ip(self) -> str:
         return self.get("service", SERVER)["spec"]["clusterIP"]
@@ -116,10 +97,6 @@ def server_default(dest: str) -> Any:
     params = inspect.signature(cli.build_parser).parameters
     parser = cli.build_parser(*([False] * sum(p.default is inspect.Parameter.empty for p in params.values())))
     return parser.get_default(dest)
-
-
-def ready(pod: dict) -> bool:
-    return any(c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions") or [])
 
 
 def infer_http(url: str, image: np.ndarray, client: httpclient.InferenceServerClient | None = None):
@@ -204,10 +181,6 @@ class Files(http.server.SimpleHTTPRequestHandler):
         pass
 
 
-def sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def expected_output(model_file: Path, image: np.ndarray) -> np.ndarray:
     session = ort.InferenceSession(str(model_file), providers=["CPUExecutionProvider"])
     return session.run(["output"], {"input": image})[0]
@@ -232,10 +205,7 @@ def path(cluster, node, images, tmp_path_factory) -> Iterator[UserPath]:
     try:
         yield p
     finally:
-        p.kubectl("delete", "inferencemodels,inferenceservers", "--all", "--wait=false", check=False)
-        cluster.release_finalizers(ns)  # the operator may be gone already
-        cluster.helm("uninstall", p.release, "-n", ns, check=False)
-        cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+        uninstall(p)
         httpd.shutdown()
 
 
@@ -245,16 +215,8 @@ def path(cluster, node, images, tmp_path_factory) -> Iterator[UserPath]:
 @pytest.fixture(scope="module")
 def installed(path: UserPath) -> UserPath:
     """Step 1's set-up: the chart installed with its default values, and the volume its claim is bound to."""
-    path.cluster.helm(
-        "install", path.release, str(CHART), "-n", path.ns, "--create-namespace",
-        "--set", f"operator.watchNamespaces={{{path.ns}}}",
-        # the test's file server runs on this machine, a private address: downloads reach public ones only
-        "--set", f"artifacts.allowedNetworks={{{path.node['host_ip']}/32}}",
-        "--wait", "--timeout", "5m", timeout=330,
-    )  # fmt: skip
-    pvc = path.get("pvc", "kubeinfer-models")
-    pv = path.cluster.kubectl_json("get", "pv", pvc["spec"]["volumeName"])
-    path.volume = Path(pv["spec"]["hostPath"]["path"])
+    # the test's file server runs on this machine, a private address: install_chart allows the host's address
+    path.volume = install_chart(path)
     return path
 
 
@@ -263,11 +225,7 @@ def served(installed: UserPath) -> UserPath:
     """Step 2's set-up: the example InferenceServer, and the example model with version 1 from the test's file
     server, Ready (what later steps serve from)."""
     path = installed
-    server = yaml.safe_load((EXAMPLES / "inferenceserver.yaml").read_text())
-    server["spec"]["image"] = path.images["server"]
-    server["spec"]["resources"] = {"requests": {"cpu": "200m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}}
-    server["spec"]["server"] = {"pollIntervalSeconds": 1}
-    path.apply(server)
+    path.apply(example_server(path.images["server"]))
     model = yaml.safe_load((EXAMPLES / "cifar10-resnet.yaml").read_text())
     v1 = path.files / "cifar10-v1.onnx"
     model["spec"]["versions"] = [{"version": 1, "source": {"uri": f"{path.files_url}/{v1.name}", "sha256": sha256(v1)}}]

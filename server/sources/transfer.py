@@ -25,7 +25,7 @@ from .guard import deadline_scope
 PART_SIZE = 8 << 20
 PARALLEL = 10
 #: attempts per part (the first and the resumed ones) before the store counts as unavailable
-ATTEMPTS = 6
+ATTEMPTS = 12
 HASH_READ = 4 << 20
 
 

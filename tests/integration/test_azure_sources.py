@@ -16,52 +16,33 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import onnx
 import pytest
 from azure.storage.blob import BlobSasPermissions, generate_blob_sas
 from kubeinfer.operator.artifacts import ArtifactError
-from kubeinfer.operator.fetch import Fetch, Fetcher
+from kubeinfer.operator.fetch import Fetch
 from kubeinfer.operator.render import render_model
-from kubeinfer.operator.repository_writer import RepositoryWriter
-from kubeinfer.operator.store_sources import StoreSources
 from kubeinfer.server.repository.scan import read_model
 from kubeinfer.server.sources.azure import AzureBlobSource, credential_from
 from kubeinfer.server.sources.client import StoreClient
-from kubeinfer.server.sources.egress import AddressPolicy, parse_networks
 from kubeinfer.server.sources.uris import parse_az
-from onnx import TensorProto
 
 from tests.support.azurite import Azurite
-from tests.support.models import unary
+from tests.support.sources import (
+    LOOPBACK,
+    NS,
+    files_in,
+    make_writer,
+    model_spec,
+    relu_onnx,
+    secret_lookup,
+    volume_root,
+)
 
-NS = "ns"
-LOOPBACK = AddressPolicy(allowed=parse_networks(["127.0.0.0/8"]))
 WRONG_KEY = "AAAA" + Azurite.key[4:]
 
 
-def _spec(source: dict[str, Any], platform: str = "onnxruntime_onnx") -> dict[str, Any]:
-    return {
-        "server": "s",
-        "platform": platform,
-        "maxBatchSize": 8,
-        "inputs": [{"name": "IN", "dataType": "FP32", "dims": [4]}],
-        "outputs": [{"name": "OUT", "dataType": "FP32", "dims": [4]}],
-        "versions": [{"version": 1, "source": source}],
-    }
-
-
-def _writer(root: Path, **stores: Any) -> RepositoryWriter:
-    client = StoreClient(LOOPBACK, timeout=10.0)
-    return RepositoryWriter(root, fetcher=Fetcher(LOOPBACK), stores=StoreSources(client, deadline=300.0, **stores))
-
-
 def _secret(azurite: Azurite, data: dict[str, str]) -> Any:
-    def lookup(name: str, host: str) -> dict[str, str]:
-        if host != azurite.host:
-            raise ArtifactError("CredentialsRejected", f"Secret '{name}' may not be sent to '{host}'")
-        return data
-
-    return lookup
+    return secret_lookup(data, azurite.host)
 
 
 def _key(azurite: Azurite, key: str | None = None) -> Fetch:
@@ -81,15 +62,12 @@ def azurite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Azurite]:
 
 @pytest.fixture
 def model_bytes(tmp_path: Path) -> bytes:
-    path = tmp_path / "relu.onnx"
-    onnx.save(unary("relu", "Relu", TensorProto.FLOAT, ["batch", 4]), path)
-    return path.read_bytes()
+    return relu_onnx(tmp_path / "relu.onnx").read_bytes()
 
 
 @pytest.fixture
 def root(tmp_path: Path) -> Path:
-    (tmp_path / "volume" / NS).mkdir(parents=True)
-    return tmp_path / "volume"
+    return volume_root(tmp_path)
 
 
 def _upload(azurite: Azurite, name: str, data: bytes, container: str = "models") -> None:
@@ -98,12 +76,14 @@ def _upload(azurite: Azurite, name: str, data: bytes, container: str = "models")
 
 def test_a_blob_pinned_by_sha256_with_the_account_key(root: Path, azurite: Azurite, model_bytes: bytes) -> None:
     _upload(azurite, "plain/model.onnx", model_bytes)
-    writer = _writer(root, part_size=1000, parallel=4)  # ranged GETs, several parts
+    writer = make_writer(root, part_size=1000, parallel=4)  # ranged GETs, several parts
     server_dir = writer.server_dir(NS, "ns/pool")
     digest = hashlib.sha256(model_bytes).hexdigest()
     fetch = _key(azurite)
     writer.sync_model(
-        server_dir, render_model("a", _spec(_source(azurite, "models/plain/model.onnx", sha256=digest))), fetch=fetch
+        server_dir,
+        render_model("a", model_spec(_source(azurite, "models/plain/model.onnx", sha256=digest))),
+        fetch=fetch,
     )
     assert (server_dir / "a/1/model.onnx").read_bytes() == model_bytes
     assert fetch.served == {1: f"sha256 sha256:{digest}"}
@@ -111,13 +91,13 @@ def test_a_blob_pinned_by_sha256_with_the_account_key(root: Path, azurite: Azuri
     # nothing pins it (no versioning): refused before a byte is written
     with pytest.raises(ArtifactError) as info:
         writer.sync_model(
-            server_dir, render_model("c", _spec(_source(azurite, "models/plain/model.onnx"))), fetch=_key(azurite)
+            server_dir, render_model("c", model_spec(_source(azurite, "models/plain/model.onnx"))), fetch=_key(azurite)
         )
     assert info.value.reason == "ChecksumRequired" and "versioning" in info.value.message
     assert not (server_dir / "c").exists()
     # a wrong sha256: the bytes are refused, nothing is published
     with pytest.raises(ArtifactError) as info:
-        spec = _spec(_source(azurite, "models/plain/model.onnx", sha256="0" * 64))
+        spec = model_spec(_source(azurite, "models/plain/model.onnx", sha256="0" * 64))
         writer.sync_model(server_dir, render_model("d", spec), fetch=_key(azurite))
     assert info.value.reason == "ChecksumMismatch" and not (server_dir / "d").exists()
 
@@ -129,17 +109,17 @@ def test_a_sas_token_from_the_secret(root: Path, azurite: Azurite, model_bytes: 
         azurite.account, "models", "sas/model.onnx", account_key=azurite.key,
         permission=BlobSasPermissions(read=True), expiry=expiry,
     )  # fmt: skip
-    writer = _writer(root)
+    writer = make_writer(root)
     server_dir = writer.server_dir(NS, "ns/pool")
     digest = hashlib.sha256(model_bytes).hexdigest()
     fetch = Fetch(_secret(azurite, {"sasToken": "?" + sas}))
-    spec = _spec(_source(azurite, "models/sas/model.onnx", sha256=digest))
+    spec = model_spec(_source(azurite, "models/sas/model.onnx", sha256=digest))
     writer.sync_model(server_dir, render_model("s", spec), fetch=fetch)
     assert (server_dir / "s/1/model.onnx").read_bytes() == model_bytes
     # the blob's SAS reads that blob only: another one is refused, and the message shows no signature
     _upload(azurite, "sas/other.onnx", model_bytes)
     with pytest.raises(ArtifactError) as info:
-        spec = _spec(_source(azurite, "models/sas/other.onnx", sha256=digest))
+        spec = model_spec(_source(azurite, "models/sas/other.onnx", sha256=digest))
         writer.sync_model(server_dir, render_model("o", spec), fetch=Fetch(_secret(azurite, {"sasToken": sas})))
     assert info.value.reason == "SourceUnauthorized" and "AuthorizationFailure" in info.value.message
     assert "sig" not in info.value.message and sas not in info.value.message
@@ -154,15 +134,15 @@ def test_a_folder_models_archive_is_unpacked(root: Path, azurite: Azurite) -> No
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
     _upload(azurite, "saved.tar.gz", buffer.getvalue())
-    writer = _writer(root)
+    writer = make_writer(root)
     server_dir = writer.server_dir(NS, "ns/pool")
-    spec = _spec(
+    spec = model_spec(
         _source(azurite, "models/saved.tar.gz", sha256=hashlib.sha256(buffer.getvalue()).hexdigest()),
         "tensorflow_savedmodel",
     )
     writer.sync_model(server_dir, render_model("tf", spec), fetch=_key(azurite))
     folder = server_dir / "tf/1/model.savedmodel"
-    assert {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()} == files
+    assert files_in(folder) == files
 
 
 def test_a_prefix_is_listed_by_pages_and_unpinned_blobs_are_refused(root: Path, azurite: Azurite) -> None:
@@ -185,24 +165,22 @@ def test_a_prefix_is_listed_by_pages_and_unpinned_blobs_are_refused(root: Path, 
     finally:
         client.close()
     # through the writer: Azurite keeps no versions, so nothing pins a folder's blobs
-    writer = _writer(root)
+    writer = make_writer(root)
     server_dir = writer.server_dir(NS, "ns/pool")
     with pytest.raises(ArtifactError) as info:
-        spec = _spec(_source(azurite, "models/saved/1/"), "tensorflow_savedmodel")
+        spec = model_spec(_source(azurite, "models/saved/1/"), "tensorflow_savedmodel")
         writer.sync_model(server_dir, render_model("tf", spec), fetch=_key(azurite))
     assert info.value.reason == "ChecksumRequired"
     assert not (server_dir / "tf").exists()
     # a sha256 pins one blob, not a folder
     with pytest.raises(ArtifactError) as info:
-        spec = _spec(_source(azurite, "models/saved/1/", sha256="0" * 64), "tensorflow_savedmodel")
+        spec = model_spec(_source(azurite, "models/saved/1/", sha256="0" * 64), "tensorflow_savedmodel")
         writer.sync_model(server_dir, render_model("tf", spec), fetch=_key(azurite))
     assert info.value.reason == "SourceInvalid"
     # the size limit holds from the listing, before the first byte
-    small = RepositoryWriter(
-        root, fetcher=Fetcher(LOOPBACK), stores=StoreSources(StoreClient(LOOPBACK), deadline=60.0), max_bytes=50
-    )
+    small = make_writer(root, deadline=60.0, max_bytes=50)
     with pytest.raises(ArtifactError) as info:
-        spec = _spec(_source(azurite, "models/saved/1/"), "tensorflow_savedmodel")
+        spec = model_spec(_source(azurite, "models/saved/1/"), "tensorflow_savedmodel")
         small.sync_model(server_dir, render_model("tf", spec), fetch=_key(azurite))
     assert info.value.reason == "SourceTooLarge"
 
@@ -211,14 +189,14 @@ def test_wrong_key_missing_things_and_refused_endpoints_say_so_and_name_no_secre
     root: Path, azurite: Azurite, model_bytes: bytes
 ) -> None:
     _upload(azurite, "m/model.onnx", model_bytes)
-    writer = _writer(root)
+    writer = make_writer(root)
     server_dir = writer.server_dir(NS, "ns/pool")
     digest = hashlib.sha256(model_bytes).hexdigest()
 
     def failure(path: str, fetch: Fetch, **more: Any) -> ArtifactError:
         with pytest.raises(ArtifactError) as info:
             writer.sync_model(
-                server_dir, render_model("x", _spec(_source(azurite, path, sha256=digest, **more))), fetch=fetch
+                server_dir, render_model("x", model_spec(_source(azurite, path, sha256=digest, **more))), fetch=fetch
             )
         assert not (server_dir / "x/1").exists()
         return info.value
@@ -233,7 +211,7 @@ def test_wrong_key_missing_things_and_refused_endpoints_say_so_and_name_no_secre
     # no credentials: Azurite refuses anonymous reads of a private container
     with pytest.raises(ArtifactError) as info:
         source = {"uri": f"az://{azurite.account}/models/m/model.onnx", "endpoint": azurite.endpoint, "sha256": digest}
-        writer.sync_model(server_dir, render_model("x", _spec(source)), fetch=Fetch())
+        writer.sync_model(server_dir, render_model("x", model_spec(source)), fetch=Fetch())
     assert info.value.reason == "SourceUnauthorized"
     # an endpoint at an address the egress rules refuse: refused before any connection, the Secret never read
     read: list[str] = []

@@ -22,47 +22,39 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import onnx
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from google.auth import jwt
 from kubeinfer.operator.artifacts import ArtifactError
-from kubeinfer.operator.fetch import Fetch, Fetcher
+from kubeinfer.operator.fetch import Fetch
 from kubeinfer.operator.render import render_model
-from kubeinfer.operator.repository_writer import SOURCE_MARKER, RepositoryWriter
-from kubeinfer.operator.store_sources import StoreSources
+from kubeinfer.operator.repository_writer import SOURCE_MARKER
 from kubeinfer.server.repository.scan import read_model
 from kubeinfer.server.sources.client import Answer, StoreClient
 from kubeinfer.server.sources.egress import AddressPolicy, parse_networks
-from onnx import TensorProto
 
 from tests.support.gcs_store import GcsStore
 from tests.support.https import make_ca_and_cert
-from tests.support.models import unary
-
-NS = "ns"
-LOOPBACK = AddressPolicy(allowed=parse_networks(["127.0.0.0/8"]))
-
-
-def _spec(source: dict[str, Any], platform: str = "onnxruntime_onnx") -> dict[str, Any]:
-    return {
-        "server": "s",
-        "platform": platform,
-        "maxBatchSize": 8,
-        "inputs": [{"name": "IN", "dataType": "FP32", "dims": [4]}],
-        "outputs": [{"name": "OUT", "dataType": "FP32", "dims": [4]}],
-        "versions": [{"version": 1, "source": source}],
-    }
+from tests.support.sources import (
+    LOOPBACK,
+    NS,
+    files_in,
+    make_writer,
+    model_spec,
+    relu_onnx,
+    secret_lookup,
+    volume_root,
+)
 
 
 class RecordingClient(StoreClient):
-    """The StoreClient, noting the Authorization header of each request it sends and the port of each connection
-    its guarded backend makes."""
+    """The StoreClient, noting the method and Authorization header of each request it sends and the port of each
+    connection its guarded backend makes."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.authorizations: list[str | None] = []
+        self.authorizations: list[tuple[str, str | None]] = []
         self.ports: list[int] = []
         connect = self.backend.connect_tcp
 
@@ -74,14 +66,9 @@ class RecordingClient(StoreClient):
 
     @contextmanager
     def request(self, method: str, url: Any, headers: Mapping[str, str], **kwargs: Any) -> Iterator[Answer]:
-        self.authorizations.append(headers.get("Authorization"))
+        self.authorizations.append((method, headers.get("Authorization")))
         with super().request(method, url, headers, **kwargs) as answer:
             yield answer
-
-
-def _writer(root: Path, client: StoreClient | None = None) -> RepositoryWriter:
-    client = client or StoreClient(LOOPBACK, timeout=10.0)
-    return RepositoryWriter(root, fetcher=Fetcher(LOOPBACK), stores=StoreSources(client, deadline=120.0))
 
 
 @pytest.fixture(scope="module")
@@ -106,15 +93,12 @@ def secure(tmp_path_factory: pytest.TempPathFactory, tls: tuple[Path, Path, Path
 
 @pytest.fixture
 def model_bytes(tmp_path: Path) -> bytes:
-    path = tmp_path / "relu.onnx"
-    onnx.save(unary("relu", "Relu", TensorProto.FLOAT, ["batch", 4]), path)
-    return path.read_bytes()
+    return relu_onnx(tmp_path / "relu.onnx").read_bytes()
 
 
 @pytest.fixture
 def root(tmp_path: Path) -> Path:
-    (tmp_path / "volume" / NS).mkdir(parents=True)
-    return tmp_path / "volume"
+    return volume_root(tmp_path)
 
 
 def _anonymous(name: str, host: str) -> dict[str, str]:
@@ -123,23 +107,25 @@ def _anonymous(name: str, host: str) -> dict[str, str]:
 
 def test_an_object_pinned_by_sha256_or_by_its_generation(root: Path, store: GcsStore, model_bytes: bytes) -> None:
     generation = store.upload("models", "resnet/model.onnx", model_bytes)["generation"]
-    writer = _writer(root)
+    writer = make_writer(root)
     server_dir = writer.server_dir(NS, "ns/pool")
     digest = hashlib.sha256(model_bytes).hexdigest()
     source = {"uri": "gs://models/resnet/model.onnx", "endpoint": store.endpoint}
     fetch = Fetch(_anonymous)
-    writer.sync_model(server_dir, render_model("a", _spec({**source, "sha256": digest})), fetch=fetch)
+    writer.sync_model(server_dir, render_model("a", model_spec({**source, "sha256": digest})), fetch=fetch)
     assert (server_dir / "a/1/model.onnx").read_bytes() == model_bytes
     assert fetch.served == {1: f"sha256 sha256:{digest}"}
     assert read_model(server_dir, "a").error == ""
     # no sha256: the object's generation pins it, and the download asks for that generation
     fetch = Fetch(_anonymous)
-    writer.sync_model(server_dir, render_model("b", _spec(source)), fetch=fetch)
+    writer.sync_model(server_dir, render_model("b", model_spec(source)), fetch=fetch)
     assert (server_dir / "b/1/model.onnx").read_bytes() == model_bytes
     assert fetch.served == {1: f"gcs-generation {generation}"}
     # a wrong sha256: the bytes are refused, nothing is published
     with pytest.raises(ArtifactError) as info:
-        writer.sync_model(server_dir, render_model("c", _spec({**source, "sha256": "0" * 64})), fetch=Fetch(_anonymous))
+        writer.sync_model(
+            server_dir, render_model("c", model_spec({**source, "sha256": "0" * 64})), fetch=Fetch(_anonymous)
+        )
     assert info.value.reason == "ChecksumMismatch" and not (server_dir / "c").exists()
 
 
@@ -148,18 +134,18 @@ def test_a_folder_becomes_the_savedmodel_folder(root: Path, store: GcsStore) -> 
     for rel, data in files.items():
         store.upload("models", f"saved/1/{rel}", data)
     store.upload("models", "saved/1/", b"")  # a console's folder marker: skipped
-    writer = _writer(root)
+    writer = make_writer(root)
     server_dir = writer.server_dir(NS, "ns/pool")
     fetch = Fetch(_anonymous)
-    spec = _spec({"uri": "gs://models/saved/1/", "endpoint": store.endpoint}, "tensorflow_savedmodel")
+    spec = model_spec({"uri": "gs://models/saved/1/", "endpoint": store.endpoint}, "tensorflow_savedmodel")
     writer.sync_model(server_dir, render_model("tf", spec), fetch=fetch)
     folder = server_dir / "tf/1/model.savedmodel"
-    assert {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()} == files
+    assert files_in(folder) == files
     assert fetch.served == {1: "3 objects pinned by gcs-generation"}
     assert sorted(os.listdir(server_dir / "tf/1")) == sorted([SOURCE_MARKER, "model.savedmodel"])
     # a folder is pinned by its objects: a sha256 for it is refused
     with pytest.raises(ArtifactError) as info:
-        spec = _spec(
+        spec = model_spec(
             {"uri": "gs://models/saved/1/", "endpoint": store.endpoint, "sha256": "0" * 64}, "tensorflow_savedmodel"
         )
         writer.sync_model(server_dir, render_model("tf2", spec), fetch=Fetch(_anonymous))
@@ -167,14 +153,14 @@ def test_a_folder_becomes_the_savedmodel_folder(root: Path, store: GcsStore) -> 
 
 
 def test_missing_buckets_objects_and_folders(root: Path, store: GcsStore) -> None:
-    writer = _writer(root)
+    writer = make_writer(root)
     server_dir = writer.server_dir(NS, "ns/pool")
     for uri, platform in (
         ("gs://nosuchbucket/m.onnx", "onnxruntime_onnx"),
         ("gs://models/none/model.onnx", "onnxruntime_onnx"),
         ("gs://models/none/", "tensorflow_savedmodel"),
     ):
-        spec = _spec({"uri": uri, "endpoint": store.endpoint}, platform)
+        spec = model_spec({"uri": uri, "endpoint": store.endpoint}, platform)
         with pytest.raises(ArtifactError) as info:
             writer.sync_model(server_dir, render_model("n", spec), fetch=Fetch(_anonymous))
         assert info.value.reason == "SourceNotFound", info.value.message
@@ -259,12 +245,7 @@ def _service_account_key(token_uri: str) -> tuple[dict[str, str], bytes]:
 
 
 def _secret(key: dict[str, str], allowed_host: str) -> Any:
-    def lookup(name: str, host: str) -> dict[str, str]:
-        if host != allowed_host:
-            raise ArtifactError("CredentialsRejected", f"Secret '{name}' may not be sent to '{host}'")
-        return {"key.json": json.dumps(key)}
-
-    return lookup
+    return secret_lookup({"key.json": json.dumps(key)}, allowed_host)
 
 
 @pytest.fixture
@@ -293,11 +274,11 @@ def test_a_service_account_key_token_flow_goes_through_the_guard(
     endpoint, key = keyed
     generation = secure.upload("private", "m/model.onnx", model_bytes)["generation"]
     client = RecordingClient(LOOPBACK, timeout=10.0, ca_file=str(tls[0]))
-    writer = _writer(root, client)
+    writer = make_writer(root, client=client)
     server_dir = writer.server_dir(NS, "ns/pool")
     source = {"uri": "gs://private/m/model.onnx", "endpoint": secure.endpoint, "credentialsSecret": "gcs"}
     fetch = Fetch(_secret(key, "127.0.0.1"))
-    writer.sync_model(server_dir, render_model("k", _spec(source)), fetch=fetch)
+    writer.sync_model(server_dir, render_model("k", model_spec(source)), fetch=fetch)
     assert (server_dir / "k/1/model.onnx").read_bytes() == model_bytes
     assert fetch.served == {1: f"gcs-generation {generation}"}
     # google-auth signed the grant (checked by the endpoint: signature, audience) and asked for read-only access
@@ -309,18 +290,21 @@ def test_a_service_account_key_token_flow_goes_through_the_guard(
     # ... through the guarded pool (its backend made the connection), and its token is what the store got
     token_port = urllib.parse.urlsplit(endpoint.token_uri).port
     assert token_port in client.ports and secure.port in client.ports
-    assert client.authorizations and set(client.authorizations) == {f"Bearer {endpoint.access_token}"}
+    # (the grant itself is posted through the same client, with no Authorization: the assertion is its body)
+    assert ("POST", None) in client.authorizations
+    reads = {authorization for method, authorization in client.authorizations if method != "POST"}
+    assert reads == {f"Bearer {endpoint.access_token}"}
 
     # the token endpoint refuses the grant: unauthorized, in words that name neither key nor token
     endpoint.refuse = True
     with pytest.raises(ArtifactError) as info:
-        writer.sync_model(server_dir, render_model("r", _spec(source)), fetch=Fetch(_secret(key, "127.0.0.1")))
+        writer.sync_model(server_dir, render_model("r", model_spec(source)), fetch=Fetch(_secret(key, "127.0.0.1")))
     assert info.value.reason == "SourceUnauthorized" and "invalid_grant" in info.value.message
     for secret in [*_key_material(key), endpoint.access_token]:
         assert secret not in info.value.message
     # a Secret that does not list the endpoint's host is not used
     with pytest.raises(ArtifactError) as info:
-        writer.sync_model(server_dir, render_model("h", _spec(source)), fetch=Fetch(_secret(key, "elsewhere")))
+        writer.sync_model(server_dir, render_model("h", model_spec(source)), fetch=Fetch(_secret(key, "elsewhere")))
     assert info.value.reason == "CredentialsRejected"
     assert not (server_dir / "r").exists() and not (server_dir / "h").exists()
 
@@ -352,11 +336,13 @@ def test_a_token_uri_at_a_refused_address_is_never_connected(
         for token_uri in (f"https://127.0.0.2:{port}/token", f"https://169.254.169.254:{port}/token"):
             key, _ = _service_account_key(token_uri)
             client = StoreClient(only_store, timeout=5.0, ca_file=str(tls[0]))
-            writer = _writer(root, client)
+            writer = make_writer(root, client=client)
             server_dir = writer.server_dir(NS, "ns/pool")
             source = {"uri": "gs://private/refused/model.onnx", "endpoint": secure.endpoint, "credentialsSecret": "g"}
             with pytest.raises(ArtifactError) as info:
-                writer.sync_model(server_dir, render_model("x", _spec(source)), fetch=Fetch(_secret(key, "127.0.0.1")))
+                writer.sync_model(
+                    server_dir, render_model("x", model_spec(source)), fetch=Fetch(_secret(key, "127.0.0.1"))
+                )
             assert info.value.reason == "SourceRefused", info.value.message
             assert "token" in info.value.message
             for secret in _key_material(key):
@@ -375,11 +361,11 @@ def test_a_token_uri_at_a_refused_address_is_never_connected(
 def test_credentials_are_not_sent_over_plain_http(root: Path, store: GcsStore, model_bytes: bytes) -> None:
     store.upload("models", "plain/model.onnx", model_bytes)
     key, _ = _service_account_key("https://127.0.0.1:1/token")
-    writer = _writer(root)
+    writer = make_writer(root)
     server_dir = writer.server_dir(NS, "ns/pool")
     source = {"uri": "gs://models/plain/model.onnx", "endpoint": store.endpoint, "credentialsSecret": "gcs"}
     with pytest.raises(ArtifactError) as info:
-        writer.sync_model(server_dir, render_model("p", _spec(source)), fetch=Fetch(_secret(key, "127.0.0.1")))
+        writer.sync_model(server_dir, render_model("p", model_spec(source)), fetch=Fetch(_secret(key, "127.0.0.1")))
     assert info.value.reason == "SourceRefused" and "plain http" in info.value.message
 
 
@@ -387,16 +373,15 @@ def test_workload_identity_goes_to_googles_endpoint_only(root: Path, store: GcsS
     """The operator's own identity (``--ambient-gcs-credentials``) is a bearer token: never for a tenant's endpoint."""
     store.upload("models", "ambient/model.onnx", model_bytes)
     client = StoreClient(LOOPBACK, timeout=10.0)
-    stores = StoreSources(client, deadline=60.0, ambient_gcs_namespaces=(NS,))
-    writer = RepositoryWriter(root, fetcher=Fetcher(LOOPBACK), stores=stores)
+    writer = make_writer(root, client=client, deadline=60.0, ambient_gcs_namespaces=(NS,))
     server_dir = writer.server_dir(NS, "ns/pool")
     source = {"uri": "gs://models/ambient/model.onnx", "endpoint": store.endpoint}
     with pytest.raises(ArtifactError) as info:
-        writer.sync_model(server_dir, render_model("w", _spec(source)), fetch=Fetch(_anonymous))
+        writer.sync_model(server_dir, render_model("w", model_spec(source)), fetch=Fetch(_anonymous))
     assert info.value.reason == "SourceRefused" and "storage.googleapis.com" in info.value.message
     assert not client.backend.connected
     # a namespace the admin did not list reads the same source anonymously
     other = writer.server_dir("other", "other/pool")
     (root / "other").mkdir(exist_ok=True)
-    writer.sync_model(other, render_model("w", _spec(source)), fetch=Fetch(_anonymous))
+    writer.sync_model(other, render_model("w", model_spec(source)), fetch=Fetch(_anonymous))
     assert (other / "w/1/model.onnx").read_bytes() == model_bytes

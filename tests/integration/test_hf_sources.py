@@ -14,54 +14,25 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-import onnx
 import pytest
 from huggingface_hub import HfApi
 from kubeinfer.operator.artifacts import ArtifactError
-from kubeinfer.operator.fetch import Fetch, Fetcher
+from kubeinfer.operator.fetch import Fetch
 from kubeinfer.operator.render import render_model
-from kubeinfer.operator.repository_writer import SOURCE_MARKER, RepositoryWriter
+from kubeinfer.operator.repository_writer import SOURCE_MARKER
 from kubeinfer.server.repository.scan import read_model
 from kubeinfer.server.sources.client import StoreClient
-from kubeinfer.server.sources.egress import AddressPolicy, parse_networks
+from kubeinfer.server.sources.egress import AddressPolicy
 from kubeinfer.server.sources.errors import REFUSED, SourceError
 from kubeinfer.server.sources.hf import HfSource
 from kubeinfer.server.sources.uris import parse_hf
-from onnx import TensorProto
 
 from tests.support.hub_server import HubServer
-from tests.support.models import unary
+from tests.support.sources import NS, make_writer, model_spec, names_in, relu_onnx, secret_lookup, volume_root
 
-NS = "ns"
-LOOPBACK = AddressPolicy(allowed=parse_networks(["127.0.0.0/8"]))
 RIGHT_TOKEN = "hf_right_token_for_the_gated_model"
 WRONG_TOKEN = "hf_wrong_token_nobody_knows"
-
-
-def _spec(source: dict[str, Any], platform: str = "onnxruntime_onnx") -> dict[str, Any]:
-    return {
-        "server": "s",
-        "platform": platform,
-        "maxBatchSize": 8,
-        "inputs": [{"name": "IN", "dataType": "FP32", "dims": [4]}],
-        "outputs": [{"name": "OUT", "dataType": "FP32", "dims": [4]}],
-        "versions": [{"version": 1, "source": source}],
-    }
-
-
-def _files(folder: Path) -> list[str]:
-    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
-
-
-def _secret_lookup(data: dict[str, str], hosts: tuple[str, ...]) -> Any:
-    def lookup(name: str, host: str) -> dict[str, str]:
-        if host not in hosts:
-            raise ArtifactError("CredentialsRejected", f"Secret '{name}' may not be sent to '{host}'")
-        return data
-
-    return lookup
 
 
 @pytest.fixture(scope="module")
@@ -73,20 +44,12 @@ def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HubServer]:
 
 @pytest.fixture(scope="module")
 def onnx_bytes(tmp_path_factory: pytest.TempPathFactory) -> bytes:
-    path = tmp_path_factory.mktemp("model") / "relu.onnx"
-    onnx.save(unary("relu", "Relu", TensorProto.FLOAT, ["batch", 4]), path)
-    return path.read_bytes()
+    return relu_onnx(tmp_path_factory.mktemp("model") / "relu.onnx").read_bytes()
 
 
 @pytest.fixture
 def root(tmp_path: Path) -> Path:
-    (tmp_path / "volume" / NS).mkdir(parents=True)
-    return tmp_path / "volume"
-
-
-def _writer(root: Path, hub: HubServer) -> RepositoryWriter:
-    assert hub.ca_file is not None
-    return RepositoryWriter(root, fetcher=Fetcher(LOOPBACK, ca_file=str(hub.ca_file)))
+    return volume_root(tmp_path)
 
 
 def test_a_file_of_a_repository_becomes_the_model_file_pinned_by_the_commit(
@@ -95,15 +58,15 @@ def test_a_file_of_a_repository_becomes_the_model_file_pinned_by_the_commit(
     sha = hub.add_commit(
         "org/model", {"model.onnx": onnx_bytes, "README.md": b"# relu\n", "config.json": b"{}"}, lfs={"model.onnx"}
     )
-    writer = _writer(root, hub)
+    writer = make_writer(root, ca_file=hub.ca_file)
     server_dir = writer.server_dir(NS, "ns/pool")
     fetch = Fetch()
     seen_before = len(hub.hub_seen.requests)
     source = {"uri": "hf://org/model@main/model.onnx", "endpoint": hub.url}
-    result = writer.sync_model(server_dir, render_model("m", _spec(source)), fetch=fetch)
+    result = writer.sync_model(server_dir, render_model("m", model_spec(source)), fetch=fetch)
     assert result.added_versions == [1]
     assert (server_dir / "m/1/model.onnx").read_bytes() == onnx_bytes
-    assert _files(server_dir / "m/1") == [SOURCE_MARKER, "model.onnx"]
+    assert names_in(server_dir / "m/1") == [SOURCE_MARKER, "model.onnx"]
     assert fetch.served == {1: f"hf-commit {sha}"}
     assert read_model(server_dir, "m").error == ""
     # huggingface_hub resolved the revision and listed the tree; every request (its own too) went out through
@@ -132,12 +95,12 @@ def test_a_folder_of_a_repository_keeps_its_paths(root: Path, hub: HubServer) ->
         lfs={"savedmodel/variables/variables.data-00000-of-00001"},
         ref="v1",
     )
-    writer = _writer(root, hub)
+    writer = make_writer(root, ca_file=hub.ca_file)
     server_dir = writer.server_dir(NS, "ns/pool")
     fetch = Fetch()
     source = {"uri": "hf://org/saved@v1/savedmodel/", "endpoint": hub.url}
-    writer.sync_model(server_dir, render_model("tf", _spec(source, "tensorflow_savedmodel")), fetch=fetch)
-    assert _files(server_dir / "tf/1") == [
+    writer.sync_model(server_dir, render_model("tf", model_spec(source, "tensorflow_savedmodel")), fetch=fetch)
+    assert names_in(server_dir / "tf/1") == [
         SOURCE_MARKER,
         "model.savedmodel/fingerprint.pb",
         "model.savedmodel/saved_model.pb",
@@ -154,19 +117,19 @@ def test_a_folder_of_a_repository_keeps_its_paths(root: Path, hub: HubServer) ->
 def test_the_whole_repository_at_a_pinned_commit(root: Path, hub: HubServer, onnx_bytes: bytes) -> None:
     sha = hub.add_commit("org/whole", {"model.onnx": onnx_bytes, "labels.txt": b"a\nb\n"}, lfs={"model.onnx"})
     hub.add_commit("org/whole", {"model.onnx": b"a later commit on main"}, lfs={"model.onnx"})
-    writer = _writer(root, hub)
+    writer = make_writer(root, ca_file=hub.ca_file)
     server_dir = writer.server_dir(NS, "ns/pool")
     fetch = Fetch()
     source = {"uri": f"hf://org/whole@{sha}", "endpoint": hub.url}
-    writer.sync_model(server_dir, render_model("w", _spec(source)), fetch=fetch)
-    assert _files(server_dir / "w/1") == [SOURCE_MARKER, "labels.txt", "model.onnx"]
+    writer.sync_model(server_dir, render_model("w", model_spec(source)), fetch=fetch)
+    assert names_in(server_dir / "w/1") == [SOURCE_MARKER, "labels.txt", "model.onnx"]
     assert (server_dir / "w/1/model.onnx").read_bytes() == onnx_bytes
     assert fetch.served == {1: f"hf-commit {sha}"}
 
 
 def test_a_revision_or_file_that_does_not_exist_is_not_found(root: Path, hub: HubServer, onnx_bytes: bytes) -> None:
     hub.add_commit("org/present", {"model.onnx": onnx_bytes}, lfs={"model.onnx"})
-    writer = _writer(root, hub)
+    writer = make_writer(root, ca_file=hub.ca_file)
     server_dir = writer.server_dir(NS, "ns/pool")
     for name, uri in (
         ("r", "hf://org/present@no-such-branch/model.onnx"),
@@ -174,7 +137,9 @@ def test_a_revision_or_file_that_does_not_exist_is_not_found(root: Path, hub: Hu
         ("d", "hf://org/present@main/missing/"),
     ):
         with pytest.raises(ArtifactError) as info:
-            writer.sync_model(server_dir, render_model(name, _spec({"uri": uri, "endpoint": hub.url})), fetch=Fetch())
+            writer.sync_model(
+                server_dir, render_model(name, model_spec({"uri": uri, "endpoint": hub.url})), fetch=Fetch()
+            )
         assert info.value.reason == "SourceNotFound", (uri, info.value.message)
         assert not (server_dir / name).exists()
 
@@ -183,23 +148,23 @@ def test_a_gated_model_needs_the_right_token_which_goes_to_the_hub_only(
     root: Path, hub: HubServer, onnx_bytes: bytes
 ) -> None:
     hub.add_commit("org/gated", {"model.onnx": onnx_bytes}, lfs={"model.onnx"}, gated_for={RIGHT_TOKEN})
-    writer = _writer(root, hub)
+    writer = make_writer(root, ca_file=hub.ca_file)
     server_dir = writer.server_dir(NS, "ns/pool")
-    spec = _spec({"uri": "hf://org/gated@main/model.onnx", "endpoint": hub.url})
+    spec = model_spec({"uri": "hf://org/gated@main/model.onnx", "endpoint": hub.url})
     # no Secret: the Hub refuses the gated file
     with pytest.raises(ArtifactError) as info:
         writer.sync_model(server_dir, render_model("a", spec), fetch=Fetch())
     assert info.value.reason == "SourceUnauthorized" and "gated" in info.value.message
     assert not (server_dir / "a").exists()
-    with_secret = _spec({"uri": "hf://org/gated@main/model.onnx", "endpoint": hub.url, "credentialsSecret": "hf"})
+    with_secret = model_spec({"uri": "hf://org/gated@main/model.onnx", "endpoint": hub.url, "credentialsSecret": "hf"})
     # a token the Hub does not know: refused, and it appears in no message
-    wrong = Fetch(_secret_lookup({"token": WRONG_TOKEN}, ("127.0.0.1",)))
+    wrong = Fetch(secret_lookup({"token": WRONG_TOKEN}, "127.0.0.1"))
     with pytest.raises(ArtifactError) as info:
         writer.sync_model(server_dir, render_model("b", with_secret), fetch=wrong)
     assert info.value.reason == "SourceUnauthorized" and WRONG_TOKEN not in info.value.message
     # the right one: the file; the token went to the Hub's origin, never to the CDN it redirected to
     cdn_before = len(hub.cdn_seen.requests)
-    right = Fetch(_secret_lookup({"token": RIGHT_TOKEN}, ("127.0.0.1",)))
+    right = Fetch(secret_lookup({"token": RIGHT_TOKEN}, "127.0.0.1"))
     writer.sync_model(server_dir, render_model("c", with_secret), fetch=right)
     assert (server_dir / "c/1/model.onnx").read_bytes() == onnx_bytes
     resolved = [r for r in hub.hub_seen.requests if r.path.startswith("/org/gated/resolve/")]
@@ -208,9 +173,9 @@ def test_a_gated_model_needs_the_right_token_which_goes_to_the_hub_only(
     assert all(r.authorization is None for r in hub.cdn_seen.requests)
     # a Secret without the key, and a token over plain http: refused before any request
     with pytest.raises(ArtifactError) as info:
-        writer.sync_model(server_dir, render_model("d", with_secret), fetch=Fetch(_secret_lookup({}, ("127.0.0.1",))))
+        writer.sync_model(server_dir, render_model("d", with_secret), fetch=Fetch(secret_lookup({}, "127.0.0.1")))
     assert info.value.reason == "SourceUnauthorized" and "token" in info.value.message
-    plain = _spec(
+    plain = model_spec(
         {"uri": "hf://org/gated@main/model.onnx", "endpoint": "http://127.0.0.1:9", "credentialsSecret": "hf"}
     )
     with pytest.raises(ArtifactError) as info:
@@ -222,22 +187,22 @@ def test_an_lfs_file_that_does_not_match_its_sha256_writes_nothing(root: Path, h
     payload = b"unique bytes for the corrupt test " * 4096
     hub.add_commit("org/corrupt", {"model.onnx": payload}, lfs={"model.onnx"})
     hub.cdn_override[hashlib.sha256(payload).hexdigest()] = b"X" * len(payload)  # same size, other bytes
-    writer = _writer(root, hub)
+    writer = make_writer(root, ca_file=hub.ca_file)
     server_dir = writer.server_dir(NS, "ns/pool")
     source = {"uri": "hf://org/corrupt@main/model.onnx", "endpoint": hub.url}
     with pytest.raises(ArtifactError) as info:
-        writer.sync_model(server_dir, render_model("c", _spec(source)), fetch=Fetch())
+        writer.sync_model(server_dir, render_model("c", model_spec(source)), fetch=Fetch())
     assert info.value.reason == "ChecksumMismatch" and "hf-lfs" in info.value.message
     assert not (server_dir / "c").exists()
     assert not [p for p in server_dir.parent.rglob("*") if "model.onnx" in p.name]
 
 
 def test_a_hub_at_a_refused_address_is_never_contacted(root: Path, hub: HubServer) -> None:
-    writer = RepositoryWriter(root, fetcher=Fetcher(AddressPolicy()))  # public addresses only
+    writer = make_writer(root, policy=AddressPolicy())  # public addresses only
     server_dir = writer.server_dir(NS, "ns/pool")
     source = {"uri": "hf://org/model@main/model.onnx", "endpoint": hub.url}
     with pytest.raises(ArtifactError) as info:
-        writer.sync_model(server_dir, render_model("m", _spec(source)), fetch=Fetch())
+        writer.sync_model(server_dir, render_model("m", model_spec(source)), fetch=Fetch())
     assert info.value.reason == "SourceRefused" and "loopback" in info.value.message
     assert writer.stores.client.backend.connected == []
 

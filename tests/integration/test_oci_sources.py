@@ -9,55 +9,27 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-import onnx
 import pytest
 from kubeinfer.operator.artifacts import ArtifactError
-from kubeinfer.operator.fetch import Fetch, Fetcher
+from kubeinfer.operator.fetch import Fetch
 from kubeinfer.operator.render import render_model
-from kubeinfer.operator.repository_writer import SOURCE_MARKER, RepositoryWriter
+from kubeinfer.operator.repository_writer import SOURCE_MARKER
 from kubeinfer.server.repository.scan import read_model
-from kubeinfer.server.sources.egress import AddressPolicy, parse_networks
-from onnx import TensorProto
+from kubeinfer.server.sources.egress import AddressPolicy
 
-from tests.support.models import unary
 from tests.support.oci_registry import OciRegistry
-
-NS = "ns"
-LOOPBACK = AddressPolicy(allowed=parse_networks(["127.0.0.0/8"]))
-
-
-def _spec(source: dict[str, Any], platform: str = "onnxruntime_onnx") -> dict[str, Any]:
-    return {
-        "server": "s",
-        "platform": platform,
-        "maxBatchSize": 8,
-        "inputs": [{"name": "IN", "dataType": "FP32", "dims": [4]}],
-        "outputs": [{"name": "OUT", "dataType": "FP32", "dims": [4]}],
-        "versions": [{"version": 1, "source": source}],
-    }
-
-
-def _writer(root: Path, ca_file: Path | None = None) -> RepositoryWriter:
-    return RepositoryWriter(root, fetcher=Fetcher(LOOPBACK, ca_file=str(ca_file) if ca_file else None))
-
-
-def _files(folder: Path) -> list[str]:
-    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
+from tests.support.sources import NS, make_writer, model_spec, names_in, relu_onnx, secret_lookup, volume_root
 
 
 @pytest.fixture
 def model_file(tmp_path: Path) -> Path:
-    path = tmp_path / "relu.onnx"
-    onnx.save(unary("relu", "Relu", TensorProto.FLOAT, ["batch", 4]), path)
-    return path
+    return relu_onnx(tmp_path / "relu.onnx")
 
 
 @pytest.fixture
 def root(tmp_path: Path) -> Path:
-    (tmp_path / "volume" / NS).mkdir(parents=True)
-    return tmp_path / "volume"
+    return volume_root(tmp_path)
 
 
 @pytest.fixture(scope="module")
@@ -78,22 +50,22 @@ def test_an_oras_artifact_becomes_the_version_folder_pinned_by_its_digest(
     root: Path, open_registry: OciRegistry, model_file: Path
 ) -> None:
     digest = open_registry.push_artifact("models/relu", "v1", {"model.onnx": model_file})
-    writer = _writer(root)
+    writer = make_writer(root)
     server_dir = writer.server_dir(NS, "ns/pool")
     fetch = Fetch()
     source = {"uri": f"oci://{open_registry.address}/models/relu:v1", "endpoint": open_registry.url}
-    result = writer.sync_model(server_dir, render_model("m", _spec(source)), fetch=fetch)
+    result = writer.sync_model(server_dir, render_model("m", model_spec(source)), fetch=fetch)
     assert result.added_versions == [1]
     assert (server_dir / "m/1/model.onnx").read_bytes() == model_file.read_bytes()
     assert fetch.served == {1: f"oci-digest {digest}"}
     assert read_model(server_dir, "m").error == ""
     # pinned by the manifest digest: the same bytes; a digest the registry does not hold is SourceNotFound
     pinned = {"uri": f"oci://{open_registry.address}/models/relu@{digest}", "endpoint": open_registry.url}
-    writer.sync_model(server_dir, render_model("p", _spec(pinned)), fetch=Fetch())
+    writer.sync_model(server_dir, render_model("p", model_spec(pinned)), fetch=Fetch())
     assert (server_dir / "p/1/model.onnx").read_bytes() == model_file.read_bytes()
     missing = {"uri": f"oci://{open_registry.address}/models/relu@sha256:{'0' * 64}", "endpoint": open_registry.url}
     with pytest.raises(ArtifactError) as info:
-        writer.sync_model(server_dir, render_model("q", _spec(missing)), fetch=Fetch())
+        writer.sync_model(server_dir, render_model("q", model_spec(missing)), fetch=Fetch())
     assert info.value.reason == "SourceNotFound" and "MANIFEST_UNKNOWN" in info.value.message
     assert not (server_dir / "q").exists()
 
@@ -107,11 +79,11 @@ def test_an_artifact_of_several_files_keeps_their_paths(root: Path, open_registr
         "v1",
         {"saved_model.pb": tmp_path / "saved/saved_model.pb", "variables/vars.data": tmp_path / "saved/vars.data"},
     )
-    writer = _writer(root)
+    writer = make_writer(root)
     server_dir = writer.server_dir(NS, "ns/pool")
     source = {"uri": f"oci://{open_registry.address}/models/saved:v1", "endpoint": open_registry.url}
-    writer.sync_model(server_dir, render_model("tf", _spec(source, "tensorflow_savedmodel")), fetch=Fetch())
-    assert _files(server_dir / "tf/1") == [
+    writer.sync_model(server_dir, render_model("tf", model_spec(source, "tensorflow_savedmodel")), fetch=Fetch())
+    assert names_in(server_dir / "tf/1") == [
         SOURCE_MARKER,
         "model.savedmodel/saved_model.pb",
         "model.savedmodel/variables/vars.data",
@@ -125,11 +97,11 @@ def test_a_modelcar_image_is_unpacked_from_its_models_folder(
     folder.mkdir()
     (folder / "model.onnx").write_bytes(model_file.read_bytes())
     digest = open_registry.push_modelcar("models/car", "v1", folder)
-    writer = _writer(root)
+    writer = make_writer(root)
     server_dir = writer.server_dir(NS, "ns/pool")
     fetch = Fetch()
     source = {"uri": f"oci://{open_registry.address}/models/car:v1", "endpoint": open_registry.url}
-    writer.sync_model(server_dir, render_model("car", _spec(source)), fetch=fetch)
+    writer.sync_model(server_dir, render_model("car", model_spec(source)), fetch=fetch)
     assert (server_dir / "car/1/model.onnx").read_bytes() == model_file.read_bytes()
     assert fetch.served[1] == f"oci-digest {digest}"
     assert read_model(server_dir, "car").error == ""
@@ -142,23 +114,14 @@ def test_a_layer_that_does_not_match_its_digest_writes_nothing(
     payload.write_bytes(b"unique bytes for this test " * 4096)
     open_registry.push_artifact("models/corrupt", "v1", {"model.onnx": payload})
     open_registry.corrupt_blob("sha256:" + hashlib.sha256(payload.read_bytes()).hexdigest())
-    writer = _writer(root)
+    writer = make_writer(root)
     server_dir = writer.server_dir(NS, "ns/pool")
     source = {"uri": f"oci://{open_registry.address}/models/corrupt:v1", "endpoint": open_registry.url}
     with pytest.raises(ArtifactError) as info:
-        writer.sync_model(server_dir, render_model("c", _spec(source)), fetch=Fetch())
+        writer.sync_model(server_dir, render_model("c", model_spec(source)), fetch=Fetch())
     assert info.value.reason == "ChecksumMismatch"
     assert not (server_dir / "c").exists()
     assert not [p for p in server_dir.parent.rglob("*") if "model.onnx" in p.name]
-
-
-def _secret_lookup(data: dict[str, str], hosts: tuple[str, ...]) -> Any:
-    def lookup(name: str, host: str) -> dict[str, str]:
-        if host not in hosts:
-            raise ArtifactError("CredentialsRejected", f"Secret '{name}' may not be sent to '{host}'")
-        return data
-
-    return lookup
 
 
 def test_registry_credentials_come_from_the_secret_and_a_wrong_one_is_unauthorized(
@@ -166,37 +129,37 @@ def test_registry_credentials_come_from_the_secret_and_a_wrong_one_is_unauthoriz
 ) -> None:
     private_registry.push_artifact("models/private", "v1", {"model.onnx": model_file})
     assert private_registry.ca_file is not None and private_registry.password is not None
-    writer = _writer(root, private_registry.ca_file)
+    writer = make_writer(root, ca_file=private_registry.ca_file)
     server_dir = writer.server_dir(NS, "ns/pool")
     uri = f"oci://{private_registry.address}/models/private:v1"
     # no Secret: the registry's challenge is answered with nothing
     with pytest.raises(ArtifactError) as info:
-        writer.sync_model(server_dir, render_model("a", _spec({"uri": uri})), fetch=Fetch())
+        writer.sync_model(server_dir, render_model("a", model_spec({"uri": uri})), fetch=Fetch())
     assert info.value.reason == "SourceUnauthorized"
     # a wrong password: refused, and the password appears in no message
-    wrong = Fetch(_secret_lookup({"username": str(private_registry.user), "password": "nope-123"}, ("127.0.0.1",)))
-    spec = _spec({"uri": uri, "credentialsSecret": "registry"})
+    wrong = Fetch(secret_lookup({"username": str(private_registry.user), "password": "nope-123"}, "127.0.0.1"))
+    spec = model_spec({"uri": uri, "credentialsSecret": "registry"})
     with pytest.raises(ArtifactError) as info:
         writer.sync_model(server_dir, render_model("b", spec), fetch=wrong)
     assert info.value.reason == "SourceUnauthorized" and "nope-123" not in info.value.message
     right = {"username": str(private_registry.user), "password": private_registry.password}
-    writer.sync_model(server_dir, render_model("c", spec), fetch=Fetch(_secret_lookup(right, ("127.0.0.1",))))
+    writer.sync_model(server_dir, render_model("c", spec), fetch=Fetch(secret_lookup(right, "127.0.0.1")))
     assert (server_dir / "c/1/model.onnx").read_bytes() == model_file.read_bytes()
     # an image pull Secret (kubernetes.io/dockerconfigjson) works as well
     pull = {".dockerconfigjson": private_registry.dockerconfigjson()}
-    writer.sync_model(server_dir, render_model("e", spec), fetch=Fetch(_secret_lookup(pull, ("127.0.0.1",))))
+    writer.sync_model(server_dir, render_model("e", spec), fetch=Fetch(secret_lookup(pull, "127.0.0.1")))
     assert (server_dir / "e/1/model.onnx").read_bytes() == model_file.read_bytes()
     # a Secret whose hosts do not include the registry is not used
     with pytest.raises(ArtifactError) as info:
-        writer.sync_model(server_dir, render_model("d", spec), fetch=Fetch(_secret_lookup(right, ("other.example",))))
+        writer.sync_model(server_dir, render_model("d", spec), fetch=Fetch(secret_lookup(right, "other.example")))
     assert info.value.reason == "CredentialsRejected"
 
 
 def test_a_registry_at_a_refused_address_is_never_contacted(root: Path, open_registry: OciRegistry) -> None:
-    writer = RepositoryWriter(root, fetcher=Fetcher(AddressPolicy()))  # public addresses only
+    writer = make_writer(root, policy=AddressPolicy())  # public addresses only
     server_dir = writer.server_dir(NS, "ns/pool")
     source = {"uri": f"oci://{open_registry.address}/models/relu:v1", "endpoint": open_registry.url}
     with pytest.raises(ArtifactError) as info:
-        writer.sync_model(server_dir, render_model("m", _spec(source)), fetch=Fetch())
+        writer.sync_model(server_dir, render_model("m", model_spec(source)), fetch=Fetch())
     assert info.value.reason == "SourceRefused" and "loopback" in info.value.message
     assert writer.stores.client.backend.connected == []

@@ -20,17 +20,14 @@ from __future__ import annotations
 
 import functools
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import httpx
 
-from tests.support.server import free_port
+from tests.support.store_process import StoreProcess, StoreProcessError, free_port_on
 
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTER_DIR = ROOT / "e2e" / "cluster"
@@ -42,7 +39,7 @@ ACCOUNT = "devstoreaccount1"
 ACCOUNT_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
 
 
-class AzuriteError(RuntimeError):
+class AzuriteError(StoreProcessError):
     pass
 
 
@@ -73,23 +70,20 @@ def azurite_blob() -> Path:
     return azurite_dir() / "node_modules" / ".bin" / "azurite-blob"
 
 
-class Azurite:
+class Azurite(StoreProcess):
     """Azurite's blob service at ``endpoint`` (``http://host:port/devstoreaccount1``, the account's base URL).
 
     ``root`` holds ``data/`` (Azurite's workspace: its database and extents) and ``azurite.log``."""
 
+    program = "azurite-blob"
+    log_name = "azurite.log"
+    error = AzuriteError
     account = ACCOUNT
     key = ACCOUNT_KEY
 
     def __init__(self, root: Path, host: str = "127.0.0.1", *, startup_timeout: float = 60, start: bool = True) -> None:
-        self.root = Path(root)
-        self.host = host
-        self.startup_timeout = startup_timeout
-        self.data_dir = self.root / "data"
-        self.log_path = self.root / "azurite.log"
-        self.port = free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        super().__init__(root, host, startup_timeout=startup_timeout)
+        self.port = free_port_on(host)
         if start:
             self.start()
 
@@ -121,54 +115,6 @@ class Azurite:
             "--disableTelemetry",
         ]  # fmt: skip
 
-    def start(self) -> None:
-        if self.running():
-            raise AzuriteError(f"Azurite at {self.endpoint} is running already")
-        with open(self.log_path, "ab") as log:
-            log.write(f"--- {time.strftime('%H:%M:%S')} $ {' '.join(self.command())}\n".encode())
-            log.flush()
-            self.proc = subprocess.Popen(
-                self.command(), stdout=log, stderr=subprocess.STDOUT, cwd=self.root, start_new_session=True
-            )
-        try:
-            self.wait_ready(self.startup_timeout)
-        except BaseException:
-            self.stop()
-            raise
-
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def stop(self, graceful: bool = False) -> None:
-        """Kill the process (SIGKILL, as a crash; ``graceful``: SIGTERM first) and keep the data folder."""
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM if graceful else signal.SIGKILL)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        self.proc = None
-
-    def close(self) -> None:
-        self.stop(graceful=True)
-
-    def __enter__(self) -> Azurite:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
-
-    def log_tail(self, lines: int = 40) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
-
     def ready(self) -> bool:
         """The blob service answers (any status: an anonymous account request is refused, but answered)."""
         try:
@@ -177,18 +123,3 @@ class Azurite:
         except httpx.HTTPError:
             return False
         return "x-ms-request-id" in answer.headers
-
-    def wait_ready(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
-            if self.proc is None or self.proc.poll() is not None:
-                code = None if self.proc is None else self.proc.returncode
-                raise AzuriteError(f"azurite-blob exited ({code}) before it served:\n{self.log_tail()}")
-            if self.ready():
-                return
-            if time.monotonic() > deadline:
-                raise AzuriteError(
-                    f"azurite-blob did not serve at {self.endpoint} within {timeout:.0f}s "
-                    f"(log {self.log_path}):\n{self.log_tail()}"
-                )
-            time.sleep(0.25)

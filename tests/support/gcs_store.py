@@ -16,25 +16,22 @@ process and keeps the objects; ``start()`` brings it back on the same port::
 from __future__ import annotations
 
 import functools
-import signal
 import ssl
 import subprocess
 import sys
-import time
 import urllib.parse
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import httpx
 
-from tests.support.server import free_port
+from tests.support.store_process import StoreProcess, StoreProcessError, free_port_on
 
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTER_DIR = ROOT / "e2e" / "cluster"
 
 
-class GcsStoreError(RuntimeError):
+class GcsStoreError(StoreProcessError):
     pass
 
 
@@ -56,11 +53,16 @@ def fake_gcs_binary() -> Path:
     return fake_gcs_dir() / "fake-gcs-server"
 
 
-class GcsStore:
+class GcsStore(StoreProcess):
     """fake-gcs-server serving Cloud Storage's JSON API at ``endpoint`` (``http(s)://host:port``).
 
     ``root`` holds ``data/`` (the filesystem backend's objects) and ``fake-gcs.log``. Its public host (the host in
     the URLs it writes: media links, upload locations) is its own address, so every URL it gives points at it."""
+
+    program = "fake-gcs-server"
+    log_name = "fake-gcs.log"
+    error = GcsStoreError
+    ready_interval = 0.2
 
     def __init__(
         self,
@@ -73,17 +75,11 @@ class GcsStore:
         startup_timeout: float = 30,
         start: bool = True,
     ) -> None:
-        self.root = Path(root)
-        self.host = host
+        super().__init__(root, host, startup_timeout=startup_timeout)
         self.tls = tls
         self.ca_file = ca_file
         self.binary = binary
-        self.startup_timeout = startup_timeout
-        self.data_dir = self.root / "data"
-        self.log_path = self.root / "fake-gcs.log"
-        self.port = free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.port = free_port_on(host)
         if start:
             self.start()
 
@@ -113,55 +109,6 @@ class GcsStore:
             args += [f"-cert-location={self.tls[0]}", f"-private-key-location={self.tls[1]}"]
         return args
 
-    def start(self) -> None:
-        """Start the emulator (again: same port, same objects) and wait until it answers."""
-        if self.running():
-            raise GcsStoreError(f"the store at {self.endpoint} is running already")
-        with open(self.log_path, "ab") as log:
-            log.write(f"--- {time.strftime('%H:%M:%S')} $ {' '.join(self.command())}\n".encode())
-            log.flush()
-            self.proc = subprocess.Popen(
-                self.command(), stdout=log, stderr=subprocess.STDOUT, cwd=self.root, start_new_session=True
-            )
-        try:
-            self.wait_ready(self.startup_timeout)
-        except BaseException:
-            self.stop()
-            raise
-
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def stop(self, graceful: bool = False) -> None:
-        """Kill the process (SIGKILL, as a crash; ``graceful``: SIGTERM first) and keep the data folder."""
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM if graceful else signal.SIGKILL)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        self.proc = None
-
-    def close(self) -> None:
-        self.stop(graceful=True)
-
-    def __enter__(self) -> GcsStore:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
-
-    def log_tail(self, lines: int = 40) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
-
     def http(self, timeout: float = 10) -> httpx.Client:
         verify: Any = ssl.create_default_context(cafile=str(self.ca_file)) if self.ca_file else True
         return httpx.Client(base_url=self.endpoint, trust_env=False, timeout=timeout, verify=verify)
@@ -172,21 +119,6 @@ class GcsStore:
                 return http.get("/storage/v1/b").status_code == 200
         except httpx.HTTPError:
             return False
-
-    def wait_ready(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
-            if self.proc is None or self.proc.poll() is not None:
-                code = None if self.proc is None else self.proc.returncode
-                raise GcsStoreError(f"fake-gcs-server exited ({code}) before it served:\n{self.log_tail()}")
-            if self.ready():
-                return
-            if time.monotonic() > deadline:
-                raise GcsStoreError(
-                    f"fake-gcs-server did not serve at {self.endpoint} within {timeout:.0f}s "
-                    f"(log {self.log_path}):\n{self.log_tail()}"
-                )
-            time.sleep(0.2)
 
     # -- the JSON API ----------------------------------------------------------------------------------------
 
