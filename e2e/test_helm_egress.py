@@ -173,6 +173,26 @@ def test_values_become_operator_arguments_and_policy_rules(helm) -> None:
         assert allows(policy, address, port) is expected, (address, port)
 
 
+def test_workload_identity_values(helm) -> None:
+    """ambientGcsCredentials / ambientAzureCredentials: the operator's flags (its parser reads the namespaces), the
+    pod label AKS's workload-identity webhook looks for (Azure only), and their token endpoints: Entra ID's is
+    public (login.microsoftonline.com on 443), Google's metadata server opened for GCS only."""
+    docs = _render(helm, "--set", "artifacts.ambientAzureCredentials={team-a,team-b}")
+    args = _args(docs)
+    assert [a for a in args if a.startswith("--ambient")] == [
+        "--ambient-azure-credentials=team-a",
+        "--ambient-azure-credentials=team-b",
+    ]
+    assert build_parser().parse_args(args).ambient_azure_credentials == ["team-a", "team-b"]
+    dep = next(d for d in docs if d["kind"] == "Deployment")
+    assert dep["spec"]["template"]["metadata"]["labels"]["azure.workload.identity/use"] == "true"
+    assert "azure.workload.identity/use" not in dep["spec"]["selector"]["matchLabels"]
+    policy = _policy(docs)
+    assert allows(policy, "20.190.151.68", 443) and not allows(policy, "169.254.169.254", 80)
+    plain = next(d for d in _render(helm, "--set", "artifacts.ambientGcsCredentials={*}") if d["kind"] == "Deployment")
+    assert "azure.workload.identity/use" not in plain["spec"]["template"]["metadata"]["labels"]
+
+
 def test_the_policy_can_be_switched_off(helm) -> None:
     docs = _render(helm, "--set", "networkPolicy.enabled=false")
     assert not [d for d in docs if d["kind"] == "NetworkPolicy"]

@@ -254,6 +254,16 @@ def build_parser() -> argparse.ArgumentParser:
         "https://storage.googleapis.com only; '*' is every namespace. Default: none (fetched anonymously)",
     )
     p.add_argument(
+        "--ambient-azure-credentials",
+        action="append",
+        default=[],
+        metavar="NAMESPACE[,NAMESPACE...]",
+        help="namespaces whose az:// sources without source.credentialsSecret use the operator's own Azure "
+        "credentials (Microsoft Entra Workload ID: AZURE_CLIENT_ID, AZURE_TENANT_ID, AZURE_FEDERATED_TOKEN_FILE), "
+        "toward https://<account>.blob.core.windows.net only; '*' is every namespace. Default: none (fetched "
+        "anonymously)",
+    )
+    p.add_argument(
         "--allowed-hosts",
         action="append",
         default=[],
@@ -402,6 +412,9 @@ def main(argv: list[str] | None = None) -> int:
         ambient_s3_namespaces=tuple(n.strip() for v in args.ambient_s3_credentials for n in v.split(",") if n.strip()),
         ambient_gcs_namespaces=tuple(
             n.strip() for v in args.ambient_gcs_credentials for n in v.split(",") if n.strip()
+        ),
+        ambient_azure_namespaces=tuple(
+            n.strip() for v in args.ambient_azure_credentials for n in v.split(",") if n.strip()
         ),
         downloads_per_namespace=args.downloads_per_namespace,
         downloads_total=args.downloads_total,

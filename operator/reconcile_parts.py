@@ -58,6 +58,7 @@ class ReconcileParts:
             check_timeout=config.onnx_check_timeout,
             ambient_s3_namespaces=config.ambient_s3_namespaces,
             ambient_gcs_namespaces=config.ambient_gcs_namespaces,
+            ambient_azure_namespaces=config.ambient_azure_namespaces,
         )
         self.gate = DownloadGate(config.downloads_per_namespace, config.downloads_total)
         self.quota = NamespaceQuota(self.writer.root, config.namespace_quota_bytes, dict(config.namespace_quotas))

@@ -166,6 +166,7 @@ class RepositoryWriter:
         stores: StoreSources | None = None,
         ambient_s3_namespaces: tuple[str, ...] = (),
         ambient_gcs_namespaces: tuple[str, ...] = (),
+        ambient_azure_namespaces: tuple[str, ...] = (),
     ) -> None:
         self.root = root.resolve()
         self.max_bytes = max_bytes
@@ -185,6 +186,7 @@ class RepositoryWriter:
             deadline=self.fetcher.deadline,
             ambient_s3_namespaces=ambient_s3_namespaces,
             ambient_gcs_namespaces=ambient_gcs_namespaces,
+            ambient_azure_namespaces=ambient_azure_namespaces,
         )
         self.check_timeout = check_timeout
         self._listings: dict[tuple[str, Path], tuple[float, list[str]]] = {}

@@ -40,6 +40,9 @@ class OperatorConfig:
     #: namespaces whose gs:// sources without a credentialsSecret may use the operator's own Google credentials
     #: (workload identity), toward storage.googleapis.com only; "*": every namespace; empty: none
     ambient_gcs_namespaces: tuple[str, ...] = ()
+    #: namespaces whose az:// sources without a credentialsSecret may use the operator's own Azure identity
+    #: (workload identity), toward <account>.blob.core.windows.net only; "*": every namespace; empty: none
+    ambient_azure_namespaces: tuple[str, ...] = ()
     #: downloads at once per namespace and overall (0: no limit)
     downloads_per_namespace: int = 2
     downloads_total: int = 4

@@ -1,4 +1,4 @@
-"""``s3://``, ``gs://``, ``oci://`` and ``hf://`` sources onto the volume: the shared downloader
+"""``s3://``, ``gs://``, ``az://``, ``oci://`` and ``hf://`` sources onto the volume: the shared downloader
 (``kubeinfer.server.sources``) fills a staged version folder, under the namespace's download slot, quota, deadline
 and the operator's limits.
 
@@ -21,8 +21,9 @@ from dataclasses import dataclass
 import httpx
 from kubeinfer.server.repository import confined
 from kubeinfer.server.sources import errors as source_errors
-from kubeinfer.server.sources.azure import AzureBlobSource, account_url
+from kubeinfer.server.sources.azure import PUBLIC_ENDPOINT, AzureBlobSource, account_url, public_url
 from kubeinfer.server.sources.azure import credential_from as azure_credential_from
+from kubeinfer.server.sources.azure_identity import IdentityFactory, ambient_identity
 from kubeinfer.server.sources.client import StoreClient
 from kubeinfer.server.sources.errors import SourceError
 from kubeinfer.server.sources.gcs import GcsSource, gcs_endpoint
@@ -86,12 +87,20 @@ class StoreSources:
         parallel: int | None = None,
         ambient_s3_namespaces: tuple[str, ...] = (),
         ambient_gcs_namespaces: tuple[str, ...] = (),
+        ambient_azure_namespaces: tuple[str, ...] = (),
+        azure_identity: IdentityFactory = ambient_identity,
+        azure_public: str = PUBLIC_ENDPOINT,
     ) -> None:
         self.client = client
         #: namespaces allowed the operator's own AWS credentials (``--ambient-s3-credentials``)
         self.ambient_s3_namespaces = ambient_s3_namespaces
         #: namespaces allowed the operator's own Google credentials, workload identity (``--ambient-gcs-credentials``)
         self.ambient_gcs_namespaces = ambient_gcs_namespaces
+        #: namespaces allowed the operator's own Azure identity, workload identity (``--ambient-azure-credentials``),
+        #: that identity (made once, on first use), and the accounts' public endpoint it is sent to (``{account}``)
+        self.ambient_azure_namespaces = ambient_azure_namespaces
+        self.azure_identity = azure_identity
+        self.azure_public = azure_public
         self.deadline = deadline
         self.max_files = max_files
         self.part_size = part_size
@@ -191,13 +200,30 @@ class StoreSources:
 
     def _open_az(self, source: Source, namespace: str, fetch: Fetch) -> AzureBlobSource:
         location_az = parse_az(as_store_uri(source.uri or ""))
-        base = account_url(location_az, source.endpoint)
+        base = account_url(location_az, source.endpoint, self.azure_public)
+        endpoint = str(base)
         credential = None
+        token = None
         if source.credentials_secret:
             # a SAS (given, or signed here with the account key: the key itself is never sent) goes to the endpoint
             credential = azure_credential_from(fetch.secret_data(source.credentials_secret, base.host))
+        elif namespace in self.ambient_azure_namespaces or "*" in self.ambient_azure_namespaces:
+            if base != public_url(location_az, self.azure_public):
+                # a bearer token of the operator's own identity goes to the account's public endpoint only
+                raise SourceError(
+                    source_errors.REFUSED,
+                    f"the operator's workload identity is used with {public_url(location_az, self.azure_public)} "
+                    "only (the account's public blob endpoint): omit source.endpoint, or give a credentialsSecret",
+                )
+            token = self.azure_identity()
         return AzureBlobSource(
-            self.client, location_az, namespace, endpoint=source.endpoint, credential=credential, lifetime=self.deadline
+            self.client,
+            location_az,
+            namespace,
+            endpoint=endpoint,
+            credential=credential,
+            lifetime=self.deadline,
+            token=token,
         )
 
     def precheck(self, source: Source, namespace: str) -> None:
@@ -212,7 +238,8 @@ class StoreSources:
                 parse_gs(uri)
                 self.client.admit(gcs_endpoint(source.endpoint), namespace, "source.uri")
             elif store_scheme(uri) == "az":
-                self.client.admit(account_url(parse_az(as_store_uri(uri)), source.endpoint), namespace, "source.uri")
+                location_az = parse_az(as_store_uri(uri))
+                self.client.admit(account_url(location_az, source.endpoint, self.azure_public), namespace, "source.uri")
             elif store_scheme(uri) == "hf":
                 parse_hf(uri)
                 self.client.admit(hub_endpoint(source.endpoint), namespace, "source.uri")

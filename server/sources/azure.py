@@ -7,6 +7,11 @@ request (List Blobs, Get Blob Properties, ranged Get Blob) is then a plain REST 
 sent by ``client.StoreClient``: the guarded httpcore pool, the endpoint's host admitted for the namespace like
 any URL. Messages name URLs through ``client.shown``, which drops the query, so no SAS reaches a message.
 
+The operator's own identity (Microsoft Entra Workload ID, ``azure_identity.StorageToken``: azure-identity's
+credential, its token requests through the same kind of guarded client) is sent instead as ``Authorization: Bearer``
+to the account's public endpoint only, over https (``operator/store_sources.py`` decides where; this class refuses
+plain http), and never appears in a message or a log either.
+
 A file is pinned by the spec's sha256, else by the blob's version id (an account with blob versioning: the
 download reads that version); a blob with neither is refused (ChecksumRequired). Content-MD5 is not a pin.
 """
@@ -20,6 +25,7 @@ import datetime
 import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import httpx
 from azure.storage.blob import ContainerSasPermissions, generate_container_sas
@@ -29,6 +35,7 @@ from .errors import (
     CHECKSUM_REQUIRED,
     INVALID,
     NOT_FOUND,
+    REFUSED,
     TOO_LARGE,
     UNAUTHORIZED,
     UNAVAILABLE,
@@ -39,8 +46,13 @@ from .transfer import RangeAnswer, RemoteFile
 from .uris import AzureLocation, safe_relative
 from .xmldoc import MAX_PAGE, document, error_fields
 
+if TYPE_CHECKING:
+    from .azure_identity import StorageToken
+
 #: the public cloud's blob endpoint of an account: https://<account>.blob.core.windows.net
 DEFAULT_SUFFIX = "blob.core.windows.net"
+#: the account's public endpoint, ``{account}`` filled in (another cloud's, or a test's, is a parameter)
+PUBLIC_ENDPOINT = f"https://{{account}}.{DEFAULT_SUFFIX}"
 #: the REST API version asked for (x-ms-version); a SAS names its own (sv)
 API_VERSION = "2023-11-03"
 #: how long a SAS signed here with the account key is valid, past the download's deadline
@@ -54,6 +66,10 @@ _NOT_FOUND_CODES = {"ContainerNotFound", "BlobNotFound", "ResourceNotFound", "Ac
 _SECRET_HINT = (
     "the credentials Secret needs AZURE_STORAGE_SAS_TOKEN (or sasToken) with read and list permissions, "
     "or AZURE_STORAGE_KEY (or accountKey), the account's key"
+)
+_IDENTITY_HINT = (
+    "the operator's workload identity needs a role that reads blobs (Storage Blob Data Reader) on the account or "
+    "container"
 )
 
 
@@ -87,11 +103,17 @@ def credential_from(data: dict[str, str]) -> AzureCredential:
     raise SourceError(UNAUTHORIZED, _SECRET_HINT)
 
 
-def account_url(location: AzureLocation, endpoint: str | None) -> httpx.URL:
-    """The account's blob endpoint: ``https://<account>.blob.core.windows.net``, or ``source.endpoint`` (a base
-    URL, with the account as its path for path-style stores such as Azurite: ``http://host:10000/<account>``)."""
+def public_url(location: AzureLocation, public: str = PUBLIC_ENDPOINT) -> httpx.URL:
+    """The account's public blob endpoint (``https://<account>.blob.core.windows.net``): ``public`` filled in."""
+    url = httpx.URL(public.format(account=location.account))
+    return httpx.URL(f"{url.scheme}://{url.netloc.decode('ascii')}{url.path.rstrip('/')}")
+
+
+def account_url(location: AzureLocation, endpoint: str | None, public: str = PUBLIC_ENDPOINT) -> httpx.URL:
+    """The account's blob endpoint: the public one (``public_url``), or ``source.endpoint`` (a base URL, with the
+    account as its path for path-style stores such as Azurite: ``http://host:10000/<account>``)."""
     if not endpoint:
-        return httpx.URL(f"https://{location.account}.{DEFAULT_SUFFIX}")
+        return public_url(location, public)
     url = httpx.URL(endpoint)
     path = url.path.rstrip("/")
     if (
@@ -135,12 +157,17 @@ class AzureBlobSource:
         endpoint: str | None = None,
         credential: AzureCredential | None = None,
         lifetime: float = 3600.0,
+        token: StorageToken | None = None,
     ) -> None:
         self.client = client
         self.location = location
         self.namespace = namespace
         self.base = account_url(location, endpoint)
         self.shown = location.shown
+        #: the operator's identity (a bearer, instead of a SAS): https only
+        self.token = token
+        if token is not None and self.base.scheme != "https":
+            raise SourceError(REFUSED, f"{self.shown}: an access token is not sent over plain http")
         self._sas = ""
         if credential is not None and credential.sas_token:
             self._sas = credential.sas_token
@@ -173,11 +200,14 @@ class AzureBlobSource:
         self, method: str, blob: str, query: list[tuple[str, str]], extra: dict[str, str], what: str
     ) -> Iterator[Answer]:
         headers = {"x-ms-version": API_VERSION, **extra}
+        if self.token is not None:
+            headers["Authorization"] = self.token.authorization(what)
         url = self._url(blob, query)
         with self.client.request(method, url, headers, namespace=self.namespace, where=what) as answer:
             if answer.status >= 300:
                 body = answer.read(64 << 10) if method != "HEAD" else b""
-                raise _error(answer.status, answer.header("x-ms-error-code") or "", body, what)
+                hint = _IDENTITY_HINT if self.token is not None else _SECRET_HINT + ", valid for this container"
+                raise _error(answer.status, answer.header("x-ms-error-code") or "", body, what, hint)
             yield answer
 
     # ------------------------------------------------------------------------------------- listing
@@ -287,7 +317,7 @@ class AzureBlobSource:
             yield answer.ranged()
 
 
-def _error(status: int, code: str, body: bytes, what: str) -> SourceError:
+def _error(status: int, code: str, body: bytes, what: str, hint: str = _SECRET_HINT) -> SourceError:
     """A store's refusal in its own words (its error code, the first line of its message), nothing else."""
     fields = error_fields(body, "Code", "Message")
     code = code or fields["Code"]
@@ -298,7 +328,7 @@ def _error(status: int, code: str, body: bytes, what: str) -> SourceError:
     if status in (401, 403) or code in _UNAUTHORIZED_CODES:
         return SourceError(
             UNAUTHORIZED,
-            f"{what}: the store refused the credentials ({said}); {_SECRET_HINT}, valid for this container",
+            f"{what}: the store refused the credentials ({said}); {hint}",
         )
     if status == 404 or code in _NOT_FOUND_CODES:
         return SourceError(NOT_FOUND, f"{what}: not found ({said})")
