@@ -43,6 +43,22 @@ def deadline_scope(at: float) -> Iterator[None]:
         _local.deadline = before
 
 
+def current_deadline() -> float | None:
+    """This thread's deadline (monotonic time), for work it hands to other threads."""
+    at: float | None = getattr(_local, "deadline", None)
+    return at
+
+
+@contextlib.contextmanager
+def same_deadline(at: float | None) -> Iterator[None]:
+    """``deadline_scope(at)``, or nothing when there is no deadline to carry over."""
+    if at is None:
+        yield
+    else:
+        with deadline_scope(at):
+            yield
+
+
 def clamp(timeout: float | None) -> float | None:
     """``timeout`` cut to what is left of the thread's deadline (a past deadline: a timeout at once)."""
     at: float | None = getattr(_local, "deadline", None)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import concurrent.futures
 import contextlib
 import urllib.parse
 from collections.abc import Iterator
@@ -32,11 +33,14 @@ from .errors import (
     SourceError,
     printable,
 )
+from .guard import current_deadline, same_deadline
 from .transfer import RangeAnswer, RemoteFile
 from .uris import S3Location, safe_relative
 from .xmldoc import MAX_PAGE, document, error_fields
 
 DEFAULT_REGION = "us-east-1"
+#: HEAD requests of a folder's objects in flight at once (each learns one object's checksum and version)
+HEAD_PARALLEL = 16
 _NS = "{http://s3.amazonaws.com/doc/2006-03-01/}"
 #: S3 error codes that mean "who you are was refused" (the rest of 403s too)
 _UNAUTHORIZED_CODES = {"InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "ExpiredToken",
@@ -218,11 +222,25 @@ class S3Source:
         total = sum(o.size for o in listed)
         if total > max_bytes:
             raise SourceError(TOO_LARGE, f"{self.shown} lists {total} bytes, over the limit of {max_bytes} bytes")
-        out = []
-        for item in listed:
-            rel = safe_relative(item.key[len(self.location.key) :])
-            out.append(self._pinned(rel, self.head(item.key), None))
-        return out
+        rels = [safe_relative(item.key[len(self.location.key) :]) for item in listed]
+        return [self._pinned(rel, info, None) for rel, info in zip(rels, self._heads(listed), strict=True)]
+
+    def _heads(self, listed: list[ObjectInfo]) -> list[ObjectInfo]:
+        """A HEAD of each listed object (its checksum and version are not in the listing), HEAD_PARALLEL at once
+        under the caller's deadline; the first refusal stops the rest."""
+        deadline = current_deadline()
+
+        def head(item: ObjectInfo) -> ObjectInfo:
+            with same_deadline(deadline):
+                return self.head(item.key)
+
+        pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=min(HEAD_PARALLEL, len(listed)), thread_name_prefix="head"
+        )
+        try:
+            return list(pool.map(head, listed))
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
 
     def _pinned(self, rel: str, info: ObjectInfo, sha256: str | None) -> RemoteFile:
         what = f"s3://{self.location.bucket}/{info.key}"
