@@ -13,8 +13,11 @@ folder.
 from __future__ import annotations
 
 import base64
+import concurrent.futures
+import contextlib
 import json
 import os
+import threading
 import time
 from dataclasses import dataclass
 
@@ -54,6 +57,8 @@ MAX_FILES = 10_000
 RESERVED_PREFIX = ".kubeinfer"
 #: a modelcar layer while it is unpacked (removed before the version is published)
 LAYER_FILE = ".kubeinfer-layer"
+#: a folder's small files (one part each) downloaded at once; larger files run their parts in parallel instead
+FILES_PARALLEL = 8
 
 Store = S3Source | GcsSource | OciSource | HfSource | AzureBlobSource
 
@@ -296,11 +301,17 @@ class StoreSources:
         if total > max_bytes:
             raise SourceError(source_errors.TOO_LARGE, f"{store.shown}: {total} bytes, over the limit of {max_bytes}")
         fetch.check_quota(namespace, total)
+        counting = threading.Lock()  # several files may be downloading at once
+
+        def count(n: int) -> None:
+            with counting:
+                fetch.count(namespace, n)
+
         limits = Limits(
             max_bytes=max_bytes,
             deadline_at=started + self.deadline,
             cancelled=fetch.cancelled,
-            on_bytes=lambda n: fetch.count(namespace, n),
+            on_bytes=count,
         )
         if self.part_size:
             limits.part_size = self.part_size
@@ -320,7 +331,7 @@ class StoreSources:
                 for file in files:
                     if file.path.split("/")[0].startswith(RESERVED_PREFIX):
                         raise SourceError(source_errors.INVALID, f"{store.shown} lists '{file.path}', a name kept")
-                    _placed(store, file, dest, limits, store.shown)
+                _place_all(store, files, dest, limits, store.shown)
             finally:
                 if dest != version_fd:
                     os.close(dest)
@@ -394,14 +405,35 @@ def _one(store: Store, file: RemoteFile, dir_fd: int, name: str, limits: Limits,
         os.fsync(out)
 
 
+def _place_all(store: Store, files: list[RemoteFile], root_fd: int, limits: Limits, shown: str) -> None:
+    """Every file at its relative path under ``root_fd``: the small ones (a single part each) FILES_PARALLEL at
+    once, then the large ones one by one (each runs its own parts in parallel); the first failure stops the rest."""
+    small = [f for f in files if f.size <= limits.part_size]
+    large = [f for f in files if f.size > limits.part_size]
+    if len(small) > 1:
+        pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=min(FILES_PARALLEL, len(small)), thread_name_prefix="file"
+        )
+        try:
+            for _ in pool.map(lambda f: _placed(store, f, root_fd, limits, shown), small):
+                pass
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+        small = []
+    for file in small + large:
+        _placed(store, file, root_fd, limits, shown)
+
+
 def _placed(store: Store, file: RemoteFile, root_fd: int, limits: Limits, shown: str) -> None:
-    """``file`` at its relative path under ``root_fd``, making its folders (never following a link)."""
+    """``file`` at its relative path under ``root_fd``, making its folders (never following a link; another
+    thread may be making the same folder)."""
     *folders, name = file.path.split("/")
     fd = os.dup(root_fd)
     try:
         for folder in folders:
             if confined.kind_of(fd, folder) == "":
-                os.mkdir(folder, 0o755, dir_fd=fd)
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(folder, 0o755, dir_fd=fd)
             nxt = confined.open_dir(fd, folder)
             os.close(fd)
             fd = nxt
