@@ -158,8 +158,12 @@ class AzureBlobSource:
         credential: AzureCredential | None = None,
         lifetime: float = 3600.0,
         token: StorageToken | None = None,
+        refusal_hint: str | None = None,
     ) -> None:
+        """``refusal_hint``: what a refused request's message tells the reader to check (the operator's Secret and
+        identity hints by default; the server's cloud repository names Triton's variables instead)."""
         self.client = client
+        self.refusal_hint = refusal_hint
         self.location = location
         self.namespace = namespace
         self.base = account_url(location, endpoint)
@@ -206,7 +210,9 @@ class AzureBlobSource:
         with self.client.request(method, url, headers, namespace=self.namespace, where=what) as answer:
             if answer.status >= 300:
                 body = answer.read(64 << 10) if method != "HEAD" else b""
-                hint = _IDENTITY_HINT if self.token is not None else _SECRET_HINT + ", valid for this container"
+                hint = self.refusal_hint or (
+                    _IDENTITY_HINT if self.token is not None else _SECRET_HINT + ", valid for this container"
+                )
                 raise _error(answer.status, answer.header("x-ms-error-code") or "", body, what, hint)
             yield answer
 

@@ -204,8 +204,12 @@ class GcsSource:
         credentials: google.auth.credentials.Credentials | None = None,
         token_client: StoreClient | None = None,
         token_namespace: str | None = None,
+        refusal_hint: str | None = None,
     ) -> None:
+        """``refusal_hint``: what a refused request's message tells the reader to check (by default the operator's
+        Secret or the service account's role; the server's cloud repository names Triton's variables instead)."""
         self.client = client
+        self.refusal_hint = refusal_hint
         self.location = location
         self.namespace = namespace
         self.endpoint = gcs_endpoint(endpoint)
@@ -260,7 +264,7 @@ class GcsSource:
         with self.client.request("GET", url, headers, namespace=self.namespace, where=what) as answer:
             body = answer.read(MAX_API_ANSWER)
             if answer.status >= 300:
-                raise _error(answer.status, body, what, self.credentials is not None)
+                raise _error(answer.status, body, what, self.credentials is not None, self.refusal_hint)
         try:
             doc = json.loads(body)
         except ValueError:
@@ -336,7 +340,9 @@ class GcsSource:
         headers = {"Range": f"bytes={start}-{end}", **self._auth()}
         with self.client.request("GET", url, headers, namespace=self.namespace, where=what) as answer:
             if answer.status >= 300:
-                raise _error(answer.status, answer.read(64 << 10), what, self.credentials is not None)
+                raise _error(
+                    answer.status, answer.read(64 << 10), what, self.credentials is not None, self.refusal_hint
+                )
             served = answer.header("x-goog-generation")
             if served and served != generation:
                 raise SourceError(UNAVAILABLE, f"{what}: the store served generation {printable(served, 40)}")
@@ -357,7 +363,7 @@ def _entry(doc: Mapping[str, Any], name: str, rel: str, what: str) -> RemoteFile
     return RemoteFile(rel, int(size), None, f"gcs-generation {generation}", (name, generation))
 
 
-def _error(status: int, body: bytes, what: str, with_credentials: bool) -> SourceError:
+def _error(status: int, body: bytes, what: str, with_credentials: bool, hint: str | None = None) -> SourceError:
     """Cloud Storage's refusal in its own words (the error's message), nothing else of the answer."""
     message = ""
     with contextlib.suppress(ValueError, AttributeError, TypeError):
@@ -365,7 +371,7 @@ def _error(status: int, body: bytes, what: str, with_credentials: bool) -> Sourc
         message = printable(str(doc["error"]["message"]), 160) if isinstance(doc, dict) else ""
     said = f"HTTP {status}" + (f": {message}" if message else "")
     if status in (401, 403):
-        hint = (
+        hint = hint or (
             "check that the service account may read the bucket (roles/storage.objectViewer)"
             if with_credentials
             else "the bucket is not public: give a service-account key (source.credentialsSecret, key key.json)"

@@ -74,6 +74,15 @@ SAS_RESIGN_AFTER = 900.0
 S3_CLIENT_ERROR = "Unable to create S3 filesystem client. Check account credentials."
 GCS_CLIENT_ERROR = "Unable to create GCS client. Check account credentials."
 AZURE_CLIENT_ERROR = "Unable to create Azure filesystem client. Check account credentials."
+#: what a refused listing or read tells the server's operator to check (Triton's variables, not the operator's Secret)
+GCS_REFUSAL_HINT = (
+    "check GOOGLE_APPLICATION_CREDENTIALS or the 'gs' section of TRITON_CLOUD_CREDENTIAL_PATH, and that its account "
+    "may read the bucket"
+)
+AZURE_REFUSAL_HINT = (
+    "check AZURE_STORAGE_ACCOUNT/AZURE_STORAGE_KEY, AZURE_STORAGE_CONNECTION_STRING or the 'as' section of "
+    "TRITON_CLOUD_CREDENTIAL_PATH"
+)
 
 
 class RepositoryUnavailable(Exception):
@@ -337,6 +346,7 @@ class GcsRepositoryStore:
                 credentials=settings.credentials,
                 token_client=settings.token_client,
                 token_namespace="",
+                refusal_hint=GCS_REFUSAL_HINT,
             )
         except SourceError:
             raise RepositoryUnavailable(
@@ -375,6 +385,7 @@ class AzureRepositoryStore:
                 endpoint=self.settings.endpoint,
                 credential=self.settings.credential,
                 lifetime=COPY_DEADLINE,
+                refusal_hint=AZURE_REFUSAL_HINT,
             )
         except SourceError as exc:
             raise RepositoryUnavailable(f"{AZURE_CLIENT_ERROR} {exc.message}") from None

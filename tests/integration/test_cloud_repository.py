@@ -410,6 +410,8 @@ def test_as_credentials_from_triton_cloud_credential_path(azure: AzureRepository
     log = _stops(_start(azure.uri("other"), tmp_path, env, wait=False))
     assert "Failed to get contents of directory other:" in log and "AuthorizationFailure" in log
     assert WRONG_AZURE_KEY not in log and azure.azurite.key not in log
+    # what to check is the server's settings (Triton's variables), not an operator's Secret
+    assert "'as' section of TRITON_CLOUD_CREDENTIAL_PATH" in log and "credentials Secret" not in log
 
 
 def test_as_with_a_connection_string_alone(azure: AzureRepository, tmp_path: Path) -> None:
