@@ -9,8 +9,9 @@ from kubeinfer.server.config.version_policy import DEFAULT_NUM_VERSIONS
 CONFIG_FIELDS: dict[str, str] = {
     # ModelConfig (top level)
     "ModelConfig.platform": (
-        "Triton platform of the model: onnxruntime_onnx, tensorrt_plan, pytorch_libtorch, tensorflow_savedmodel or "
-        "ensemble. Give platform or backend; the InferenceServer must provide the matching backend (spec.backends)."
+        "Triton platform of the model: onnxruntime_onnx, tensorrt_plan, pytorch_libtorch, tensorflow_savedmodel, "
+        "tensorflow_graphdef or ensemble. Give platform or backend; the InferenceServer must provide the matching "
+        "backend (spec.backends)."
     ),
     "ModelConfig.backend": (
         "Backend that runs the model (onnxruntime, tensorrt, pytorch, tensorflow, python); implied by platform."

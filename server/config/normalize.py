@@ -45,7 +45,7 @@ from collections.abc import Sequence
 
 from . import model_config_pb2 as pb
 from .codec import ConfigError
-from .platforms import BY_PLATFORM, TABLE
+from .platforms import BY_PLATFORM, TABLE, row_for
 from .version_policy import DEFAULT_NUM_VERSIONS
 
 #: Triton's SEQUENCE_IDLE_DEFAULT_MICROSECONDS (core/src/constants.h)
@@ -96,7 +96,7 @@ def _fill_backend_fields(config: pb.ModelConfig) -> None:
     row = BY_PLATFORM.get(config.platform) if config.platform else None
     if not config.backend and row is not None and row.backend:
         config.backend = row.backend
-    known = _BY_BACKEND.get(config.backend)
+    known = row_for(config) if config.backend in _BY_BACKEND else None  # tensorflow: SavedModel or GraphDef
     if known is None:
         return  # ensembles, third-party backends: Triton fills nothing
     if not config.platform and known.platform:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..config import ConfigError, ConfigParseError, check_file_names, parse_config_text, pb
-from ..config.platforms import MODEL_FILENAMES, detect, model_filename, model_is_folder
+from ..config.platforms import MODEL_FILENAMES, detect, model_filename, model_is_folder, platform_undecided
 from . import confined
 from .config_name import config_files
 from .layout import CONFIG_FILE, MODEL_NAME, PathEscape, config_digest, is_version_dir_name
@@ -47,8 +47,9 @@ class ParsedConfig:
 
 
 def infer_platform(config: pb.ModelConfig, folder: ModelFolder) -> None:
-    """Without platform/backend, pick one from the model files found (Triton's auto-complete)."""
-    if config.platform or config.backend:
+    """Without platform/backend (or with backend "tensorflow" alone), pick one from the model files found
+    (Triton's auto-complete)."""
+    if not platform_undecided(config):
         return
     for version in sorted(n for n in confined.names(folder.fd) if is_version_dir_name(n)):
         try:
@@ -58,7 +59,7 @@ def infer_platform(config: pb.ModelConfig, folder: ModelFolder) -> None:
         with confined.opened(fd):
             candidates = [n for n in confined.names(fd) if n in MODEL_FILENAMES]
         files, folders = _kinds(folder, version, candidates)
-        found = detect(files, folders)
+        found = detect(files, folders, backend=config.backend)
         if found is not None:
             if found.platform:
                 config.platform = found.platform

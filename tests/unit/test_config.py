@@ -140,7 +140,7 @@ def test_every_tritonclient_field_exists_with_the_same_number() -> None:
     ("text", "message"),
     [
         ('name: "other" platform: "onnxruntime_onnx"', "does not match the model folder name"),
-        ('platform: "tensorflow_graphdef"', "unknown platform 'tensorflow_graphdef'"),
+        ('platform: "caffe2_netdef"', "unknown platform 'caffe2_netdef'"),
         ('backend: "nope"', "unknown backend 'nope'"),
         ('platform: "onnxruntime_onnx" input [ { name: "x" data_type: TYPE_FP32 dims: [ 0 ] } ]', "every dim"),
         ('platform: "onnxruntime_onnx" input [ { name: "x" dims: [ 3 ] } ]', "has no data_type"),

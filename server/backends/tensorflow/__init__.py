@@ -1,4 +1,5 @@
-"""TensorFlow backend: platform ``tensorflow_savedmodel`` / backend ``tensorflow``, as Triton's TensorFlow backend.
+"""TensorFlow backend: platforms ``tensorflow_savedmodel`` and ``tensorflow_graphdef`` / backend ``tensorflow``, as
+Triton's TensorFlow backend.
 
 Model: the SavedModel folder ``<version>/model.savedmodel/`` (or ``default_model_filename``), read through
 the repository's descriptors (``model_files.pinned_tree``). The serving signature is ``serving_default``,
@@ -7,6 +8,12 @@ its keys are the config's input and output names. Auto-complete fills inputs, ou
 (the backend's default-max-batch-size when every signature tensor has a variable first dimension) and
 dynamic batching from the signature (``savedmodel``, no load needed); the load checks the config against
 it with Triton's messages.
+
+GraphDef: the file ``<version>/model.graphdef`` (a binary ``GraphDef``, read through the repository's
+descriptor, ``model_files.pinned``), imported into each session's graph (``graphdef``). Its ``Placeholder``
+nodes are the possible inputs and its other nodes the possible outputs, by name; nothing is auto-completed
+(as in Triton, its config lists inputs and outputs) and the load checks the config's names with Triton's
+messages.
 
 Each instance runs the model in a TensorFlow session (``tf.compat.v1.Session``, the C++ path Triton and
 TensorFlow Serving use), one session per instance unless ``MAX_SESSION_SHARE_COUNT`` lets instances

@@ -1,5 +1,5 @@
-"""The ``tensorflow`` backend: platform ``tensorflow_savedmodel``, ``<version>/model.savedmodel/`` (see the package
-docstring)."""
+"""The ``tensorflow`` backend: platforms ``tensorflow_savedmodel`` (``<version>/model.savedmodel/``) and
+``tensorflow_graphdef`` (``<version>/model.graphdef``); see the package docstring."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ from typing import Any, ClassVar, cast
 import numpy as np
 
 from ...config import ConfigError, pb, sequence
-from ...repository.model_files import pinned_tree
+from ...repository.model_files import pinned, pinned_tree
 from ...vocabulary.errors import BackendError, Unavailable
 from .. import settings
 from ..base import Backend, BackendInstance, InstanceSpec, TensorBackendInstance
-from . import savedmodel
+from . import graphdef, savedmodel
 from .parameters import BACKEND, TFParameters, parse_parameters
 from .savedmodel import Signature, shape_text
 
@@ -62,6 +62,19 @@ def read_signature(config: pb.ModelConfig, version_path: Path, params: TFParamet
     graph = savedmodel.meta_graph(saved, tag, config.name)
     key = params.signature_def or savedmodel.DEFAULT_SIGNATURE
     return savedmodel.signature(graph, key, bool(params.signature_def), tag, config.name)
+
+
+def read_graph(config: pb.ModelConfig, version_path: Path) -> graphdef.Graph:
+    """The GraphDef of a ``tensorflow_graphdef`` model, read through the repository's descriptor (``pinned``)."""
+    require_tensorflow()
+    shown = TensorFlowBackend.model_path(config, version_path)
+    try:
+        path = pinned(shown)
+    except FileNotFoundError:
+        raise ConfigError(f"unable to find '{shown}' for model '{config.name}'") from None
+    except OSError as exc:
+        raise ConfigError(f"unable to load model '{config.name}': {exc.strerror or exc}") from None
+    return graphdef.read_graph(path, shown, config.name)
 
 
 def _dims(t: pb.ModelInput | pb.ModelOutput) -> list[int]:
@@ -109,12 +122,17 @@ class TensorFlowBackend(Backend):
         super().__init__(config, version_path, version, context)
         self.params = parse_parameters(config)
         self._sessions = _Sessions()
+        self._graph: graphdef.Graph | None = None  # a GraphDef model's graph, read by the first session
+        self._graph_lock = threading.Lock()
 
     @classmethod
     def auto_complete_config(cls, config: pb.ModelConfig, version_path: Path) -> None:
         """Triton's AutoCompleteHelper: ``max_batch_size`` (the backend's default-max-batch-size when every
         signature tensor has a variable first dimension), dynamic batching, and inputs/outputs from the
-        signature. An explicit ``max_batch_size: 0`` stays 0 (Triton cannot tell it from an absent one)."""
+        signature. An explicit ``max_batch_size: 0`` stays 0 (Triton cannot tell it from an absent one).
+        A GraphDef gives nothing to fill (no shapes, no outputs): as in Triton, its config stays as written."""
+        if graphdef.is_graphdef(config):
+            return
         sig = read_signature(config, version_path)
         name = config.name
         signature_batches = all(t.batches for t in sig.inputs + sig.outputs)
@@ -169,7 +187,7 @@ class TensorFlowBackend(Backend):
 
     @classmethod
     def validate_model(cls, config: pb.ModelConfig, version_path: Path) -> None:
-        """Triton's ValidateModelConfig and savedmodel::ValidateTRITONTFModel, with their messages."""
+        """Triton's ValidateModelConfig and savedmodel:: / graphdef::ValidateTRITONTFModel, with their messages."""
         name = config.name
         tensors: list[pb.ModelInput | pb.ModelOutput] = [*config.input, *config.output]
         for t in tensors:
@@ -181,6 +199,9 @@ class TensorFlowBackend(Backend):
                 f"model '{name}': implicit state (sequence_batching.state) is not supported by the tensorflow "
                 "backend, as in Triton; keep the state in the request's inputs and outputs"
             )
+        if graphdef.is_graphdef(config):
+            graphdef.validate(config, read_graph(config, version_path))
+            return
         sig = read_signature(config, version_path)
         batching = config.max_batch_size > 0
         controls = sequence.control_input_names(config)
@@ -225,6 +246,12 @@ class TensorFlowBackend(Backend):
             raise
 
     def _load(self, spec: InstanceSpec, device: str | None) -> _Session:
+        if graphdef.is_graphdef(self.config):
+            with self._graph_lock:
+                if self._graph is None:
+                    self._graph = read_graph(self.config, self.version_path)
+            shown = self.model_path(self.config, self.version_path)
+            return _Session(self.config, None, None, shown, self.params, device, graph=self._graph)
         sig = read_signature(self.config, self.version_path, self.params)
         folder, shown = saved_model_folder(self.config, self.version_path)
         return _Session(self.config, sig, folder, shown, self.params, device)
@@ -274,19 +301,22 @@ def _device(spec: InstanceSpec, model: str) -> str | None:
 
 
 class _Session:
-    """One TensorFlow session holding the SavedModel (as Triton's backend: ``LoadSavedModel`` into a session),
-    run through callables; shared by up to MAX_SESSION_SHARE_COUNT instances. ``Session.run`` releases the
-    GIL while the graph executes, so instances on separate threads run at the same time."""
+    """One TensorFlow session holding the SavedModel (as Triton's backend: ``LoadSavedModel`` into a session)
+    or the GraphDef (imported into the session's graph, as Triton's ``session->Create(graph_def)``), run
+    through callables; shared by up to MAX_SESSION_SHARE_COUNT instances. ``Session.run`` releases the GIL
+    while the graph executes, so instances on separate threads run at the same time."""
 
     def __init__(
         self,
         config: pb.ModelConfig,
-        sig: Signature,
-        folder: Path,
+        sig: Signature | None,
+        folder: Path | None,
         shown: Path,
         params: TFParameters,
         device: str | None,
+        graph: graphdef.Graph | None = None,
     ) -> None:
+        """A SavedModel: its signature ``sig`` and the ``folder`` to load; a GraphDef: ``graph`` to import."""
         tf = require_tensorflow()
         self.tf = tf
         proto = tf.compat.v1.ConfigProto(
@@ -304,16 +334,26 @@ class _Session:
             )
         self.graph = tf.Graph()
         self.session = tf.compat.v1.Session(graph=self.graph, config=proto)
+        self.input_order = [t.name for t in config.input] + sorted(sequence.control_input_names(config))
         try:
-            with self.graph.as_default(), self.graph.device(device) if device else contextlib.nullcontext():
-                _load_saved_model(tf, self.session, sig.tag, folder, device is not None)
-            self.feeds = {t.name: self.graph.get_tensor_by_name(t.graph_name) for t in sig.inputs}
-            self.fetches = {t.name: self.graph.get_tensor_by_name(t.graph_name) for t in sig.outputs}
+            if graph is not None:
+                with self.graph.as_default():
+                    tf.compat.v1.import_graph_def(graphdef.placed(graph.graph_def, device), name="")
+                # the config's names are nodes: their first tensors, as TensorFlow reads a bare node name
+                feeds = {n: f"{n}:0" for n in self.input_order}
+                fetches = {t.name: f"{t.name}:0" for t in config.output}
+            else:
+                assert sig is not None and folder is not None
+                with self.graph.as_default(), self.graph.device(device) if device else contextlib.nullcontext():
+                    _load_saved_model(tf, self.session, sig.tag, folder, device is not None)
+                feeds = {t.name: t.graph_name for t in sig.inputs}
+                fetches = {t.name: t.graph_name for t in sig.outputs}
+            self.feeds = {n: self.graph.get_tensor_by_name(g) for n, g in feeds.items()}
+            self.fetches = {n: self.graph.get_tensor_by_name(g) for n, g in fetches.items()}
         except (tf.errors.OpError, OSError, ValueError, KeyError, RuntimeError, TypeError) as exc:
             self.session.close()
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise ConfigError(f"unable to load model '{config.name}' from {shown}: {first}") from None
-        self.input_order = [t.name for t in config.input] + sorted(sequence.control_input_names(config))
         self._callables: dict[tuple[str, ...], Any] = {}
         self._lock = threading.Lock()
         self.users = 0

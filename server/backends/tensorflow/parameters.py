@@ -3,8 +3,8 @@
 Per model: ``TF_SIGNATURE_DEF`` (default ``serving_default``), ``TF_GRAPH_TAG`` (default ``serve``),
 ``TF_NUM_INTRA_THREADS`` / ``TF_NUM_INTER_THREADS`` (0: TensorFlow chooses), ``TF_USE_PER_SESSION_THREADS``
 (each session its own thread pools instead of the process's), ``MAX_SESSION_SHARE_COUNT`` (instances per
-TensorFlow session, default 1: a session each). ``TF_INIT_OPS_FILE`` belongs to GraphDef models and is
-ignored with a warning. Unknown keys are ignored, as Triton does.
+TensorFlow session, default 1: a session each). ``TF_INIT_OPS_FILE`` (a GraphDef's init ops) is
+not supported and ignored with a warning. Unknown keys are ignored, as Triton does.
 
 Per server (``--backend-config=tensorflow,<setting>=<value>``): ``allow-soft-placement`` (default true)
 and ``default-max-batch-size`` (``settings``).
@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from ...config import ConfigError, pb
 from .. import settings
+from .graphdef import is_graphdef
 
 log = logging.getLogger(__name__)
 
@@ -67,10 +68,17 @@ def _count(config: pb.ModelConfig, key: str, minimum: int, rule: str) -> int | N
 
 def parse_parameters(config: pb.ModelConfig) -> TFParameters:
     if _value(config, "TF_INIT_OPS_FILE"):
-        log.warning(
-            "model '%s': TF_INIT_OPS_FILE is for GraphDef models; a SavedModel runs its own init op: ignored",
-            config.name,
-        )
+        if is_graphdef(config):
+            log.warning(
+                "model '%s': TF_INIT_OPS_FILE is not supported: ignored (freeze the GraphDef's variables into "
+                "constants, e.g. with tf.compat.v1.graph_util.convert_variables_to_constants)",
+                config.name,
+            )
+        else:
+            log.warning(
+                "model '%s': TF_INIT_OPS_FILE is for GraphDef models; a SavedModel runs its own init op: ignored",
+                config.name,
+            )
     per_session = _value(config, "TF_USE_PER_SESSION_THREADS")
     soft = settings.setting(BACKEND, "allow-soft-placement")
     return TFParameters(

@@ -126,7 +126,7 @@ def test_model_operations_render_and_follow_the_servers_rule(model_spec):
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"platform": "tensorflow_graphdef"}, "spec.platform 'tensorflow_graphdef' is not served"),
+        ({"platform": "caffe2_netdef"}, "spec.platform 'caffe2_netdef' is not served"),
         ({"dynamicBatching": {"preferredBatchSize": [128]}}, "larger than max_batch_size"),
         ({"inputs": [{"name": "input", "dataType": "FP32", "dims": [0]}]}, "every dim must be a positive size"),
         ({"inputs": [{"name": "input", "dataType": "FP99", "dims": [1]}]}, "unknown dataType 'FP99'"),
