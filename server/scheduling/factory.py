@@ -27,7 +27,12 @@ def make_scheduler(
     if choice == "dynamic_batching":
         from .dynamic_batcher import DynamicBatcher
 
-        return DynamicBatcher(pool, config)
+        batcher = DynamicBatcher(pool, config)
+        # rate limited: a slot granted its resources later wakes the batcher, and a granted slot stays
+        # reserved while requests wait in its queue (``InstancePool._return_unused``)
+        pool.demand = lambda: bool(batcher.queue)
+        pool.on_free = lambda: batcher._wake.set() if batcher._wake is not None else None
+        return batcher
     if choice == "sequence_batching":
         from .sequence_batcher import SequenceBatcher
 

@@ -21,15 +21,19 @@ would be woken to send it (README "Python models" measures it).
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from ..backends.base import BackendInstance, Batch, RequestResult
 from ..vocabulary.errors import Cancelled
 from ..vocabulary.types import ExecutionTimings
+
+if TYPE_CHECKING:
+    from .rate_limiter import RateLimiter, Ticket
 
 #: executions averaging less than this (CPU ns of the executing thread, moving average) run on the event
 #: loop's thread: below it, a thread hand-off's wake-ups cost more than the execution blocks the loop
@@ -37,6 +41,9 @@ from ..vocabulary.types import ExecutionTimings
 INLINE_BELOW_NS = 200_000
 #: executions on the instance's thread before the average is trusted
 LEARN_EXECUTIONS = 8
+#: seconds a slot granted its rate-limiter resources may stay untaken before they go back (when no batch
+#: waits for it any more)
+UNUSED_GRANT_S = 0.005
 
 
 def _cpu_timed(instance: BackendInstance, batch: Batch) -> tuple[list[RequestResult], int]:
@@ -74,7 +81,16 @@ class ExecutionRecorder(Protocol):
 
 
 class InstancePool:
-    def __init__(self, instances: list[BackendInstance], stats: ExecutionRecorder, label: str) -> None:
+    def __init__(
+        self,
+        instances: list[BackendInstance],
+        stats: ExecutionRecorder,
+        label: str,
+        limiter: RateLimiter | None = None,
+        tickets: list[Ticket] | None = None,
+    ) -> None:
+        """``limiter``/``tickets``: ``--rate-limit=execution_count`` (``rate_limiter.py``), one ticket per
+        instance: a slot is free only once it holds its resources."""
         self.instances = instances
         self.stats = stats
         self._executors = [
@@ -98,12 +114,24 @@ class InstancePool:
         #: slots freed while ``_free_slot`` runs, for it to hand out (``_draining``)
         self._freed: deque[int] = deque()
         self._draining = False
+        self._limiter = limiter if tickets is not None else None
+        self._tickets = tickets if limiter is not None else None
+        #: (rate limited) slots neither holding resources, nor asking for them, nor executing
+        self._idle: set[int] = set(range(len(instances))) if self._tickets is not None else set()
+        #: (rate limited) ``acquire`` calls waiting for a slot
+        self._acquirers: deque[asyncio.Future[int]] = deque()
+        #: (rate limited) whether the scheduler has work waiting (the dynamic batcher's queue), and what to
+        #: call when a slot becomes free outside its own calls (the factory sets both)
+        self.demand: Callable[[], bool] | None = None
+        self.on_free: Callable[[], None] | None = None
+        self._unused_timer: asyncio.TimerHandle | None = None
 
     def _queue(self) -> asyncio.Queue[int]:
         if self._free is None:  # created lazily: bound to the running loop
             self._free = asyncio.Queue()
-            for i in range(len(self.instances)):
-                self._free.put_nowait(i)
+            if self._tickets is None:  # rate limited: slots join once they hold their resources
+                for i in range(len(self.instances)):
+                    self._free.put_nowait(i)
         return self._free
 
     @property
@@ -111,10 +139,78 @@ class InstancePool:
         return len(self.instances)
 
     def has_free(self) -> bool:
+        if self._tickets is not None and self._queue().empty():
+            self._want(1)  # its resources may be granted at once
         return not self._queue().empty()
 
     async def acquire(self) -> int:
-        return await self._queue().get()
+        if self._tickets is None or not self._queue().empty():
+            return await self._queue().get()
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._acquirers.append(future)
+        self._want(len(self._acquirers))
+        try:
+            return await future
+        except asyncio.CancelledError:
+            if future.done() and not future.cancelled():  # handed a slot as its caller went away
+                self._give_back(future.result())
+            raise
+        finally:
+            if future in self._acquirers:
+                self._acquirers.remove(future)
+
+    # ---- rate limiter (``rate_limiter.py``) ------------------------------------------------------------------
+    def _pending(self) -> int:
+        """How many slots work waits for."""
+        n = sum(1 for f in self._acquirers if not f.done()) + len(self._waiting)
+        if n == 0 and self.demand is not None and self.demand():
+            n = 1
+        return n
+
+    def _want(self, n: int) -> None:
+        """Ask for resources for idle slots until ``n`` slots ask (lowest scaled priority first)."""
+        assert self._tickets is not None and self._limiter is not None
+        tickets = self._tickets
+        asking = sum(1 for t in tickets if t.staged)
+        while asking < n and self._idle:
+            slot = min(self._idle, key=lambda i: (tickets[i].scaled_priority(), i))
+            self._idle.discard(slot)
+            asking += 1
+            self._limiter.stage(tickets[slot], functools.partial(self._free_slot, slot))
+
+    def _give_back(self, slot: int, executed: bool = False) -> None:
+        """``slot`` holds resources it will not use (more): they go back; it asks again if work waits."""
+        assert self._tickets is not None and self._limiter is not None
+        ticket = self._tickets[slot]
+        again = self._pending() > sum(1 for t in self._tickets if t.staged)
+        self._limiter.release(ticket, executed, (lambda: self._free_slot(slot)) if again else None)
+        if not ticket.staged and not ticket.holding:
+            self._idle.add(slot)
+
+    def _park(self, slot: int) -> None:
+        """A slot holding its resources and no batch to start: to a waiting ``acquire``, else free."""
+        while self._acquirers:
+            future = self._acquirers.popleft()
+            if not future.done():
+                future.set_result(slot)
+                return
+        self._queue().put_nowait(slot)
+        if self.on_free is not None:
+            self.on_free()
+        if self._unused_timer is None:
+            self._unused_timer = asyncio.get_running_loop().call_later(UNUSED_GRANT_S, self._return_unused)
+
+    def _return_unused(self) -> None:
+        """Resources of free slots no work waits for go back to the limiter (other models may need them)."""
+        self._unused_timer = None
+        queue = self._queue()
+        if queue.empty():
+            return
+        if self._pending():
+            self._unused_timer = asyncio.get_running_loop().call_later(UNUSED_GRANT_S, self._return_unused)
+            return
+        while not queue.empty():
+            self._give_back(queue.get_nowait())
 
     def take_free(self) -> int:
         """A free slot, at once (after ``has_free``): no coroutine, unlike ``acquire``."""
@@ -137,9 +233,21 @@ class InstancePool:
             loop = asyncio.get_running_loop()
             running.add_done_callback(lambda _: loop.call_soon_threadsafe(self.release, slot))
             return
+        if self._tickets is not None:
+            if self.instances[slot].when_ready(lambda: self._ready_again(slot)):
+                assert self._limiter is not None
+                self._limiter.release(self._tickets[slot])
+            else:
+                self._give_back(slot, executed=True)
+            return
         if self.instances[slot].when_ready(lambda: self._free_slot(slot)):
             return  # restarting (a Python model's stub): the other instances take the work meanwhile
         self._free_slot(slot)
+
+    def _ready_again(self, slot: int) -> None:
+        """(rate limited) a restarted instance is back: idle, and asking if work waits."""
+        self._idle.add(slot)
+        self._want(self._pending())
 
     def _free_slot(self, slot: int) -> None:
         """``slot`` is free: the oldest batch ``submit`` holds starts on it now, or it waits in the queue.
@@ -164,7 +272,10 @@ class InstancePool:
                     self._start(slot, batch, future)
                     break
                 else:
-                    self._queue().put_nowait(slot)
+                    if self._tickets is not None:
+                        self._park(slot)
+                    else:
+                        self._queue().put_nowait(slot)
         finally:
             self._draining = False
 
@@ -174,7 +285,10 @@ class InstancePool:
         results, never the execution, and the instance is free again when it ends."""
         assert self._loop is not None, "submit is for pools whose instances work elsewhere (direct)"
         future: asyncio.Future[list[RequestResult]] = self._loop.create_future()
-        if self._waiting or not self.has_free():
+        if self._tickets is not None and not self._waiting and self._queue().empty():
+            self._waiting.append((batch, future))
+            self._want(len(self._waiting))
+        elif self._waiting or not self.has_free():
             self._waiting.append((batch, future))
         else:
             self._start(self.take_free(), batch, future)
@@ -203,6 +317,9 @@ class InstancePool:
 
     async def execute(self, slot: int, batch: Batch) -> list[RequestResult]:
         """Run ``batch`` on instance ``slot`` (already acquired); records execution statistics."""
+        if self._tickets is not None and not self._tickets[slot].holding:
+            # a slot a scheduler keeps itself (sequence batcher) or a warmup: its resources for this batch
+            return await self._execute_granted(slot, batch)
         start = time.monotonic_ns()
         for r in batch.requests:
             r.compute_start_ns = start
@@ -241,6 +358,30 @@ class InstancePool:
             self._average_ns = took if self._seen == 1 else 0.8 * self._average_ns + 0.2 * took
         self._record(batch, results)
         return results
+
+    async def _execute_granted(self, slot: int, batch: Batch) -> list[RequestResult]:
+        assert self._tickets is not None and self._limiter is not None
+        ticket = self._tickets[slot]
+        granted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._idle.discard(slot)
+
+        def grant() -> None:
+            if not granted.done():
+                granted.set_result(None)
+
+        self._limiter.stage(ticket, grant)
+        try:
+            await granted
+        except BaseException:
+            self._limiter.unstage(ticket)
+            self._limiter.release(ticket, executed=False)
+            self._idle.add(slot)
+            raise
+        try:
+            return await self.execute(slot, batch)
+        finally:
+            self._limiter.release(ticket)
+            self._idle.add(slot)
 
     def _record(self, batch: Batch, results: list[RequestResult]) -> None:
         for r in batch.requests:
@@ -287,6 +428,9 @@ class InstancePool:
             self.release(slot)
 
     def close(self) -> None:
+        if self._tickets is not None and self._limiter is not None:
+            self._limiter.unregister_soon(self._tickets)
+            self._tickets = None
         for executor, instance in zip(self._executors, self.instances, strict=True):
             executor.submit(instance.close).result()
             executor.shutdown(wait=True)
