@@ -30,11 +30,14 @@ from .observability.logsettings import LogControl
 from .observability.metrics import TritonMetrics
 from .observability.trace import Tracer
 from .repository.agents import DEFAULT_DIRECTORY as DEFAULT_REPOAGENT_DIRECTORY
+from .repository.roots import RepositorySet
 from .runtime.auth import BearerToken, TlsFiles
 from .runtime.cache import ResponseCache
 from .runtime.model_cache import CacheSettings
+from .runtime.redis_cache import RedisCacheError, RedisConfig, RedisResponseCache
 from .runtime.registry import ModelRegistry
 from .runtime.service import InferenceService, ServiceOptions
+from .scheduling.rate_limiter import RateLimiter
 from .sharedmemory import SharedMemoryRegistry
 from .sharedmemory.cuda import cuda_available
 from .vocabulary.errors import Unavailable
@@ -47,6 +50,8 @@ log = logging.getLogger("kubeinfer.server")
 @dataclass
 class ServerSettings:
     model_repository: Path
+    #: the other ``--model-repository`` folders, after the first (models merged across all: ``repository.roots``)
+    more_repositories: tuple[Path, ...] = ()
     #: ``s3://...``: ``model_repository`` is its local copy, synced before serving and before every poll or load
     cloud_repository: str | None = None
     host: str = "0.0.0.0"
@@ -74,6 +79,9 @@ class ServerSettings:
     backend_config: dict[str, dict[str, str]] = field(default_factory=dict)
     #: --allowed-backends: the only backends models may use (None: all)
     allowed_backends: tuple[str, ...] | None = None
+    #: --rate-limit=execution_count, and --rate-limit-resource as (name, count, device or -1)
+    rate_limit: bool = False
+    rate_limit_resources: tuple[tuple[str, int, int], ...] = ()
     #: server metadata name (Triton's --id); None = "kubeinfer"
     server_name: str | None = None
     #: clients may register and use shared-memory regions (Triton's --allow-client-shm, default false)
@@ -82,6 +90,8 @@ class ServerSettings:
     allow_external_op_libraries: bool = True
     #: bytes of the local response cache (--cache-config local,size=N); 0 = no cache
     response_cache_bytes: int = 0
+    #: Triton's redis response cache instead (--cache-config redis,host=H --cache-config redis,port=P ...)
+    response_cache_redis: RedisConfig | None = None
     #: models on demand within a memory budget (--model-load-on-demand, --model-cache-memory-budget, ...)
     model_cache: CacheSettings | None = None
     #: the trace extension's settings at start (--trace-config)
@@ -201,6 +211,13 @@ async def serve(settings: ServerSettings) -> int:
         extensions = ("system_shared_memory",) + (("cuda_shared_memory",) if not cuda_available() else ())
     metrics = TritonMetrics(config=settings.metrics_config)
     cache = ResponseCache(settings.response_cache_bytes) if settings.response_cache_bytes > 0 else None
+    if settings.response_cache_redis is not None:
+        cache = RedisResponseCache(settings.response_cache_redis)
+        try:
+            await asyncio.to_thread(cache.connect)  # Triton PINGs Redis and does not start without it
+        except RedisCacheError as exc:
+            log.error("%s", exc)
+            return 1
     metrics.response_cache = cache
     refresh = None
     if settings.cloud_repository:
@@ -208,7 +225,9 @@ async def serve(settings: ServerSettings) -> int:
         if refresh is None:
             return 1
     registry = ModelRegistry(
-        settings.model_repository,
+        RepositorySet([settings.model_repository, *settings.more_repositories])
+        if settings.more_repositories
+        else settings.model_repository,
         listeners=[metrics],
         auto_complete=settings.auto_complete,
         load_threads=settings.load_threads,
@@ -218,6 +237,8 @@ async def serve(settings: ServerSettings) -> int:
         model_config_name=settings.model_config_name,
         repoagent_directory=settings.repoagent_directory,
     )
+    if settings.rate_limit:
+        registry.lifecycle.rate_limiter = RateLimiter(settings.rate_limit_resources)
     registry.on_load_failure.append(metrics.on_load_failure)
     registry.on_load_phase.append(metrics.on_load_phase)
     metrics.model_cache = registry.cache
@@ -318,7 +339,7 @@ async def serve(settings: ServerSettings) -> int:
                 settings.http_port,
                 settings.grpc_port,
                 settings.metrics_port,
-                settings.model_repository,
+                ",".join(map(str, [settings.model_repository, *settings.more_repositories])),
             )
             await stop_wait
     else:

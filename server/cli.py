@@ -12,7 +12,7 @@ entry point is ``kubeinfer-server``, and KServe's Triton ServingRuntime passes
 ``args: [tritonserver, --model-store=/mnt/models, ...]`` to it, so changing only the image works.
 
 Triton flags that have no meaning here are accepted and named in one warning at start (``IGNORED``);
-flags whose silent omission would surprise (a Redis cache, SageMaker/Vertex listeners, model
+flags whose silent omission would surprise (SageMaker/Vertex listeners, model
 namespacing) stop the server with a message instead (``REFUSED``).
 """
 
@@ -38,8 +38,10 @@ from .observability.trace import parse_trace_config
 from .repository.agents import DEFAULT_DIRECTORY as DEFAULT_REPOAGENT_DIRECTORY
 from .repository.config_name import check_config_name
 from .runtime.auth import TlsFiles
-from .runtime.cache import parse_cache_config
+from .runtime.cache import parse_cache_settings
 from .runtime.model_cache import CacheSettings
+from .runtime.redis_cache import RedisConfig
+from .scheduling.rate_limiter import parse_resource
 from .sources.uris import is_cloud
 from .vocabulary.limits import DEFAULT_LIMITS, Limits
 from .vocabulary.server_defaults import GRPC_PORT, HTTP_PORT, METRICS_PORT, SHUTDOWN_TIMEOUT_SECONDS
@@ -382,7 +384,8 @@ def build_parser(triton: bool = False) -> argparse.ArgumentParser:
         default=[],
         help="model repository folder, or a cloud repository: s3://bucket/path, s3://host:port/bucket/path "
         "(copied locally per model, as Triton does; credentials from TRITON_CLOUD_CREDENTIAL_PATH or AWS_*) "
-        "(Triton: may repeat; this server serves one). "
+        "(may repeat, as Triton: models are merged across the repositories, and a model found in more than "
+        "one is not served; a cloud repository must be the only one). "
         + ("" if triton else "Default: the bundled example repository, generated on first use."),
     )
     repo.add_argument("--model-control-mode", choices=["none", "poll", "explicit"], default="none")
@@ -499,9 +502,17 @@ def build_parser(triton: bool = False) -> argparse.ArgumentParser:
         "--rate-limit",
         choices=["off", "execution_count"],
         default="off",
-        help="'off' only: instances run whenever they are free",
+        help="'execution_count': an instance executes only when the resources its instance_group's "
+        "rate_limiter names are free, instances served by priority; 'off': rate_limiter sections are ignored",
     )
-    repo.add_argument("--rate-limit-resource", action="append", default=[], help=argparse.SUPPRESS)
+    repo.add_argument(
+        "--rate-limit-resource",
+        action="append",
+        default=[],
+        metavar="NAME:COUNT[:DEVICE]",
+        help="copies of a rate-limiter resource (per device, or on DEVICE only); default: the largest count "
+        "an instance asks for. Once one is given, resources not given have none",
+    )
 
     net = p.add_argument_group("listeners")
     net.add_argument("--host", default="0.0.0.0", help="address for all listeners unless one is given below")
@@ -545,8 +556,10 @@ def build_parser(triton: bool = False) -> argparse.ArgumentParser:
         "--cache-config",
         action="append",
         default=[],
-        metavar="local,size=BYTES",
-        help="the response cache shared by models with response_cache { enable: true }",
+        metavar="local,size=BYTES | redis,KEY=VALUE",
+        help="the response cache shared by models with response_cache { enable: true }: local,size=BYTES, or "
+        "Triton's Redis cache, one key per flag (redis,host=H redis,port=P, and optionally user, password, db, "
+        "connect_timeout, socket_timeout, pool_size, wait_timeout, tls_enabled, cert, key, cacert, cacert_dir)",
     )
     cache.add_argument(
         "--response-cache-byte-size", type=int, default=None, help="deprecated Triton spelling of local,size=N"
@@ -658,10 +671,6 @@ def compat_notices(args: argparse.Namespace) -> tuple[list[str], list[str]]:
             except argparse.ArgumentTypeError:
                 pass
         errors.append(f"{flag} is not supported: {reason}")
-    if args.rate_limit != "off":
-        warnings.append("--rate-limit=execution_count is ignored: instances run whenever they are free")
-    if args.rate_limit_resource:
-        warnings.append("--rate-limit-resource is ignored: the rate limiter is not implemented")
     return warnings, errors
 
 
@@ -689,10 +698,18 @@ def _repository_arg(value: str) -> Path | str:
 def settings_from_args(args: argparse.Namespace, triton: bool) -> ServerSettings:
     """The server settings the parsed flags describe; raises ValueError on contradictions."""
     repos: list[Path | str] = args.model_repository
+    more: list[Path] = []
     if len(repos) > 1:
-        raise ValueError(
-            f"{len(repos)} model repositories given; this server serves one (--model-repository/--model-store)"
-        )
+        if any(isinstance(r, str) for r in repos):
+            raise ValueError(
+                "a cloud model repository (s3://, gs://, as://) cannot be combined with other model "
+                "repositories (--model-repository/--model-store): give it alone"
+            )
+        for extra in repos[1:]:
+            assert isinstance(extra, Path)
+            if not extra.is_dir():
+                raise ValueError(f"model repository '{extra}' is not a folder")
+            more.append(extra.resolve())
     cloud: str | None = None
     if repos and isinstance(repos[0], str):
         # the stores' libraries (botocore, google-auth, azure-storage-blob) are imported only for a cloud repository
@@ -721,11 +738,14 @@ def settings_from_args(args: argparse.Namespace, triton: bool) -> ServerSettings
         check_config_name(args.model_config_name)
     auto_complete = not args.disable_auto_complete_config and not args.strict_model_config
     model_cache = _model_cache(args)
+    response_cache = _response_cache(args)
     backend_config = parse_backend_config(args.backend_config)
     host = args.host
     http_tls, grpc_tls = _tls_settings(args)
     return ServerSettings(
         model_repository=repo.resolve(),
+        # Triton keeps a set of repository paths: one given twice counts once
+        more_repositories=tuple(p for p in dict.fromkeys(more) if p != repo.resolve()),
         cloud_repository=cloud,
         host=host,
         http_host=args.http_address or host,
@@ -745,10 +765,13 @@ def settings_from_args(args: argparse.Namespace, triton: bool) -> ServerSettings
         load_threads=args.model_load_thread_count,
         backend_config=backend_config,
         allowed_backends=args.allowed_backends,
+        rate_limit=args.rate_limit == "execution_count",
+        rate_limit_resources=tuple(parse_resource(r) for r in args.rate_limit_resource),
         server_name=args.id,
         allow_client_shm=args.allow_client_shm,
         allow_external_op_libraries=args.allow_external_op_libraries,
-        response_cache_bytes=_cache_bytes(args),
+        response_cache_bytes=response_cache if isinstance(response_cache, int) else 0,
+        response_cache_redis=None if isinstance(response_cache, int) else response_cache,
         model_cache=model_cache,
         trace_settings=parse_trace_config(_trace_items(args)),
         metrics_config=parse_metrics_config(args.metrics_config),
@@ -821,9 +844,17 @@ def log_settings(args: argparse.Namespace) -> LogSettings:
     return settings
 
 
-def _cache_bytes(args: argparse.Namespace) -> int:
-    """``--cache-config local,size=N``, or the deprecated ``--response-cache-byte-size N`` (Triton: the same)."""
-    size = parse_cache_config(args.cache_config)
+def _response_cache(args: argparse.Namespace) -> int | RedisConfig:
+    """``--cache-config local,size=N``, or the deprecated ``--response-cache-byte-size N`` (Triton: the same);
+    or ``--cache-config redis,KEY=VALUE`` repeated."""
+    size = parse_cache_settings(args.cache_config)
+    if isinstance(size, RedisConfig):
+        if args.response_cache_byte_size is not None:
+            raise ValueError(
+                "Incompatible flags --response-cache-byte-size and --cache-config both provided. "
+                "Please provide one or the other."
+            )
+        return size
     if args.response_cache_byte_size is not None:
         if args.response_cache_byte_size < 0:
             raise ValueError("--response-cache-byte-size must not be negative")

@@ -404,7 +404,9 @@ class TritonMetrics(Collector):
                 h = s.first_response or _Histogram(first_bounds.get((model, version), FIRST_RESPONSE_BUCKETS_MS))
                 _add_histogram(m, {"model": model, "version": version}, h, format_number)
             yield m
-        if self.response_cache is not None and self.response_cache.enabled:
+        # Triton's redis cache reports no cache-wide gauges (its size and entries are Redis's): only the per-model
+        # counters above
+        if self.response_cache is not None and self.response_cache.enabled and not self.response_cache.remote:
             yield from self._cache_gauges()
         yield _family(
             "nv_inference_pending_request_count",

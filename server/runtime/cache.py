@@ -1,4 +1,5 @@
-"""Triton's response cache (the ``local`` implementation): identical requests answered without executing.
+"""Triton's response cache (the ``local`` implementation; ``redis`` in redis_cache.py): identical requests
+answered without executing.
 
 Semantics from docs/user_guide/response_cache.md: a request is keyed by model name, version and its
 inputs (name, datatype, shape, data); one cache of ``--cache-config local,size=N`` bytes is shared by all
@@ -19,11 +20,15 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..vocabulary import tensors
 from ..vocabulary.types import InferenceRequest
+
+if TYPE_CHECKING:
+    from .redis_cache import RedisConfig
 
 
 def request_key(request: InferenceRequest, version: str) -> bytes:
@@ -71,6 +76,9 @@ def footprint(key: bytes, outputs: dict[str, np.ndarray]) -> int:
 
 class ResponseCache:
     """A byte-bounded LRU of response outputs, shared by every model of the server."""
+
+    #: lookup/insert do network I/O (server/runtime/redis_cache.py): run them off the event loop
+    remote = False
 
     def __init__(self, byte_size: int) -> None:
         self.byte_size = byte_size
@@ -130,22 +138,54 @@ class ResponseCache:
         return self._used / self.byte_size if self.byte_size else 0.0
 
 
-def parse_cache_config(items: list[str]) -> int:
-    """``--cache-config local,size=N`` (repeatable) → the local cache's byte size; other caches are refused."""
-    size = 0
+def parse_cache_settings(items: list[str]) -> int | RedisConfig:
+    """Every ``--cache-config CACHE,KEY=VALUE`` → the local cache's byte size (0: no cache) or the redis cache's
+    config (``redis,KEY=VALUE`` repeated, one key each, as Triton takes them). Triton runs one cache: local and
+    redis together are refused (qa/L0_response_cache greps "multiple cache configurations")."""
+    from .redis_cache import redis_config
+
+    size: int | None = None
+    redis: dict[str, str] = {}
     for item in items:
         cache, _, setting = item.partition(",")
-        if cache != "local":
+        if cache == "local":
+            size = _local_size(item, setting)
+        elif cache == "redis":
+            key, sep, value = setting.partition("=")
+            if not key or not sep:
+                raise ValueError(f"--cache-config '{item}': the redis cache takes redis,<key>=<value>")
+            redis[key] = value
+        else:
+            raise ValueError(f"--cache-config '{item}': unknown cache '{cache}' (the caches are local and redis)")
+    if size is not None and redis:
+        raise ValueError(
+            "--cache-config: multiple cache configurations were given (local and redis); only one cache may be used"
+        )
+    return redis_config(redis) if redis else size or 0
+
+
+def _local_size(item: str, setting: str) -> int:
+    key, sep, value = setting.partition("=")
+    if key != "size" or not sep:
+        raise ValueError(f"--cache-config '{item}': the local cache takes size=<bytes>")
+    try:
+        size = int(value)
+    except ValueError:
+        raise ValueError(f"--cache-config '{item}': size must be an integer number of bytes") from None
+    if size < 0:
+        raise ValueError(f"--cache-config '{item}': size must not be negative")
+    return size
+
+
+def parse_cache_config(items: list[str]) -> int:
+    """``--cache-config local,size=N`` (repeatable) → the local cache's byte size; a redis cache has no size:
+    parse_cache_settings reads both."""
+    for item in items:
+        if not item.startswith("local,"):
             raise ValueError(
-                f"--cache-config '{item}': only the 'local' cache is implemented (Triton's redis cache is not)"
+                f"--cache-config '{item}': only the 'local' cache is implemented by parse_cache_config "
+                "(parse_cache_settings reads the redis cache)"
             )
-        key, sep, value = setting.partition("=")
-        if key != "size" or not sep:
-            raise ValueError(f"--cache-config '{item}': the local cache takes size=<bytes>")
-        try:
-            size = int(value)
-        except ValueError:
-            raise ValueError(f"--cache-config '{item}': size must be an integer number of bytes") from None
-        if size < 0:
-            raise ValueError(f"--cache-config '{item}': size must not be negative")
+    size = parse_cache_settings(items)
+    assert isinstance(size, int)
     return size

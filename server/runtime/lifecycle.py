@@ -30,6 +30,8 @@ from ..repository import scan
 from ..repository.agents import DEFAULT_DIRECTORY, AgentError, AgentSession, open_session
 from ..repository.layout import check_model_name
 from ..repository.model_files import ModelFolder
+from ..repository.roots import DUPLICATE_REASON, NotUnique, RepositorySet, not_unique
+from ..scheduling.rate_limiter import RateLimiter
 from ..vocabulary.errors import InvalidArgument, ServerError
 from ..vocabulary.registry_view import RegistryView
 from . import devices, footprint
@@ -90,6 +92,8 @@ class ModelEntry:
     gone: bool = False
     #: the repository agents of the load that serves (told UNLOAD when it is replaced or unloaded)
     agents: AgentSession | None = None
+    #: the repository its folder was last read from (``repository.roots``: one of several)
+    repository: Path | None = None
 
 
 class ModelLifecycle:
@@ -98,7 +102,7 @@ class ModelLifecycle:
     def __init__(
         self,
         models: dict[str, ModelEntry],
-        repository_path: Path,
+        repository_path: Path | RepositorySet,
         router: RegistryView,
         listeners: list[StatsListener],
         drain_timeout: float,
@@ -111,7 +115,11 @@ class ModelLifecycle:
     ) -> None:
         #: the registry's routing table, shared: the lifecycle writes it, the registry reads it
         self.models = models
-        self.repository_path = repository_path
+        #: the repositories (``--model-repository`` repeated); ``repository_path`` is the first
+        self.roots = repository_path if isinstance(repository_path, RepositorySet) else RepositorySet([repository_path])
+        self.repository_path = self.roots.first
+        #: names found in more than one repository at the last look at all of them (not served, as Triton)
+        self.duplicates: set[str] = set()
         #: handed to every version it builds (ensembles and BLS route through it)
         self.router = router
         self.listeners = listeners
@@ -130,6 +138,8 @@ class ModelLifecycle:
         self.response_cache = response_cache
         #: False with ``--allow-external-op-libraries=false``: op libraries only from the model's own folder
         self.allow_external_op_libraries = allow_external_op_libraries
+        #: --rate-limit=execution_count: the server's rate limiter (the app sets it; None: off)
+        self.rate_limiter: RateLimiter | None = None
         #: ``--model-config-name``: read ``configs/<name>.pbtxt`` where a model has one (``repository.config_name``)
         self.config_name = config_name
         #: ``--repoagent-directory``: named where a config's repository agent is not found (``repository.agents``)
@@ -150,16 +160,26 @@ class ModelLifecycle:
         time it is read raises ``FolderGone`` instead, for the poll to unload the model.
         """
         check_model_name(name)
+        try:
+            self.roots.locate(name)
+        except NotUnique:
+            # Triton logs why and answers that the poll failed; what serves (if anything) stays as it is
+            log.error("%s", not_unique(name))
+            raise InvalidArgument(
+                f"failed to load '{name}', failed to poll from model repository: "
+                "not unique across all model repositories"
+            ) from None
         entry = self.models.get(name)
         if entry is None or entry.gone:  # gone: its unload goes on; a folder of that name is back
             entry = self.models[name] = ModelEntry(name)
         async with entry.lock:
             entry.override = override
             failures = await self._reconcile(entry, polled)
-        if not entry.serving and (not entry.states or not (self.repository_path / name).is_dir()):
+        held = self.roots.holds(name)
+        if not entry.serving and (not entry.states or not held):
             if self.models.get(name) is entry:  # nothing to show in the index for a folder that does not exist
                 self.models.pop(name, None)
-            if not (self.repository_path / name).is_dir():
+            if not held:
                 # Triton 2.51's words, with the reason it writes only to its log; 400, not its 500: a name
                 # the repository does not hold is the client's mistake, not the server's failure
                 raise InvalidArgument(
@@ -175,9 +195,14 @@ class ModelLifecycle:
     async def _reconcile(self, entry: ModelEntry, polled: bool = False) -> list[str]:
         """Bring ``entry`` in line with the repository; returns why each failed part failed."""
         name = entry.name
-        source = await asyncio.to_thread(
-            scan.read_model, self.repository_path, name, entry.override, entry.parsed, self.config_name
-        )
+        try:
+            root = self.roots.locate(name)
+        except NotUnique:
+            return self._record_failure(entry, 0, DUPLICATE_REASON)
+        if root != entry.repository:
+            entry.parsed = None  # another repository's folder: nothing of the last read carries over
+        entry.repository = root
+        source = await asyncio.to_thread(scan.read_model, root, name, entry.override, entry.parsed, self.config_name)
         if polled and source.missing:
             raise FolderGone(name)
         entry.config_digest = source.config_digest
@@ -197,7 +222,7 @@ class ModelLifecycle:
             entry.states.pop(0, None)
             return self._record_failure(entry, 0, "no version folder with a model file matches the version policy")
         try:
-            agents = await asyncio.to_thread(self._run_agents, config)
+            agents = await asyncio.to_thread(self._run_agents, config, root)
         except (AgentError, ConfigError, ServerError, OSError) as exc:
             return self._record_failure(entry, 0, str(exc))
         entry.states.pop(0, None)
@@ -211,9 +236,9 @@ class ModelLifecycle:
             await asyncio.to_thread(self._agents_after_load, entry, agents, loaded)
         return failures
 
-    def _run_agents(self, config: pb.ModelConfig) -> AgentSession | None:
+    def _run_agents(self, config: pb.ModelConfig, root: Path) -> AgentSession | None:
         """In a worker thread: the config's repository agents told LOAD (AgentError: one refused the model)."""
-        session = open_session(self.repository_path, config, self.repoagent_directory)
+        session = open_session(root, config, self.repoagent_directory)
         if session is not None:
             try:
                 session.load()
@@ -260,7 +285,7 @@ class ModelLifecycle:
             if current is None:
                 entry.states[v] = VersionState(ModelState.LOADING)
             try:
-                mv = await self._build(config, v, source.versions.get(v), digest)
+                mv = await self._build(config, v, source.versions.get(v), digest, source.path.parent)
             except Exception as exc:  # any load failure is reported, never fatal
                 reason = str(exc) if isinstance(exc, (ConfigError, ServerError)) else f"{type(exc).__name__}: {exc}"
                 log.error("failed to load '%s' version %s: %s", name, v, reason)
@@ -298,7 +323,9 @@ class ModelLifecycle:
             self._spawn(self._retire(entry, mv, forget=mv in removed))
         return failures, any(v not in failed for v in new_serving)
 
-    async def _build(self, config: pb.ModelConfig, version: int, path: Path | None, digest: str) -> ModelVersion:
+    async def _build(
+        self, config: pb.ModelConfig, version: int, path: Path | None, digest: str, root: Path
+    ) -> ModelVersion:
         """Complete the config against this version's model file, then load it.
 
         The model folder is opened once for the whole load (``repository.model_files``): every file the
@@ -307,7 +334,7 @@ class ModelLifecycle:
         started_at, started = time.time(), time.monotonic()
         vconfig = pb.ModelConfig()
         vconfig.CopyFrom(config)
-        folder = await asyncio.to_thread(ModelFolder, self.repository_path, config.name)
+        folder = await asyncio.to_thread(ModelFolder, root, config.name)
         before = None
         try:
             with folder.loading(path or folder.path / str(version), version):
@@ -327,6 +354,7 @@ class ModelLifecycle:
                     folder,
                     self.response_cache,
                     self.allow_external_op_libraries,
+                    self.rate_limiter,
                 )
         finally:
             folder.close()
@@ -426,7 +454,15 @@ class ModelLifecycle:
                 except ServerError as exc:
                     log.error("%s", exc)
 
-        await asyncio.gather(*(one(n) for n in scan.list_model_names(self.repository_path)))
+        listing = await asyncio.to_thread(self.roots.listing)
+        self._note_duplicates(listing.duplicates)
+        await asyncio.gather(*(one(n) for n in sorted(listing.where)))
+
+    def _note_duplicates(self, found: set[str]) -> None:
+        """Keep the names found in several repositories; Triton's error line for each newly found one."""
+        for name in sorted(found - self.duplicates):
+            log.error("%s", not_unique(name))
+        self.duplicates = set(found)
 
     def failed_models(self) -> list[str]:
         """One line per model version that failed to load, with the reason (``--exit-on-error``)."""
@@ -436,23 +472,29 @@ class ModelLifecycle:
                 reloading = s.state == ModelState.READY and s.reason.startswith("reload failed")
                 if (s.state == ModelState.UNAVAILABLE and s.reason != "unloaded") or reloading:
                     failed.append(entry.name + (f" version {v}" if v else "") + f": {s.reason}")
+        failed += [f"{name}: {DUPLICATE_REASON}" for name in sorted(self.duplicates - set(self.models))]
         return failed
 
     async def poll(self) -> None:
         """Bring the loaded set in line with the repository (poll mode)."""
-        try:
-            on_disk = set(await asyncio.to_thread(scan.model_names, self.repository_path))
-        except OSError as exc:
+        listing = await asyncio.to_thread(self.roots.listing)
+        for path, exc in listing.unreadable:
             # a repository that vanished (an unmounted volume, a renamed folder) is not "every model deleted":
             # what is loaded keeps serving until the folder is back
             log.warning(
                 "model repository %s cannot be read (%s); keeping the %d loaded models until it is back",
-                self.repository_path,
+                path,
                 exc.strerror or exc,
                 len(self.models),
             )
+        if listing.unreadable and not self.roots.several:
             return
-        for name in sorted(set(self.models) - on_disk):
+        self._note_duplicates(listing.duplicates)
+        on_disk = set(listing.where)
+        # a model found in two repositories is unloaded (Triton's poll marks it deleted); with a repository
+        # that cannot be read, the others' missing models may be in it: only those are kept
+        gone = set(self.models) - on_disk if not listing.unreadable else set(self.models) & listing.duplicates
+        for name in sorted(gone):
             await self._gone(name)
         # one thread reads every known folder in turn (a thread per folder made the poll's GIL hand-offs cost
         # more than the reads); only new and changed ones go on to the per-model pass, which reads them again
@@ -496,7 +538,9 @@ class ModelLifecycle:
         if entry is None or entry.gone:
             return  # unknown, or already being unloaded by another poll
         entry.gone = True
-        if entry.serving:
+        if entry.serving and name in self.duplicates:
+            log.info("model '%s' is in more than one repository now: unloading it", name)
+        elif entry.serving:
             log.info("model folder '%s' was removed from the repository: unloading the model", name)
         await self.forget_model(name)
 
@@ -507,7 +551,10 @@ class ModelLifecycle:
         same = set()
         for name, entry in entries.items():
             try:
-                source = scan.read_model(self.repository_path, name, entry.override, entry.parsed, self.config_name)
+                root = self.roots.locate(name)
+                if root != (entry.repository or root):
+                    continue  # moved to another repository: the per-model pass loads it from there
+                source = scan.read_model(root, name, entry.override, entry.parsed, self.config_name)
                 if not source.missing and not self._differs(entry, source):
                     same.add(name)
             except Exception:  # whatever it is, the per-model pass meets it and says so
@@ -515,8 +562,14 @@ class ModelLifecycle:
         return same
 
     async def _changed(self, entry: ModelEntry) -> bool:
+        try:
+            root = self.roots.locate(entry.name)
+        except NotUnique:
+            raise FolderGone(entry.name) from None  # not served while it is in two repositories
+        if root != (entry.repository or root):
+            return True  # moved to another repository
         source = await asyncio.to_thread(
-            scan.read_model, self.repository_path, entry.name, entry.override, entry.parsed, self.config_name
+            scan.read_model, root, entry.name, entry.override, entry.parsed, self.config_name
         )
         if source.missing:
             raise FolderGone(entry.name)

@@ -16,6 +16,7 @@ from ..repository.model_files import ModelFolder
 from ..scheduling.base import Scheduler
 from ..scheduling.factory import make_scheduler
 from ..scheduling.instance_pool import InstancePool
+from ..scheduling.rate_limiter import RateLimiter
 from ..vocabulary.classification import parse_labels
 from ..vocabulary.errors import (
     BackendError,
@@ -232,7 +233,8 @@ class ModelVersion:
         """Answer from the cache, or execute and store (Triton's cache_hit / cache_miss statistics)."""
         start = time.perf_counter_ns()
         key = request_key(request, self.version_str)
-        outputs = cache.lookup(key)
+        # a remote (redis) cache does network I/O: in a thread, never on the event loop; the local one is a dict
+        outputs = await asyncio.to_thread(cache.lookup, key) if cache.remote else cache.lookup(key)
         lookup_ns = time.perf_counter_ns() - start
         if outputs is not None:
             self.stats.record_cache(True, lookup_ns)
@@ -244,7 +246,10 @@ class ModelVersion:
                 outputs = self.reshaper.client_outputs(outputs)
             check_outputs(self.validator, outputs)  # a wrong answer is never cached
             insert_start = time.perf_counter_ns()
-            cache.insert(key, outputs)
+            if cache.remote:  # awaited, as Triton inserts before responding: the next identical request hits
+                await asyncio.to_thread(cache.insert, key, outputs)
+            else:
+                cache.insert(key, outputs)
             self.stats.record_cache(False, lookup_ns + time.perf_counter_ns() - insert_start)
         self.stats.record_request(request, True)
         return InferenceResponse(self.name, self.version_str, outputs, request.id, labels=self.labels)
@@ -275,6 +280,7 @@ async def build_model_version(
     model_dir: ModelFolder | None = None,
     cache: ResponseCache | None = None,
     allow_external_op_libraries: bool = True,
+    rate_limiter: RateLimiter | None = None,
 ) -> ModelVersion:
     """Load every instance (off the loop), then start the scheduler; ``model_dir`` is the model's folder,
     opened for this load (every file it reads is read through it); ``allow_external_op_libraries``:
@@ -303,10 +309,19 @@ async def build_model_version(
                 for inst in instances:
                     inst.close()
                 raise
-            return InstancePool(instances, stats, f"{config.name}-v{version}")
+            return InstancePool(instances, stats, f"{config.name}-v{version}", rate_limiter, tickets)
 
+        groups = {g.name: g.rate_limiter for g in config.instance_group}
+        # raises Triton's error when the resources cannot serve the instances (``rate_limiter.py``)
+        limits = [(groups[s.name], s.device_id) for s in specs]
+        tickets = rate_limiter.register(config.name, limits) if rate_limiter is not None else None
         started = time.monotonic()
-        pool = await asyncio.to_thread(load)
+        try:
+            pool = await asyncio.to_thread(load)
+        except BaseException:
+            if rate_limiter is not None and tickets is not None:
+                rate_limiter.unregister(tickets)
+            raise
         log.info(
             "loaded %s version %s (%d instances) in %.2fs", config.name, version, pool.size, time.monotonic() - started
         )

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING
 from ..config import pb
 from ..repository.config_name import config_files
 from ..repository.layout import NOT_LOADED, check_model_name
+from ..repository.roots import NotUnique, RepositorySet
 from ..vocabulary.errors import InvalidArgument, NotFound, ServerError, Unavailable
 from . import footprint
 from .lifecycle import ModelEntry, ModelLifecycle, ModelState, VersionState
@@ -137,6 +138,9 @@ class ModelCache:
         self.lifecycle: ModelLifecycle = registry.lifecycle
         self.models: dict[str, ModelEntry] = registry.lifecycle.models
         self.repository_path: Path = registry.repository_path
+        #: every repository (``--model-repository`` repeated): a model's folder is in the one that holds it
+        roots = getattr(registry, "roots", None)  # a stand-in registry (unit tests) has one repository only
+        self.roots = roots if isinstance(roots, RepositorySet) else RepositorySet([self.repository_path])
         self.settings = settings
         self.known: dict[str, CachedModel] = {}
         #: loads running at once, abandoned ones until they return (``--model-load-thread-count``, as
@@ -335,7 +339,10 @@ class ModelCache:
             check_model_name(name)
         except InvalidArgument:
             raise NotFound(f"Request for unknown model: '{name}' is not found") from None
-        folder = self.repository_path / name
+        try:
+            folder = self.roots.locate(name) / name
+        except NotUnique:  # not served while it is in several repositories (as Triton)
+            raise NotFound(f"Request for unknown model: '{name}' is not found") from None
         if not any((folder / f).is_file() for f in config_files(self.registry.lifecycle.config_name)):
             raise NotFound(f"Request for unknown model: '{name}' is not found")
 
@@ -540,13 +547,13 @@ class ModelCache:
         """Bytes of the model's files, and (bytes, files, newest change) to tell whether they changed."""
         total = count = newest = 0
         try:
-            for path in (self.repository_path / name).rglob("*"):
+            for path in (self.roots.locate(name) / name).rglob("*"):
                 if path.is_file() and not path.name.startswith("."):
                     st = path.stat()
                     total += st.st_size
                     count += 1
                     newest = max(newest, st.st_mtime_ns)
-        except OSError:
+        except (OSError, NotUnique):
             pass
         return total, (total, count, newest)
 

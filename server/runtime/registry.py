@@ -15,8 +15,8 @@ from typing import Any
 
 from ..config import pb
 from ..observability.stats import StatsListener
-from ..repository import scan
 from ..repository.agents import DEFAULT_DIRECTORY
+from ..repository.roots import DUPLICATE_REASON, RepositorySet
 from ..vocabulary.custom_metrics import CustomMetrics
 from ..vocabulary.errors import InvalidArgument, NotFound, ServerError, Unavailable
 from ..vocabulary.registry_view import ModelControl
@@ -63,7 +63,7 @@ def weighted_version(
 class ModelRegistry:
     def __init__(
         self,
-        repository_path: Path,
+        repository_path: Path | RepositorySet,
         listeners: list[StatsListener] | None = None,
         drain_timeout: float = 300.0,
         auto_complete: bool = True,
@@ -76,8 +76,12 @@ class ModelRegistry:
         repoagent_directory: str = DEFAULT_DIRECTORY,
     ) -> None:
         """``model_config_name``: ``--model-config-name`` (see ``repository.config_name``); ``repoagent_directory``:
-        ``--repoagent-directory`` (see ``repository.agents``)."""
-        self.repository_path = repository_path
+        ``--repoagent-directory`` (see ``repository.agents``). ``repository_path``: the model repository, or several
+        (``repository.roots``: ``--model-repository`` repeated)."""
+        roots = repository_path if isinstance(repository_path, RepositorySet) else RepositorySet([repository_path])
+        self.roots = roots
+        #: the first repository (the only one unless several were given)
+        self.repository_path = roots.first
         #: metric families Python models create; the metrics endpoint exports them
         self.custom_metrics = custom_metrics if custom_metrics is not None else CustomMetrics()
         self._models: dict[str, ModelEntry] = {}
@@ -87,7 +91,7 @@ class ModelRegistry:
         self.loop: asyncio.AbstractEventLoop | None = _running_loop()
         self.lifecycle = ModelLifecycle(
             self._models,
-            repository_path,
+            roots,
             self,
             listeners if listeners is not None else [],
             drain_timeout,
@@ -220,13 +224,22 @@ class ModelRegistry:
         """Triton's repository index: one row per known version (or per model without versions); with
         ``names``, the rows of those models only (a name neither loaded nor in the repository has none)."""
         rows: list[dict[str, Any]] = []
+        duplicates: set[str] = set()
         if names is not None:
-            wanted = {n for n in names if n in self._models or (self.repository_path / n).is_dir()}
+            wanted = {n for n in names if n in self._models or self.roots.holds(n)}
+            if self.roots.several:
+                duplicates = {n for n in wanted if len(self.roots.holding(n)) > 1}
         else:
             wanted = set(self._models)
+            found, duplicates = self.roots.names()
             if not ready_only:
-                wanted |= set(scan.list_model_names(self.repository_path))
+                wanted |= set(found)
+            wanted |= duplicates
         for name in sorted(wanted):
+            if name in duplicates:
+                # Triton's index: one row for a model in several repositories, whatever was loaded before
+                rows.append({"name": name, "version": "", "state": "UNAVAILABLE", "reason": DUPLICATE_REASON})
+                continue
             entry = self._models.get(name)
             if entry is None:
                 rows += self.cache.index_rows([name]) if self.cache is not None else [{"name": name}]

@@ -195,15 +195,31 @@ def test_refused_flags_stop_with_a_reason(add_repo: Path) -> None:
     assert "--allow-sagemaker is not supported: the SageMaker listener is not implemented" in proc.stderr
 
 
-def test_two_repositories_are_refused(add_repo: Path, tmp_path: Path) -> None:
+def test_model_store_and_model_repository_add_up(add_repo: Path, tmp_path: Path) -> None:
+    """Triton's two spellings of the flag, given together, are two repositories whose models are merged; a cloud
+    repository among others is refused (tests/integration/test_multiple_repositories.py has the rest)."""
+    other = tmp_path / "other"
+    write_model(
+        other,
+        "sub",
+        ADD_CONFIG.replace('"add"', '"sub"'),
+        {1: test_models.binary("sub", "Sub", TensorProto.FLOAT, ["batch", 4])},
+    )
+    cmd, http, grpc, metrics = _triton_cmd(other, f"--model-store={add_repo}")
+    server = start_command(cmd, http, grpc, metrics, tmp_path / "two.log")
+    try:
+        client = httpclient.InferenceServerClient(server.http_url)
+        assert client.is_model_ready("add") and client.is_model_ready("sub")
+    finally:
+        server.terminate()
     proc = subprocess.run(
-        [str(BIN / "tritonserver"), f"--model-store={add_repo}", f"--model-repository={tmp_path}"],
+        [str(BIN / "tritonserver"), f"--model-store={add_repo}", "--model-repository=s3://bucket/models"],
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert proc.returncode == 2
-    assert "2 model repositories given; this server serves one" in proc.stderr
+    assert "cannot be combined with other model repositories" in proc.stderr
 
 
 def test_disable_auto_complete_config_requires_complete_configs(tmp_path: Path) -> None:

@@ -174,7 +174,8 @@ def test_enabled_in_config_without_a_server_cache_runs_uncached(tmp_path: Path) 
         server.terminate()
 
 
-def test_redis_cache_is_refused_with_a_reason(tmp_path: Path) -> None:
+def test_a_redis_cache_without_an_address_is_refused_in_tritons_words(tmp_path: Path) -> None:
+    """(The Redis cache itself: tests/integration/test_redis_cache.py.)"""
     import subprocess
     import sys
 
@@ -191,4 +192,4 @@ def test_redis_cache_is_refused_with_a_reason(tmp_path: Path) -> None:
         timeout=60,
     )
     assert proc.returncode == 2
-    assert "only the 'local' cache is implemented" in proc.stderr
+    assert "Must at a minimum specify 'host' and 'port'" in proc.stderr
