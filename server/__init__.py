@@ -12,8 +12,9 @@ Layers, bottom to top; a module imports only from its own layer or the ones belo
 3. ``scheduling``: default scheduler, dynamic batcher, ensemble, instance pool.
 4. ``runtime`` (lifecycle, registry, ``InferenceService`` and its repository poll loop) with ``observability``
    beside it (statistics and Prometheus metrics from the same records).
-5. front ends: ``http``, ``grpc`` (wire format ⇄ vocabulary, calling ``runtime.service``) and
-   ``sharedmemory`` (client-registered regions the front ends read inputs from and write outputs to).
+5. front ends: ``http``, ``grpc``, ``openai`` (wire format ⇄ vocabulary, calling ``runtime.service``; ``openai``
+   is the OpenAI-compatible API on ``--openai-port``) and ``sharedmemory`` (client-registered regions the front
+   ends read inputs from and write outputs to).
 6. ``app``, ``cli``, ``tools``, ``examples``: wiring, flags and commands.
 
 Why these names: ``vocabulary`` says what the bottom layer is (the words every layer speaks) without

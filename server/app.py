@@ -52,6 +52,8 @@ class ServerSettings:
     model_repository: Path
     #: the other ``--model-repository`` folders, after the first (models merged across all: ``repository.roots``)
     more_repositories: tuple[Path, ...] = ()
+    #: --model-namespacing=true: the same model name in several repositories is several models (``repository.roots``)
+    model_namespacing: bool = False
     #: ``s3://...``: ``model_repository`` is its local copy, synced before serving and before every poll or load
     cloud_repository: str | None = None
     host: str = "0.0.0.0"
@@ -62,6 +64,9 @@ class ServerSettings:
     http_port: int | None = HTTP_PORT
     grpc_port: int | None = GRPC_PORT
     metrics_port: int | None = METRICS_PORT
+    #: the OpenAI-compatible listener (--openai-port; None: off, the default) and its address ("" = host)
+    openai_port: int | None = None
+    openai_host: str = ""
     control_mode: str = "none"
     poll_secs: float = 15.0
     load_models: tuple[str, ...] = ()
@@ -225,7 +230,7 @@ async def serve(settings: ServerSettings) -> int:
         if refresh is None:
             return 1
     registry = ModelRegistry(
-        RepositorySet([settings.model_repository, *settings.more_repositories])
+        RepositorySet([settings.model_repository, *settings.more_repositories], settings.model_namespacing)
         if settings.more_repositories
         else settings.model_repository,
         listeners=[metrics],
@@ -292,6 +297,19 @@ async def serve(settings: ServerSettings) -> int:
                 settings.metrics_port,
                 settings.log_level,
                 settings.limits,
+            )
+        )
+    if settings.openai_port is not None:
+        from .openai import build_openai_app
+
+        servers.append(
+            _uvicorn(
+                build_openai_app(service, token),
+                settings.openai_host or settings.host,
+                settings.openai_port,
+                settings.log_level,
+                settings.limits,
+                settings.http_tls,
             )
         )
     for server in servers:

@@ -12,8 +12,8 @@ entry point is ``kubeinfer-server``, and KServe's Triton ServingRuntime passes
 ``args: [tritonserver, --model-store=/mnt/models, ...]`` to it, so changing only the image works.
 
 Triton flags that have no meaning here are accepted and named in one warning at start (``IGNORED``);
-flags whose silent omission would surprise (SageMaker/Vertex listeners, model
-namespacing) stop the server with a message instead (``REFUSED``).
+flags whose silent omission would surprise (SageMaker/Vertex listeners) stop the server with a message
+instead (``REFUSED``).
 """
 
 from __future__ import annotations
@@ -79,12 +79,11 @@ IGNORED: dict[str, str] = {
 REFUSED: dict[str, str] = {
     "--allow-sagemaker": "the SageMaker listener is not implemented",
     "--allow-vertex-ai": "the Vertex AI listener is not implemented",
-    "--model-namespacing": "model namespacing is not implemented: model names are unique per server",
 }
 #: flags that take no value (all others take exactly one)
 _NO_VALUE = {"--disable-auto-complete-config"}
 #: refused flags that may be given with their "off" value
-_FALSE_OK = {"--allow-sagemaker", "--allow-vertex-ai", "--model-namespacing"}
+_FALSE_OK = {"--allow-sagemaker", "--allow-vertex-ai"}
 
 
 def _limit_flags(p: argparse.ArgumentParser) -> None:
@@ -388,6 +387,14 @@ def build_parser(triton: bool = False) -> argparse.ArgumentParser:
         "one is not served; a cloud repository must be the only one). "
         + ("" if triton else "Default: the bundled example repository, generated on first use."),
     )
+    repo.add_argument(
+        "--model-namespacing",
+        type=_bool,
+        default=False,
+        help="as Triton: a model is its repository and its name, so the same name in two --model-repository "
+        "folders is two models, both served; a request by a name several repositories hold is refused as "
+        "ambiguous, and an ensemble's steps use the models of its own repository first (default false)",
+    )
     repo.add_argument("--model-control-mode", choices=["none", "poll", "explicit"], default="none")
     repo.add_argument("--repository-poll-secs", type=float, default=15.0, help="poll interval in poll mode")
     repo.add_argument(
@@ -522,6 +529,14 @@ def build_parser(triton: bool = False) -> argparse.ArgumentParser:
     net.add_argument("--http-port", type=int, default=HTTP_PORT)
     net.add_argument("--grpc-port", type=int, default=GRPC_PORT)
     net.add_argument("--metrics-port", type=int, default=METRICS_PORT)
+    net.add_argument(
+        "--openai-port",
+        type=int,
+        default=-1,
+        help="port of the OpenAI-compatible API (/v1/models, /v1/chat/completions, /v1/completions, "
+        "/v1/embeddings; README 'OpenAI-compatible frontend'); -1 (default): off",
+    )
+    net.add_argument("--openai-address", default=None)
     net.add_argument(
         "--grpc-transport",
         choices=GRPC_TRANSPORTS,
@@ -738,6 +753,8 @@ def settings_from_args(args: argparse.Namespace, triton: bool) -> ServerSettings
         check_config_name(args.model_config_name)
     auto_complete = not args.disable_auto_complete_config and not args.strict_model_config
     model_cache = _model_cache(args)
+    if args.model_namespacing and model_cache is not None and len(repos) > 1:
+        raise ValueError("--model-namespacing=true cannot be combined with the model cache (models loaded on demand)")
     response_cache = _response_cache(args)
     backend_config = parse_backend_config(args.backend_config)
     host = args.host
@@ -754,6 +771,8 @@ def settings_from_args(args: argparse.Namespace, triton: bool) -> ServerSettings
         http_port=args.http_port if args.allow_http else None,
         grpc_port=args.grpc_port if args.allow_grpc else None,
         metrics_port=args.metrics_port if args.allow_metrics else None,
+        openai_host=args.openai_address or host,
+        openai_port=args.openai_port if args.openai_port >= 0 else None,
         control_mode=args.model_control_mode,
         poll_secs=args.repository_poll_secs,
         load_models=tuple(args.load_model),
@@ -773,6 +792,7 @@ def settings_from_args(args: argparse.Namespace, triton: bool) -> ServerSettings
         response_cache_bytes=response_cache if isinstance(response_cache, int) else 0,
         response_cache_redis=None if isinstance(response_cache, int) else response_cache,
         model_cache=model_cache,
+        model_namespacing=args.model_namespacing,
         trace_settings=parse_trace_config(_trace_items(args)),
         metrics_config=parse_metrics_config(args.metrics_config),
         shutdown_timeout=args.shutdown_timeout,

@@ -31,6 +31,9 @@ VERSIONS: dict[str, dict[int, Callable[[], Any]]] = {
     "preprocessor": {1: lambda: python_models.source("preprocessor")},
     "postprocessor": {1: lambda: python_models.source("postprocessor")},
     "cifar10_pipeline": {1: lambda: None},
+    # toy text models for the generate endpoints and the OpenAI-compatible frontend (server/openai)
+    "tiny_lm": {1: lambda: python_models.source("tiny_lm")},
+    "tiny_embedding": {1: lambda: python_models.source("tiny_embedding")},
 }
 
 

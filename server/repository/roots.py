@@ -5,6 +5,12 @@ not unique: that model is not served (Triton's poll drops it and logs ``failed t
 unique across all model repositories``; its index shows it UNAVAILABLE, ``model appears in two or more
 repositories``) while every other model serves from the repository that holds it. With one repository
 nothing is looked up: every model is in it, as before.
+
+With ``--model-namespacing=true`` (and more than one repository) a model's identity is its repository and
+its name, as Triton's ``ModelIdentifier`` {namespace, name} whose namespace is the repository path: the same
+name in two repositories is two models, both served. Their routing-table key is their folder's path
+(``identifier``); a request naming a model by name reaches the only model of that name, or fails with
+Triton's ambiguity text (``ambiguous``) when there are several.
 """
 
 from __future__ import annotations
@@ -24,6 +30,27 @@ def not_unique(name: str) -> str:
     return f"failed to poll model '{name}': not unique across all model repositories"
 
 
+def ambiguous(name: str, count: int) -> str:
+    """Triton's answer to a request naming a model held by several namespaces (model_repository_manager.cc
+    ``FindModelIdentifier``, INVALID_ARG)."""
+    return (
+        f"There are {count} identifiers of model '{name}' in global map, "
+        "model namespace must be provided to resolve ambiguity."
+    )
+
+
+def identifier(namespace: Path | str, name: str) -> str:
+    """With namespacing, the routing-table key of model ``name`` of repository ``namespace``: its folder's path
+    (a model name has no path separator, so it never equals a plain name)."""
+    return f"{namespace}/{name}"
+
+
+def split_identifier(key: str) -> tuple[Path, str]:
+    """(repository, name) of an ``identifier``."""
+    namespace, _, name = key.rpartition("/")
+    return Path(namespace), name
+
+
 class NotUnique(Exception):
     """The model's folder is in more than one repository."""
 
@@ -38,15 +65,21 @@ class Listing:
     duplicates: set[str] = field(default_factory=set)
     #: repositories that could not be listed, with why
     unreadable: list[tuple[Path, OSError]] = field(default_factory=list)
+    #: with namespacing: ``identifier`` → (repository, name) of every model folder (``where`` and
+    #: ``duplicates`` stay empty then: no name is a duplicate)
+    namespaced: dict[str, tuple[Path, str]] = field(default_factory=dict)
 
 
 class RepositorySet:
     """The repositories a server serves, in the order given; ``paths[0]`` is the first (``--model-repository``)."""
 
-    def __init__(self, paths: Sequence[Path]) -> None:
+    def __init__(self, paths: Sequence[Path], namespacing: bool = False) -> None:
         if not paths:
             raise ValueError("at least one model repository is needed")
         self.paths: tuple[Path, ...] = tuple(paths)
+        #: ``--model-namespacing=true`` with several repositories: models are keyed by ``identifier`` (with
+        #: one repository every name is unique: nothing changes)
+        self.namespacing = namespacing and self.several
 
     @property
     def first(self) -> Path:
@@ -83,6 +116,9 @@ class RepositorySet:
                 out.unreadable.append((path, exc))
                 continue
             for name in names:
+                if self.namespacing:
+                    out.namespaced[identifier(path, name)] = (path, name)
+                    continue
                 if name in out.duplicates:
                     continue
                 if name in out.where:

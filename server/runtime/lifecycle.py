@@ -30,7 +30,15 @@ from ..repository import scan
 from ..repository.agents import DEFAULT_DIRECTORY, AgentError, AgentSession, open_session
 from ..repository.layout import check_model_name
 from ..repository.model_files import ModelFolder
-from ..repository.roots import DUPLICATE_REASON, NotUnique, RepositorySet, not_unique
+from ..repository.roots import (
+    DUPLICATE_REASON,
+    Listing,
+    NotUnique,
+    RepositorySet,
+    identifier,
+    not_unique,
+    split_identifier,
+)
 from ..scheduling.rate_limiter import RateLimiter
 from ..vocabulary.errors import InvalidArgument, ServerError
 from ..vocabulary.registry_view import RegistryView
@@ -92,7 +100,8 @@ class ModelEntry:
     gone: bool = False
     #: the repository agents of the load that serves (told UNLOAD when it is replaced or unloaded)
     agents: AgentSession | None = None
-    #: the repository its folder was last read from (``repository.roots``: one of several)
+    #: the repository its folder was last read from (``repository.roots``: one of several); with namespacing
+    #: the repository it belongs to, for good (its namespace: the entry is keyed by ``roots.identifier``)
     repository: Path | None = None
 
 
@@ -160,6 +169,9 @@ class ModelLifecycle:
         time it is read raises ``FolderGone`` instead, for the poll to unload the model.
         """
         check_model_name(name)
+        if self.roots.namespacing:
+            await self._load_namespaced(name, override, polled)
+            return
         try:
             self.roots.locate(name)
         except NotUnique:
@@ -169,16 +181,51 @@ class ModelLifecycle:
                 f"failed to load '{name}', failed to poll from model repository: "
                 "not unique across all model repositories"
             ) from None
-        entry = self.models.get(name)
+        await self._load_entry(name, name, None, override, polled)
+
+    async def _load_namespaced(self, name: str, override: pb.ModelConfig | None, polled: bool) -> None:
+        """``load_model`` with namespacing: the model ``name`` of every repository holding it (Triton loads every
+        identifier of that name); InvalidArgument naming each that failed."""
+        roots = self.roots.holding(name)
+        if not roots:
+            for key, entry in list(self.models.items()):
+                if entry.name == name and not entry.serving and not entry.lock.locked():
+                    self.models.pop(key, None)
+            raise InvalidArgument(
+                f"failed to load '{name}', failed to poll from model repository: "
+                "model not found in any model repository"
+            )
+        errors: list[str] = []
+        for root in roots:
+            try:
+                await self._load_entry(identifier(root, name), name, root, override, polled)
+            except InvalidArgument as exc:
+                errors.append(exc.message if len(roots) == 1 else f"{exc.message} (repository {root})")
+        if errors:
+            raise InvalidArgument("; ".join(errors))
+
+    async def _load_at(self, key: str, polled: bool = False) -> None:
+        """Load the model of routing-table key ``key`` (its name; with namespacing its ``identifier``)."""
+        if not self.roots.namespacing:
+            await self.load_model(key, polled=polled)
+            return
+        root, name = split_identifier(key)
+        await self._load_entry(key, name, root, None, polled)
+
+    async def _load_entry(
+        self, key: str, name: str, root: Path | None, override: pb.ModelConfig | None, polled: bool
+    ) -> None:
+        """Load or reload the entry ``key`` (``root``: its repository with namespacing, else None: looked up)."""
+        entry = self.models.get(key)
         if entry is None or entry.gone:  # gone: its unload goes on; a folder of that name is back
-            entry = self.models[name] = ModelEntry(name)
+            entry = self.models[key] = ModelEntry(name, repository=root)
         async with entry.lock:
             entry.override = override
             failures = await self._reconcile(entry, polled)
-        held = self.roots.holds(name)
+        held = (root / name).is_dir() if root is not None else self.roots.holds(name)
         if not entry.serving and (not entry.states or not held):
-            if self.models.get(name) is entry:  # nothing to show in the index for a folder that does not exist
-                self.models.pop(name, None)
+            if self.models.get(key) is entry:  # nothing to show in the index for a folder that does not exist
+                self.models.pop(key, None)
             if not held:
                 # Triton 2.51's words, with the reason it writes only to its log; 400, not its 500: a name
                 # the repository does not hold is the client's mistake, not the server's failure
@@ -196,7 +243,7 @@ class ModelLifecycle:
         """Bring ``entry`` in line with the repository; returns why each failed part failed."""
         name = entry.name
         try:
-            root = self.roots.locate(name)
+            root = self._root(entry)
         except NotUnique:
             return self._record_failure(entry, 0, DUPLICATE_REASON)
         if root != entry.repository:
@@ -209,7 +256,7 @@ class ModelLifecycle:
         entry.parsed = source.parsed
         if source.error or source.config is None:
             return self._record_failure(entry, 0, source.error or "no config")
-        config = source.config
+        config = self._namespace_steps(source.config, root)
         is_ensemble = config.platform == "ensemble"
         wanted = {1: source.config_digest} if is_ensemble else self._wanted(source, config)
         entry.attempted = wanted
@@ -235,6 +282,28 @@ class ModelLifecycle:
         if agents is not None or (loaded and entry.agents is not None):
             await asyncio.to_thread(self._agents_after_load, entry, agents, loaded)
         return failures
+
+    def _root(self, entry: ModelEntry) -> Path:
+        """The repository ``entry`` is read from: its namespace with namespacing, else the one holding its
+        folder (NotUnique: several do)."""
+        if self.roots.namespacing and entry.repository is not None:
+            return entry.repository
+        return self.roots.locate(entry.name)
+
+    def _namespace_steps(self, config: pb.ModelConfig, root: Path) -> pb.ModelConfig:
+        """An ensemble's steps given the namespace they are looked up in first (as Triton sets
+        ``step.model_namespace``): its own repository with namespacing, none without (Triton's namespace "").
+        The scheduler then prefers the member of its own repository, else the only one of that name."""
+        if config.platform != "ensemble":
+            return config
+        namespace = str(root) if self.roots.namespacing else ""
+        if all(step.model_namespace == namespace for step in config.ensemble_scheduling.step):
+            return config
+        copy = pb.ModelConfig()
+        copy.CopyFrom(config)
+        for step in copy.ensemble_scheduling.step:
+            step.model_namespace = namespace
+        return copy
 
     def _run_agents(self, config: pb.ModelConfig, root: Path) -> AgentSession | None:
         """In a worker thread: the config's repository agents told LOAD (AgentError: one refused the model)."""
@@ -411,9 +480,26 @@ class ModelLifecycle:
         """Stop routing to ``name`` and unload its versions once drained; ``wait=False`` returns right after
         the switch (as Triton's unload, which a model may call on itself without waiting for itself)."""
         check_model_name(name)
-        entry = self.models.get(name)
-        if entry is None:
+        entries = self.named(name)
+        if not entries:
             return  # Triton 2.51 answers an unload of a model it does not know with success
+        for entry in entries:
+            await self._unload_entry(entry, wait)
+        if unload_dependents:
+            for other in list(self.models.values()):
+                if other.config is not None and other.config.platform == "ensemble" and other.serving:
+                    steps = {s.model_name for s in other.config.ensemble_scheduling.step}
+                    if name in steps:
+                        await self.unload_model(other.name, wait=wait)
+
+    def named(self, name: str) -> list[ModelEntry]:
+        """The entries of model ``name``: one at most, several with namespacing (one per repository)."""
+        if not self.roots.namespacing:
+            entry = self.models.get(name)
+            return [] if entry is None else [entry]
+        return [e for e in self.models.values() if e.name == name]
+
+    async def _unload_entry(self, entry: ModelEntry, wait: bool = True) -> None:
         async with entry.lock:
             retiring = list(entry.serving.values())
             entry.serving = {}
@@ -428,18 +514,13 @@ class ModelLifecycle:
                     self._spawn(self._retire(entry, mv, forget=True))
             if agents is not None:
                 await asyncio.to_thread(agents.unload)
-        if unload_dependents:
-            for other in list(self.models.values()):
-                if other.config is not None and other.config.platform == "ensemble" and other.serving:
-                    steps = {s.model_name for s in other.config.ensemble_scheduling.step}
-                    if name in steps:
-                        await self.unload_model(other.name, wait=wait)
 
     async def forget_model(self, name: str) -> None:
-        """Unload and drop from the index (its folder was removed from the repository)."""
+        """Unload and drop from the index (its folder was removed from the repository); ``name``: the entry's
+        key (with namespacing its ``identifier``)."""
         entry = self.models.get(name)
         if entry is not None:
-            await self.unload_model(name)
+            await self._unload_entry(entry)
             if self.models.get(name) is entry:  # not a model of that name loaded anew meanwhile
                 self.models.pop(name, None)
 
@@ -447,16 +528,20 @@ class ModelLifecycle:
         """Load every model of the repository, ``load_threads`` at a time (Triton's model-load thread pool)."""
         gate = asyncio.Semaphore(self.load_threads)
 
-        async def one(name: str) -> None:
+        async def one(key: str) -> None:
             async with gate:
                 try:
-                    await self.load_model(name)
+                    await self._load_at(key)
                 except ServerError as exc:
                     log.error("%s", exc)
 
         listing = await asyncio.to_thread(self.roots.listing)
         self._note_duplicates(listing.duplicates)
-        await asyncio.gather(*(one(n) for n in sorted(listing.where)))
+        await asyncio.gather(*(one(k) for k in sorted(self._found(listing))))
+
+    def _found(self, listing: Listing) -> set[str]:
+        """The routing-table keys of the model folders ``listing`` found (names; with namespacing identifiers)."""
+        return set(listing.namespaced) if self.roots.namespacing else set(listing.where)
 
     def _note_duplicates(self, found: set[str]) -> None:
         """Keep the names found in several repositories; Triton's error line for each newly found one."""
@@ -490,7 +575,7 @@ class ModelLifecycle:
         if listing.unreadable and not self.roots.several:
             return
         self._note_duplicates(listing.duplicates)
-        on_disk = set(listing.where)
+        on_disk = self._found(listing)
         # a model found in two repositories is unloaded (Triton's poll marks it deleted); with a repository
         # that cannot be read, the others' missing models may be in it: only those are kept
         gone = set(self.models) - on_disk if not listing.unreadable else set(self.models) & listing.duplicates
@@ -510,6 +595,15 @@ class ModelLifecycle:
             async with self._poll_gate:  # shared by the poll loop and every poll request
                 await self._poll_one(name)
 
+        if self.roots.namespacing:  # a name stands for its model in every repository (and those known)
+            keys: list[str] = []
+            for n in names:
+                if "/" in n:
+                    keys.append(n)
+                    continue
+                keys += [identifier(root, n) for root in self.roots.holding(n)]
+                keys += [k for k, e in self.models.items() if e.name == n]
+            names = keys
         await asyncio.gather(*(one(n) for n in dict.fromkeys(names)))
 
     async def _poll_one(self, name: str) -> None:
@@ -527,7 +621,7 @@ class ModelLifecycle:
                 return
             if entry is not None and not await self._changed(entry):
                 return
-            await self.load_model(name, polled=True)
+            await self._load_at(name, polled=True)
         except FolderGone:
             await self._gone(name)
         except ServerError as exc:
@@ -551,10 +645,10 @@ class ModelLifecycle:
         same = set()
         for name, entry in entries.items():
             try:
-                root = self.roots.locate(name)
+                root = self._root(entry)
                 if root != (entry.repository or root):
                     continue  # moved to another repository: the per-model pass loads it from there
-                source = scan.read_model(root, name, entry.override, entry.parsed, self.config_name)
+                source = scan.read_model(root, entry.name, entry.override, entry.parsed, self.config_name)
                 if not source.missing and not self._differs(entry, source):
                     same.add(name)
             except Exception:  # whatever it is, the per-model pass meets it and says so
@@ -563,7 +657,7 @@ class ModelLifecycle:
 
     async def _changed(self, entry: ModelEntry) -> bool:
         try:
-            root = self.roots.locate(entry.name)
+            root = self._root(entry)
         except NotUnique:
             raise FolderGone(entry.name) from None  # not served while it is in two repositories
         if root != (entry.repository or root):

@@ -16,7 +16,7 @@ from typing import Any
 from ..config import pb
 from ..observability.stats import StatsListener
 from ..repository.agents import DEFAULT_DIRECTORY
-from ..repository.roots import DUPLICATE_REASON, RepositorySet
+from ..repository.roots import DUPLICATE_REASON, RepositorySet, ambiguous, identifier
 from ..vocabulary.custom_metrics import CustomMetrics
 from ..vocabulary.errors import InvalidArgument, NotFound, ServerError, Unavailable
 from ..vocabulary.registry_view import ModelControl
@@ -124,9 +124,10 @@ class ModelRegistry:
     def resolve(self, name: str, version: str = "", sequence: object = None) -> ModelVersion:
         """The version a request for ``name`` goes to: ``version``, else by the model's traffic weights (a
         sequence's requests, named by ``sequence``, all to the same one), else the highest serving one."""
-        entry = self._models.get(name)
+        entry = self._entry(name)
         if entry is None:
-            raise NotFound(f"Request for unknown model: '{name}' is not found")
+            raise NotFound(f"Request for unknown model: '{name.rpartition('/')[2]}' is not found")
+        name = entry.name
         serving = entry.serving
         if not version:
             if not serving:
@@ -152,13 +153,34 @@ class ModelRegistry:
             raise NotFound(f"Request for unknown model: '{name}' version {v} is not found")
         return mv
 
+    def _entry(self, name: str) -> ModelEntry | None:
+        """The entry a request for ``name`` reaches. With namespacing (Triton's ``FindModelIdentifier``) the only
+        model of that name, InvalidArgument with Triton's text when several repositories hold one; an ensemble's
+        step names ``<repository>/<name>`` (``roots.identifier``): that repository's model, else the only one of
+        that name (Triton's ``FindNode`` with fuzzy matching)."""
+        entry = self._models.get(name)
+        if entry is not None or not self.roots.namespacing:
+            return entry
+        namespace, sep, base = name.rpartition("/")
+        if sep:
+            if Path(namespace) not in self.roots.paths:
+                return None
+            name = base
+        found = [e for e in self._models.values() if e.name == name and not e.gone]
+        if len(found) > 1:
+            raise InvalidArgument(ambiguous(name, len(found)))
+        return found[0] if found else None
+
     def _by_weights(self, request: InferenceRequest, mv: ModelVersion) -> bool:
         """Whether ``request`` reached ``mv`` through the model's traffic weights: it named no version and
         ``mv`` has a weight above 0 (``resolve`` draws among those; it falls back to the highest version
         only when none of them serves, and that one has none). Its statistics count such requests apart."""
         if request.model_version:
             return False
-        entry = self._models.get(request.model_name)
+        try:
+            entry = self._entry(request.model_name)
+        except ServerError:
+            return False
         return entry is not None and entry.traffic.get(mv.version, 0) > 0
 
     @staticmethod
@@ -176,6 +198,8 @@ class ModelRegistry:
         else:  # nothing awaits between the version's return and its in-flight count: no eviction in between
             mv = await cache.resolve(request.model_name, request.model_version, sequence)
         request.routed = self._by_weights(request, mv)
+        if self.roots.namespacing:
+            request.model_name = mv.name  # an ensemble step's "<repository>/<name>": the member sees its name
         return await self._shutdown.track(mv.infer(request))
 
     async def loaded(self, name: str, version: str = "") -> None:
@@ -192,6 +216,8 @@ class ModelRegistry:
         else:
             mv = self.resolve(request.model_name, request.model_version, sequence)
         request.routed = self._by_weights(request, mv)
+        if self.roots.namespacing:
+            request.model_name = mv.name
         return mv.infer_stream(request)
 
     def is_decoupled(self, name: str, version: str = "") -> bool:
@@ -207,11 +233,13 @@ class ModelRegistry:
         return self.cache is not None and self.cache.loadable(name)
 
     def model_names(self) -> list[str]:
+        if self.roots.namespacing:  # a name once, whichever repositories hold it
+            return sorted({e.name for e in self._models.values()})
         return sorted(self._models)
 
     def ready_versions(self, name: str) -> list[ModelVersion]:
-        entry = self._models.get(name)
-        return [entry.serving[v] for v in sorted(entry.serving)] if entry else []
+        """The serving versions of ``name`` (with namespacing, of every repository's model of that name)."""
+        return [e.serving[v] for e in self.lifecycle.named(name) for v in sorted(e.serving)]
 
     def model_config(self, name: str, version: str = "") -> pb.ModelConfig:
         return self.resolve(name, version).config
@@ -225,7 +253,16 @@ class ModelRegistry:
         ``names``, the rows of those models only (a name neither loaded nor in the repository has none)."""
         rows: list[dict[str, Any]] = []
         duplicates: set[str] = set()
-        if names is not None:
+        if self.roots.namespacing:
+            # a row per model of each repository (no name is a duplicate then); keys are ``roots.identifier``s
+            if names is not None:
+                wanted = {k for k, e in self._models.items() if e.name in names}
+                wanted |= {identifier(r, n) for n in names for r in self.roots.holding(n)}
+            else:
+                wanted = set(self._models)
+                if not ready_only:
+                    wanted |= set(self.roots.listing().namespaced)
+        elif names is not None:
             wanted = {n for n in names if n in self._models or self.roots.holds(n)}
             if self.roots.several:
                 duplicates = {n for n in wanted if len(self.roots.holding(n)) > 1}
@@ -235,12 +272,13 @@ class ModelRegistry:
             if not ready_only:
                 wanted |= set(found)
             wanted |= duplicates
-        for name in sorted(wanted):
+        for key in sorted(wanted, key=lambda k: (k.rpartition("/")[2], k)):
+            name = key.rpartition("/")[2]  # the key itself without namespacing
             if name in duplicates:
                 # Triton's index: one row for a model in several repositories, whatever was loaded before
                 rows.append({"name": name, "version": "", "state": "UNAVAILABLE", "reason": DUPLICATE_REASON})
                 continue
-            entry = self._models.get(name)
+            entry = self._models.get(key)
             if entry is None:
                 rows += self.cache.index_rows([name]) if self.cache is not None else [{"name": name}]
                 continue

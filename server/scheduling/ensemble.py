@@ -5,6 +5,11 @@ A step starts as soon as every ensemble tensor it reads exists, so independent s
 so it is batched with the member's other traffic. ``input_map``/``output_map`` keys are the member's
 tensor names and values the ensemble's (Triton's convention). An ensemble serves only while every
 member is ready; errors name the failing step.
+
+With model namespacing the lifecycle sets each step's ``model_namespace`` to the ensemble's own repository
+(as Triton does when it connects the dependency graph); a step then asks the registry for
+``<repository>/<member>`` (``repository.roots.identifier``): the member of the ensemble's repository, else
+the only model of that name. Without it the namespace is empty and a step names its member as written.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..config import pb
+from ..repository.roots import identifier
 from ..vocabulary.errors import InternalError, ServerError, Unavailable
 from ..vocabulary.registry_view import RegistryView
 from ..vocabulary.types import InferenceRequest
@@ -31,6 +37,8 @@ class Step:
     input_map: dict[str, str]
     #: member output name → ensemble tensor
     output_map: dict[str, str]
+    #: what the registry is asked for: the member's name, or ``<namespace>/<name>`` with a namespace
+    target: str = ""
 
     @property
     def label(self) -> str:
@@ -49,6 +57,7 @@ class EnsembleScheduler(Scheduler):
                 model_version="" if s.model_version <= 0 else str(s.model_version),
                 input_map=dict(s.input_map),
                 output_map=dict(s.output_map),
+                target=identifier(s.model_namespace, s.model_name) if s.model_namespace else s.model_name,
             )
             for i, s in enumerate(config.ensemble_scheduling.step)
         ]
@@ -65,9 +74,9 @@ class EnsembleScheduler(Scheduler):
         request (the model cache) counts as ready: its step's request loads it."""
         for step in self.steps:
             try:
-                self.registry.resolve(step.model_name, step.model_version)
+                self.registry.resolve(step.target, step.model_version)
             except ServerError as exc:
-                if self.registry.loads_on_demand(step.model_name):
+                if self.registry.loads_on_demand(step.target):
                     continue
                 return f"ensemble '{self.name}' is not ready: member '{step.model_name}' of {step.label}: {exc}"
         return None
@@ -124,7 +133,7 @@ class EnsembleScheduler(Scheduler):
         self, step: Step, request: InferenceRequest, tensors: dict[str, np.ndarray]
     ) -> dict[str, np.ndarray]:
         sub = InferenceRequest(
-            model_name=step.model_name,
+            model_name=step.target,
             model_version=step.model_version,
             inputs={m: tensors[t] for m, t in step.input_map.items() if t in tensors},
             requested_outputs=list(step.output_map),

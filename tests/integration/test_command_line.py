@@ -268,10 +268,12 @@ def test_compat_notices_unit() -> None:
     warnings, errors = cli.compat_notices(args)
     assert errors == []
     assert warnings == ["--metrics-interval-ms is ignored: gauges are read at scrape time"]
-    args = parser.parse_args(["--model-store=/x", "--model-namespacing=true"])
+    args = parser.parse_args(["--model-store=/x", "--allow-vertex-ai=true"])
     assert cli.compat_notices(args)[1] == [
-        "--model-namespacing is not supported: model namespacing is not implemented: model names are unique per server"
+        "--allow-vertex-ai is not supported: the Vertex AI listener is not implemented"
     ]
+    args = parser.parse_args(["--model-store=/x", "--model-namespacing=true"])  # served (test_model_namespacing.py)
+    assert cli.compat_notices(args) == ([], [])
     assert cli.parse_backend_config(["default-max-batch-size=8", "onnxruntime,enable-pinned-input=false"]) == {
         "": {"default-max-batch-size": "8"},
         "onnxruntime": {"enable-pinned-input": "false"},

@@ -25,6 +25,7 @@ SERVER_LAYERS = {
     "observability": 4,
     "http": 5,
     "grpc": 5,
+    "openai": 5,
     "sharedmemory": 5,
     "app": 6,
     "cli": 6,
@@ -35,7 +36,9 @@ SERVER_LAYERS = {
 #: the operator stands apart and may use only the bottom layer of the server
 OPERATOR_MAY_IMPORT = {"", "vocabulary", "config", "repository", "sources"}
 #: front ends translate wire formats and call the runtime; they never reach past it
-FORBIDDEN = {(front, lower) for front in ("http", "grpc", "sharedmemory") for lower in ("backends", "scheduling")}
+FORBIDDEN = {
+    (front, lower) for front in ("http", "grpc", "openai", "sharedmemory") for lower in ("backends", "scheduling")
+}
 
 
 def _module_name(path: Path) -> tuple[str, bool]:
