@@ -67,6 +67,13 @@ class ServerSettings:
     #: the OpenAI-compatible listener (--openai-port; None: off, the default) and its address ("" = host)
     openai_port: int | None = None
     openai_host: str = ""
+    #: Triton's SageMaker listener (--allow-sagemaker, --sagemaker-port; None: off); see http/sagemaker.py
+    sagemaker_port: int | None = None
+    #: Triton's Vertex AI listener (--allow-vertex-ai, --vertex-ai-port; None: off), its default model
+    #: (--vertex-ai-default-model; "": the only ready one) and routes ($AIP_PREDICT_ROUTE, $AIP_HEALTH_ROUTE)
+    vertex_ai_port: int | None = None
+    vertex_ai_default_model: str = ""
+    vertex_ai_routes: tuple[str, str] = ("", "")
     control_mode: str = "none"
     poll_secs: float = 15.0
     load_models: tuple[str, ...] = ()
@@ -259,7 +266,7 @@ async def serve(settings: ServerSettings) -> int:
             extensions=extensions,
             refresh=refresh,
         ),
-        tracer=Tracer(settings.trace_settings),
+        tracer=Tracer(settings.trace_settings, registry=registry),
         log_control=settings.log_control,
     )
     stop = asyncio.Event()
@@ -312,6 +319,19 @@ async def serve(settings: ServerSettings) -> int:
                 settings.http_tls,
             )
         )
+    if settings.sagemaker_port is not None:
+        from .http.app import build_http_app
+        from .http.sagemaker import build_sagemaker_app
+
+        servers.append(
+            _uvicorn(
+                build_sagemaker_app(build_http_app(service, settings.limits, token, shm)),
+                settings.host,
+                settings.sagemaker_port,
+                settings.log_level,
+                settings.limits,
+            )
+        )
     for server in servers:
         tasks.append(asyncio.create_task(server.serve()))
     if settings.grpc_port is not None:
@@ -350,6 +370,10 @@ async def serve(settings: ServerSettings) -> int:
             for reason in failed:
                 log.error("failed to load %s", reason)
             log.error("exiting: %d model(s) failed to load and --exit-on-error is true", len(failed))
+            exit_code = 1
+        elif settings.vertex_ai_port is not None and not await _start_vertex_ai(
+            settings, service, token, shm, metrics, registry, servers, tasks
+        ):
             exit_code = 1
         else:
             log.info(
@@ -397,6 +421,54 @@ async def serve(settings: ServerSettings) -> int:
         sys.stderr.flush()
         os._exit(exit_code)
     return exit_code
+
+
+async def _start_vertex_ai(
+    settings: ServerSettings,
+    service: InferenceService,
+    token: BearerToken | None,
+    shm: SharedMemoryRegistry,
+    metrics: TritonMetrics,
+    registry: ModelRegistry,
+    servers: list[_Uvicorn],
+    tasks: list[asyncio.Task[Any]],
+) -> bool:
+    """Triton's Vertex AI listener, started once models loaded (its default model is picked from the ready ones);
+    False (logged in Triton's words) when it cannot start."""
+    from .http.app import build_http_app
+    from .http.vertex_ai import VertexAiApp, default_model
+    from .observability.endpoint import build_metrics_app
+
+    assert settings.vertex_ai_port is not None
+    try:
+        ready = [m["name"] for m in service.repository_index(ready_only=True)]
+        model = default_model(list(dict.fromkeys(ready)), settings.vertex_ai_default_model)
+    except ValueError as exc:
+        log.error("failed to start Vertex AI service: %s", exc)
+        return False
+    app = VertexAiApp(
+        build_http_app(service, settings.limits, token, shm),
+        *settings.vertex_ai_routes,
+        model,
+        build_metrics_app(metrics, registry, service.live, service.ready)
+        if settings.metrics_port is not None
+        else None,
+    )
+    server = _uvicorn(app, settings.host, settings.vertex_ai_port, settings.log_level, settings.limits)
+    task = asyncio.create_task(server.serve())
+    while not server.started and not task.done():
+        await asyncio.sleep(0.01)
+    if task.done():
+        with contextlib.suppress(BaseException):  # uvicorn logged why (a port in use) and exits
+            task.result()
+        log.error("failed to start Vertex AI service on port %d", settings.vertex_ai_port)
+        return False
+    servers.append(server)
+    tasks.append(task)
+    log.info(
+        "Started Vertex AI HTTPService at %s:%d (default model '%s')", settings.host, settings.vertex_ai_port, model
+    )
+    return True
 
 
 def run(settings: ServerSettings) -> int:

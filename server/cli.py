@@ -12,8 +12,8 @@ entry point is ``kubeinfer-server``, and KServe's Triton ServingRuntime passes
 ``args: [tritonserver, --model-store=/mnt/models, ...]`` to it, so changing only the image works.
 
 Triton flags that have no meaning here are accepted and named in one warning at start (``IGNORED``);
-flags whose silent omission would surprise (SageMaker/Vertex listeners) stop the server with a message
-instead (``REFUSED``).
+flags whose silent omission would surprise would stop the server with a message instead (``REFUSED``;
+none today: the SageMaker and Vertex AI listeners are served, ``http/sagemaker.py`` and ``http/vertex_ai.py``).
 """
 
 from __future__ import annotations
@@ -74,16 +74,15 @@ IGNORED: dict[str, str] = {
     "--model-load-gpu-limit": "no device memory limit is enforced at load",
     "--host-policy": "host policies (NUMA binding) are not applied",
     "--cache-directory": "no on-disk cache",
+    "--sagemaker-thread-count": "SageMaker requests are served by the asyncio event loop",
+    "--vertex-ai-thread-count": "Vertex AI requests are served by the asyncio event loop",
 }
 #: Triton flags whose effect this server cannot give; starting without it would mislead
-REFUSED: dict[str, str] = {
-    "--allow-sagemaker": "the SageMaker listener is not implemented",
-    "--allow-vertex-ai": "the Vertex AI listener is not implemented",
-}
+REFUSED: dict[str, str] = {}
 #: flags that take no value (all others take exactly one)
 _NO_VALUE = {"--disable-auto-complete-config"}
 #: refused flags that may be given with their "off" value
-_FALSE_OK = {"--allow-sagemaker", "--allow-vertex-ai"}
+_FALSE_OK: set[str] = set()
 
 
 def _limit_flags(p: argparse.ArgumentParser) -> None:
@@ -546,8 +545,10 @@ def build_parser(triton: bool = False) -> argparse.ArgumentParser:
         f"it is built and serves the configuration, else grpcio, logged). Default: ${GRPC_TRANSPORT_ENV}, else "
         "auto",
     )
-    net.add_argument("--allow-http", type=_bool, default=True)
-    net.add_argument("--allow-grpc", type=_bool, default=True)
+    # default: true, false when $AIP_MODE is PREDICTION (Triton, for Vertex AI)
+    net.add_argument("--allow-http", type=_bool, default=None)
+    net.add_argument("--allow-grpc", type=_bool, default=None)
+    _cloud_flags(net)
     net.add_argument("--allow-metrics", type=_bool, default=True)
     net.add_argument(
         "--metrics-config",
@@ -637,9 +638,11 @@ def build_parser(triton: bool = False) -> argparse.ArgumentParser:
         "--trace-config",
         action="append",
         default=[],
-        metavar="[triton,]SETTING=VALUE",
-        help="rate=N, count=N, level=TIMESTAMPS|TENSORS|OFF (repeatable), triton,file=PATH, "
-        "triton,log-frequency=N (Triton's; mode=opentelemetry is not implemented)",
+        metavar="[MODE,]SETTING=VALUE",
+        help="rate=N, count=N, level=TIMESTAMPS|TENSORS|OFF (repeatable), mode=triton|opentelemetry, "
+        "triton,file=PATH, triton,log-frequency=N, opentelemetry,url=HOST:PORT/v1/traces, "
+        "opentelemetry,resource=KEY=VALUE (repeatable), opentelemetry,bsp_max_queue_size=N, "
+        "opentelemetry,bsp_schedule_delay=MS, opentelemetry,bsp_max_export_batch_size=N (Triton's)",
     )
     for old_flag, setting in (
         ("--trace-file", "triton,file"),
@@ -713,6 +716,9 @@ def _repository_arg(value: str) -> Path | str:
 def settings_from_args(args: argparse.Namespace, triton: bool) -> ServerSettings:
     """The server settings the parsed flags describe; raises ValueError on contradictions."""
     repos: list[Path | str] = args.model_repository
+    if not repos and os.environ.get("AIP_STORAGE_URI"):  # Triton, for Vertex AI
+        repos = [_repository_arg(os.environ["AIP_STORAGE_URI"])]
+    listeners, vertex_port, vertex_routes = _cloud_listeners(args)
     more: list[Path] = []
     if len(repos) > 1:
         if any(isinstance(r, str) for r in repos):
@@ -768,11 +774,15 @@ def settings_from_args(args: argparse.Namespace, triton: bool) -> ServerSettings
         http_host=args.http_address or host,
         grpc_host=args.grpc_address or host,
         metrics_host=args.metrics_address or host,
-        http_port=args.http_port if args.allow_http else None,
-        grpc_port=args.grpc_port if args.allow_grpc else None,
+        http_port=args.http_port if listeners["http"] else None,
+        grpc_port=args.grpc_port if listeners["grpc"] else None,
         metrics_port=args.metrics_port if args.allow_metrics else None,
         openai_host=args.openai_address or host,
         openai_port=args.openai_port if args.openai_port >= 0 else None,
+        sagemaker_port=args.sagemaker_port if listeners["sagemaker"] else None,
+        vertex_ai_port=vertex_port if listeners["vertex"] else None,
+        vertex_ai_default_model=args.vertex_ai_default_model or "",
+        vertex_ai_routes=vertex_routes,
         control_mode=args.model_control_mode,
         poll_secs=args.repository_poll_secs,
         load_models=tuple(args.load_model),
@@ -807,6 +817,104 @@ def settings_from_args(args: argparse.Namespace, triton: bool) -> ServerSettings
         grpc_tls=grpc_tls,
         log_level=_log_level(args),
     )
+
+
+def _cloud_flags(net: argparse._ArgumentGroup) -> None:
+    """Triton's SageMaker and Vertex AI listeners (README, the paragraph on Triton flags)."""
+    net.add_argument(
+        "--allow-sagemaker",
+        type=_bool,
+        default=False,
+        help="serve SageMaker's /ping and /invocations on --sagemaker-port "
+        "(model: $SAGEMAKER_TRITON_DEFAULT_MODEL_NAME)",
+    )
+    net.add_argument("--sagemaker-port", type=int, default=8080)
+    net.add_argument(
+        "--sagemaker-safe-port-range",
+        default=None,
+        metavar="LOW-HIGH",
+        help="the ports the other listeners must use (SageMaker's SAGEMAKER_SAFE_PORT_RANGE)",
+    )
+    net.add_argument(
+        "--allow-vertex-ai",
+        type=_bool,
+        default=None,
+        help="serve Vertex AI's $AIP_HEALTH_ROUTE and $AIP_PREDICT_ROUTE on --vertex-ai-port "
+        "(default: true when $AIP_MODE is PREDICTION, which also turns HTTP and gRPC off by default)",
+    )
+    net.add_argument("--vertex-ai-port", type=int, default=None, help="default: $AIP_HTTP_PORT, else 8080")
+    net.add_argument(
+        "--vertex-ai-default-model",
+        default=None,
+        help="the model the predict route serves (default: the repository's only model)",
+    )
+
+
+def _cloud_listeners(args: argparse.Namespace) -> tuple[dict[str, bool], int, tuple[str, str]]:
+    """Which listeners are on, the Vertex AI port and routes; ValueError (Triton's words) on a port conflict."""
+    prediction = os.environ.get("AIP_MODE", "") == "PREDICTION"
+    on = {
+        "http": args.allow_http if args.allow_http is not None else not prediction,
+        "grpc": args.allow_grpc if args.allow_grpc is not None else not prediction,
+        "metrics": bool(args.allow_metrics),
+        "sagemaker": bool(args.allow_sagemaker),
+        "vertex": args.allow_vertex_ai if args.allow_vertex_ai is not None else prediction,
+    }
+    port = args.vertex_ai_port
+    if port is None:
+        try:
+            port = int(os.environ.get("AIP_HTTP_PORT", "8080"))
+        except ValueError:
+            raise ValueError(f"Invalid option value. Got {os.environ['AIP_HTTP_PORT']} (AIP_HTTP_PORT)") from None
+    routes = ("", "")
+    if on["sagemaker"]:
+        from .http.sagemaker import inference_type
+
+        inference_type()
+    if on["vertex"]:
+        from .http.vertex_ai import routes as vertex_routes
+
+        routes = vertex_routes(dict(os.environ))
+    safe: tuple[int, int] | None = None
+    if args.sagemaker_safe_port_range is not None:
+        low, sep, high = args.sagemaker_safe_port_range.partition("-")
+        try:
+            if not sep:
+                raise ValueError
+            safe = (int(low), int(high))
+        except ValueError:
+            raise ValueError(
+                "Cannot parse pair option due to incorrect number of inputs.--<pair option> argument requires "
+                f"format <first>-<second>. Found: {args.sagemaker_safe_port_range}"
+            ) from None
+    # Triton's CheckPortCollision (listeners on one address; a SageMaker safe range bounds the others)
+    host = args.host
+    ports = [
+        (label, address, p, rng)
+        for label, key, address, p, rng in (
+            ("HTTP", "http", args.http_address or host, args.http_port, None),
+            ("GRPC", "grpc", args.grpc_address or host, args.grpc_port, None),
+            ("metrics", "metrics", args.metrics_address or host, args.metrics_port, None),
+            ("SageMaker", "sagemaker", host, args.sagemaker_port, safe),
+            ("Vertex AI", "vertex", host, port, None),
+        )
+        if on[key]
+    ]
+    for i, (label, address, p, rng) in enumerate(ports):
+        for j, (other, other_address, q, _) in enumerate(ports):
+            if j == i or (rng is None and j < i) or address != other_address:
+                continue
+            if rng is not None and not rng[0] <= q <= rng[1]:
+                raise ValueError(
+                    f"The server cannot listen to {other} requests at port {q}, allowed port range is "
+                    f"[{rng[0]}, {rng[1]}]"
+                )
+            if p == q:
+                raise ValueError(
+                    f"The server cannot listen to {label} requests and {other} requests at the same address and "
+                    f"port {address}:{p}"
+                )
+    return on, port, routes
 
 
 def _model_cache(args: argparse.Namespace) -> CacheSettings | None:

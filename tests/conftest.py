@@ -14,6 +14,7 @@ from hypothesis import settings as hypothesis_settings
 from tests.support.azurite import Azurite, AzuriteError, azurite_dir
 from tests.support.gcs_store import GcsStoreError, fake_gcs_dir
 from tests.support.oci_registry import OciRegistry
+from tests.support.otel_collector import OtelCollectorError, otelcol_dir
 from tests.support.repos import copy_example_repository
 from tests.support.s3_store import S3Store, S3StoreError, seaweedfs_dir
 from tests.support.server import ServerProcess, start_server
@@ -75,13 +76,14 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         raise pytest.UsageError(
             "a test module imported tensorflow into the pytest process: use tests.support.tf_worker"
         )
-    # a cold build of a store (the S3 store's ``weed``, fake-gcs-server) or Azurite's npm install takes minutes,
-    # longer than a test's timeout: made here, outside any test, when a test needs it (its fixture, or its class
-    # in the test's module; a failure shows where the store is used)
+    # a cold build of a store (the S3 store's ``weed``, fake-gcs-server, the OpenTelemetry Collector) or Azurite's
+    # npm install takes minutes, longer than a test's timeout: made here, outside any test, when a test needs it
+    # (its fixture, or its class in the test's module; a failure shows where the store is used)
     stores = (
         ("s3_store", "S3Store", S3StoreError, seaweedfs_dir),
         ("azurite", "Azurite", AzuriteError, azurite_dir),
         ("", "GcsStore", GcsStoreError, fake_gcs_dir),
+        ("", "OtelCollector", OtelCollectorError, otelcol_dir),
     )
     for fixture, cls, error, build in stores:
         if not session.config.option.collectonly and any(

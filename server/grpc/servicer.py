@@ -11,6 +11,7 @@ from typing import Any
 
 import grpc
 
+from ..observability import otel
 from ..runtime.service import InferenceService
 from ..sharedmemory import SharedMemoryRegistry
 from ..sharedmemory.registry import DISABLED as SHM_DISABLED
@@ -67,6 +68,10 @@ class InferenceServicer:
     # ---- inference ----------------------------------------------------------------------
     async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
         infer_request, classification = converters.request_from_pb(request, self.limits, self.shm)
+        if otel.propagation:  # the caller's W3C trace context, for --trace-config mode=opentelemetry
+            # grpc.aio's context, or the Rust transport's call (rust_server.py)
+            metadata = getattr(context, "invocation_metadata", None) or context.metadata
+            otel.from_headers(metadata() or ())
         try:
             response = await self.service.infer(infer_request)
         except DecoupledModelCall:

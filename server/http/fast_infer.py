@@ -17,6 +17,7 @@ import asyncio
 import re
 from typing import TYPE_CHECKING
 
+from ..observability import otel
 from ..vocabulary.types import InferenceRequest
 from .response_head import answer_headers, head
 
@@ -56,6 +57,7 @@ class InferCycle:
         "disconnected",
         "gone",
         "request",
+        "trace_context",
         "task",
     )
     message_event = _NO_EVENT
@@ -80,6 +82,8 @@ class InferCycle:
         self.disconnected = False
         self.gone = False
         self.request: InferenceRequest | None = None
+        #: the caller's W3C trace context (--trace-config mode=opentelemetry)
+        self.trace_context: tuple[str | bytes, str | bytes | None] | None = None
         self.task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -116,6 +120,8 @@ class InferCycle:
         chunks = self.chunks
         body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         self.chunks = []
+        if self.trace_context is not None:
+            otel.incoming(*self.trace_context)
         try:
             answer = await self.route.answer(self.name, self.version, self.header_length, body, self.watch)
             if answer is None or self.disconnected:
@@ -169,7 +175,7 @@ def direct_cycle(protocol: BoundedHttpToolsProtocol, route: InferRoute) -> Infer
     if route.token is not None and not route.token.accepts(authorization):
         return None  # the ASGI route answers the 401
     version = match.group(2)
-    return InferCycle(
+    cycle = InferCycle(
         protocol,
         route,
         match.group(1).decode("ascii"),
@@ -177,3 +183,6 @@ def direct_cycle(protocol: BoundedHttpToolsProtocol, route: InferRoute) -> Infer
         header_length,
         parser.should_keep_alive(),
     )
+    if otel.propagation:
+        cycle.trace_context = otel.carried(protocol.headers)
+    return cycle

@@ -14,6 +14,7 @@ import re
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Any, Protocol
 
+from ..observability import otel
 from ..runtime.auth import PROBE_PATHS, BearerToken
 from ..runtime.service import InferenceService
 from ..sharedmemory import SharedMemoryRegistry
@@ -93,6 +94,8 @@ class InferRoute:
             return
         method = scope["method"]
         if method == "POST":
+            if otel.propagation:  # the caller's W3C trace context, for --trace-config mode=opentelemetry
+                otel.from_headers(scope["headers"])
             match = INFER_PATH.match(scope["path"])
             if match is not None:
                 await self._infer(match.group(1), match.group(2) or "", header_length, content_encoding, receive, send)

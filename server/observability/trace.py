@@ -1,11 +1,13 @@
-"""Triton's trace extension: sampled request traces written as Triton's JSON trace file.
+"""Triton's trace extension: sampled request traces written as Triton's JSON trace file, or exported as
+OpenTelemetry spans (``trace_mode`` ``opentelemetry``: see otel.py).
 
 Semantics (docs/protocol/extension_trace.md, docs/user_guide/trace.md):
 
 * Settings ``trace_level`` (list: OFF, TIMESTAMPS, TENSORS), ``trace_rate`` (trace every N-th request),
   ``trace_count`` (traces left to take, -1 = no limit), ``log_frequency`` (write every N traces to
   ``<trace_file>.<index>``; 0 = write ``<trace_file>`` at shutdown), ``trace_file`` and ``trace_mode``
-  (``triton``). Values travel as strings (lists for ``trace_level``), as Triton sends them.
+  (``triton`` or ``opentelemetry``, set at start only). Values travel as strings (lists for ``trace_level``),
+  as Triton sends them.
 * Settings are global, and may be overridden per model: the first update for a model copies every
   setting it does not name from the global ones; a ``null`` value removes a model's override of that
   setting (the global value applies again).
@@ -19,7 +21,7 @@ Semantics (docs/protocol/extension_trace.md, docs/user_guide/trace.md):
 ``trace_file`` can be set on the command line only (``--trace-config triton,file=...``); through the API
 it is refused as Triton 2.51 refuses it (501 "trace file location can not be updated through network
 protocol"), and enabling a level without a file is refused with Triton's "trace file name is not given".
-The OpenTelemetry mode is not implemented and is refused at start. HTTP/gRPC transport timestamps
+In the OpenTelemetry mode no file is written and none is needed (otel.py). HTTP/gRPC transport timestamps
 (HTTP_RECV_START, ...) are not recorded: a trace starts when the request reaches the server core.
 """
 
@@ -36,7 +38,10 @@ import numpy as np
 
 from ..vocabulary import tensors
 from ..vocabulary.errors import InvalidArgument, Unsupported
+from ..vocabulary.registry_view import RegistryView
 from ..vocabulary.types import ExecutionTimings, InferenceRequest, InferenceResponse
+from .otel import OtelExporter
+from .otel import parse_setting as parse_otel_setting
 
 log = logging.getLogger(__name__)
 
@@ -80,8 +85,8 @@ def check_setting(name: str, value: Any) -> Any:
         return _int_setting(name, value, 0)
     if name == "trace_mode":
         mode = value[0] if isinstance(value, list) and len(value) == 1 else value
-        if mode != "triton":
-            raise InvalidArgument(f"trace_mode '{mode}' is not supported: this server writes Triton's JSON traces")
+        if mode not in ("triton", "opentelemetry"):
+            raise InvalidArgument(f"trace_mode '{mode}' is not supported: the modes are triton and opentelemetry")
         return mode
     if name == "trace_file":
         return value[0] if isinstance(value, list) and len(value) == 1 else str(value)
@@ -100,16 +105,32 @@ class _Scope:
 class Tracer:
     """Decides which requests to trace, records them, and writes the trace files."""
 
-    def __init__(self, settings: dict[str, Any] | None = None) -> None:
+    def __init__(self, settings: dict[str, Any] | None = None, registry: RegistryView | None = None) -> None:
+        """``settings`` as ``parse_trace_config`` gives them (``opentelemetry``: that mode's own settings);
+        ``registry``: in the OpenTelemetry mode its ``around_infer`` gives every model request of a traced one
+        (an ensemble's steps) its span."""
         base = dict(DEFAULTS)
+        otel_config = dict((settings or {}).get("opentelemetry") or {})
         for name, value in (settings or {}).items():
-            base[name] = check_setting(name, value)
+            if name != "opentelemetry":
+                base[name] = check_setting(name, value)
         self._global = _Scope(base)
         self._models: dict[str, _Scope] = {}
         self._next_id = 1
         #: next index per trace file: scopes sharing a file (a model's copy of the global one) never overwrite
         self._file_index: dict[str, int] = {}
         self._lock = threading.Lock()
+        self.otel: OtelExporter | None = None
+        if base["trace_mode"] == "opentelemetry":
+            self.otel = OtelExporter(otel_config, self._new_id)
+            if registry is not None:
+                registry.around_infer = self.otel.around
+
+    def _new_id(self) -> int:
+        with self._lock:
+            trace_id = self._next_id
+            self._next_id += 1
+            return trace_id
 
     # ---- settings (the extension's GET and POST) --------------------------------------------------
     def settings(self, model: str = "") -> dict[str, Any]:
@@ -124,6 +145,9 @@ class Tracer:
             if name == "trace_file":
                 # Triton 2.51's words and status (501): set it with --trace-config triton,file=<path>
                 raise Unsupported("trace file location can not be updated through network protocol")
+            if name == "trace_mode" and updates[name] is not None:
+                if check_setting(name, updates[name]) != self._global.settings["trace_mode"]:
+                    raise InvalidArgument("trace_mode can only be set at start (--trace-config mode=<mode>)")
         with self._lock:
             checked = {n: (None if v is None else check_setting(n, v)) for n, v in updates.items()}
             target = self._models.get(model) if model else self._global
@@ -131,7 +155,7 @@ class Tracer:
             for name, value in checked.items():
                 fallback = self._global.settings[name] if model else DEFAULTS[name]
                 settings[name] = fallback if value is None else value
-            if settings["trace_level"] != ["OFF"] and not settings["trace_file"]:
+            if settings["trace_level"] != ["OFF"] and not settings["trace_file"] and self.otel is None:
                 # Triton refuses to trace into nowhere (checked side by side with Triton 2.51)
                 raise InvalidArgument("Attempting to set invalid trace setting :trace file name is not given")
             if target is None:
@@ -145,15 +169,22 @@ class Tracer:
         """A trace id when this request of ``model`` is to be traced, else 0."""
         scope = self._models.get(model, self._global)
         s = scope.settings
-        if s["trace_level"] == ["OFF"] or s["trace_count"] == "0":
+        if s["trace_level"] == ["OFF"]:
+            return 0
+        otel = self.otel
+        # OpenTelemetry: a request carrying the caller's context is traced whatever the rate and count (Triton)
+        forced = otel is not None and otel.propagated()
+        if s["trace_count"] == "0" and not forced:
             return 0
         with self._lock:
             scope.seen += 1
-            if scope.seen % int(s["trace_rate"]):
+            if scope.seen % int(s["trace_rate"]) and not forced:
                 return 0
             trace_id = self._next_id
             self._next_id += 1
-            return trace_id
+        if otel is not None:
+            otel.start(trace_id)
+        return trace_id
 
     def record(
         self,
@@ -164,6 +195,13 @@ class Tracer:
     ) -> None:
         """Store a finished traced request (``response`` None when it failed)."""
         scope = self._models.get(request.model_name, self._global)
+        if self.otel is not None:
+            self.otel.finish(trace_id, request, response, end_ns)
+            with self._lock:
+                count = int(scope.settings["trace_count"])
+                if count > 0:
+                    scope.settings["trace_count"] = str(count - 1)
+            return
         levels = scope.settings["trace_level"]
         version = response.model_version if response is not None else request.model_version
         records: list[dict[str, Any]] = [
@@ -193,7 +231,10 @@ class Tracer:
                 self._write(scope, indexed=True)
 
     def flush(self) -> None:
-        """Write what was collected (at shutdown): ``<trace_file>`` when log_frequency is 0."""
+        """Write what was collected (at shutdown): ``<trace_file>`` when log_frequency is 0; export the spans
+        still queued in the OpenTelemetry mode."""
+        if self.otel is not None:
+            self.otel.shutdown()
         with self._lock:
             for scope in [self._global, *self._models.values()]:
                 if scope.traces:
@@ -261,20 +302,21 @@ def parse_trace_config(items: list[str]) -> dict[str, Any]:
     """``--trace-config [<mode>,]<setting>=<value>`` (repeatable; ``level`` may repeat) → settings."""
     settings: dict[str, Any] = {}
     levels: list[str] = []
+    otel_config: dict[str, Any] = {}
     names = {"rate": "trace_rate", "count": "trace_count", "level": "trace_level", "mode": "trace_mode"}
     for item in items:
         mode, _, rest = item.partition(",") if "," in item.split("=", 1)[0] else ("", "", item)
         key, sep, value = rest.partition("=")
         if not sep:
             raise ValueError(f"--trace-config '{item}': expected [<mode>,]<setting>=<value>")
-        if mode == "opentelemetry" or (key == "mode" and value == "opentelemetry"):
-            raise ValueError(
-                f"--trace-config '{item}': OpenTelemetry tracing is not implemented; this server writes "
-                "Triton's JSON traces (--trace-config triton,file=<path>)"
-            )
-        if mode not in ("", "triton"):
+        if mode not in ("", "triton", "opentelemetry"):
             raise ValueError(f"--trace-config '{item}': unknown trace mode '{mode}'")
-        if mode == "triton" and key in ("file", "log-frequency"):
+        if mode == "opentelemetry":
+            try:
+                parse_otel_setting(otel_config, key, value)
+            except ValueError as exc:
+                raise ValueError(f"--trace-config '{item}': {exc}") from None
+        elif mode == "triton" and key in ("file", "log-frequency"):
             settings["trace_file" if key == "file" else "log_frequency"] = value
         elif not mode and key in names:
             if key == "level":
@@ -286,6 +328,9 @@ def parse_trace_config(items: list[str]) -> dict[str, Any]:
     if levels:
         settings["trace_level"] = levels
     try:
-        return {name: check_setting(name, value) for name, value in settings.items()}
+        checked = {name: check_setting(name, value) for name, value in settings.items()}
     except InvalidArgument as exc:
         raise ValueError(f"--trace-config: {exc.message}") from None
+    if otel_config:
+        checked["opentelemetry"] = otel_config
+    return checked

@@ -19,7 +19,7 @@ from ..repository.agents import DEFAULT_DIRECTORY
 from ..repository.roots import DUPLICATE_REASON, RepositorySet, ambiguous, identifier
 from ..vocabulary.custom_metrics import CustomMetrics
 from ..vocabulary.errors import InvalidArgument, NotFound, ServerError, Unavailable
-from ..vocabulary.registry_view import ModelControl
+from ..vocabulary.registry_view import AroundInfer, ModelControl
 from ..vocabulary.sequence import SEQUENCE_ID
 from ..vocabulary.streaming import ResponseStream
 from ..vocabulary.types import InferenceRequest, InferenceResponse
@@ -87,6 +87,8 @@ class ModelRegistry:
         self._models: dict[str, ModelEntry] = {}
         #: load/unload as the repository API offers them (the InferenceService sets itself here)
         self.model_control: ModelControl | None = None
+        #: runs around each request ``infer`` routes: the OpenTelemetry tracer's model spans (``observability``)
+        self.around_infer: AroundInfer | None = None
         #: the loop requests run on; instance threads call back into it (Python models' BLS)
         self.loop: asyncio.AbstractEventLoop | None = _running_loop()
         self.lifecycle = ModelLifecycle(
@@ -189,6 +191,12 @@ class ModelRegistry:
         return f": {reasons[0]}" if reasons else ""
 
     async def infer(self, request: InferenceRequest) -> InferenceResponse:
+        around = self.around_infer
+        if around is not None:
+            return await around(request, self._route)
+        return await self._route(request)
+
+    async def _route(self, request: InferenceRequest) -> InferenceResponse:
         if self._shutdown.started:
             raise Unavailable("server is shutting down")
         cache = self.cache

@@ -7,12 +7,18 @@ satisfies this interface structurally and is handed down when a model version is
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
 from .custom_metrics import CustomMetrics
 from .streaming import ResponseStream
 from .types import InferenceRequest, InferenceResponse
+
+#: a model request's route through the registry (to its version's scheduler)
+Route = Callable[[InferenceRequest], Awaitable[InferenceResponse]]
+#: what runs around every model request routed by the registry, a front end's and an ensemble step's alike
+#: (the OpenTelemetry tracer's model spans): it calls the route it is given
+AroundInfer = Callable[[InferenceRequest, Route], Awaitable[InferenceResponse]]
 
 
 class ModelControl(Protocol):
@@ -35,6 +41,8 @@ class RegistryView(Protocol):
     custom_metrics: CustomMetrics
     #: the server's model control (set by the service that owns the registry; None without one)
     model_control: ModelControl | None
+    #: runs around each request ``infer`` routes (set once at start; None: nothing does)
+    around_infer: AroundInfer | None
 
     async def infer(self, request: InferenceRequest) -> InferenceResponse:
         """Route ``request`` to its model version's scheduler, as a front end's request would be."""

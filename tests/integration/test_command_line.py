@@ -184,15 +184,20 @@ def test_strict_readiness_is_triton_default_for_tritonserver(add_repo: Path, tmp
         server.terminate()
 
 
-def test_refused_flags_stop_with_a_reason(add_repo: Path) -> None:
+def test_cloud_listener_flags_are_checked_as_triton(add_repo: Path) -> None:
+    """--allow-sagemaker/--allow-vertex-ai are served (tests/integration/test_sagemaker_vertex.py); a port
+    clash stops the server with Triton's CheckPortCollision text."""
     proc = subprocess.run(
-        [str(BIN / "tritonserver"), f"--model-repository={add_repo}", "--allow-sagemaker=true"],
+        [str(BIN / "tritonserver"), f"--model-repository={add_repo}", "--allow-sagemaker=true", "--http-port=8080"],
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert proc.returncode == 2
-    assert "--allow-sagemaker is not supported: the SageMaker listener is not implemented" in proc.stderr
+    assert (
+        "The server cannot listen to HTTP requests and SageMaker requests at the same address and port 0.0.0.0:8080"
+        in proc.stderr
+    )
 
 
 def test_model_store_and_model_repository_add_up(add_repo: Path, tmp_path: Path) -> None:
@@ -268,10 +273,11 @@ def test_compat_notices_unit() -> None:
     warnings, errors = cli.compat_notices(args)
     assert errors == []
     assert warnings == ["--metrics-interval-ms is ignored: gauges are read at scrape time"]
-    args = parser.parse_args(["--model-store=/x", "--allow-vertex-ai=true"])
-    assert cli.compat_notices(args)[1] == [
-        "--allow-vertex-ai is not supported: the Vertex AI listener is not implemented"
-    ]
+    args = parser.parse_args(["--model-store=/x", "--allow-vertex-ai=true", "--sagemaker-thread-count=4"])
+    assert cli.compat_notices(args) == (
+        ["--sagemaker-thread-count is ignored: SageMaker requests are served by the asyncio event loop"],
+        [],
+    )
     args = parser.parse_args(["--model-store=/x", "--model-namespacing=true"])  # served (test_model_namespacing.py)
     assert cli.compat_notices(args) == ([], [])
     assert cli.parse_backend_config(["default-max-batch-size=8", "onnxruntime,enable-pinned-input=false"]) == {

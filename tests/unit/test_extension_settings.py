@@ -27,8 +27,8 @@ def test_trace_config_as_triton_documents_it() -> None:
         "trace_level": ["TIMESTAMPS", "TENSORS"],
         "trace_count": "100",
     }
-    with pytest.raises(ValueError, match="OpenTelemetry tracing is not implemented"):
-        parse_trace_config(["mode=opentelemetry"])
+    with pytest.raises(ValueError, match="trace_mode 'zipkin' is not supported"):
+        parse_trace_config(["mode=zipkin"])
     with pytest.raises(ValueError, match="'trace_rate' must be at least 1"):
         parse_trace_config(["rate=0"])
 

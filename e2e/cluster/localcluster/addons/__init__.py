@@ -28,6 +28,9 @@
   S3 gateway in one process, on free ports, with its own data folder and identities).
 * ``fake-gcs`` -- build-only: fake-gcs-server, Google Cloud Storage's emulator, from its pinned Go module
   (``e2e/cluster/fake-gcs``), the tests' ``gs://`` store (``tests/support/gcs_store.py``).
+* ``otelcol`` -- build-only: a trimmed OpenTelemetry Collector (OTLP receiver, batch processor, file exporter) from its
+  pinned Go modules (``e2e/cluster/otelcol``), the receiver of the server's OpenTelemetry traces in the tests
+  (``tests/support/otel_collector.py``).
 
 Add-ons are opt-in: ``up --addons prometheus,keda,keda-http`` (or ``KUBEINFER_CLUSTER_ADDONS``) starts the
 missing ones on a new or running cluster; ``down``/``release`` stop them with the cluster. Each is
@@ -46,7 +49,7 @@ import time
 from pathlib import Path
 
 from localcluster import processes
-from localcluster.addons import fake_gcs, keda, keda_http, kubeconform, prometheus, seaweedfs
+from localcluster.addons import fake_gcs, keda, keda_http, kubeconform, otelcol, prometheus, seaweedfs
 from localcluster.addons import registry as oci_registry
 from localcluster.base import ClusterError
 from localcluster.processes import alive
@@ -56,7 +59,7 @@ ADDONS = ("prometheus", "keda", "keda-http")
 #: add-ons another one needs running (started first)
 NEEDS = {"keda-http": ("keda",)}
 #: add-ons ``build`` builds and ``up`` accepts but does not start (the tests run them)
-BUILD_ONLY = ("registry", "seaweedfs", "fake-gcs")
+BUILD_ONLY = ("registry", "seaweedfs", "fake-gcs", "otelcol")
 
 
 def selected(arg: str | None) -> list[str]:
@@ -119,6 +122,8 @@ def ensure_built(names: list[str]) -> dict[str, str]:
         out["seaweedfs"] = str(seaweedfs.seaweedfs_dir())
     if "fake-gcs" in names:
         out["fake-gcs"] = str(fake_gcs.fake_gcs_dir())
+    if "otelcol" in names:
+        out["otelcol"] = str(otelcol.otelcol_dir())
     return out
 
 

@@ -1,0 +1,287 @@
+"""Triton's OpenTelemetry trace mode against a real OpenTelemetry Collector (the ``otelcol`` add-on, writing what it
+received to a file): spans with Triton's names and attributes, the caller's W3C context over HTTP and gRPC, an
+ensemble's steps as child spans, and requests that succeed whatever happens to the export."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from kubeinfer.server.observability.trace import parse_trace_config
+from onnx import TensorProto
+
+from tests.support import models as test_models
+from tests.support.otel_collector import OtelCollector
+from tests.support.repos import write_model
+from tests.support.server import ServerProcess, start_server
+
+CONFIG = """
+name: "{name}"
+backend: "onnxruntime"
+max_batch_size: 8
+input [ {{ name: "A" data_type: TYPE_FP32 dims: [ 4 ] }}, {{ name: "B" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+output [ {{ name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+"""
+ENSEMBLE = """
+name: "chain"
+platform: "ensemble"
+max_batch_size: 8
+input [ { name: "A" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "B" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] } ]
+ensemble_scheduling { step [
+  { model_name: "add" model_version: -1
+    input_map { key: "A" value: "A" } input_map { key: "B" value: "B" } output_map { key: "OUT" value: "MID" } },
+  { model_name: "add2" model_version: -1
+    input_map { key: "A" value: "MID" } input_map { key: "B" value: "B" } output_map { key: "OUT" value: "OUT" } }
+] }
+"""
+MODEL_EVENTS = ["REQUEST_START", "QUEUE_START", "REQUEST_END"]
+COMPUTE_EVENTS = ["COMPUTE_START", "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START", "COMPUTE_END"]
+SERVER_KIND = 2  # OTLP's SPAN_KIND_SERVER
+
+
+def _repo(root: Path) -> Path:
+    repo = root / "repo"
+    model = test_models.binary("add", "Add", TensorProto.FLOAT, ["batch", 4])
+    for name in ("add", "add2"):
+        write_model(repo, name, CONFIG.format(name=name), {1: model})
+    (repo / "chain" / "1").mkdir(parents=True)
+    (repo / "chain" / "config.pbtxt").write_text(ENSEMBLE)
+    return repo
+
+
+def _otel_server(repo: Path, url: str, *extra: str) -> ServerProcess:
+    return start_server(
+        repo,
+        "--trace-config=mode=opentelemetry",
+        f"--trace-config=opentelemetry,url={url}",
+        "--trace-config=opentelemetry,resource=service.name=kubeinfer-test",
+        "--trace-config=opentelemetry,resource=deployment.environment=ci",
+        "--trace-config=opentelemetry,bsp_schedule_delay=100",
+        "--trace-config=rate=1",
+        "--trace-config=level=TIMESTAMPS",
+        *extra,
+    )
+
+
+@pytest.fixture(scope="module")
+def collector(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OtelCollector]:
+    with OtelCollector(tmp_path_factory.mktemp("otelcol")) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, collector: OtelCollector) -> Iterator[ServerProcess]:
+    server = _otel_server(_repo(tmp_path_factory.mktemp("otel")), collector.traces_url)
+    yield server
+    server.terminate()
+
+
+def _inputs(module: Any, value: float = 1.0) -> list[Any]:
+    a = np.full((1, 4), value, dtype=np.float32)
+    inputs = [module.InferInput("A", [1, 4], "FP32"), module.InferInput("B", [1, 4], "FP32")]
+    inputs[0].set_data_from_numpy(a)
+    inputs[1].set_data_from_numpy(a)
+    return inputs
+
+
+def _traceparent() -> tuple[str, str, str]:
+    trace_id, span_id = secrets.token_hex(16), secrets.token_hex(8)
+    return f"00-{trace_id}-{span_id}-01", trace_id, span_id
+
+
+def _of_trace(trace_id: str, count: int):  # type: ignore[no-untyped-def]
+    return lambda spans: len([s for s in spans if s["trace_id"] == trace_id]) >= count
+
+
+def _check_single_model_trace(spans: list[dict[str, Any]], trace_id: str, caller_span: str, model: str) -> None:
+    mine = {s["name"]: s for s in spans if s["trace_id"] == trace_id}
+    assert set(mine) == {"InferRequest", model, "compute"}, mine.keys()
+    root, request, compute = mine["InferRequest"], mine[model], mine["compute"]
+    # the caller's span is the parent of Triton's top-level span; the model span under it; compute under that
+    assert root["parent_span_id"] == caller_span
+    assert request["parent_span_id"] == root["span_id"]
+    assert compute["parent_span_id"] == request["span_id"]
+    assert {s["kind"] for s in mine.values()} == {SERVER_KIND}
+    assert {s["scope"] for s in mine.values()} == {"triton-server"}
+    attrs = request["attributes"]
+    assert attrs["triton.model_name"] == model and attrs["triton.model_version"] == 1
+    assert attrs["triton.trace_parent_id"] == 0 and attrs["triton.trace_id"] > 0
+    assert [e for e, _ in request["events"]] == MODEL_EVENTS
+    assert [e for e, _ in compute["events"]] == COMPUTE_EVENTS
+    stamps = [ns for _, ns in request["events"]]
+    assert stamps == sorted(stamps) and stamps[0] == request["start"] and stamps[-1] == request["end"]
+    compute_stamps = [ns for _, ns in compute["events"]]
+    assert compute_stamps == sorted(compute_stamps)
+    assert request["start"] <= compute["start"] <= compute["end"] <= request["end"]
+    assert root["start"] <= request["start"] and request["end"] <= root["end"]
+    # wall-clock times: within a minute of now
+    assert abs(root["start"] - time.time_ns()) < 60e9
+    assert root["resource"]["service.name"] == "kubeinfer-test"
+    assert root["resource"]["deployment.environment"] == "ci"
+
+
+def test_http_request_with_traceparent_is_a_child_of_the_callers_span(
+    server: ServerProcess, collector: OtelCollector
+) -> None:
+    traceparent, trace_id, span_id = _traceparent()
+    client = httpclient.InferenceServerClient(server.http_url)
+    result = client.infer("add", _inputs(httpclient), headers={"traceparent": traceparent})
+    np.testing.assert_allclose(result.as_numpy("OUT"), np.full((1, 4), 2.0))
+    spans = collector.wait_for_spans(_of_trace(trace_id, 3))
+    _check_single_model_trace(spans, trace_id, span_id, "add")
+
+
+def test_http_asgi_route_reads_traceparent_too(server: ServerProcess, collector: OtelCollector) -> None:
+    """A JSON request without Content-Length (chunked) takes the ASGI route, not the direct path."""
+    traceparent, trace_id, span_id = _traceparent()
+    body = b'{"inputs":[{"name":"A","shape":[1,4],"datatype":"FP32","data":[1,2,3,4]},' + (
+        b'{"name":"B","shape":[1,4],"datatype":"FP32","data":[1,1,1,1]}]}'
+    )
+    response = httpx.post(
+        f"{server.base_url}/v2/models/add2/infer",
+        content=iter([body]),
+        headers={"traceparent": traceparent, "tracestate": "vendor=1"},
+    )
+    assert response.status_code == 200, response.text
+    spans = collector.wait_for_spans(_of_trace(trace_id, 3))
+    _check_single_model_trace(spans, trace_id, span_id, "add2")
+
+
+def test_grpc_request_with_traceparent_metadata(server: ServerProcess, collector: OtelCollector) -> None:
+    traceparent, trace_id, span_id = _traceparent()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    result = client.infer("add", _inputs(grpcclient, 2.0), headers={"traceparent": traceparent})
+    np.testing.assert_allclose(result.as_numpy("OUT"), np.full((1, 4), 4.0))
+    spans = collector.wait_for_spans(_of_trace(trace_id, 3))
+    _check_single_model_trace(spans, trace_id, span_id, "add")
+
+
+def test_grpc_traceparent_on_the_grpcio_transport(tmp_path: Path, collector: OtelCollector) -> None:
+    """The same over grpc.aio (the default transport is the Rust one where it is built)."""
+    server = _otel_server(_repo(tmp_path), collector.traces_url, "--grpc-transport=grpcio")
+    try:
+        traceparent, trace_id, span_id = _traceparent()
+        grpcclient.InferenceServerClient(server.grpc_url).infer(
+            "add", _inputs(grpcclient), headers={"traceparent": traceparent}
+        )
+        _check_single_model_trace(collector.wait_for_spans(_of_trace(trace_id, 3)), trace_id, span_id, "add")
+    finally:
+        server.terminate()
+
+
+def test_request_without_context_starts_a_trace_of_its_own(server: ServerProcess, collector: OtelCollector) -> None:
+    before = {s["trace_id"] for s in collector.spans()}
+    client = httpclient.InferenceServerClient(server.http_url)
+    client.infer("add2", _inputs(httpclient), request_id="no-context")
+    spans = collector.wait_for_spans(
+        lambda spans: any(s["attributes"].get("triton.request_id") == "no-context" for s in spans)
+    )
+    request = next(s for s in spans if s["attributes"].get("triton.request_id") == "no-context")
+    assert request["trace_id"] not in before
+    root = next(s for s in spans if s["span_id"] == request["parent_span_id"])
+    assert root["name"] == "InferRequest" and root["parent_span_id"] == ""
+
+
+def test_ensemble_steps_are_child_spans_of_the_ensembles_span(server: ServerProcess, collector: OtelCollector) -> None:
+    traceparent, trace_id, span_id = _traceparent()
+    client = httpclient.InferenceServerClient(server.http_url)
+    result = client.infer("chain", _inputs(httpclient), headers={"traceparent": traceparent})
+    np.testing.assert_allclose(result.as_numpy("OUT"), np.full((1, 4), 3.0))
+    # InferRequest, chain, add + compute, add2 + compute
+    spans = [s for s in collector.wait_for_spans(_of_trace(trace_id, 6)) if s["trace_id"] == trace_id]
+    by_name: dict[str, list[dict[str, Any]]] = {}
+    for s in spans:
+        by_name.setdefault(s["name"], []).append(s)
+    assert sorted(by_name) == ["InferRequest", "add", "add2", "chain", "compute"]
+    root, chain = by_name["InferRequest"][0], by_name["chain"][0]
+    assert root["parent_span_id"] == span_id and chain["parent_span_id"] == root["span_id"]
+    chain_id = chain["attributes"]["triton.trace_id"]
+    assert chain["attributes"]["triton.trace_parent_id"] == 0
+    step_ids = set()
+    for step in ("add", "add2"):
+        (member,) = by_name[step]
+        assert member["parent_span_id"] == chain["span_id"]
+        assert member["attributes"]["triton.trace_parent_id"] == chain_id
+        step_ids.add(member["attributes"]["triton.trace_id"])
+        assert chain["start"] <= member["start"] <= member["end"] <= chain["end"]
+    assert len(step_ids) == 2 and chain_id not in step_ids
+    # each step has its compute span; the ensemble itself computes nothing
+    assert sorted(c["parent_span_id"] for c in by_name["compute"]) == sorted(
+        by_name[s][0]["span_id"] for s in ("add", "add2")
+    )
+
+
+def test_trace_settings_show_the_mode_and_refuse_changing_it(server: ServerProcess) -> None:
+    settings = httpx.get(f"{server.base_url}/v2/trace/setting").json()
+    assert settings["trace_mode"] == "opentelemetry" and settings["trace_level"] == ["TIMESTAMPS"]
+    refused = httpx.post(f"{server.base_url}/v2/trace/setting", json={"trace_mode": "triton"})
+    assert refused.status_code == 400
+
+
+@pytest.mark.parametrize("url", ["unreachable", "bad"])
+def test_requests_succeed_when_the_export_fails(tmp_path: Path, url: str) -> None:
+    """A collector that is down (a port nobody listens on) or a URL that is no URL: inference goes on, and the
+    server stops promptly."""
+    target = "127.0.0.1:9/v1/traces" if url == "unreachable" else "http://[not a host/v1/traces"
+    server = _otel_server(_repo(tmp_path), target)
+    try:
+        http, grpc = (
+            httpclient.InferenceServerClient(server.http_url),
+            grpcclient.InferenceServerClient(server.grpc_url),
+        )
+        for i in range(5):
+            traceparent = _traceparent()[0]
+            out = http.infer("add", _inputs(httpclient, i), headers={"traceparent": traceparent}).as_numpy("OUT")
+            np.testing.assert_allclose(out, np.full((1, 4), 2.0 * i))
+            out = grpc.infer("chain", _inputs(grpcclient, i), headers={"traceparent": traceparent}).as_numpy("OUT")
+            np.testing.assert_allclose(out, np.full((1, 4), 3.0 * i))
+        time.sleep(0.5)  # a batch went to the exporter
+        assert server.alive()
+    finally:
+        started = time.monotonic()
+        code = server.terminate()
+        stopped_in = time.monotonic() - started
+    assert code == 0, server.log()
+    assert stopped_in < 15, f"the server took {stopped_in:.1f}s to stop"
+
+
+def test_trace_config_opentelemetry_settings_as_triton_documents_them() -> None:
+    assert parse_trace_config(
+        [
+            "mode=opentelemetry",
+            "opentelemetry,url=localhost:4318/v1/traces",
+            "opentelemetry,resource=service.name=triton",
+            "opentelemetry,resource=service.version=1",
+            "opentelemetry,bsp_max_queue_size=100",
+            "opentelemetry,bsp_schedule_delay=50",
+            "opentelemetry,bsp_max_export_batch_size=10",
+            "level=TIMESTAMPS",
+        ]
+    ) == {
+        "trace_mode": "opentelemetry",
+        "trace_level": ["TIMESTAMPS"],
+        "opentelemetry": {
+            "url": "localhost:4318/v1/traces",
+            "resource": {"service.name": "triton", "service.version": "1"},
+            "bsp_max_queue_size": 100,
+            "bsp_schedule_delay": 50,
+            "bsp_max_export_batch_size": 10,
+        },
+    }
+    for bad, message in (
+        ("opentelemetry,colour=red", "unknown opentelemetry setting 'colour'"),
+        ("opentelemetry,resource=novalue", "expected <key>=<value>"),
+        ("opentelemetry,bsp_max_queue_size=many", "must be an integer"),
+        ("opentelemetry,bsp_max_export_batch_size=0", "must be positive"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            parse_trace_config([bad])
