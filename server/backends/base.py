@@ -14,6 +14,7 @@ import numpy as np
 
 from ..config import pb
 from ..config.platforms import model_filename
+from ..vocabulary.errors import BackendError
 from ..vocabulary.registry_view import RegistryView
 from ..vocabulary.types import ExecutionTimings
 
@@ -62,6 +63,18 @@ class Batch:
 #: those when the backend answers after ``execute`` returned (Python models' response senders): the
 #: instance is free for the next batch while the request waits for its answer
 RequestResult = dict[str, np.ndarray] | Exception | None | Future[Any]
+
+
+class Rescheduled(BackendError):
+    """The model released the request with ``TRITONSERVER_REQUEST_RELEASE_RESCHEDULE``: the backend's result
+    for it. The iterative sequence batcher (``sequence_batching { iterative_sequence: true }``) executes the
+    same request again; any other scheduler answers it with this error (Triton fails the release so)."""
+
+    def __init__(self, model: str) -> None:
+        super().__init__(
+            "Request is released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, but the scheduler of model "
+            f"'{model}' does not reschedule requests: set sequence_batching {{ iterative_sequence: true }}"
+        )
 
 
 class BackendInstance(ABC):

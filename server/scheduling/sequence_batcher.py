@@ -25,6 +25,16 @@ docs/user_guide/implicit_state_management.md, core/src/sequence_batch_scheduler/
   or, without one, zeros with 1 for every variable dim. State outputs go back to the client only when the
   config also lists them as outputs and the client asks for them.
 
+* Iterative sequences (``iterative_sequence: true``; Triton's ``IterativeSequencer``,
+  core/src/sequence_batch_scheduler/sequence_utils.{h,cc}): a request without a correlation id is a
+  sequence of its own (the batcher numbers it from 1 and marks it START). A model that releases a request
+  with ``TRITONSERVER_REQUEST_RELEASE_RESCHEDULE`` (a Python model's ``request.set_release_flags``) gets
+  the same request again, at the head of its slot's queue and with neither START nor END set; a request
+  released otherwise ends its sequence, which frees the slot. Each execution may send responses through
+  the request's response sender (decoupled models), the last with the final flag. Without
+  ``iterative_sequence`` a rescheduled request is answered with the backend's error (Triton fails the
+  release so).
+
 Everything runs on the event loop; executions happen on the instance's thread (InstancePool).
 """
 
@@ -40,13 +50,13 @@ from typing import Any
 
 import numpy as np
 
-from ..backends.base import Batch, RequestResult
+from ..backends.base import Batch, RequestResult, Rescheduled
 from ..config import pb
 from ..config.sequence import control_spec
 from ..repository.model_files import ModelFolder
 from ..vocabulary import datatypes
-from ..vocabulary.errors import InternalError, InvalidArgument, Unavailable
-from ..vocabulary.sequence import Sequence, sequence_of
+from ..vocabulary.errors import Cancelled, InternalError, InvalidArgument, Unavailable
+from ..vocabulary.sequence import SEQUENCE_END, SEQUENCE_ID, SEQUENCE_START, Sequence, sequence_of
 from ..vocabulary.types import InferenceRequest
 from .base import Scheduler
 from .instance_pool import InstancePool
@@ -138,6 +148,9 @@ class SequenceBatcher(Scheduler):
         self.min_utilization = 0.0 if self.oldest else sb.direct.minimum_slot_utilization
         self.preferred = sorted({p for p in sb.oldest.preferred_batch_size if p <= self.max_rows}, reverse=True)
         self.idle_ns = (sb.max_sequence_idle_microseconds or DEFAULT_IDLE_US) * 1000
+        #: iterative sequences: requests may be rescheduled; one without a correlation id is its own sequence
+        self.iterative = sb.iterative_sequence
+        self._next_implicit = 1
         self.controls = _controls(config)
         self.corrid_control = next((c for c in self.controls if c.kind == "CONTROL_SEQUENCE_CORRID"), None)
         self.states = list(sb.state)
@@ -220,6 +233,8 @@ class SequenceBatcher(Scheduler):
             raise Unavailable(f"model '{request.model_name}' is unloading")
         seq = sequence_of(request.parameters)
         model = request.model_name
+        if not seq and self.iterative:
+            seq = self._implicit_sequence(request)
         if not seq:
             raise InvalidArgument(
                 f"inference request to model '{model}' must specify a non-zero or non-empty correlation ID"
@@ -276,6 +291,20 @@ class SequenceBatcher(Scheduler):
                 self.backlog_map[corrid] = backlog
         result: dict[str, np.ndarray] | None = await entry.future
         return result
+
+    def _implicit_sequence(self, request: InferenceRequest) -> Sequence:
+        """Triton's IterativeSequencer::SetupSequenceRequest: a request without a correlation id starts a
+        sequence of its own, numbered from 1 (ids in use are skipped); the model sees its id and START flag."""
+        while True:
+            cid = self._next_implicit
+            self._next_implicit += 1
+            key: Corrid = (
+                str(cid) if self.corrid_control is not None and self.corrid_control.dtype == np.dtype(object) else cid
+            )
+            if key not in self.active and key not in self.backlog_map:
+                break
+        request.parameters = {**request.parameters, SEQUENCE_ID: cid, SEQUENCE_START: True, SEQUENCE_END: False}
+        return Sequence(cid, start=True)
 
     def _corrid(self, seq: Sequence, model: str) -> Corrid:
         cid = seq.correlation_id
@@ -427,6 +456,10 @@ class SequenceBatcher(Scheduler):
             if slot is None or entry is None:
                 continue
             slot.last_ns = now
+            if self.iterative and isinstance(result, Rescheduled):
+                if self._reschedule(slot, entry, now):
+                    continue
+                result = Cancelled("Request was cancelled")
             if isinstance(result, dict):  # None: a decoupled model answered through its stream
                 state = slot.state if slot.state is not None else {}
                 for out_name, in_name in self.state_outputs.items():
@@ -442,8 +475,23 @@ class SequenceBatcher(Scheduler):
                     keep = asked if asked is not None else self.config_outputs
                     result = {n: a for n, a in result.items() if n in keep}
             answer(entry.future, result)
-            if entry.seq.end:
+            if entry.seq.end or (self.iterative and not slot.queue):
+                # iterative: a request released without RESCHEDULE ends its sequence (Triton enqueues a cancelled
+                # END request behind it: requests already queued for the sequence run first)
                 self._release(slot)
+
+    def _reschedule(self, slot: _Slot, entry: _Entry, now: int) -> bool:
+        """The model released ``entry``'s request with RELEASE_RESCHEDULE: it runs again, first in its slot,
+        with neither START nor END (IterativeSequencer::RescheduleRequest). False when its caller is gone."""
+        request = entry.request
+        if entry.future.done() or request.cancelled:
+            return False
+        if SEQUENCE_ID in request.parameters:  # what the model's request.flags() shows: 0
+            request.parameters = {**request.parameters, SEQUENCE_START: False, SEQUENCE_END: False}
+        request.queued_ns = now
+        slot.queue.appendleft(_Entry(request, entry.future, Sequence(entry.seq.correlation_id), now))
+        self._wake[slot.instance].set()
+        return True
 
     def _add_controls(self, request: InferenceRequest, seq: Sequence, ready: bool, corrid: Corrid | None) -> None:
         shape = [1, 1] if self.batching else [1]

@@ -20,10 +20,10 @@ from ...vocabulary.errors import BackendError, ServerError
 from ...vocabulary.registry_view import RegistryView
 from ...vocabulary.streaming import ResponseStream
 from ...vocabulary.types import InferenceRequest as CoreRequest
-from ..base import BackendInstance, Batch, InstanceSpec, RequestResult
+from ..base import BackendInstance, Batch, InstanceSpec, RequestResult, Rescheduled
 from . import bridge, context
 from .loader import ModelLoadError
-from .pb_request import InferenceRequest, SenderState
+from .pb_request import RESCHEDULED, InferenceRequest, SenderState
 from .pb_types import InferenceResponse, Tensor, TritonError, TritonModelException
 from .runner import InitializeError, ModelRunner
 
@@ -202,7 +202,10 @@ class CoreState(SenderState):
 
     def _deliver(self, response: InferenceResponse | None, final: bool) -> None:
         stream = self.core.stream
-        assert stream is not None, "decoupled requests carry a stream"
+        if stream is None:  # a sequence batcher's filler row: its responses go nowhere (Triton's null request)
+            if final:
+                self.done.set_result(None)
+            return
         if response is None:
             stream.send(None, final=True)
         else:
@@ -227,8 +230,8 @@ class CoreState(SenderState):
     def _fail(self, message: str) -> None:
         error = BackendError(message)
         if self.decoupled:
-            assert self.core.stream is not None
-            self.core.stream.fail(error)
+            if self.core.stream is not None:  # None: a filler row
+                self.core.stream.fail(error)
             self.done.set_result(None)
         else:
             self.done.set_result(error)
@@ -274,7 +277,10 @@ class PythonInstance(BackendInstance):
             inputs = [Tensor(n, a) for n, a in core.inputs.items()]
             requests.append(InferenceRequest._incoming(fields, inputs, state))
         t1 = time.perf_counter_ns()
-        results = self.runner.execute(requests, list(states))
+        results = [
+            Rescheduled(self.backend.config.name) if r == RESCHEDULED else r
+            for r in self.runner.execute(requests, list(states))
+        ]
         t2 = time.perf_counter_ns()
         batch.timings.compute_input_ns = t1 - t0
         batch.timings.compute_infer_ns = t2 - t1

@@ -33,6 +33,11 @@ from .pb_types import InferenceResponse, Tensor, TritonModelException
 log = logging.getLogger(__name__)
 
 FINAL = 1  # TRITONSERVER_RESPONSE_COMPLETE_FINAL
+RELEASE_ALL = 1  # TRITONSERVER_REQUEST_RELEASE_ALL
+RELEASE_RESCHEDULE = 2  # TRITONSERVER_REQUEST_RELEASE_RESCHEDULE
+#: what ``ModelRunner.execute`` reports for a request the model released with RELEASE_RESCHEDULE (a string:
+#: it crosses the stub's channel as JSON); the backend hands the scheduler ``backends.base.Rescheduled`` for it
+RESCHEDULED = "reschedule"
 
 
 class SenderState(abc.ABC):
@@ -196,6 +201,7 @@ class InferenceRequest:
         self._parameters = dict(parameters or {})
         self._state: SenderState | None = None
         self._sender: InferenceResponseSender | None = None
+        self._release_flags = RELEASE_ALL
 
     @classmethod
     def _incoming(cls, fields: dict[str, Any], inputs: list[Tensor], state: SenderState) -> InferenceRequest:
@@ -240,9 +246,15 @@ class InferenceRequest:
         self._flags = flags
 
     def set_release_flags(self, flags: int) -> None:
-        """Triton's request rescheduling (sequence batching); kubeinfer releases every request at once."""
-        if flags & 2:  # TRITONSERVER_REQUEST_RELEASE_RESCHEDULE
-            raise TritonModelException("Request rescheduling is not supported by kubeinfer's Python backend.")
+        """How the request is released when ``execute`` returns (python_backend ``InferRequest::SetReleaseFlags``):
+        ``TRITONSERVER_REQUEST_RELEASE_RESCHEDULE`` has the scheduler execute this same request again (an
+        iterative sequence: ``sequence_batching { iterative_sequence: true }``), the model keeping its state;
+        ``TRITONSERVER_REQUEST_RELEASE_ALL`` (the default) releases it. Set it before ``execute`` returns."""
+        self._release_flags = int(flags)
+
+    def _rescheduled(self) -> bool:
+        """An incoming request the model released with RELEASE_RESCHEDULE."""
+        return self._state is not None and bool(self._release_flags & RELEASE_RESCHEDULE)
 
     def timeout(self) -> int:
         return self._timeout

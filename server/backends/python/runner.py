@@ -33,7 +33,7 @@ from typing import Any
 
 from . import context
 from .loader import ModelModule, enter_module
-from .pb_request import InferenceRequest, SenderState
+from .pb_request import RESCHEDULED, InferenceRequest, SenderState
 from .pb_types import InferenceResponse, Logger, TritonModelException
 
 _OWN_FILES = (str(Path(__file__).parent), str(Path(asyncio.__file__).parent), str(Path(futures.__file__).parent))
@@ -102,9 +102,17 @@ class ModelRunner:
                         returned = asyncio.run_coroutine_threadsafe(returned, self._background_loop()).result()
         except Exception as exc:  # fails every request of this call that is not complete yet
             return self._fail_all(states, exception_text(exc))
-        return self._collect(returned, states)
+        results = self._collect(returned, states, requests)
+        # released with RELEASE_RESCHEDULE and not complete: the scheduler executes it again (python_backend
+        # releases it with the model's flags once execute returned); one that is complete ended its stream
+        return [
+            RESCHEDULED if request._rescheduled() and not state.closed else result
+            for request, state, result in zip(requests, states, results, strict=True)
+        ]
 
-    def _collect(self, returned: Any, states: list[SenderState]) -> list[Any]:
+    def _collect(
+        self, returned: Any, states: list[SenderState], requests: list[InferenceRequest] | None = None
+    ) -> list[Any]:
         if self.decoupled:
             if returned is not None:
                 return self._fail_all(
@@ -130,7 +138,12 @@ class ModelRunner:
                     "Expected an 'InferenceResponse' object in the execute function return list, found type "
                     f"'{type(item)}'.",
                 )
-        return [s.result() if item is None else s.answer(item) for item, s in zip(returned, states, strict=True)]
+        rescheduled = [r._rescheduled() for r in requests] if requests is not None else [False] * len(states)
+        # a rescheduled request's response is dropped, as python_backend deletes it (it answers in a later execution)
+        return [
+            s.result() if item is None or again else s.answer(item)
+            for item, s, again in zip(returned, states, rescheduled, strict=True)
+        ]
 
     def _fail_all(self, states: list[SenderState], message: str) -> list[Any]:
         text = f"Failed to process the request(s) for model '{self.info.instance_name}', message: {message}"

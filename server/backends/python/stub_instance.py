@@ -28,8 +28,9 @@ from ...config import ConfigError
 from ...vocabulary.custom_metrics import CustomMetrics
 from ...vocabulary.errors import BackendError
 from ...vocabulary.registry_view import RegistryView
-from ..base import BackendInstance, Batch, RequestResult
+from ..base import BackendInstance, Batch, RequestResult, Rescheduled
 from . import bridge, context, ipc
+from .pb_request import RESCHEDULED
 from .stub_process import Launch, Pending, StubLost, StubProcess, exit_description
 
 log = logging.getLogger(__name__)
@@ -283,6 +284,9 @@ class StubInstance(BackendInstance):
         proc.execute(wire, answered)
 
     def _result(self, proc: StubProcess, key: int, record: Pending, answer: Any) -> RequestResult:
+        if answer == RESCHEDULED:  # released with RELEASE_RESCHEDULE: its next execution sends it again
+            proc.pending.pop(key, None)
+            return Rescheduled(self.info.model_name)
         if isinstance(answer, dict):  # execute returned this request's response
             proc.pending.pop(key, None)
             try:
