@@ -10,8 +10,9 @@ with all of them. The same values start from the command line (``--log-verbose``
 
 They map onto Python's logging: the root logger's level is DEBUG when verbose, else INFO when
 ``log_info``, else WARNING when ``log_warning``, else ERROR when ``log_error``, else nothing is logged.
-Choice: ``log_file`` is read-only through the API (set it with ``--log-file``), so a client cannot make
-the server write to a path of its choosing.
+``log_file`` is read-only through the API, as in Triton since its fix of a client choosing where the server
+writes (set it with ``--log-file``): a POST naming it is refused with Triton's words and status (501, gRPC
+UNIMPLEMENTED), "log file location can not be updated through network protocol".
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import threading
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ..vocabulary.errors import InvalidArgument
+from ..vocabulary.errors import InvalidArgument, Unsupported
 
 FORMATS = {
     "default": ("%(asctime)s %(levelname)s %(name)s: %(message)s", None),
@@ -101,11 +102,8 @@ class LogControl:
                     raise InvalidArgument(f"invalid log_format '{value}': the formats are {', '.join(FORMATS)}")
                 new.log_format = value
             elif name == "log_file":
-                if value != self._settings.log_file:
-                    raise InvalidArgument(
-                        "log setting 'log_file' can only be set when the server starts (--log-file); "
-                        "it is read-only through this API"
-                    )
+                if value is not None:  # Triton refuses any log_file, even the current one (its words and 501)
+                    raise Unsupported("log file location can not be updated through network protocol")
             else:
                 raise InvalidArgument(
                     f"unknown log setting '{name}': the settings are {', '.join(asdict(self._settings))}"

@@ -179,7 +179,10 @@ def test_log_settings_change_what_is_logged(server: ServerProcess) -> None:
     http.load_model("late")
     wait_for("the load to be logged", lambda: "loaded late version 1" in server.log())
     http.update_log_settings({"log_verbose_level": 0, "log_format": "ISO8601"})
-    with pytest.raises(InferenceServerException, match="log setting 'log_file' can only be set when the server starts"):
-        http.update_log_settings({"log_file": "/tmp/elsewhere.log"})
+    for client in (http, grpc):  # Triton's words: no log_file through the API, not even the current one
+        with pytest.raises(InferenceServerException, match="log file location can not be updated through network"):
+            client.update_log_settings({"log_file": "/tmp/elsewhere.log"})
+        with pytest.raises(InferenceServerException, match="log file location can not be updated through network"):
+            client.update_log_settings({"log_file": ""})
     with pytest.raises(InferenceServerException, match="expecting a boolean value for log setting 'log_error'"):
         http.update_log_settings({"log_errors": "yes"})  # the protocol document's spelling is accepted too
