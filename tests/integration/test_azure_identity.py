@@ -19,11 +19,9 @@ only" rule is the operator's own.
 from __future__ import annotations
 
 import base64
-import datetime as dt
 import hashlib
 import hmac
 import http.server
-import ipaddress
 import json
 import logging
 import secrets
@@ -38,10 +36,6 @@ from typing import Any
 import httpx
 import pytest
 from azure.storage.blob import BlobServiceClient
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 from kubeinfer.operator.artifacts import ArtifactError
 from kubeinfer.operator.fetch import Fetch
 from kubeinfer.operator.render import render_model
@@ -50,6 +44,7 @@ from kubeinfer.server.sources.client import StoreClient
 from kubeinfer.server.sources.egress import IPAddress, literal_address
 
 from tests.support.azurite import Azurite
+from tests.support.https import make_ca_and_cert
 from tests.support.sources import LOOPBACK, NS, make_writer, model_spec, relu_onnx, volume_root
 
 ACCOUNT = Azurite.account
@@ -64,46 +59,6 @@ def _anonymous(name: str, host: str) -> dict[str, str]:
 
 
 # ------------------------------------------------------------------------------------------------ TLS
-
-
-def make_tls(folder: Path) -> tuple[Path, Path, Path]:
-    """(ca.pem, server.pem, server.key): one certificate for the two public names the test serves, and 127.0.0.1
-    (the test's own uploads to Azurite, path style)."""
-    now = dt.datetime.now(dt.timezone.utc)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kubeinfer test CA (azure identity)")])
-    ca = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(ca_key, hashes.SHA256())
-    )
-    key = ec.generate_private_key(ec.SECP256R1())
-    names: list[x509.GeneralName] = [x509.DNSName(BLOB_HOST), x509.DNSName(LOGIN_HOST)]
-    names.append(x509.IPAddress(ipaddress.ip_address("127.0.0.1")))
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, BLOB_HOST)]))
-        .issuer_name(ca_name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=1))
-        .add_extension(x509.SubjectAlternativeName(names), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
-    paths = folder / "ca.pem", folder / "server.pem", folder / "server.key"
-    paths[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    paths[1].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    paths[2].write_bytes(
-        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    )
-    return paths
 
 
 def to_loopback(host: str, port: int) -> list[IPAddress]:
@@ -250,7 +205,8 @@ class EntraTokenEndpoint:
 
 @pytest.fixture(scope="module")
 def tls(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
-    return make_tls(tmp_path_factory.mktemp("tls"))
+    # one certificate for the two public names the test serves, and 127.0.0.1 (its own uploads to Azurite)
+    return make_ca_and_cert(tmp_path_factory.mktemp("tls"), (BLOB_HOST, LOGIN_HOST))
 
 
 @pytest.fixture(scope="module")

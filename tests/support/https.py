@@ -18,8 +18,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 
-def make_ca_and_cert(folder: Path) -> tuple[Path, Path, Path]:
-    """(ca.pem, server.pem, server.key) for 127.0.0.1, valid for a day."""
+def make_ca_and_cert(folder: Path, dns_names: tuple[str, ...] = ()) -> tuple[Path, Path, Path]:
+    """(ca.pem, server.pem, server.key) for 127.0.0.1 (and ``dns_names``, the first its common name), valid a day."""
     now = dt.datetime.now(dt.timezone.utc)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kubeinfer test CA")])
@@ -35,15 +35,17 @@ def make_ca_and_cert(folder: Path) -> tuple[Path, Path, Path]:
         .sign(ca_key, hashes.SHA256())
     )
     key = ec.generate_private_key(ec.SECP256R1())
+    names: list[x509.GeneralName] = [x509.DNSName(n) for n in dns_names]
+    names.append(x509.IPAddress(ipaddress.ip_address("127.0.0.1")))
     cert = (
         x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")]))
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, (dns_names or ("127.0.0.1",))[0])]))
         .issuer_name(ca_name)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - dt.timedelta(minutes=5))
         .not_valid_after(now + dt.timedelta(days=1))
-        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+        .add_extension(x509.SubjectAlternativeName(names), critical=False)
         .sign(ca_key, hashes.SHA256())
     )
     paths = folder / "ca.pem", folder / "server.pem", folder / "server.key"
