@@ -3,7 +3,7 @@
 Each variant runs in a fresh Python process that imports everything first, then reads its own peak
 resident set (``VmHWM`` in /proc/self/status) before and after the work:
 
-* ``stream``: ``check_onnx`` (operator/onnx_signature.py), what the operator runs;
+* ``stream``: ``check_onnx`` (operator/sources/onnx_signature.py), what the operator runs;
 * ``onnx.load``: the whole-file load the operator used before (``load_external_data=False``);
 * ``writer``: the operator's whole render of a ``source.path`` model of that size (RepositoryWriter:
   copy into staging, fsync, check, publish), i.e. the operator's own process during a check.
@@ -40,9 +40,9 @@ def hwm():
             yield line.split(":")[0], int(line.split()[1]) * 1024
 
 import onnx
-from kubeinfer.operator.onnx_check import check_onnx
-from kubeinfer.operator.render import render_model
-from kubeinfer.operator.repository_writer import RepositoryWriter
+from kubeinfer.operator.sources.onnx_check import check_onnx
+from kubeinfer.operator.models.render import render_model
+from kubeinfer.operator.volume.repository_writer import RepositoryWriter
 
 variant, path = sys.argv[1], Path(sys.argv[2])
 spec = {"server": "s", "platform": "onnxruntime_onnx", "maxBatchSize": 8,

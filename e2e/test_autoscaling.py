@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
-from kubeinfer.operator.autoscaling import quantity
+from kubeinfer.operator.traffic.autoscaling import quantity
 
 from tests.support import processes
 from tests.support.operator_logs import problems

@@ -562,7 +562,8 @@ def test_operator_rendered_objects_validate_with_kubeconform(kubeconform) -> Non
     every option (auth and TLS mounted included),
     against the cluster version's schemas and KEDA's CRD: a field typo in the operator fails here, not in a
     user's cluster."""
-    from kubeinfer.operator import autoscaling, manifests, network_policy
+    from kubeinfer.operator.servers import manifests, network_policy
+    from kubeinfer.operator.traffic import autoscaling
 
     from tests.support.specs import server_spec
 

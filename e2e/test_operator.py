@@ -28,7 +28,7 @@ import numpy as np
 import onnx
 import pytest
 import tritonclient.http as httpclient
-from kubeinfer.operator.model_crd import SOURCE_URI_PATTERN
+from kubeinfer.operator.api.model_crd import SOURCE_URI_PATTERN
 from onnx import TensorProto
 
 from tests.support import processes

@@ -29,7 +29,7 @@ from typing import Any
 
 import onnx
 import pytest
-from kubeinfer.operator import manifests
+from kubeinfer.operator.servers import manifests
 from onnx import TensorProto
 
 from tests.support import posing, processes

@@ -32,7 +32,7 @@ import onnx
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from kubeinfer.operator.render import config_to_spec
+from kubeinfer.operator.models.render import config_to_spec
 from kubeinfer.server.config import parse_config_text
 
 from tests.integration.test_sequence_batching import ZERO_STATE, accumulator_onnx, onnx_config

@@ -59,8 +59,8 @@ import numpy as np
 import onnx
 import pytest
 import tritonclient.http as httpclient
-from kubeinfer.operator import manifests
-from kubeinfer.operator.repository_writer import MAX_FOLDER_ENTRIES, SOURCE_MARKER
+from kubeinfer.operator.servers import manifests
+from kubeinfer.operator.volume.repository_writer import MAX_FOLDER_ENTRIES, SOURCE_MARKER
 from onnx import TensorProto
 
 from tests.support import drills, posing

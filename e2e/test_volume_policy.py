@@ -26,7 +26,7 @@ TENANT = "team-a"
 
 
 def _volume(name: str, path: str = f"{ROOT}/{TENANT}", **spec: Any) -> dict[str, Any]:
-    """A PersistentVolume as operator/tenant_volumes.py makes one, with ``spec`` overriding fields."""
+    """A PersistentVolume as operator/volume/tenant_volumes.py makes one, with ``spec`` overriding fields."""
     body: dict[str, Any] = {
         "hostPath": {"path": path, "type": "Directory"},
         "capacity": {"storage": "1Gi"},

@@ -20,18 +20,18 @@ import kopf
 from kubeinfer.server.sources.egress import HostRules, parse_networks
 from kubernetes.client import CoordinationV1Api
 
-from .autoscaling import DEFAULT_SCALER_ADDRESS
-from .kube import Kube, load_config
-from .leader import LeaseElector
+from .api.pool_defaults import parse_backends
+from .controllers.reconcile_parts import RECHECK_THREADS
+from .controllers.reconciler import FINALIZER, Reconciler
+from .controllers.settings import OperatorConfig
+from .controllers.wiring import register
+from .kube.client import Kube, load_config
+from .kube.leader import LeaseElector
 from .liveness import FollowerLiveness
-from .network_policy import PolicyContext
-from .pool_defaults import parse_backends
-from .reconcile_parts import RECHECK_THREADS
-from .reconciler import FINALIZER, Reconciler
-from .route_hosts import RouteDomains
-from .settings import OperatorConfig
-from .tenant_volumes import DEFAULT_CLAIM
-from .wiring import register
+from .servers.network_policy import PolicyContext
+from .traffic.autoscaling import DEFAULT_SCALER_ADDRESS
+from .traffic.route_hosts import RouteDomains
+from .volume.tenant_volumes import DEFAULT_CLAIM
 
 ENDPOINTS_ENV = "KUBEINFER_SERVER_ENDPOINTS"
 

@@ -9,8 +9,8 @@ any URL. Messages name URLs through ``client.shown``, which drops the query, so 
 
 The operator's own identity (Microsoft Entra Workload ID, ``azure_identity.StorageToken``: azure-identity's
 credential, its token requests through the same kind of guarded client) is sent instead as ``Authorization: Bearer``
-to the account's public endpoint only, over https (``operator/store_sources.py`` decides where; this class refuses
-plain http), and never appears in a message or a log either.
+to the account's public endpoint only, over https (``operator/sources/store_sources.py`` decides where;
+this class refuses plain http), and never appears in a message or a log either.
 
 A file is pinned by the spec's sha256, else by the blob's version id (an account with blob versioning: the
 download reads that version); a blob with neither is refused (ChecksumRequired). Content-MD5 is not a pin.

@@ -12,8 +12,8 @@ variables, the admin's cloud), so its requests go through a client of their own 
 addresses, any host), as the Google workload identity's do.
 
 The access token is a bearer: ``AzureBlobSource`` sends it (``Authorization: Bearer``) to the account's public
-endpoint only (``operator/store_sources.py`` refuses a tenant's ``source.endpoint``), over https only. It is never
-logged and never in a message: messages name URLs through ``client.shown``, and the credential's failures are
+endpoint only (``operator/sources/store_sources.py`` refuses a tenant's ``source.endpoint``), over https only. It
+is never logged and never in a message: messages name URLs through ``client.shown``, and the credential's failures are
 reduced here to Entra ID's error code and the first line of its description.
 """
 

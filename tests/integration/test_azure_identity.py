@@ -36,9 +36,9 @@ from typing import Any
 import httpx
 import pytest
 from azure.storage.blob import BlobServiceClient
-from kubeinfer.operator.artifacts import ArtifactError
-from kubeinfer.operator.fetch import Fetch
-from kubeinfer.operator.render import render_model
+from kubeinfer.operator.models.render import render_model
+from kubeinfer.operator.sources.artifacts import ArtifactError
+from kubeinfer.operator.sources.fetch import Fetch
 from kubeinfer.server.sources.azure_identity import STORAGE_SCOPE, StorageToken, workload_identity
 from kubeinfer.server.sources.client import StoreClient
 from kubeinfer.server.sources.egress import IPAddress, literal_address

@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 from azure.storage.blob import BlobSasPermissions, generate_blob_sas
-from kubeinfer.operator.artifacts import ArtifactError
-from kubeinfer.operator.fetch import Fetch
-from kubeinfer.operator.render import render_model
+from kubeinfer.operator.models.render import render_model
+from kubeinfer.operator.sources.artifacts import ArtifactError
+from kubeinfer.operator.sources.fetch import Fetch
 from kubeinfer.server.repository.scan import read_model
 from kubeinfer.server.sources.azure import AzureBlobSource, credential_from
 from kubeinfer.server.sources.client import StoreClient

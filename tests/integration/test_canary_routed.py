@@ -1,6 +1,6 @@
 """The canary's numbers count only the requests the traffic weights routed (issue 37), on a real server.
 
-The operator judges a canary by each version's statistics (``operator/rollout.py``). Triton's counts of a
+The operator judges a canary by each version's statistics (``operator/traffic/rollout.py``). Triton's counts of a
 row also hold callers that name the version (``/v2/models/m/versions/2/infer``), who are outside the
 weighted split: a burst of their failing (or fast) requests would roll a healthy canary back (or promote a
 slow one). The server keeps the routed requests' counts and latency histogram apart, in the HTTP row's

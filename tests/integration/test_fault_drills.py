@@ -20,9 +20,9 @@ from pathlib import Path
 import httpx
 import onnx
 import pytest
-from kubeinfer.operator.artifacts import ArtifactError
-from kubeinfer.operator.render import render_model
-from kubeinfer.operator.repository_writer import RepositoryWriter
+from kubeinfer.operator.models.render import render_model
+from kubeinfer.operator.sources.artifacts import ArtifactError
+from kubeinfer.operator.volume.repository_writer import RepositoryWriter
 from onnx import TensorProto
 
 from tests.support.drills import mib, report, rss_bytes

@@ -11,10 +11,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from kubeinfer.operator.artifacts import ArtifactError
-from kubeinfer.operator.fetch import Fetch
-from kubeinfer.operator.render import render_model
-from kubeinfer.operator.repository_writer import SOURCE_MARKER
+from kubeinfer.operator.models.render import render_model
+from kubeinfer.operator.sources.artifacts import ArtifactError
+from kubeinfer.operator.sources.fetch import Fetch
+from kubeinfer.operator.volume.repository_writer import SOURCE_MARKER
 from kubeinfer.server.repository.scan import read_model
 from kubeinfer.server.sources.egress import AddressPolicy
 

@@ -12,9 +12,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from kubeinfer.operator.artifacts import ArtifactError
-from kubeinfer.operator.fetch import Fetch
-from kubeinfer.operator.render import render_model
+from kubeinfer.operator.models.render import render_model
+from kubeinfer.operator.sources.artifacts import ArtifactError
+from kubeinfer.operator.sources.fetch import Fetch
 
 from tests.support.oci_registry import OciRegistry
 from tests.support.registry_tokens import SERVICE

@@ -20,8 +20,8 @@ ROOT = Path(__file__).resolve().parents[2]
 CHILD = r"""
 import json, sys, time
 from pathlib import Path
-from kubeinfer.operator.onnx_check import check_onnx
-from kubeinfer.operator.render import render_model
+from kubeinfer.operator.sources.onnx_check import check_onnx
+from kubeinfer.operator.models.render import render_model
 
 def peak():
     return next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmHWM"))

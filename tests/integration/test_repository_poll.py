@@ -150,9 +150,9 @@ def test_the_operators_poll_requests_are_batched_per_replica_and_answered_with_r
     """The operator's Nudger against a real server: 30 names asked for one by one while a request is in flight
     go in a few requests, every name's ticket gets its rows; a server that does not take poll requests (explicit
     mode) is asked once, then left to itself."""
-    from kubeinfer.operator.nudge import Nudger
-    from kubeinfer.operator.replicas import IndexReader
-    from kubeinfer.operator.server_access import PLAIN
+    from kubeinfer.operator.replicas.indexes import IndexReader
+    from kubeinfer.operator.replicas.nudge import Nudger
+    from kubeinfer.operator.replicas.server_access import PLAIN
 
     repo = tmp_path / "repo"
     repo.mkdir()
@@ -193,9 +193,9 @@ def test_names_that_trickle_in_go_together_after_the_first(tmp_path: Path, relu:
     """A bulk apply reaches the operator one model at a time: the first name goes at once, the ones that follow
     within the pause (``linger``) go together in the next request, each ticket still gets its own rows; ``full``
     names waiting (every reconcile thread of a bulk delete waits for its answer) go without the pause."""
-    from kubeinfer.operator.nudge import Nudger
-    from kubeinfer.operator.replicas import IndexReader
-    from kubeinfer.operator.server_access import PLAIN
+    from kubeinfer.operator.replicas.indexes import IndexReader
+    from kubeinfer.operator.replicas.nudge import Nudger
+    from kubeinfer.operator.replicas.server_access import PLAIN
 
     repo = tmp_path / "repo"
     repo.mkdir()

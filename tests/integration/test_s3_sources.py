@@ -24,10 +24,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubeinfer.operator.artifacts import ArtifactError
-from kubeinfer.operator.fetch import Fetch
-from kubeinfer.operator.render import render_model
-from kubeinfer.operator.repository_writer import SOURCE_MARKER, STAGING_DIR
+from kubeinfer.operator.models.render import render_model
+from kubeinfer.operator.sources.artifacts import ArtifactError
+from kubeinfer.operator.sources.fetch import Fetch
+from kubeinfer.operator.volume.repository_writer import SOURCE_MARKER, STAGING_DIR
 from kubeinfer.server.repository.scan import read_model
 from kubeinfer.server.sources.client import Answer, StoreClient
 from kubeinfer.server.sources.s3 import S3Endpoint, S3Source, credentials_from

@@ -261,7 +261,7 @@ def test_the_table_knows_graphdef_as_a_single_file_tensorflow_model() -> None:
 
 
 def test_the_operator_renders_a_graphdef_model_as_one_file() -> None:
-    from kubeinfer.operator.render import render_model
+    from kubeinfer.operator.models.render import render_model
 
     spec = {
         "server": "s",

@@ -1,5 +1,5 @@
 """Tar archives that are bombs, built cheaply (issue #37): what a tenant hands the operator as a folder model's
-archive. Used by the unit tests of ``operator/archives.py`` and the tenant drill (e2e/test_tenant_drill.py).
+archive. Used by the unit tests of ``operator/sources/archives.py`` and the tenant drill (e2e/test_tenant_drill.py).
 
 The zero bombs are real gzip streams: one small gzip member per MiB of zeros, concatenated (gzip readers take the
 members as one stream), so an 8 GiB bomb costs 8 MB and no compression time to build.

@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import onnx
-from kubeinfer.operator.artifacts import ArtifactError
-from kubeinfer.operator.fetch import Fetcher
-from kubeinfer.operator.repository_writer import RepositoryWriter
-from kubeinfer.operator.store_sources import StoreSources
+from kubeinfer.operator.sources.artifacts import ArtifactError
+from kubeinfer.operator.sources.fetch import Fetcher
+from kubeinfer.operator.sources.store_sources import StoreSources
+from kubeinfer.operator.volume.repository_writer import RepositoryWriter
 from kubeinfer.server.sources.client import StoreClient
 from kubeinfer.server.sources.egress import AddressPolicy, parse_networks
 from onnx import TensorProto

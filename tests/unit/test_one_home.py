@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
-from kubeinfer.operator import manifests
+from kubeinfer.operator.api import server_spec
 from kubeinfer.server.app import ServerSettings
 from kubeinfer.server.cli import build_parser
 from kubeinfer.server.config import (
@@ -40,7 +40,9 @@ def test_server_flag_defaults_have_one_home() -> None:
     assert (
         parser.get_default("shutdown_timeout") == settings.shutdown_timeout == server_defaults.SHUTDOWN_TIMEOUT_SECONDS
     )
-    assert manifests.DEFAULT_PORTS is ports and manifests.SHUTDOWN_SECONDS == server_defaults.SHUTDOWN_TIMEOUT_SECONDS
+    assert (
+        server_spec.DEFAULT_PORTS is ports and server_spec.SHUTDOWN_SECONDS == server_defaults.SHUTDOWN_TIMEOUT_SECONDS
+    )
     assert perf_cli.DEFAULT_URL == {"http": f"localhost:{ports['http']}", "grpc": f"localhost:{ports['grpc']}"}
 
 

@@ -1,7 +1,7 @@
 """Unpacking an ``EXECUTION_ENV_PATH`` tarball within the limits the operator puts on model archives.
 
 The tarball comes with a model, and the server unpacks it, in its own process, into a cache shared by
-every model that names the same bytes. So it gets the limits of ``operator/archives.py``, adapted to what
+every model that names the same bytes. So it gets the limits of ``operator/sources/archives.py``, adapted to what
 an environment holds (conda-pack and venv-pack tarballs are full of symlinks):
 
 * size: the archive file at most ``max_bytes``; the tar stream it decompresses to is counted on every
@@ -40,7 +40,7 @@ from typing import Any
 
 from ...repository import confined
 
-#: the operator's limits for a model archive (operator/artifacts.py, operator/archives.py)
+#: the operator's limits for a model archive (operator/sources/artifacts.py, operator/sources/archives.py)
 DEFAULT_MAX_BYTES = 20 << 30
 DEFAULT_MAX_ENTRIES = 100_000
 #: the most one read of the decompressed stream may ask for (tarfile reads a header's extra data at once)

@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubeinfer.operator import archives
-from kubeinfer.operator.artifacts import ArtifactError
-from kubeinfer.operator.fetch import Fetch, Fetcher
-from kubeinfer.operator.quota import DownloadGate
-from kubeinfer.operator.render import render_model
+from kubeinfer.operator.models.render import render_model
+from kubeinfer.operator.sources import archives
+from kubeinfer.operator.sources.artifacts import ArtifactError
+from kubeinfer.operator.sources.fetch import Fetch, Fetcher
+from kubeinfer.operator.sources.quota import DownloadGate
 from kubeinfer.server.repository import confined
 
 from tests.support.archive_bombs import tar_header as _header

@@ -5,7 +5,7 @@ from __future__ import annotations
 from decimal import Decimal
 
 import pytest
-from kubeinfer.operator import autoscaling
+from kubeinfer.operator.traffic import autoscaling
 
 PROM = "http://prometheus.monitoring.svc:9090"
 SEL = 'namespace="ml",serving_kubeinfer_io_server="gpu-pool"'
@@ -244,7 +244,7 @@ def test_interceptor_routes_reach_the_http_and_grpc_ports(zero_body):
 
 
 def test_the_grpc_port_speaks_h2c(server_body):
-    from kubeinfer.operator import manifests
+    from kubeinfer.operator.servers import manifests
 
     ports = {p["name"]: p for p in manifests.service(server_body)["spec"]["ports"]}
     assert ports["grpc"]["appProtocol"] == "kubernetes.io/h2c"  # the interceptor picks HTTP/2 by it

@@ -7,9 +7,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from kubeinfer.operator.artifacts import ArtifactError
-from kubeinfer.operator.render import Source, render_model
-from kubeinfer.operator.store_sources import StoreSources
+from kubeinfer.operator.api.model_spec import Source
+from kubeinfer.operator.models.render import render_model
+from kubeinfer.operator.sources.artifacts import ArtifactError
+from kubeinfer.operator.sources.store_sources import StoreSources
 from kubeinfer.server.config import ConfigError
 from kubeinfer.server.sources.client import StoreClient
 from kubeinfer.server.sources.egress import HostRules

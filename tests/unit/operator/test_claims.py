@@ -4,8 +4,8 @@ volume (compared by bound storage, not by claim names), and the per-namespace so
 from __future__ import annotations
 
 import pytest
-from kubeinfer.operator.artifacts import ArtifactError
-from kubeinfer.operator.claims import (
+from kubeinfer.operator.sources.artifacts import ArtifactError
+from kubeinfer.operator.volume.claims import (
     NAMESPACE_ANNOTATION,
     ClaimCheck,
     namespace_source,
@@ -154,8 +154,8 @@ def test_an_expired_lookup_is_made_once_however_many_threads_ask():
     import threading
     import time
 
-    from kubeinfer.operator.server_access import AccessBook
-    from kubeinfer.operator.tenant_volumes import TenantVolumes
+    from kubeinfer.operator.replicas.server_access import AccessBook
+    from kubeinfer.operator.volume.tenant_volumes import TenantVolumes
 
     calls: list[tuple] = []
 

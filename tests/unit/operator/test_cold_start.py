@@ -5,8 +5,8 @@ from __future__ import annotations
 import datetime as dt
 
 import pytest
-from kubeinfer.operator import cold_start
-from kubeinfer.operator.status import ReplicaView, version_states
+from kubeinfer.operator.api.status import ReplicaView, version_states
+from kubeinfer.operator.models import cold_start
 
 T0 = 1_800_000_000.0  # an epoch second
 

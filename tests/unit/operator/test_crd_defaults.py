@@ -1,6 +1,6 @@
 """The defaults the CRDs state (descriptions, bounds and the ports' CEL rule) are generated from their one
 home: the server's flag defaults (``kubeinfer.server.vocabulary.server_defaults``), the operator's pod
-defaults (``kubeinfer.operator.manifests``) and Triton's version policy (``kubeinfer.server.config.
+defaults (``kubeinfer.operator.api.server_spec``) and Triton's version policy (``kubeinfer.server.config.
 version_policy``). Each test changes a home and sees the generated text follow."""
 
 from __future__ import annotations
@@ -10,17 +10,17 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from kubeinfer.operator import descriptions, manifests, model_crd, schema, server_crd
+from kubeinfer.operator.api import descriptions, model_crd, schema, server_crd, server_spec
 from kubeinfer.server.config import ConfigError, parse_config_text, validate_config, version_policy
 
 
 @pytest.fixture
 def regenerate(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    """Set manifests' constants, then the InferenceServer spec schema generated from them; restored after."""
+    """Set server_spec's constants, then the InferenceServer spec schema generated from them; restored after."""
 
     def build(**homes: Any) -> dict[str, Any]:
         for name, value in homes.items():
-            monkeypatch.setattr(manifests, name, value)
+            monkeypatch.setattr(server_spec, name, value)
         importlib.reload(server_crd)
         return server_crd.INFERENCE_SERVER_SPEC["properties"]
 
@@ -75,8 +75,8 @@ def test_pod_defaults_in_descriptions(regenerate: Any) -> None:
 def test_the_real_crd_states_the_real_defaults() -> None:
     """Back in its home state, the generated text names the values the operator and the server use."""
     flags = server_crd.INFERENCE_SERVER_SPEC["properties"]["server"]["properties"]
-    assert f"(default {manifests.DEFAULT_PORTS['grpc']})" in _described(flags["grpcPort"])
-    assert f"default {manifests.SHUTDOWN_SECONDS})" in _described(flags["shutdownTimeoutSeconds"])
+    assert f"(default {server_spec.DEFAULT_PORTS['grpc']})" in _described(flags["grpcPort"])
+    assert f"default {server_spec.SHUTDOWN_SECONDS})" in _described(flags["shutdownTimeoutSeconds"])
 
 
 def test_the_version_policy_default_in_the_model_crd_comes_from_the_config(monkeypatch: pytest.MonkeyPatch) -> None:

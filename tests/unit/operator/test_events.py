@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from kubeinfer.operator.events import namespace_terminating
+from kubeinfer.operator.kube.events import namespace_terminating
 from kubernetes.client.exceptions import ApiException
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from kubeinfer.operator.render import render_model
+from kubeinfer.operator.models.render import render_model
 from kubeinfer.server.sources.uris import parse_az, parse_gs, parse_hf, parse_oci, parse_s3, scheme_of
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "kubernetes"

@@ -20,10 +20,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from kubeinfer.operator.artifacts import ArtifactError
-from kubeinfer.operator.credentials import CREDENTIALS_LABEL, HOSTS_ANNOTATION, credential_headers
-from kubeinfer.operator.fetch import Fetcher
-from kubeinfer.operator.fetch import system_resolve as real_resolve
+from kubeinfer.operator.sources.artifacts import ArtifactError
+from kubeinfer.operator.sources.credentials import CREDENTIALS_LABEL, HOSTS_ANNOTATION, credential_headers
+from kubeinfer.operator.sources.fetch import Fetcher
+from kubeinfer.operator.sources.fetch import system_resolve as real_resolve
 from kubeinfer.server.sources.egress import AddressPolicy, HostRules, IPAddress, parse_networks
 
 from tests.support import hostile

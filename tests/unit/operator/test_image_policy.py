@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from kubeinfer.operator.image_policy import allowed, full_reference
+from kubeinfer.operator.servers.image_policy import allowed, full_reference
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 import urllib3
-from kubeinfer.operator.kube import retried
+from kubeinfer.operator.kube.client import retried
 from kubernetes.client.exceptions import ApiException
 
 

@@ -8,7 +8,7 @@ import threading
 
 import httpx
 import pytest
-from kubeinfer.operator.leader import LeaseElector, _Record
+from kubeinfer.operator.kube.leader import LeaseElector, _Record
 from kubeinfer.operator.liveness import FollowerLiveness, parse_url
 from kubernetes.client import V1Lease, V1LeaseSpec, V1ObjectMeta
 from kubernetes.client.exceptions import ApiException

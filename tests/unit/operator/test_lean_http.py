@@ -1,4 +1,4 @@
-"""The lean writes' HTTP/1.1 exchange (operator/lean_http.py) against real sockets: answers framed each way
+"""The lean writes' HTTP/1.1 exchange (operator/kube/lean_http.py) against real sockets: answers framed each way
 HTTP allows (length, chunks with extensions and trailers, end of stream, interim 100), kept-alive
 connections reused and, when the server closed one while it was idle, the request sent again on a new one;
 broken answers and silence are urllib3's errors (what ``kube.transient`` retries); TLS with a client
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import urllib3
-from kubeinfer.operator import lean_http, lean_writes
+from kubeinfer.operator.kube import lean_http, lean_writes
 from kubernetes.client import ApiClient, Configuration
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import ProtocolError, ReadTimeoutError

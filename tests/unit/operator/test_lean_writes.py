@@ -1,4 +1,4 @@
-"""The operator's per-model writes sent straight through the client's pool (operator/lean_writes.py) arrive as
+"""The operator's per-model writes sent straight through the client's pool (operator/kube/lean_writes.py) arrive as
 the generated API methods send them: each write is sent both ways to one HTTP server and what arrived is
 compared (method, path, content type, credential, user agent, body). A refusal is the client's ApiException.
 This is also the test that fails when a kubernetes client upgrade moves what the lean path relies on."""
@@ -13,8 +13,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from kubeinfer.operator.events import event_body
-from kubeinfer.operator.kube import MODELS, SERVERS, Kube
+from kubeinfer.operator.kube.client import MODELS, SERVERS, Kube
+from kubeinfer.operator.kube.events import event_body
 from kubernetes.client import ApiClient, Configuration, CoreV1Api, CustomObjectsApi
 from kubernetes.client.exceptions import ApiException
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 
 import pytest
-from kubeinfer.operator import manifests, network_policy
+from kubeinfer.operator.api import server_spec
+from kubeinfer.operator.servers import manifests, network_policy
 
 
 def _container(dep):
@@ -201,7 +202,7 @@ def test_extra_args_may_not_set_what_the_operator_sets(server_body):
         "--auth-token-file",
         "--http-port=1",
     ]
-    pattern = re.compile(manifests.RESERVED_FLAG_PATTERN)  # the CRD's CEL rule uses the same expression
+    pattern = re.compile(server_spec.RESERVED_FLAG_PATTERN)  # the CRD's CEL rule uses the same expression
     assert pattern.match("--grpc-use-ssl=false") and pattern.match("--allowed-backends")
     assert not pattern.match("--grpc-use-ssl-mutualx") and not pattern.match("--model-repository-extra")
     assert not pattern.match("--log-verbose=1")
@@ -313,7 +314,7 @@ def test_pool_pods_get_no_service_account_token(server_body):
 
 def test_pools_without_allowed_backends_get_the_operators_default(server_body):
     """Issue #37 item 7: code backends are a pool's explicit opt-in where the admin set a default."""
-    from kubeinfer.operator.pool_defaults import parse_backends, pool_body
+    from kubeinfer.operator.api.pool_defaults import parse_backends, pool_body
 
     default = parse_backends("onnxruntime,tensorrt")
     args = _container(manifests.deployment(pool_body(server_body, default), "c"))["args"]

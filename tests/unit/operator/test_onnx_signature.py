@@ -1,4 +1,4 @@
-"""The streaming read of an ONNX file's signature (operator/onnx_signature.py) against onnx.load itself.
+"""The streaming read of an ONNX file's signature (operator/sources/onnx_signature.py) against onnx.load itself.
 
 Every model here is read both ways and must give the same inputs, outputs and initializer names; the
 limits (time, memory) and malformed files end in their own exceptions, nothing else.
@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from kubeinfer.operator.artifacts import ArtifactError
-from kubeinfer.operator.onnx_check import check_onnx
-from kubeinfer.operator.onnx_signature import LimitExceeded, Malformed, Signature, read_signature
-from kubeinfer.operator.render import render_model
+from kubeinfer.operator.models.render import render_model
+from kubeinfer.operator.sources.artifacts import ArtifactError
+from kubeinfer.operator.sources.onnx_check import check_onnx
+from kubeinfer.operator.sources.onnx_signature import LimitExceeded, Malformed, Signature, read_signature
 from onnx import TensorProto, helper, numpy_helper
 
 from tests.support.models import binary, fp16_add, string_identity, unary

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from kubeinfer.operator.pod_start import PHASES, complete, pod_timeline
+from kubeinfer.operator.servers.pod_start import PHASES, complete, pod_timeline
 
 
 def _epoch(stamp: str) -> float:

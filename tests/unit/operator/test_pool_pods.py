@@ -11,8 +11,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from kubeinfer.operator.pool_pods import PoolPods, proven_pods
-from kubeinfer.operator.replicas import Endpoint, endpoints_from_slices
+from kubeinfer.operator.replicas.indexes import Endpoint, endpoints_from_slices
+from kubeinfer.operator.replicas.pool_pods import PoolPods, proven_pods
 
 SERVER, SERVER_UID, DEP_UID = "pool", "server-uid", "dep-uid"
 SELECTOR = "app.kubernetes.io/name=kubeinfer-server,app.kubernetes.io/instance=pool"

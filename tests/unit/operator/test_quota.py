@@ -1,4 +1,4 @@
-"""Download slots per namespace and the namespace quota (operator/quota.py), on a real folder."""
+"""Download slots per namespace and the namespace quota (operator/sources/quota.py), on a real folder."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import threading
 from pathlib import Path
 
 import pytest
-from kubeinfer.operator.artifacts import ArtifactError
-from kubeinfer.operator.fetch import Fetch
-from kubeinfer.operator.quota import DownloadGate, NamespaceQuota, folder_bytes
+from kubeinfer.operator.sources.artifacts import ArtifactError
+from kubeinfer.operator.sources.fetch import Fetch
+from kubeinfer.operator.sources.quota import DownloadGate, NamespaceQuota, folder_bytes
 
 
 def test_gate_caps_each_namespace_and_the_total() -> None:

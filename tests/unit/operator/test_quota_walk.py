@@ -1,4 +1,4 @@
-"""The quota walk is confined to the namespace's folder (operator/quota.py ``folder_bytes``, issue 37).
+"""The quota walk is confined to the namespace's folder (operator/sources/quota.py ``folder_bytes``, issue 37).
 
 Whoever writes a namespace's folder (its uploads) can plant symlinks, and swap a folder for one while the
 operator walks it. The walk must count neither what a symlink points to nor anything outside the folder,
@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubeinfer.operator.artifacts import ArtifactError
-from kubeinfer.operator.quota import MAX_WALK_DEPTH, NamespaceQuota, folder_bytes
+from kubeinfer.operator.sources.artifacts import ArtifactError
+from kubeinfer.operator.sources.quota import MAX_WALK_DEPTH, NamespaceQuota, folder_bytes
 
 BIG = 1 << 20  # bytes outside the namespace's folder that must never be counted
 

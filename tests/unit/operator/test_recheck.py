@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from kubeinfer.operator.recheck import Rechecker
+from kubeinfer.operator.models.recheck import Rechecker
 
 
 def test_series_until_done_and_restarts_on_reschedule():

@@ -23,12 +23,14 @@ import httpx
 import kopf
 import onnx
 import pytest
-from kubeinfer.operator import failures, model_reconcile, pod_start, render_memo
-from kubeinfer.operator.failures import FAILURE_BACKOFF
-from kubeinfer.operator.kube import MODELS, SERVERS
-from kubeinfer.operator.reconciler import Reconciler
-from kubeinfer.operator.render import render_model
-from kubeinfer.operator.settings import OperatorConfig
+from kubeinfer.operator.controllers import model_reconcile
+from kubeinfer.operator.controllers.reconciler import Reconciler
+from kubeinfer.operator.controllers.settings import OperatorConfig
+from kubeinfer.operator.kube.client import MODELS, SERVERS
+from kubeinfer.operator.models import failures, render_memo
+from kubeinfer.operator.models.failures import FAILURE_BACKOFF
+from kubeinfer.operator.models.render import render_model
+from kubeinfer.operator.servers import pod_start
 from kubeinfer.server.sources.egress import parse_networks
 from kubernetes.client.exceptions import ApiException
 from onnx import TensorProto
@@ -906,7 +908,7 @@ def test_the_service_selects_on_the_pool_uid_once_every_pod_carries_it(
     """Upgrading the operator: a pool made before the uid label has pods without it, so its Service keeps
     selecting by name (else those pods would get no requests until the rollout ends); once every pod of the
     pool carries the label, the Service selects on it. A new pool (no pods yet) selects on it at once."""
-    from kubeinfer.operator import pool_pods
+    from kubeinfer.operator.replicas import pool_pods
 
     monkeypatch.setattr(pool_pods, "MIN_AGE", 0.0)  # each reconcile lists the pods afresh
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from kubeinfer.operator.render import config_to_spec, render_model, spec_to_config
+from kubeinfer.operator.models.render import config_to_spec, render_model, spec_to_config
 from kubeinfer.server.config import ConfigError, parse_config_text, pb, validate_config
 from kubeinfer.server.config.version_policy import select_versions
 

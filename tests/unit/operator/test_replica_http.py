@@ -20,11 +20,11 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from kubeinfer.operator.nudge import Nudger
-from kubeinfer.operator.replicas import INDEX_MAX_BYTES, Endpoint, IndexReader
-from kubeinfer.operator.rollout import StatsReader
-from kubeinfer.operator.server_access import PLAIN
-from kubeinfer.operator.server_reconcile import ServerReconcile
+from kubeinfer.operator.controllers.server_reconcile import ServerReconcile
+from kubeinfer.operator.replicas.indexes import INDEX_MAX_BYTES, Endpoint, IndexReader
+from kubeinfer.operator.replicas.nudge import Nudger
+from kubeinfer.operator.replicas.server_access import PLAIN
+from kubeinfer.operator.traffic.rollout import StatsReader
 
 from tests.support.hostile import HostileServer, drip, send
 
@@ -225,7 +225,7 @@ def test_a_start_up_timeline_is_bounded_too(stop: threading.Event) -> None:
 def test_the_deadline_holds_however_long_the_per_read_timeout(stop: threading.Event) -> None:
     """Silence before the answer's head, and a drip after it, both end at the deadline (1 s), not at the
     per-read timeout (5 s)."""
-    from kubeinfer.operator.replica_http import ReplicaClient, TooSlow
+    from kubeinfer.operator.replicas.replica_http import ReplicaClient, TooSlow
 
     client = ReplicaClient(timeout=5)
     for route in (silent(stop), drip(stop, 0.2, b" ")):
@@ -242,7 +242,7 @@ def test_the_deadline_holds_however_long_the_per_read_timeout(stop: threading.Ev
 
 
 def test_a_declared_length_over_the_cap_and_a_coded_answer_are_refused() -> None:
-    from kubeinfer.operator.replica_http import AnswerError, ReplicaClient, TooLarge
+    from kubeinfer.operator.replicas.replica_http import AnswerError, ReplicaClient, TooLarge
 
     def declared(h: http.server.BaseHTTPRequestHandler) -> None:
         h.send_response(200)
@@ -269,7 +269,7 @@ def test_a_declared_length_over_the_cap_and_a_coded_answer_are_refused() -> None
 
 
 def test_an_answer_within_the_limits_is_read_whole() -> None:
-    from kubeinfer.operator.replica_http import ReplicaClient
+    from kubeinfer.operator.replicas.replica_http import ReplicaClient
 
     body = b'[{"name": "m", "version": "1", "state": "READY"}]'
     server = serve(lambda h: send(h, 200, body, Content_Type="application/json"))
@@ -289,7 +289,7 @@ def test_an_answer_within_the_limits_is_read_whole() -> None:
 def test_a_pool_with_tls_and_a_token_is_read_over_https_with_its_token(tmp_path: Path) -> None:
     """``spec.auth``: the reader's client for the pool's TLS set-up verifies the server against the Secret's CA
     and sends the token; an answer from a server the CA did not sign is an unreadable replica."""
-    from kubeinfer.operator.server_access import ServerAccess
+    from kubeinfer.operator.replicas.server_access import ServerAccess
 
     from tests.support.https import ScriptedServer, make_ca_and_cert
 

@@ -7,7 +7,7 @@ import threading
 from collections.abc import Iterator
 
 import pytest
-from kubeinfer.operator.replicas import Endpoint, IndexReader, endpoints_from_slices
+from kubeinfer.operator.replicas.indexes import Endpoint, IndexReader, endpoints_from_slices
 
 from tests.support.https import ScriptedServer
 

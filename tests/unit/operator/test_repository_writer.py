@@ -12,11 +12,11 @@ from pathlib import Path
 
 import onnx
 import pytest
-from kubeinfer.operator import repository_writer
-from kubeinfer.operator.artifacts import ArtifactError
-from kubeinfer.operator.fetch import Fetcher
-from kubeinfer.operator.render import render_model
-from kubeinfer.operator.repository_writer import SOURCE_MARKER, RepositoryWriter
+from kubeinfer.operator.models.render import render_model
+from kubeinfer.operator.sources.artifacts import ArtifactError
+from kubeinfer.operator.sources.fetch import Fetcher
+from kubeinfer.operator.volume import repository_writer
+from kubeinfer.operator.volume.repository_writer import SOURCE_MARKER, RepositoryWriter
 from kubeinfer.server.config import ConfigError, load_config_file
 from kubeinfer.server.repository.scan import read_model
 from kubeinfer.server.sources.egress import AddressPolicy, parse_networks
@@ -358,8 +358,8 @@ def test_render_refuses_label_file_names_that_are_paths():
 )
 def test_a_forged_status_repository_path_never_removes_another_tenants_model(root, forged):
     """status.repositoryPath is writable by whoever may patch the status: it is only trusted inside the namespace."""
-    from kubeinfer.operator.reconciler import Reconciler
-    from kubeinfer.operator.settings import OperatorConfig
+    from kubeinfer.operator.controllers.reconciler import Reconciler
+    from kubeinfer.operator.controllers.settings import OperatorConfig
 
     victim = _victim(root)
     (root / NS / "other-pool" / "other-model" / "1").mkdir(parents=True)

@@ -1,14 +1,15 @@
-"""Canary weights, numbers per version and the rollout rule (operator/rollout.py); spec.modelCache flags
-(operator/model_cache.py); models loaded on demand in the status (operator/status.py). Pure functions."""
+"""Canary weights, numbers per version and the rollout rule (operator/traffic/rollout.py); spec.modelCache flags
+(operator/servers/model_cache.py); models loaded on demand in the status (operator/api/status.py). Pure functions."""
 
 from __future__ import annotations
 
 import pytest
-from kubeinfer.operator import model_cache, rollout
-from kubeinfer.operator.manifests import reserved_extra_args, server_args
-from kubeinfer.operator.render import render_model
-from kubeinfer.operator.rollout import Numbers, Rule, WindowTracker, judge
-from kubeinfer.operator.status import ModelObservation, ReplicaView, model_status, version_states
+from kubeinfer.operator.api.status import ModelObservation, ReplicaView, model_status, version_states
+from kubeinfer.operator.models.render import render_model
+from kubeinfer.operator.servers import model_cache
+from kubeinfer.operator.servers.manifests import reserved_extra_args, server_args
+from kubeinfer.operator.traffic import rollout
+from kubeinfer.operator.traffic.rollout import Numbers, Rule, WindowTracker, judge
 from kubeinfer.server.config import ConfigError
 from kubeinfer.server.config.traffic import TRAFFIC_PARAMETER
 from kubeinfer.server.repository.layout import NOT_LOADED

@@ -6,9 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from kubeinfer.operator import autoscaling
 from kubeinfer.operator.cli import build_parser
-from kubeinfer.operator.route_hosts import RouteDomains, claimed_elsewhere, refusal, service_namespace
+from kubeinfer.operator.traffic import autoscaling
+from kubeinfer.operator.traffic.route_hosts import RouteDomains, claimed_elsewhere, refusal, service_namespace
 
 DOMAINS = RouteDomains.parse(["*={namespace}.models.example.com", "team-a=team-a.example.com,ml.example.org"])
 

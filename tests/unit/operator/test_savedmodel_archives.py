@@ -8,9 +8,9 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from kubeinfer.operator.artifacts import ArtifactError
-from kubeinfer.operator.render import render_model
-from kubeinfer.operator.repository_writer import SOURCE_MARKER
+from kubeinfer.operator.models.render import render_model
+from kubeinfer.operator.sources.artifacts import ArtifactError
+from kubeinfer.operator.volume.repository_writer import SOURCE_MARKER
 from kubeinfer.server.repository.scan import read_model
 
 from tests.unit.operator.test_repository_writer import NS, http_files, listing, make_writer, sha  # noqa: F401

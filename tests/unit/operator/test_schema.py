@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import yaml
-from kubeinfer.operator import crds, model_crd
+from kubeinfer.operator.api import crds, model_crd
 
 REPO = Path(__file__).resolve().parents[3]
 CRDS = REPO / "crds"
@@ -25,7 +25,7 @@ def test_checked_in_crds_are_generated():
     for folder in crds.OUTPUT_DIRS:
         for name, text in crds.render_crd_files().items():
             assert (REPO / folder / name).read_text() == text, (
-                f"{folder}/{name} is stale: run python -m kubeinfer.operator.crds"
+                f"{folder}/{name} is stale: run python -m kubeinfer.operator.api.crds"
             )
 
 

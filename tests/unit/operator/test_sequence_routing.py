@@ -1,10 +1,10 @@
 """Sequences across replicas: the Service's session affinity and the models' SequenceRouting condition
-(operator/sequence_routing.py). Pure functions; e2e/test_sequence_replicas.py runs it on real pods."""
+(operator/traffic/sequence_routing.py). Pure functions; e2e/test_sequence_replicas.py runs it on real pods."""
 
 from __future__ import annotations
 
-from kubeinfer.operator import sequence_routing as sr
-from kubeinfer.operator.manifests import service
+from kubeinfer.operator.servers.manifests import service
+from kubeinfer.operator.traffic import sequence_routing as sr
 
 BODY = {"metadata": {"name": "pool", "namespace": "ns", "uid": "u"}, "spec": {"image": "x", "replicas": 2}}
 

@@ -4,8 +4,8 @@ rendered to a config.pbtxt the server accepts, bounded for the API server's CEL 
 from __future__ import annotations
 
 import pytest
-from kubeinfer.operator.model_crd import inference_model_spec_schema
-from kubeinfer.operator.render import config_to_spec, render_model, spec_to_config
+from kubeinfer.operator.api.model_crd import inference_model_spec_schema
+from kubeinfer.operator.models.render import config_to_spec, render_model, spec_to_config
 from kubeinfer.server.config import ConfigError, parse_config_text, pb, validate_config
 
 SPEC = {

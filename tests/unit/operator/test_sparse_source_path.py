@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubeinfer.operator.artifacts import ArtifactError
-from kubeinfer.operator.fetch import Fetch
-from kubeinfer.operator.render import render_model
+from kubeinfer.operator.models.render import render_model
+from kubeinfer.operator.sources.artifacts import ArtifactError
+from kubeinfer.operator.sources.fetch import Fetch
 
 from tests.unit.operator.test_repository_writer import NS, make_writer
 

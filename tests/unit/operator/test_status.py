@@ -6,7 +6,7 @@ import copy
 import random
 from typing import Any
 
-from kubeinfer.operator.status import (
+from kubeinfer.operator.api.status import (
     Condition,
     ModelObservation,
     ReplicaView,

@@ -28,9 +28,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from kubeinfer.operator.artifacts import ArtifactError
-from kubeinfer.operator.render import render_model
-from kubeinfer.operator.repository_writer import RepositoryWriter
+from kubeinfer.operator.models.render import render_model
+from kubeinfer.operator.sources.artifacts import ArtifactError
+from kubeinfer.operator.volume.repository_writer import RepositoryWriter
 from kubeinfer.server.repository.publish import leftover_of
 from onnx import TensorProto
 

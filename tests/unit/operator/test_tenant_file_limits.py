@@ -17,11 +17,11 @@ from typing import Any
 
 import onnx
 import pytest
-from kubeinfer.operator.artifacts import ArtifactError
-from kubeinfer.operator.onnx_check import check_onnx
-from kubeinfer.operator.quota import NamespaceQuota, folder_bytes
-from kubeinfer.operator.render import render_model
-from kubeinfer.operator.repository_writer import SOURCE_MARKER
+from kubeinfer.operator.models.render import render_model
+from kubeinfer.operator.sources.artifacts import ArtifactError
+from kubeinfer.operator.sources.onnx_check import check_onnx
+from kubeinfer.operator.sources.quota import NamespaceQuota, folder_bytes
+from kubeinfer.operator.volume.repository_writer import SOURCE_MARKER
 from onnx import TensorProto
 
 from tests.support.models import unary

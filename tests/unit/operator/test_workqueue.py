@@ -6,7 +6,7 @@ import threading
 import time
 from collections import Counter
 
-from kubeinfer.operator.workqueue import WorkQueue
+from kubeinfer.operator.controllers.workqueue import WorkQueue
 
 
 def test_a_key_never_runs_twice_at_once_and_a_burst_while_it_runs_is_one_more_run() -> None:

@@ -27,10 +27,10 @@ from azure.core.pipeline import Pipeline
 from azure.core.pipeline.policies import ContentDecodePolicy, HeadersPolicy, RetryPolicy, UserAgentPolicy
 from azure.core.rest import HttpRequest
 from azure.identity import WorkloadIdentityCredential
-from kubeinfer.operator.artifacts import ArtifactError
-from kubeinfer.operator.fetch import Fetch
-from kubeinfer.operator.render import Source
-from kubeinfer.operator.store_sources import StoreSources
+from kubeinfer.operator.api.model_spec import Source
+from kubeinfer.operator.sources.artifacts import ArtifactError
+from kubeinfer.operator.sources.fetch import Fetch
+from kubeinfer.operator.sources.store_sources import StoreSources
 from kubeinfer.server.sources import azure_identity
 from kubeinfer.server.sources.azure_identity import (
     STORAGE_SCOPE,

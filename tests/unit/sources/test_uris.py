@@ -111,7 +111,7 @@ def test_printable() -> None:
 def test_pull_secrets_give_the_registrys_entry() -> None:
     import json
 
-    from kubeinfer.operator.store_sources import pull_secret_auth
+    from kubeinfer.operator.sources.store_sources import pull_secret_auth
 
     config = json.dumps(
         {

@@ -1,0 +1,586 @@
+"""The InferenceModel reconcile: render the model into its pool's folder, read every replica's index, write
+the status (only when it changed), and recheck it within seconds until Ready.
+
+One reconcile runs as named steps over a ``_ModelPass``: find the server; bring the folder up to date (or
+see from the render memo that it is, ``render_memo.py``); read the replicas; build the status (cold start,
+rollout decision, sequence routing); publish it. A failed render waits out its backoff (``failures.py``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Hashable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+import kopf
+from kubeinfer.server.config import ConfigError
+from kubeinfer.server.config.platforms import backend_for
+from kubeinfer.server.config.version_policy import select_versions
+from kubeinfer.server.repository.layout import config_digest
+from kubernetes.client.exceptions import ApiException
+
+from ..api import status
+from ..api.pool_defaults import CODE_BACKENDS, pool_spec
+from ..kube.client import MODELS, Kube
+from ..models import cold_start
+from ..models.failures import TEMPORARY_REASONS, FailureBook, retry_delay
+from ..models.recheck import DELAYS, Rechecker
+from ..models.render import DEFAULT_BACKENDS, render_model
+from ..models.render_memo import RenderMemo, server_key
+from ..models.superseded import superseded
+from ..replicas.indexes import Endpoint
+from ..replicas.nudge import Nudger
+from ..replicas.server_access import PLAIN, ServerAccess
+from ..servers import manifests
+from ..sources.artifacts import ArtifactError
+from ..sources.credentials import credential_data
+from ..sources.fetch import Fetch
+from ..traffic import sequence_routing
+from ..traffic.autoscaling import scales_to_zero
+from ..traffic.rollout import Rollouts, weights_in_force
+from ..volume.rendered import RenderedModel
+from ..volume.repository_writer import SyncResult
+from .reconcile_parts import RECHECK_THREADS, ReconcileParts, log
+from .settings import OperatorConfig
+
+#: backends whose models are code run by the server
+#: Ready reasons worth a quick recheck after a change (the server has yet to pick it up)
+SETTLING = {"Loading", "ServerUnreachable", "ServerNotReady", "ServerUnavailable"}
+#: seconds a render's status write waits for the replicas' answer to its poll request (Rendered and Ready in
+#: one write) before it is written anyway
+NUDGE_STATUS_WAIT = 2.0
+#: seconds after a render during which its rechecks take the folder as the render left it: the whole series
+#: of rechecks (recheck.DELAYS) after the status write's wait for the replicas
+RECHECK_TRUST = NUDGE_STATUS_WAIT + sum(DELAYS)
+#: reconcile_model(render=False) of a model that needs a render
+NEEDS_RENDER: dict[str, Any] = {}
+
+
+@dataclass
+class _ModelPass:
+    """One reconcile of one model: what its steps found and did."""
+
+    body: Mapping[str, Any]
+    #: the InferenceServer the model names (None: it does not exist)
+    server: dict[str, Any] | None
+    obs: status.ModelObservation
+    #: a resync (or recheck), not a change
+    from_timer: bool
+    #: the render changed the folder; the replicas were asked to poll it now
+    changed: bool = False
+    nudged: bool = False
+    #: what the render changed in the folder (the Rendered event's message), None when it changed nothing
+    rendered_note: str | None = None
+    #: a temporary failure's message and the delay before the work queue tries again
+    temporary: str | None = None
+    delay: float = 0.0
+    endpoints: list[Endpoint] = field(default_factory=list)
+    access: ServerAccess | str = PLAIN
+    #: a render this many seconds old or younger is taken as it left the folder (``reconcile_model``'s ``trust``)
+    trust: float = 0.0
+
+    def __post_init__(self) -> None:
+        meta = self.body["metadata"]
+        self.ns: str = meta["namespace"]
+        self.name: str = meta["name"]
+        self.uid: str = meta["uid"]
+        self.generation: int = meta.get("generation", 0)
+        self.spec: Mapping[str, Any] = self.body["spec"]
+        self.server_name: str = self.spec["server"]
+        self.prev: Mapping[str, Any] = self.body.get("status") or {}
+
+    @property
+    def cancelled(self) -> bool:
+        """The render gave up: the object is going away (or changed) meanwhile."""
+        return (self.obs.render_error or ("",))[0] == "Cancelled"
+
+
+class ModelReconcile(ReconcileParts):
+    def __init__(self, config: OperatorConfig, kube: Kube) -> None:
+        super().__init__(config, kube)
+        self.failures = FailureBook()
+        self.rechecker = Rechecker(self._recheck, threads=RECHECK_THREADS)
+        self.nudger = Nudger(self.reader.client_for, self._nudged, full=max(2, config.workers))
+        #: (replica URL, model name) -> recheck key of the model, while a poll request for it is on its way
+        self._nudged_keys: dict[tuple[str, str], tuple[str, str, str]] = {}
+        self._rendered: dict[str, RenderMemo] = {}
+        #: uid -> status.coldStart.render of the model's last render that changed its folder: kept here, not only
+        #: in the status, because the status written right after a render may be deferred (``_nudged``)
+        self._render_records: dict[str, dict[str, Any]] = {}
+        #: uid -> what a render changed, while its status write waits for the replicas (``_nudged``): said in
+        #: the Ready event that follows, so a create costs one event, not a Rendered and a Ready event
+        self._render_notes: dict[str, str] = {}
+        #: weights between versions: numbers per version, spec.rollout's decisions (operator/traffic/rollout.py)
+        self.rollouts = Rollouts(self.reader)
+
+    def reconcile_model(
+        self,
+        body: Mapping[str, Any],
+        retry: int = 0,
+        from_timer: bool = False,
+        cancelled: Callable[[], bool] | None = None,
+        max_age: float | None = None,
+        recheck: bool = True,
+        render: bool = True,
+        trust: float = 0.0,
+    ) -> dict[str, Any] | None:
+        """Render, sync the repository, read every replica's index, write status (if it changed).
+
+        A failed render is not repeated by the resync for the same generation until its backoff expires
+        (a bad checksum would otherwise re-download the file every resync); changes and retries always
+        render. A resync (``from_timer``) of a model whose generation, server and folder are as its last
+        render left them renders nothing; with ``render`` False it returns ``NEEDS_RENDER`` instead of
+        rendering (the resync pass hands such models to the work queue). After a change the model is
+        rechecked within seconds until Ready (``recheck``); those rechecks only read the replicas: a render
+        up to ``trust`` seconds old is taken as it left the folder, without looking at the claim and the
+        folder again (the resync does). Returns the status (None: skipped, cancelled).
+        """
+        # a resync of an object whose change is still rendering (a slow download) does not wait for it:
+        # waiting would hold a second thread for as long as the download runs
+        with _held(self._lock(body["metadata"]["uid"]), wait=not from_timer) as got:
+            if not got:
+                return None
+            run = self._find_server(body, from_timer)
+            run.trust = trust
+            if run.server is not None:
+                if not self._update_folder(run, retry, cancelled, render):
+                    return None if run.cancelled else NEEDS_RENDER  # cancelled: going away, nothing to report
+                self._read_replicas(run, max_age)
+            new, decided = self._model_status(run)
+            return self._publish(run, new, decided, recheck)
+
+    # ------------------------------------------------------------------------- the reconcile's steps
+    def _find_server(self, body: Mapping[str, Any], from_timer: bool) -> _ModelPass:
+        """The pass, with the model's InferenceServer (kopf's index: no API call), or the error that it is missing."""
+        spec, meta = body["spec"], body["metadata"]
+        generation = meta.get("generation", 0)
+        obs = status.ModelObservation(generation=generation, target=[], rendered=[], server=spec["server"])
+        run = _ModelPass(body, self.lookup.server(meta["namespace"], spec["server"]), obs, from_timer)
+        if run.server is None:
+            obs.render_error = (
+                "ServerNotFound",
+                f"InferenceServer '{run.server_name}' does not exist in namespace '{run.ns}'; create it or fix "
+                "spec.server",
+            )
+            self._rendered.pop(run.uid, None)
+        else:
+            endpoint = manifests.service_endpoint(run.ns, run.server_name, run.server["spec"])
+            obs.endpoint = {**endpoint, "model": run.name}
+        return run
+
+    def _update_folder(self, run: _ModelPass, retry: int, cancelled: Callable[[], bool] | None, render: bool) -> bool:
+        """The folder as the spec says: as the last render left it (a resync), or rendered now. False when the
+        reconcile stops here: a render is needed but ``render`` is False, or the render was cancelled."""
+        assert run.server is not None
+        traffic = weights_in_force(run.spec, run.prev, run.generation)
+        key = (*server_key(run.ns, run.server_name, run.server), tuple(sorted(traffic.items())))
+        memo = self._unchanged(run, key) if run.from_timer else None
+        if memo is not None:
+            run.obs.target, run.obs.config_digest = memo.target, memo.config_digest
+            run.obs.repository_path, run.obs.rendered = memo.repository_path, memo.rendered
+            return True
+        if not render:
+            return False
+        self._render(run, key, retry, cancelled, traffic)
+        return not run.cancelled
+
+    def _read_replicas(self, run: _ModelPass, max_age: float | None) -> None:
+        """The model's state on each replica (a changed folder: the replicas are asked to poll it first)."""
+        assert run.server is not None
+        uid = str(run.server["metadata"].get("uid") or "")
+        run.endpoints, run.obs.index_error = self.endpoints(run.ns, run.server_name, uid)
+        run.access = self.access.for_server(run.ns, run.server_name, run.server["spec"])
+        if run.changed and isinstance(run.access, ServerAccess) and run.endpoints:
+            run.nudged = self._nudge(run.endpoints, run.access, run.name, (run.ns, run.name, run.uid))
+        age = self.config.index_max_age if max_age is None else max_age
+        run.obs.replicas = self.observe(run.server_name, run.endpoints, run.name, age, access=run.access)
+
+    def _model_status(self, run: _ModelPass) -> tuple[dict[str, Any], bool]:
+        """The new status (cold start, rollout, sequence routing included); True when a rollout decision was made."""
+        new = status.model_status(run.obs, run.prev)
+        self._cold_start(run.uid, run.spec, run.obs, run.prev, new)
+        decided = self._canary(run.body, run.prev, new, run.endpoints, run.access)
+        routing = None
+        if run.server is not None:
+            zero = scales_to_zero(run.server["spec"].get("autoscaling") or {})
+            routing = sequence_routing.model_condition(run.spec, run.server["spec"], through_interceptor=zero)
+        if routing is not None:
+            new["conditions"] += status.conditions([routing], run.prev.get("conditions"), run.generation)
+        if decided:
+            self._put_decision_in_force(run.uid, new)
+        return new, decided
+
+    def _publish(self, run: _ModelPass, new: dict[str, Any], decided: bool, recheck: bool) -> dict[str, Any]:
+        """Events, the status write (if it changed), the rechecks; a temporary failure raised for a retry."""
+        ready = _condition(new, "Ready")
+        if not decided and run.nudged and ready.get("reason") == "Loading" and not run.temporary:
+            # the replicas are loading it right now: one status write once they answered (``_nudged``),
+            # "Rendered" and "Ready" together, rather than "Loading" now and "Ready" a moment later
+            self.rechecker.schedule((run.ns, run.name, run.uid), context=self.handler_context, delay=NUDGE_STATUS_WAIT)
+            if run.rendered_note is not None:
+                self._render_notes[run.uid] = run.rendered_note
+            return new
+        note = self._render_notes.pop(run.uid, None)
+        self._post_events(run.body, run.prev, new, run.rendered_note or note)
+        self._patch_status(MODELS, run.ns, run.name, run.prev, new)
+        if decided or (recheck and (run.changed or not run.from_timer) and ready.get("reason") in SETTLING):
+            self.rechecker.schedule((run.ns, run.name, run.uid), context=self.handler_context)
+        if run.temporary:
+            raise kopf.TemporaryError(run.temporary, delay=run.delay)
+        return new
+
+    # ----------------------------------------------------------------------------------- the render
+    def _unchanged(self, run: _ModelPass, key: tuple[Any, ...]) -> RenderMemo | None:
+        """The last render, when nothing it depends on changed since: the generation, the server, the claim
+        (checked again, from its cache) and the model folder's fingerprint."""
+        assert run.server is not None
+        memo = self._rendered.get(run.uid)
+        if memo is None or not memo.still_current(run.generation, key, run.prev.get("repositoryPath")):
+            return None
+        if run.trust > 0 and time.monotonic() - memo.at <= run.trust:
+            return memo  # a recheck right after the render: the next resync looks at the folder
+        try:
+            self._claim(run.ns, run.server_name, run.server["spec"])
+        except (ArtifactError, OSError):
+            return None  # the render says why
+        if self.writer.fingerprint(memo.server_dir, run.name) != memo.fingerprint:
+            return None
+        return memo
+
+    def _render(
+        self,
+        run: _ModelPass,
+        key: tuple[Any, ...],
+        retry: int,
+        cancelled: Callable[[], bool] | None,
+        traffic: Mapping[int, float],
+    ) -> None:
+        """Render and sync the model into its server's folder, filling ``run.obs`` (and ``run.changed``,
+        ``run.temporary``). A cancelled render (the object is going away) leaves ``obs.render_error``
+        ("Cancelled", ...)."""
+        assert run.server is not None
+        obs, sspec = run.obs, run.server["spec"]
+        server_dir: Path | None = None
+        held = self.failures.held(run.uid, run.generation) if run.from_timer else None
+        self._rendered.pop(run.uid, None)
+        try:
+            subpath, server_dir = self._server_dir(run.ns, run.server_name, sspec)
+            rendered = render_model(
+                run.name, run.spec, sspec.get("backends") or DEFAULT_BACKENDS, run.server_name, traffic=dict(traffic)
+            )
+            _check_backend_allowed(rendered, run.server_name, pool_spec(sspec, self.config.default_allowed_backends))
+            obs.target = select_versions(rendered.config, rendered.versions)
+            obs.config_digest = config_digest(rendered.config_text.encode("utf-8"))
+            if held:
+                obs.render_error, obs.failed_version = held
+            else:
+                self._sync(run, rendered, server_dir, subpath, cancelled)
+        except ConfigError as exc:
+            obs.render_error = ("InvalidSpec", str(exc))
+        except ArtifactError as exc:
+            if exc.reason == "Cancelled":
+                obs.render_error = ("Cancelled", exc.message)
+                obs.repository_path = ""
+                return
+            self._render_failed(run, exc, retry)
+        if not held and (obs.render_error or ("",))[0] != "Queued":  # waiting is not a failure
+            self.failures.remember(run.uid, run.generation, obs.render_error, obs.failed_version)
+        if server_dir is not None:
+            self._remember_render(run, key, server_dir)
+
+    def _sync(
+        self,
+        run: _ModelPass,
+        rendered: RenderedModel,
+        server_dir: Path,
+        subpath: str,
+        cancelled: Callable[[], bool] | None,
+    ) -> None:
+        """Fetch, check and publish the model's files (cancelled when the object goes away meanwhile); then
+        remove it from where the status says it was, if that was elsewhere."""
+        models = self.models if self.models_attached else None  # the watch keeps the newest object: no API call
+        gone = superseded(self.kube, models, run.ns, run.name, run.uid, run.generation, cancelled)
+        fetch = Fetch(self._credentials(run.ns), gone, self.gate, self.quota)
+        succeeded = False
+        started = time.monotonic()
+        try:
+            result = self.writer.sync_model(server_dir, rendered, fetch=fetch)
+            succeeded = True
+        finally:
+            fetch.finish(succeeded)
+        if result.changed:
+            run.obs.render_timing = cold_start.render_record(
+                time.monotonic() - started, fetch.fetched, served=fetch.served
+            )
+        run.obs.repository_path = f"{subpath}/{run.name}"
+        self._forget_old_location(run.ns, run.name, run.prev.get("repositoryPath"), run.obs.repository_path)
+        if result.changed:
+            run.changed = True
+            run.rendered_note = _describe(result)
+
+    def _render_failed(self, run: _ModelPass, exc: ArtifactError, retry: int) -> None:
+        """The failure into ``run.obs``; a temporary one (network, a download slot) is retried soon."""
+        run.obs.render_error = (exc.reason, exc.message)
+        run.obs.failed_version = exc.version
+        earlier = self.failures.of(run.uid, run.generation) if exc.reason == "Queued" else None
+        if earlier is not None:
+            # a failed render tried again finds the namespace's download slots busy: the status keeps
+            # saying why it failed (not "Queued"), and the resync tries again after the failure's backoff;
+            # no retries every few seconds, so models waiting since their apply take the slots first
+            run.obs.render_error, run.obs.failed_version = earlier
+        elif exc.reason in TEMPORARY_REASONS:
+            run.temporary = exc.message
+            run.delay = retry_delay(exc.reason, retry)
+
+    def _remember_render(self, run: _ModelPass, key: tuple[Any, ...], server_dir: Path) -> None:
+        """The versions now on disk; after a success, the memo that lets a resync skip the next render."""
+        obs = run.obs
+        obs.rendered, fingerprint = self.writer.snapshot(server_dir, run.name)
+        if fingerprint is None:  # the walk failed part way: the versions as a plain listing finds them
+            obs.rendered = self.writer.versions_on_disk(server_dir, run.name)
+        if obs.render_error is not None:
+            return
+        if fingerprint is not None:
+            self._rendered[run.uid] = RenderMemo(
+                run.generation,
+                key,
+                server_dir,
+                fingerprint,
+                obs.target,
+                obs.config_digest,
+                obs.repository_path,
+                obs.rendered,
+                time.monotonic(),
+            )
+
+    def _credentials(self, namespace: str) -> Callable[[str, str], dict[str, str]]:
+        def lookup(name: str, host: str) -> dict[str, str]:
+            try:
+                secret = self.kube.read_core("Secret", name, namespace)
+            except ApiException as exc:
+                if exc.status == 403:
+                    raise ArtifactError(
+                        "CredentialsForbidden",
+                        f"the operator may not read Secret '{namespace}/{name}': grant its service account "
+                        "'get' on it (the Helm value rbac.secretNamespaces)",
+                    ) from None
+                raise
+            if secret is None:
+                raise ArtifactError(
+                    "CredentialsNotFound", f"Secret '{name}' (source.credentialsSecret) does not exist in '{namespace}'"
+                )
+            return credential_data(secret, name, host)
+
+        return lookup
+
+    def _forget_old_location(self, namespace: str, name: str, old: str | None, new: str) -> None:
+        """The model moved (other server or subPath): remove it from where it was.
+
+        ``old`` comes from the object's status, which whoever may write the status subresource can
+        change: it is only acted on when it names this model inside this namespace's folder.
+        """
+        if not old or old == new:
+            return
+        old_path = Path(old)
+        if old_path.name != name:
+            log.warning(
+                "ignoring status.repositoryPath %r of model %s/%s: not this model's folder", old, namespace, name
+            )
+            return
+        try:
+            server_dir = self.writer.server_dir(namespace, str(old_path.parent), create=False)
+        except ArtifactError as exc:
+            log.warning("ignoring status.repositoryPath %r of model %s/%s: %s", old, namespace, name, exc.message)
+            return
+        try:
+            self.writer.remove_model(server_dir, old_path.name)
+        except ArtifactError as exc:
+            log.warning("cannot remove %r of model %s/%s: %s", old, namespace, name, exc.message)
+
+    # -------------------------------------------------------------------------------- the replicas
+    def observe(
+        self,
+        server: str,
+        endpoints: list[Endpoint],
+        model: str,
+        max_age: float,
+        every: bool = False,
+        access: ServerAccess | str | None = None,
+    ) -> list[status.ReplicaView]:
+        """This model's version states on each ready replica (on every one when none is ready, or ``every``)."""
+        chosen = endpoints if every else [e for e in endpoints if e.ready] or endpoints
+        views = []
+        for endpoint in chosen:
+            if isinstance(access, str):  # the pool's auth Secrets cannot be read: say so for every replica
+                views.append(status.ReplicaView(endpoint.name, endpoint.ready, None, access))
+                continue
+            read = self.reader.read(endpoint, max_age, access or PLAIN, model)
+            error = ""
+            if read.rows is None:
+                error = (
+                    f"cannot read the repository index of InferenceServer '{server}' at {endpoint.url}: {read.error}"
+                )
+            states = None if read.rows is None else status.version_states(read.rows_of(model), model)
+            views.append(status.ReplicaView(endpoint.name, endpoint.ready, states, error))
+        return views
+
+    def _nudge(self, endpoints: list[Endpoint], access: ServerAccess, name: str, key: tuple[str, str, str]) -> bool:
+        """Ask the server's replicas to poll the model's folder now; it is rechecked as soon as they answer."""
+        for endpoint in endpoints:
+            self._nudged_keys[(endpoint.url, name)] = key
+            self.nudger.nudge(endpoint.url, access, [name])
+        return True
+
+    def _nudged(
+        self, url: str, access: ServerAccess, names: list[str], rows: dict[str, list[dict[str, Any]]] | None
+    ) -> None:
+        """A replica answered a poll request about ``names`` (``rows`` per name; None: it did not): their rows are
+        fresh in the index cache and the models are rechecked now (without an answer: at the usual delays)."""
+        if rows is not None:
+            self.reader.update(url, access, rows)
+        for name in names:
+            key = self._nudged_keys.pop((url, name), None)
+            if key is not None:
+                self.rechecker.schedule(key, context=self.handler_context, delay=0.0 if rows is not None else None)
+
+    def _recheck(self, key: Hashable) -> bool:
+        """A follow-up after a change; True when no more are needed (Ready, failed for good, or gone)."""
+        ns, name, uid = cast(tuple[str, str, str], key)
+        body = self.models.get(uid) if self.models_attached else self.kube.get(MODELS, ns, name)
+        if body is None or body["metadata"].get("uid") != uid or body["metadata"].get("deletionTimestamp"):
+            return True
+        new = self.reconcile_model(body, from_timer=True, max_age=0.5, recheck=False, trust=RECHECK_TRUST)
+        return new is None or _condition(new, "Ready").get("reason") not in SETTLING
+
+    # ------------------------------------------------------------------------------ status parts
+    def _cold_start(
+        self,
+        uid: str,
+        spec: Mapping[str, Any],
+        obs: status.ModelObservation,
+        prev: Mapping[str, Any],
+        new: dict[str, Any],
+    ) -> None:
+        """``status.coldStart`` and, with ``spec.coldStartBudgetSeconds``, the ``ColdStartBudget`` condition."""
+        if obs.render_timing is not None:
+            self._render_records[uid] = obs.render_timing
+        render = self._render_records.get(uid)  # else the status keeps the one an earlier process wrote
+        block = cold_start.status_block(render, obs.replicas, prev.get("coldStart"))
+        new["coldStart"] = block
+        budget = spec.get("coldStartBudgetSeconds")
+        condition = cold_start.budget_condition(
+            None if budget is None else float(budget),
+            (block or {}).get("render"),
+            (block or {}).get("replicas") or [],
+        )
+        if condition is not None:
+            new["conditions"] += status.conditions([condition], prev.get("conditions"), obs.generation)
+
+    def _canary(
+        self,
+        body: Mapping[str, Any],
+        prev: Mapping[str, Any],
+        new: dict[str, Any],
+        endpoints: list[Endpoint],
+        access: ServerAccess | str,
+    ) -> bool:
+        """Numbers per weighted version and spec.rollout's rule into ``new``; True when a decision was made."""
+        meta, spec = body["metadata"], body["spec"]
+        if not self.rollouts.tracked(spec) and not prev.get("versionTraffic") and not prev.get("rollout"):
+            return False
+        generation = meta.get("generation", 0)
+        stamp = status.now()
+        extra, decision = self.rollouts.extend(
+            meta["uid"], spec, generation, prev, new, endpoints, meta["name"], access, stamp
+        )
+        if extra:
+            new["conditions"] += status.conditions(extra, prev.get("conditions"), generation, stamp)
+        if decision:
+            phase = new["rollout"]["phase"]
+            self.event(body, "Warning" if phase == "RolledBack" else "Normal", phase, decision)
+        return decision is not None
+
+    def _put_decision_in_force(self, uid: str, new: dict[str, Any]) -> None:
+        """A rollout decision changes the weights in force (``weights_in_force`` reads them from the status):
+        the model is rendered again at once, and the in-memory copy carries the new status now, so the
+        recheck, the resync pass and the work queue all render the decided weights before the watch brings
+        the written status back."""
+        self._rendered.pop(uid, None)
+        if uid in self.models:
+            self.models[uid] = {**self.models[uid], "status": new}
+
+    def _post_events(
+        self, body: Mapping[str, Any], prev: Mapping[str, Any], new: Mapping[str, Any], rendered: str | None
+    ) -> None:
+        """One event per change of the Ready condition, not one per resync; a render that changed the folder
+        (``rendered``: what it changed) is a Rendered event, or part of the Ready event when the model is
+        Ready with it (one API request per model created, not two)."""
+        before: Mapping[str, Any] = _condition(prev, "Ready")
+        after = _condition(new, "Ready")
+        changed = (before.get("status"), before.get("reason"), before.get("message")) != (
+            after["status"],
+            after["reason"],
+            after["message"],
+        )
+        if changed and after["status"] == "True":
+            said = f"{after['message']}; rendered: {rendered}" if rendered is not None else after["message"]
+            self.event(body, "Normal", "Ready", said)
+            return
+        if rendered is not None:
+            self.event(body, "Normal", "Rendered", rendered)
+        if changed and after["reason"] not in ("Loading",):
+            self.event(body, "Warning", after["reason"], after["message"])
+
+
+def _check_backend_allowed(model: RenderedModel, server: str, server_spec: Mapping[str, Any]) -> None:
+    """The pool's spec.allowedBackends (a platform team's rule): a model of another backend is not rendered."""
+    allowed = server_spec.get("allowedBackends")
+    needed = backend_for(model.config)
+    if allowed is not None and needed and needed not in allowed:
+        code = (
+            " (Python, TorchScript and SavedModel models are code that runs in the server)"
+            if needed in CODE_BACKENDS
+            else ""
+        )
+        raise ArtifactError(
+            "BackendNotAllowed",
+            f"InferenceServer '{server}' does not allow backend '{needed}'{code}: its spec.allowedBackends (or the "
+            f"operator's default for pools that set none) is [{', '.join(allowed)}]; serve the model on another pool "
+            "or ask the pool's owners",
+        )
+
+
+@contextlib.contextmanager
+def _held(lock: threading.Lock, wait: bool) -> Iterator[bool]:
+    """``lock`` taken (True), or not when ``wait`` is False and someone holds it (False)."""
+    got = lock.acquire(blocking=wait)
+    try:
+        yield got
+    finally:
+        if got:
+            lock.release()
+
+
+def _condition(status_doc: Mapping[str, Any], ctype: str) -> Mapping[str, Any]:
+    return next((c for c in status_doc.get("conditions") or () if c.get("type") == ctype), {})
+
+
+def _describe(result: SyncResult) -> str:
+    """The Rendered event's message: what the sync changed in the folder."""
+    parts = []
+    if result.created_model:
+        parts.append(f"created the model with versions {result.added_versions}")
+    else:
+        if result.added_versions:
+            parts.append(f"added versions {result.added_versions}")
+        if result.replaced_versions:
+            parts.append(f"replaced versions {result.replaced_versions}")
+        if result.removed_versions:
+            parts.append(f"removed versions {result.removed_versions}")
+        if result.config_changed:
+            parts.append("updated config.pbtxt")
+    return "; ".join(parts)

@@ -1,0 +1,301 @@
+"""InferenceServer → Deployment and Service manifests (its HPA or ScaledObject: ``autoscaling``). Pure
+functions of the custom object.
+
+Each manifest is complete (the operator server-side-applies it), carries an owner reference to the
+InferenceServer (deletion cascades through the garbage collector) and the labels the operator uses to
+find what it owns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ..api import API_VERSION
+from ..api.server_spec import (
+    CONNECTION_DRAIN_SECONDS,
+    DEFAULT_DRAIN_SECONDS,
+    DEFAULT_POLL_SECONDS,
+    DEFAULT_PORTS,
+    DEFAULT_SHM,
+    EXIT_MARGIN_SECONDS,
+    PROBE_DEFAULTS,
+    RESERVED_FLAGS,
+    SHUTDOWN_SECONDS,
+)
+from ..replicas import server_auth
+from . import model_cache
+
+MODEL_REPOSITORY_MOUNT = "/models"
+MANAGED_BY = "kubeinfer-operator"
+SERVER_LABEL = "serving.kubeinfer.io/server"
+#: on the pool's pods, the InferenceServer's uid: the Service selects on it (``service``), so a pod made with the
+#: pool's older, name-based labels only is no replica of it (the operator trusts no pod for its labels anyway:
+#: ``pool_pods``)
+POOL_UID_LABEL = "serving.kubeinfer.io/pool-uid"
+
+
+def selector_labels(name: str) -> dict[str, str]:
+    return {"app.kubernetes.io/name": "kubeinfer-server", "app.kubernetes.io/instance": name}
+
+
+def labels(name: str) -> dict[str, str]:
+    return {**selector_labels(name), "app.kubernetes.io/managed-by": MANAGED_BY, SERVER_LABEL: name}
+
+
+def selector_string(name: str) -> str:
+    return ",".join(f"{k}={v}" for k, v in selector_labels(name).items())
+
+
+def pod_labels(body: Mapping[str, Any]) -> dict[str, str]:
+    """The pods' labels: the pool's, and its uid's. Not in the Deployment's selector, which is immutable: the
+    pools made before the uid label keep their selector, and their pods get the label at the next rollout."""
+    meta = body["metadata"]
+    return {**labels(meta["name"]), POOL_UID_LABEL: str(meta["uid"])}
+
+
+def mount_subpath(name: str, spec: Mapping[str, Any]) -> str:
+    """Folder of this server's repository inside its namespace's folder (``spec.repository.subPath``, default
+    the server's name): the pods' claim reaches only ``<volume>/<namespace>/``, so this is their subPath."""
+    return str((spec.get("repository") or {}).get("subPath") or name)
+
+
+def repository_subpath(namespace: str, name: str, spec: Mapping[str, Any]) -> str:
+    """Folder of this server's repository inside the whole volume (the operator's view): ``<namespace>/<subPath>``.
+
+    ``spec.repository.subPath`` is relative to the namespace's own folder, so no object can name
+    another namespace's models (tenant isolation on the shared volume).
+    """
+    return f"{namespace}/{mount_subpath(name, spec)}"
+
+
+def ports(spec: Mapping[str, Any]) -> dict[str, int]:
+    flags = spec.get("server") or {}
+    return {k: int(flags.get(f"{k}Port") or v) for k, v in DEFAULT_PORTS.items()}
+
+
+def service_endpoint(namespace: str, name: str, spec: Mapping[str, Any]) -> dict[str, str]:
+    p = ports(spec)
+    host = f"{name}.{namespace}.svc"
+    return {"http": f"{host}:{p['http']}", "grpc": f"{host}:{p['grpc']}"}
+
+
+def owner_reference(body: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "InferenceServer",
+        "name": body["metadata"]["name"],
+        "uid": body["metadata"]["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def metadata(body: Mapping[str, Any]) -> dict[str, Any]:
+    meta = body["metadata"]
+    return {
+        "name": meta["name"],
+        "namespace": meta["namespace"],
+        "labels": labels(meta["name"]),
+        "ownerReferences": [owner_reference(body)],
+    }
+
+
+def reserved_extra_args(spec: Mapping[str, Any]) -> list[str]:
+    """The extraArgs that set a flag the operator owns (empty when there are none)."""
+    extra = (spec.get("server") or {}).get("extraArgs") or []
+    return [a for a in extra if str(a).split("=", 1)[0] in RESERVED_FLAGS]
+
+
+def server_args(spec: Mapping[str, Any]) -> list[str]:
+    flags = spec.get("server") or {}
+    p = ports(spec)
+    args = [
+        f"--model-repository={MODEL_REPOSITORY_MOUNT}",
+        f"--http-port={p['http']}",
+        f"--grpc-port={p['grpc']}",
+        f"--metrics-port={p['metrics']}",
+        "--model-control-mode=poll",
+        f"--repository-poll-secs={int(flags.get('pollIntervalSeconds') or DEFAULT_POLL_SECONDS)}",
+        f"--shutdown-timeout={shutdown_seconds(spec)}",
+        f"--connection-drain-seconds={CONNECTION_DRAIN_SECONDS}",
+    ]
+    age = grpc_max_connection_age_seconds(spec)
+    if age:
+        args.append(f"--grpc-max-connection-age={age * 1000}")
+    if flags.get("logLevel"):
+        args.append(f"--log-level={flags['logLevel']}")
+    args += server_auth.server_flags(spec)
+    backends = spec.get("allowedBackends")
+    if backends is not None:
+        args.append(f"--allowed-backends={','.join(backends)}")
+    # a pool refuses op libraries from outside the model's folder unless it says otherwise (the standalone
+    # server's default is Triton's, which loads them from anywhere)
+    if not spec.get("allowExternalOpLibraries", False):
+        args.append("--allow-external-op-libraries=false")
+    args += model_cache.server_flags(spec)
+    reserved = set(reserved_extra_args(spec))
+    return args + [a for a in flags.get("extraArgs") or [] if a not in reserved]
+
+
+def grpc_max_connection_age_seconds(spec: Mapping[str, Any]) -> int:
+    """Half the preStop drain: a gRPC channel pinned to a pod that left the Service's endpoints gets a graceful
+    GOAWAY and reconnects to another replica while the pod still serves, before the server stops (whose
+    not-yet-dispatched calls would end CANCELLED); it also spreads channels over new replicas. 0: none."""
+    drain = int(spec.get("drainSeconds", DEFAULT_DRAIN_SECONDS))
+    return max(1, drain // 2) if drain > 0 else 0
+
+
+def shutdown_seconds(spec: Mapping[str, Any]) -> int:
+    return int((spec.get("server") or {}).get("shutdownTimeoutSeconds", SHUTDOWN_SECONDS))
+
+
+def termination_grace_seconds(spec: Mapping[str, Any]) -> int:
+    """preStop drain + the server's --connection-drain-seconds and --shutdown-timeout + a margin: the kubelet
+    never kills a pod that is still finishing requests (a scale-down or rollout loses none)."""
+    drain = int(spec.get("drainSeconds", DEFAULT_DRAIN_SECONDS))
+    return drain + CONNECTION_DRAIN_SECONDS + shutdown_seconds(spec) + EXIT_MARGIN_SECONDS
+
+
+def pod_annotations(spec: Mapping[str, Any]) -> dict[str, str]:
+    """The conventional ``prometheus.io/*`` scrape annotations (Prometheus's own example ``kubernetes-pods``
+    job and the community chart select pods by them), then the user's ``podAnnotations`` (which win)."""
+    return {
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": str(ports(spec)["metrics"]),
+        "prometheus.io/path": "/metrics",
+        **{k: str(v) for k, v in (spec.get("podAnnotations") or {}).items()},
+    }
+
+
+def _probe(kind: str, path: str, spec: Mapping[str, Any]) -> dict[str, Any]:
+    timing = {**PROBE_DEFAULTS[kind], **((spec.get("probes") or {}).get(kind) or {})}
+    port, scheme = server_auth.probe_port_and_scheme(spec)
+    return {"httpGet": {"path": path, "port": port, "scheme": scheme}, **timing}
+
+
+def _resources(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """Quantities as strings, passed through. A GPU (extended resource) given only as a limit needs no
+    request here: the API server defaults the request to the limit, and requires them equal."""
+    resources = spec.get("resources") or {}
+    return {k: {n: str(q) for n, q in v.items()} for k, v in resources.items() if v}
+
+
+def deployment(body: Mapping[str, Any], claim: str) -> dict[str, Any]:
+    """The pool's Deployment; its pods mount ``claim`` (which reaches only their namespace's folder of the
+    volume) at ``spec.repository.subPath``, read-only."""
+    meta, spec = body["metadata"], body["spec"]
+    name = meta["name"]
+    secret_volumes, secret_mounts = server_auth.volumes_and_mounts(spec)
+    drain = int(spec.get("drainSeconds", DEFAULT_DRAIN_SECONDS))
+    container: dict[str, Any] = {
+        "name": "server",
+        "image": spec["image"],
+        "args": server_args(spec),
+        "ports": [
+            {"name": "http", "containerPort": ports(spec)["http"], "protocol": "TCP"},
+            {"name": "grpc", "containerPort": ports(spec)["grpc"], "protocol": "TCP"},
+            {"name": "metrics", "containerPort": ports(spec)["metrics"], "protocol": "TCP"},
+        ],
+        "resources": _resources(spec),
+        "volumeMounts": [
+            {
+                "name": "model-repository",
+                "mountPath": MODEL_REPOSITORY_MOUNT,
+                "subPath": mount_subpath(name, spec),
+                "readOnly": True,
+            },
+            {"name": "dshm", "mountPath": "/dev/shm"},
+            {"name": "tmp", "mountPath": "/tmp"},
+            *secret_mounts,
+        ],
+        "livenessProbe": _probe("liveness", "/v2/health/live", spec),
+        "readinessProbe": _probe("readiness", "/v2/health/ready", spec),
+        "startupProbe": _probe("startup", "/v2/health/ready", spec),
+        # the endpoint is removed from the Service while the pod still serves; then SIGTERM drains
+        "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(drain)]}}},
+        "securityContext": {
+            "runAsNonRoot": True,
+            "readOnlyRootFilesystem": True,
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+        },
+    }
+    if spec.get("imagePullPolicy"):
+        container["imagePullPolicy"] = spec["imagePullPolicy"]
+    pod_spec: dict[str, Any] = {
+        "containers": [container],
+        "terminationGracePeriodSeconds": termination_grace_seconds(spec),
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": 1000,
+            "runAsGroup": 1000,
+            "fsGroup": 1000,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "automountServiceAccountToken": False,
+        "volumes": [
+            {
+                "name": "model-repository",
+                "persistentVolumeClaim": {"claimName": claim, "readOnly": True},
+            },
+            {
+                "name": "dshm",
+                "emptyDir": {"medium": "Memory", "sizeLimit": str(spec.get("sharedMemorySize") or DEFAULT_SHM)},
+            },
+            {"name": "tmp", "emptyDir": {}},
+            *secret_volumes,
+        ],
+    }
+    for key in ("nodeSelector", "tolerations", "affinity", "imagePullSecrets"):
+        if spec.get(key):
+            pod_spec[key] = spec[key]
+    template_meta: dict[str, Any] = {"labels": pod_labels(body), "annotations": pod_annotations(spec)}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": metadata(body),
+        "spec": {
+            "replicas": int(spec.get("replicas", 1)),
+            "selector": {"matchLabels": selector_labels(name)},
+            # never fewer serving pods than asked for during a rollout
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
+            "template": {"metadata": template_meta, "spec": pod_spec},
+        },
+    }
+
+
+def service(
+    body: Mapping[str, Any], affinity: Mapping[str, Any] | None = None, *, by_uid: bool = True
+) -> dict[str, Any]:
+    """The pool's Service; ``affinity``: a ``sessionAffinityConfig`` (ClientIP affinity, for sequence models:
+    ``sequence_routing``), None for none. ``by_uid``: it selects on the pool's uid label too, which the caller
+    turns on only once every pod of the pool carries it (a pool made before the label would otherwise serve
+    from no pod until its rollout ends: ``server_reconcile``)."""
+    name = body["metadata"]["name"]
+    p = ports(body["spec"])
+    selector = selector_labels(name)
+    if by_uid:
+        selector[POOL_UID_LABEL] = str(body["metadata"]["uid"])
+    spec: dict[str, Any] = {
+        "type": "ClusterIP",
+        "selector": selector,
+        "ports": [
+            {"name": "http", "port": p["http"], "targetPort": "http", "protocol": "TCP"},
+            # gRPC is HTTP/2 in clear text: the standard appProtocol tells proxies (KEDA's HTTP add-on, Gateway
+            # implementations) to speak h2c to this port
+            {
+                "name": "grpc",
+                "port": p["grpc"],
+                "targetPort": "grpc",
+                "protocol": "TCP",
+                "appProtocol": "kubernetes.io/h2c",
+            },
+            {"name": "metrics", "port": p["metrics"], "targetPort": "metrics", "protocol": "TCP"},
+        ],
+        # set either way: server-side apply leaves a field the operator stops sending as it was
+        "sessionAffinity": "ClientIP" if affinity else "None",
+    }
+    if affinity:
+        spec["sessionAffinityConfig"] = dict(affinity)
+    return {"apiVersion": "v1", "kind": "Service", "metadata": metadata(body), "spec": spec}
