@@ -47,13 +47,13 @@ def test_server_flag_defaults_have_one_home() -> None:
 
 
 def test_the_header_limit_has_one_home() -> None:
-    """``Limits`` holds the default; the CLI, the HTTP protocol and the limit tables of README and SECURITY.md
-    state the same number."""
+    """``Limits`` holds the default; the CLI, the HTTP protocol and the limit tables of docs/server.md (the
+    flag table) and SECURITY.md state the same number."""
     default = DEFAULT_LIMITS.max_header_bytes
     assert build_parser().get_default("max_header_bytes") == default == BoundedHttpToolsProtocol.max_header_bytes
     assert bounded_protocol(Limits(max_header_bytes=1234)).max_header_bytes == 1234
     assert default % 1024 == 0
-    for doc in ("README.md", "SECURITY.md"):
+    for doc in ("docs/server.md", "SECURITY.md"):
         rows = [line for line in (ROOT / doc).read_text().splitlines() if line.startswith("| `--max-header-bytes`")]
         assert rows and all(f"| {default // 1024} KiB |" in row for row in rows), (doc, rows)
 
