@@ -1,6 +1,6 @@
 """MkDocs hook: the CRD reference pages, generated from crds/*.yaml at every build.
 
-The CRDs' OpenAPI schemas (written by ``python -m kubeinfer.operator.crds``) are the one home of every
+The CRDs' OpenAPI schemas (written by ``python -m kubeinfer.operator.api.crds``) are the one home of every
 field's type, limits, rules and description; a hand-written reference would be a copy that drifts. So the
 site's "CRD reference" pages are rendered here, as the site is built, and never stored in docs/.
 """
