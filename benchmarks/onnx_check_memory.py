@@ -3,7 +3,8 @@
 Each variant runs in a fresh Python process that imports everything first, then reads its own peak
 resident set (``VmHWM`` in /proc/self/status) before and after the work:
 
-* ``stream``: ``check_onnx`` (operator/sources/onnx_signature.py), what the operator runs;
+* ``stream``: ``check_onnx`` (operator/sources/onnx_check.py; the read is server/config/onnx_signature.py), what the
+  operator runs;
 * ``onnx.load``: the whole-file load the operator used before (``load_external_data=False``);
 * ``writer``: the operator's whole render of a ``source.path`` model of that size (RepositoryWriter:
   copy into staging, fsync, check, publish), i.e. the operator's own process during a check.

@@ -2,8 +2,11 @@
 
 The most common config.pbtxt mistake is the batch dimension (dims must exclude it when
 maxBatchSize > 0); catching it here turns a load failure on every server replica into one clear
-message on the InferenceModel. The file is read by ``onnx_signature`` (a streaming read bounded in
-time and memory), never loaded whole into the operator.
+message on the InferenceModel. The rules and their words are the server's own
+(``kubeinfer.server.config.onnx_rules``: the auto-complete the server runs, then its load check), so
+what the operator refuses is what the server would fail to load. The file is read by
+``kubeinfer.server.config.onnx_signature`` (a streaming read bounded in time and memory), never
+loaded whole into the operator.
 """
 
 from __future__ import annotations
@@ -11,34 +14,21 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from collections.abc import Iterable
 from pathlib import Path
 
-import onnx
-from kubeinfer.server.config import pb
-from kubeinfer.server.vocabulary import datatypes
-from onnx import helper
+from kubeinfer.server.config import onnx_rules, pb
+from kubeinfer.server.config.onnx_signature import (
+    DEFAULT_BUDGET,
+    LimitExceeded,
+    Malformed,
+    graph_tensors,
+    read_signature,
+)
 
 from .artifacts import ArtifactError
-from .onnx_signature import DEFAULT_BUDGET, LimitExceeded, Malformed, read_signature
 
 #: seconds one file's check may take (the operator's --onnx-check-timeout)
 DEFAULT_CHECK_TIMEOUT = 60.0
-
-
-def _onnx_tensors(values: Iterable[onnx.ValueInfoProto], skip: set[str]) -> dict[str, tuple[str | None, list[int]]]:
-    out = {}
-    for vi in values:
-        if vi.name in skip:
-            continue
-        ttype = vi.type.tensor_type
-        try:
-            dtype = datatypes.from_numpy(helper.tensor_dtype_to_np_dtype(ttype.elem_type)).v2
-        except Exception:
-            dtype = None
-        dims = [d.dim_value if d.HasField("dim_value") else -1 for d in ttype.shape.dim]
-        out[vi.name] = (dtype, dims)
-    return out
 
 
 def _open_regular(path: Path) -> int:
@@ -88,38 +78,11 @@ def check_onnx(
         ) from None
     except (Malformed, OSError) as exc:
         reason = str(exc) if isinstance(exc, Malformed) else exc.strerror or type(exc).__name__
-        return [f"version {version}: {shown} is not a readable ONNX model ({reason})"]
-    problems: list[str] = []
-    batching = config.max_batch_size > 0
-    for kind, declared, actual in (
-        ("input", config.input, _onnx_tensors(sig.inputs, sig.initializers)),
-        ("output", config.output, _onnx_tensors(sig.outputs, set())),
-    ):
-        for t in declared:
-            where = f"version {version}: {kind} '{t.name}'"
-            if t.name not in actual:
-                problems.append(f"{where} is not in the ONNX model, whose {kind}s are {sorted(actual)}")
-                continue
-            dtype, dims = actual[t.name]
-            want_type = datatypes.config_to_v2(pb.DataType.Name(t.data_type))
-            if dtype and dtype != want_type:
-                problems.append(f"{where} is {dtype} in the ONNX model, but dataType says {want_type}")
-            shape = list(t.reshape.shape) if t.HasField("reshape") else list(t.dims)
-            if batching:
-                if not dims:
-                    problems.append(f"{where}: the ONNX tensor has no batch dimension but maxBatchSize > 0")
-                    continue
-                dims = dims[1:]
-            if len(dims) != len(shape) or any(a != b and -1 not in (a, b) for a, b in zip(dims, shape, strict=True)):
-                hint = (
-                    " (dims must not include the batch dimension when maxBatchSize > 0)"
-                    if batching and len(shape) == len(dims) + 1
-                    else " (with maxBatchSize 0, dims include the batch dimension)"
-                    if not batching and len(shape) + 1 == len(dims)
-                    else ""
-                )
-                problems.append(
-                    f"{where} has dims {shape} but the ONNX model's shape is "
-                    f"{dims if not batching else ['batch', *dims]}{hint}"
-                )
-    return problems
+        return [f"version {version}: cannot read ONNX model {shown}: {reason}"]
+    inputs, outputs = graph_tensors(sig)
+    # the server auto-completes before it checks (the operator's servers run with auto-complete on, and with
+    # Triton's default-max-batch-size: the operator passes no --backend-config)
+    completed = pb.ModelConfig()
+    completed.CopyFrom(config)
+    onnx_rules.complete(completed, inputs, outputs, onnx_rules.DEFAULT_MAX_BATCH_SIZE)
+    return [f"version {version}: {problem}" for problem in onnx_rules.mismatches(completed, inputs, outputs)]

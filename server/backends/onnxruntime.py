@@ -6,7 +6,7 @@ instances on separate threads execute truly in parallel.
 
 Config ``parameters`` read (as Triton's onnxruntime backend): ``intra_op_thread_count``,
 ``inter_op_thread_count``, ``execution_mode`` (0 sequential, 1 parallel), ``allow_spinning`` (default 0,
-see below). Graph optimization from
+see below), parsed by ``backends.parameters`` as the other backends' are. Graph optimization from
 ``optimization.graph.level``: -1 basic, 1 extended, anything else all (ORT's default).
 ``model_operations { op_library_filename }``: each library is registered with ORT's
 ``register_custom_ops_library`` before the session is created (Triton's "Custom Operations"), resolved and
@@ -23,55 +23,28 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, ClassVar, cast
+from typing import Any, ClassVar
 
 import numpy as np
 
-from ..config import ConfigError, pb, sequence
+from ..config import ConfigError, onnx_rules, pb, sequence
+from ..config.onnx_signature import LimitExceeded, Malformed, Tensor, graph_tensors, read_signature
 from ..repository.model_files import pinned
 from . import settings
 from .base import Backend, BackendInstance, InstanceSpec, TensorBackendInstance
-
-# ONNX TensorProto element type → config enum name
-_ONNX_TO_CONFIG = {
-    1: "TYPE_FP32",
-    2: "TYPE_UINT8",
-    3: "TYPE_INT8",
-    4: "TYPE_UINT16",
-    5: "TYPE_INT16",
-    6: "TYPE_INT32",
-    7: "TYPE_INT64",
-    8: "TYPE_STRING",
-    9: "TYPE_BOOL",
-    10: "TYPE_FP16",
-    11: "TYPE_FP64",
-    12: "TYPE_UINT32",
-    13: "TYPE_UINT64",
-    16: "TYPE_BF16",
-}
+from .parameters import count_parameter, string_parameter
 
 
-def _graph_signature(model_file: Path) -> tuple[list[tuple[str, str, list[int]]], list[tuple[str, str, list[int]]]]:
-    """(name, config type, dims with -1 for symbolic) for graph inputs and outputs."""
-    import onnx
-
+def _graph_signature(model_file: Path) -> tuple[list[Tensor], list[Tensor]]:
+    """The graph's inputs and outputs as a config sees them (``config.onnx_signature``: the streaming read the
+    operator's early check uses too, so a large model's weights are never read here)."""
     try:
-        model = onnx.load(str(pinned(model_file)), load_external_data=False)
-    except Exception as exc:  # onnx raises DecodeError, ValueError, OSError...
+        with open(pinned(model_file), "rb") as f:
+            return graph_tensors(read_signature(f))
+    except (Malformed, LimitExceeded) as exc:
         raise ConfigError(f"cannot read ONNX model {model_file.name}: {exc}") from None
-    initializers = {i.name for i in model.graph.initializer}
-
-    def describe(values: Any) -> list[tuple[str, str, list[int]]]:
-        result = []
-        for v in values:
-            if v.name in initializers:
-                continue
-            t = v.type.tensor_type
-            dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else -1 for d in t.shape.dim]
-            result.append((v.name, _ONNX_TO_CONFIG.get(t.elem_type, "TYPE_INVALID"), dims))
-        return result
-
-    return describe(model.graph.input), describe(model.graph.output)
+    except OSError as exc:
+        raise ConfigError(f"cannot read ONNX model {model_file.name}: {exc.strerror or exc}") from None
 
 
 class OnnxRuntimeBackend(Backend):
@@ -80,87 +53,22 @@ class OnnxRuntimeBackend(Backend):
 
     @classmethod
     def auto_complete_config(cls, config: pb.ModelConfig, version_path: Path) -> None:
-        model_file = cls.model_path(config, version_path)
-        inputs, outputs = _graph_signature(model_file)
-        graph_batches = all(d and d[0] == -1 for _, _, d in inputs + outputs)
-        if not config.HasField("max_batch_size"):
-            config.max_batch_size = settings.default_max_batch_size(cls.name) if graph_batches else 0
-            if config.max_batch_size > 1 and config.WhichOneof("scheduling_choice") is None:
-                config.dynamic_batching.SetInParent()
-        skip = 1 if config.max_batch_size > 0 else 0
-        # the sequence batcher feeds control and state inputs and consumes state outputs itself
-        injected = sequence.injected_input_names(config) | sequence.state_output_names(config)
-        for declared, found in ((config.input, inputs), (config.output, outputs)):
-            known = {t.name: t for t in declared}
-            for name, dtype, dims in found:
-                if name in injected and name not in known:
-                    continue
-                t = known.get(name)
-                if t is None:
-                    if declared is config.input and known:
-                        continue  # a partial input list is the user's choice (optional inputs)
-                    t = declared.add()
-                    t.name = name
-                if t.data_type == pb.TYPE_INVALID:
-                    t.data_type = cast(pb.DataType, pb.DataType.Value(dtype))
-                if not t.dims and not t.HasField("reshape"):
-                    t.dims.extend(dims[skip:] or [1])
+        inputs, outputs = _graph_signature(cls.model_path(config, version_path))
+        onnx_rules.complete(config, inputs, outputs, settings.default_max_batch_size(cls.name))
 
     @classmethod
     def validate_model(cls, config: pb.ModelConfig, version_path: Path) -> None:
-        model_file = cls.model_path(config, version_path)
-        inputs, outputs = _graph_signature(model_file)
-        for kind, declared, found in (("input", config.input, inputs), ("output", config.output, outputs)):
-            graph = {n: (dt, dims) for n, dt, dims in found}
-            for t in declared:
-                if t.name not in graph:
-                    raise ConfigError(
-                        f"{kind} '{t.name}' is not in the ONNX model; the model's {kind}s are "
-                        f"{', '.join(graph) or 'none'}"
-                    )
-                dtype, dims = graph[t.name]
-                want = pb.DataType.Name(t.data_type)
-                if dtype != want:
-                    raise ConfigError(f"{kind} '{t.name}' is {dtype} in the ONNX model but {want} in the config")
-                if t.HasField("reshape"):
-                    continue
-                model_dims = dims
-                if config.max_batch_size > 0:
-                    if not dims or dims[0] not in (-1,):
-                        if dims and dims[0] > 0 and dims[0] >= config.max_batch_size:
-                            model_dims = dims[1:]
-                        else:
-                            raise ConfigError(
-                                f"{kind} '{t.name}' has shape {dims} in the ONNX model, which has no "
-                                f"variable batch dimension; set max_batch_size: 0 and dims: {dims}"
-                            )
-                    else:
-                        model_dims = dims[1:]
-                if len(model_dims) != len(t.dims) or any(
-                    m != -1 and c != -1 and m != c for m, c in zip(model_dims, t.dims, strict=False)
-                ):
-                    batch_note = " (without the batch dimension)" if config.max_batch_size > 0 else ""
-                    raise ConfigError(
-                        f"{kind} '{t.name}' has dims {list(t.dims)} in the config but {model_dims}{batch_note} "
-                        "in the ONNX model"
-                    )
-
-        declared_inputs = {t.name for t in config.input} | sequence.injected_input_names(config)
-        undeclared = [n for n, _, _ in inputs if n not in declared_inputs]
-        if undeclared:
-            # Triton's onnxruntime backend: "configuration expects N inputs, model provides M"
-            raise ConfigError(
-                f"unable to load model '{config.name}', configuration expects {len(config.input)} inputs, "
-                f"model provides {len(inputs)}: the config lacks {', '.join(undeclared)}"
-            )
+        inputs, outputs = _graph_signature(cls.model_path(config, version_path))
+        problems = onnx_rules.mismatches(config, inputs, outputs)
+        if problems:
+            raise ConfigError(problems[0])
 
     def create_instance(self, spec: InstanceSpec) -> BackendInstance:
         return OnnxRuntimeInstance(self.config, self.model_file(), spec, self.op_libraries)
 
 
-def _param(config: pb.ModelConfig, key: str) -> str | None:
-    p = config.parameters.get(key)
-    return p.string_value if p is not None and p.string_value != "" else None
+def _threads(config: pb.ModelConfig, key: str) -> int | None:
+    return count_parameter(config, key, minimum=0, backend="ONNX Runtime")  # 0: ONNX Runtime's own choice
 
 
 Accelerator = pb.ModelOptimizationPolicy.ExecutionAccelerators.Accelerator
@@ -186,22 +94,22 @@ def session_options_and_providers(
             raise ConfigError(
                 f"model_operations op_library_filename '{entry}': onnxruntime cannot load {library}: {exc}"
             ) from None
-    intra = _param(config, "intra_op_thread_count")
+    intra = _threads(config, "intra_op_thread_count")
     if intra is not None:
-        opts.intra_op_num_threads = int(intra)
+        opts.intra_op_num_threads = intra
     elif spec.kind == "CPU":
         opts.intra_op_num_threads = max(1, (os.cpu_count() or 1) // max(spec.total, 1))
-    inter = _param(config, "inter_op_thread_count")
+    inter = _threads(config, "inter_op_thread_count")
     if inter is not None:
-        opts.inter_op_num_threads = int(inter)
-    if _param(config, "execution_mode") == "1":
+        opts.inter_op_num_threads = inter
+    if string_parameter(config, "execution_mode") == "1":
         opts.execution_mode = ort.ExecutionMode.ORT_PARALLEL
     # ORT's worker threads spin between parallel sections by default; in a server those spinning threads
     # take the cores the event loop, the clients and other instances need, and in a pod they burn its CPU
     # quota. Spinning gains a little on a quiet machine and loses much when other work shares the cores
     # (benchmarks/config_ab.py, benchmarks/results/config-ab-20261201-191545.json; README 'Performance
     # against Triton and MLServer'). Off unless asked for.
-    spinning = "1" if _param(config, "allow_spinning") == "1" else "0"
+    spinning = "1" if string_parameter(config, "allow_spinning") == "1" else "0"
     opts.add_session_config_entry("session.intra_op.allow_spinning", spinning)
     opts.add_session_config_entry("session.inter_op.allow_spinning", spinning)
     level = config.optimization.graph.level

@@ -6,10 +6,12 @@ without a backend name is global (``default-max-batch-size``) and applies to eve
 
 from __future__ import annotations
 
+# Triton's default, in the config layer, where the operator's copy of the ONNX auto-complete reads it too
+from ..config.onnx_rules import DEFAULT_MAX_BATCH_SIZE
+
 _CONFIG: dict[str, dict[str, str]] = {}
 
-#: Triton's default for ``default-max-batch-size`` (docs/user_guide/model_configuration.md)
-DEFAULT_MAX_BATCH_SIZE = 4
+__all__ = ["DEFAULT_MAX_BATCH_SIZE", "configure", "default_max_batch_size", "setting"]
 
 
 def configure(config: dict[str, dict[str, str]]) -> None:

@@ -6,13 +6,11 @@ no GPU) the gauge is simply absent, as Triton does when GPU metrics are unavaila
 
 from __future__ import annotations
 
-import logging
 import os
 import time
 from dataclasses import dataclass
-from typing import Any
 
-log = logging.getLogger(__name__)
+from . import nvml
 
 
 def process_start_time() -> float | None:
@@ -88,54 +86,31 @@ class GpuSample:
 
 
 class GpuReader:
-    """NVML (the ``nvidia-ml-py`` package) loaded on first use; disabled for good if it is not there."""
-
-    def __init__(self) -> None:
-        self._nvml: Any = None
-        self._tried = False
-
-    def _init(self) -> Any:
-        if not self._tried:
-            self._tried = True
-            try:
-                import pynvml
-
-                pynvml.nvmlInit()
-                self._nvml = pynvml
-            except Exception as exc:  # no package, no driver, no GPU: no GPU gauges
-                log.debug("GPU metrics unavailable: %s", exc)
-        return self._nvml
+    """The GPU gauges through NVML (``nvml``); none where NVML is not there."""
 
     def read(self) -> list[GpuSample]:
-        nvml = self._init()
-        if nvml is None:
+        lib = nvml.library()
+        if lib is None:
             return []
         samples = []
         try:
-            count = nvml.nvmlDeviceGetCount()
+            count = lib.nvmlDeviceGetCount()
         except Exception:
             return []
         for i in range(count):
             try:
-                handle = nvml.nvmlDeviceGetHandleByIndex(i)
-                uuid = nvml.nvmlDeviceGetUUID(handle)
+                handle = lib.nvmlDeviceGetHandleByIndex(i)
+                uuid = lib.nvmlDeviceGetUUID(handle)
             except Exception:
                 continue
             samples.append(
                 GpuSample(
                     uuid=uuid.decode() if isinstance(uuid, bytes) else str(uuid),
-                    utilization=_try(lambda h=handle: nvml.nvmlDeviceGetUtilizationRates(h).gpu / 100.0),
-                    memory_total=_try(lambda h=handle: int(nvml.nvmlDeviceGetMemoryInfo(h).total)),
-                    memory_used=_try(lambda h=handle: int(nvml.nvmlDeviceGetMemoryInfo(h).used)),
-                    power_usage=_try(lambda h=handle: nvml.nvmlDeviceGetPowerUsage(h) / 1000.0),
-                    power_limit=_try(lambda h=handle: nvml.nvmlDeviceGetPowerManagementLimit(h) / 1000.0),
+                    utilization=nvml.optional(lambda h=handle: lib.nvmlDeviceGetUtilizationRates(h).gpu / 100.0),
+                    memory_total=nvml.optional(lambda h=handle: int(lib.nvmlDeviceGetMemoryInfo(h).total)),
+                    memory_used=nvml.optional(lambda h=handle: int(lib.nvmlDeviceGetMemoryInfo(h).used)),
+                    power_usage=nvml.optional(lambda h=handle: lib.nvmlDeviceGetPowerUsage(h) / 1000.0),
+                    power_limit=nvml.optional(lambda h=handle: lib.nvmlDeviceGetPowerManagementLimit(h) / 1000.0),
                 )
             )
         return samples
-
-
-def _try(read: Any) -> Any:
-    try:
-        return read()
-    except Exception:  # a field the device does not support (power on some boards)
-        return None

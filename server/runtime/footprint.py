@@ -18,6 +18,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..observability import nvml
+
 log = logging.getLogger(__name__)
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -65,36 +67,19 @@ def host_rss(path: str = "/proc/self/statm") -> int:
 
 
 class GpuMemory:
-    """This process's GPU memory per device through NVML (pynvml), when a GPU and NVML are there."""
-
-    def __init__(self) -> None:
-        self._nvml: Any = None
-        self._tried = False
-
-    def _init(self) -> Any:
-        if not self._tried:
-            self._tried = True
-            try:
-                import pynvml
-
-                pynvml.nvmlInit()
-                if pynvml.nvmlDeviceGetCount() > 0:
-                    self._nvml = pynvml
-            except Exception:  # no NVML, no driver, no GPU: host memory only
-                self._nvml = None
-        return self._nvml
+    """This process's GPU memory per device through NVML (``observability.nvml``), when a GPU and NVML are there."""
 
     def read(self) -> dict[int, int]:
-        nvml = self._init()
-        if nvml is None:
+        lib = nvml.library()
+        if lib is None:
             return {}
         out: dict[int, int] = {}
         pid = os.getpid()
         try:
-            for i in range(nvml.nvmlDeviceGetCount()):
-                handle = nvml.nvmlDeviceGetHandleByIndex(i)
-                mine = [p.usedGpuMemory or 0 for p in nvml.nvmlDeviceGetComputeRunningProcesses(handle) if p.pid == pid]
-                out[i] = sum(mine) if mine else int(nvml.nvmlDeviceGetMemoryInfo(handle).used)
+            for i in range(lib.nvmlDeviceGetCount()):
+                handle = lib.nvmlDeviceGetHandleByIndex(i)
+                mine = [p.usedGpuMemory or 0 for p in lib.nvmlDeviceGetComputeRunningProcesses(handle) if p.pid == pid]
+                out[i] = sum(mine) if mine else int(lib.nvmlDeviceGetMemoryInfo(handle).used)
         except Exception as exc:  # a reading that fails is no reason to fail a load
             log.debug("NVML memory reading failed: %s", exc)
             return {}

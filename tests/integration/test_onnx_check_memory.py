@@ -58,5 +58,8 @@ def test_checking_a_1_gib_model_keeps_memory_flat(tmp_path: Path) -> None:
     assert good["problems"] == []
     assert good["growth"] < 16 << 20 and good["seconds"] < 5
     bad = _check(path, 5)  # a mismatch is still found, with the same flat memory
-    assert "has dims [5] but the ONNX model's shape is ['batch', 4]" in bad["problems"][0]
+    assert (
+        "version 1: input 'IN' has dims [5] in the config but [4] (without the batch dimension) in the ONNX model"
+        in bad["problems"][0]
+    )
     assert bad["growth"] < 16 << 20

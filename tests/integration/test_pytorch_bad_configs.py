@@ -76,7 +76,7 @@ CASES = {
         + CLASSIFIER_IO
         + 'parameters { key: "INFERENCE_MODE" value { string_value: "maybe" } }\n',
         "classifier",
-        'parameter INFERENCE_MODE must be "true" or "false", got "maybe"',
+        "parameter 'INFERENCE_MODE' must be true or false, got 'maybe'",
     ),
     "batched_strings": (
         'max_batch_size: 4\ninput [ { name: "INPUT__0" data_type: TYPE_STRING dims: [ 1 ] } ]\n'

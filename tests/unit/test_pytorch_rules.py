@@ -70,9 +70,9 @@ def test_parameters_follow_triton_defaults_and_refuse_bad_values() -> None:
     assert not p.optimized_execution and not p.inference_mode and p.intra_op_threads == 3
     assert p.jit_profiling is False and p.cudnn is False
     for key, value, message in (
-        ("INTRA_OP_THREAD_COUNT", "0", "must be a positive integer, got 0"),
-        ("INTER_OP_THREAD_COUNT", "two", 'must be a positive integer, got "two"'),
-        ("ENABLE_WEIGHT_SHARING", "sure", 'must be "true" or "false", got "sure"'),
+        ("INTRA_OP_THREAD_COUNT", "0", "parameter 'INTRA_OP_THREAD_COUNT' must be positive number for PyTorch model"),
+        ("INTER_OP_THREAD_COUNT", "two", "parameter 'INTER_OP_THREAD_COUNT' must be positive number for PyTorch"),
+        ("ENABLE_WEIGHT_SHARING", "sure", "parameter 'ENABLE_WEIGHT_SHARING' must be true or false, got 'sure'"),
     ):
         bad = parse_config_text(f'parameters {{ key: "{key}" value {{ string_value: "{value}" }} }}')
         with pytest.raises(ConfigError, match=message):

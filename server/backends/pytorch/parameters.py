@@ -11,17 +11,15 @@ Process-wide in PyTorch (the last model loaded that sets one wins; a conflicting
 ``INTRA_OP_THREAD_COUNT`` (``torch.set_num_threads``) and ``INTER_OP_THREAD_COUNT``
 (``torch.set_num_interop_threads``, which PyTorch accepts only before its first parallel work).
 ``ENABLE_NVFUSER`` is accepted and ignored with a warning: PyTorch removed NVFuser.
-Unknown keys are ignored, as Triton does.
+Unknown keys are ignored, as Triton does. Parsed, and refused in the same words, by ``backends.parameters``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...config import ConfigError, pb
-
-_TRUE = {"true", "1", "on", "yes"}
-_FALSE = {"false", "0", "off", "no"}
+from ...config import pb
+from ..parameters import bool_parameter, count_parameter
 
 
 @dataclass(frozen=True)
@@ -39,52 +37,24 @@ class TorchParameters:
     inter_op_threads: int | None = None
 
 
-def _value(config: pb.ModelConfig, key: str) -> str | None:
-    p = config.parameters.get(key)
-    if p is None:
-        return None
-    return p.string_value.strip()
-
-
-def _bool(config: pb.ModelConfig, key: str) -> bool | None:
-    raw = _value(config, key)
-    if raw is None:
-        return None
-    low = raw.lower()
-    if low in _TRUE:
-        return True
-    if low in _FALSE:
-        return False
-    raise ConfigError(f'parameter {key} must be "true" or "false", got "{raw}"')
-
-
 def _count(config: pb.ModelConfig, key: str) -> int | None:
-    raw = _value(config, key)
-    if raw is None:
-        return None
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ConfigError(f'parameter {key} must be a positive integer, got "{raw}"') from None
-    if value < 1:
-        raise ConfigError(f"parameter {key} must be a positive integer, got {value}")
-    return value
+    return count_parameter(config, key, minimum=1, backend="PyTorch")
 
 
 def parse_parameters(config: pb.ModelConfig) -> TorchParameters:
-    disable_opt = _bool(config, "DISABLE_OPTIMIZED_EXECUTION")
-    inference = _bool(config, "INFERENCE_MODE")
-    disable_cudnn = _bool(config, "DISABLE_CUDNN")
+    disable_opt = bool_parameter(config, "DISABLE_OPTIMIZED_EXECUTION")
+    inference = bool_parameter(config, "INFERENCE_MODE")
+    disable_cudnn = bool_parameter(config, "DISABLE_CUDNN")
     return TorchParameters(
         inference_mode=True if inference is None else inference,
         optimized_execution=not disable_opt if disable_opt is not None else True,
-        cache_cleaning=bool(_bool(config, "ENABLE_CACHE_CLEANING")),
-        weight_sharing=bool(_bool(config, "ENABLE_WEIGHT_SHARING")),
+        cache_cleaning=bool(bool_parameter(config, "ENABLE_CACHE_CLEANING")),
+        weight_sharing=bool(bool_parameter(config, "ENABLE_WEIGHT_SHARING")),
         cudnn=None if disable_cudnn is None else not disable_cudnn,
-        jit_executor=_bool(config, "ENABLE_JIT_EXECUTOR"),
-        jit_profiling=_bool(config, "ENABLE_JIT_PROFILING"),
-        tensor_fuser=_bool(config, "ENABLE_TENSOR_FUSER"),
-        nvfuser=_bool(config, "ENABLE_NVFUSER"),
+        jit_executor=bool_parameter(config, "ENABLE_JIT_EXECUTOR"),
+        jit_profiling=bool_parameter(config, "ENABLE_JIT_PROFILING"),
+        tensor_fuser=bool_parameter(config, "ENABLE_TENSOR_FUSER"),
+        nvfuser=bool_parameter(config, "ENABLE_NVFUSER"),
         intra_op_threads=_count(config, "INTRA_OP_THREAD_COUNT"),
         inter_op_threads=_count(config, "INTER_OP_THREAD_COUNT"),
     )

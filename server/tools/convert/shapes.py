@@ -30,7 +30,7 @@ def read_signature(onnx_path: Path) -> Signature:
         inputs, outputs = _graph_signature(onnx_path)
     except ConfigError as exc:
         raise ConvertError(str(exc)) from None
-    return Signature(inputs, outputs)
+    return Signature(list(inputs), list(outputs))
 
 
 def profile_shapes(options: ConvertOptions, sig: Signature) -> dict[str, tuple[list[int], list[int], list[int]]]:

@@ -1,4 +1,4 @@
-"""The streaming read of an ONNX file's signature (operator/sources/onnx_signature.py) against onnx.load itself.
+"""The streaming read of an ONNX file's signature (server/config/onnx_signature.py) against onnx.load itself.
 
 Every model here is read both ways and must give the same inputs, outputs and initializer names; the
 limits (time, memory) and malformed files end in their own exceptions, nothing else.
@@ -17,7 +17,7 @@ import pytest
 from kubeinfer.operator.models.render import render_model
 from kubeinfer.operator.sources.artifacts import ArtifactError
 from kubeinfer.operator.sources.onnx_check import check_onnx
-from kubeinfer.operator.sources.onnx_signature import LimitExceeded, Malformed, Signature, read_signature
+from kubeinfer.server.config.onnx_signature import LimitExceeded, Malformed, Signature, read_signature
 from onnx import TensorProto, helper, numpy_helper
 
 from tests.support.models import binary, fp16_add, string_identity, unary
@@ -176,13 +176,21 @@ def test_check_onnx_reports_mismatches_limits_and_unreadable_files(tmp_path: Pat
     write_big_model(path, 1 << 20)
     assert check_onnx(path, render_model("m", _spec([4])).config, 1) == []
     problems = check_onnx(path, render_model("m", _spec([5])).config, 1)
-    assert problems and "has dims [5] but the ONNX model's shape is ['batch', 4]" in problems[0]
+    assert (
+        problems
+        and "version 1: input 'IN' has dims [5] in the config but [4] (without the batch dimension) in the ONNX model"
+        in problems[0]
+    )
     with pytest.raises(ArtifactError) as err:
         check_onnx(path, render_model("m", _spec([4])).config, 1, budget=16)
     assert err.value.reason == "CheckLimitExceeded" and "memory limit" in err.value.message
     path.write_bytes(b"\x0b garbage")
-    assert "is not a readable ONNX model (wire type 3" in check_onnx(path, render_model("m", _spec([4])).config, 1)[0]
+    assert (
+        "version 1: cannot read ONNX model model.onnx: wire type 3"
+        in check_onnx(path, render_model("m", _spec([4])).config, 1)[0]
+    )
     os.symlink(path, tmp_path / "link.onnx")
     assert (
-        "is not a readable ONNX model" in check_onnx(tmp_path / "link.onnx", render_model("m", _spec([4])).config, 1)[0]
+        "cannot read ONNX model link.onnx"
+        in check_onnx(tmp_path / "link.onnx", render_model("m", _spec([4])).config, 1)[0]
     )

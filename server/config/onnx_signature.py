@@ -1,8 +1,11 @@
 """An ONNX file's graph inputs, outputs and initializer names, read without holding the file.
 
-``onnx.load`` parses the whole protobuf: a 1 GiB model costs the operator over 2 GiB of memory (the
-bytes and the parsed copy) and seconds of a worker thread, so one tenant's upload could crash the
-operator for everyone (OOM, then a crash loop). Only a few small messages matter for the config
+One reader for both users of ONNX signatures: the operator's early check (``kubeinfer.operator.onnx_check``)
+and the ONNX Runtime backend's auto-complete and load check; the rules they apply live in ``onnx_rules``.
+
+``onnx.load`` parses the whole protobuf: a 1 GiB model costs over 2 GiB of memory (the bytes and the
+parsed copy) and seconds of a thread, so one tenant's upload could crash the operator for everyone
+(OOM, then a crash loop). Only a few small messages matter for the config
 check, so this walks the protobuf wire format (varint tags and lengths, four wire types) with seeks:
 weights (``raw_data``, packed floats) and node lists are skipped, never read, and the memory held is
 bounded by ``budget``, the time by ``deadline``. The small messages themselves are parsed by onnx's
@@ -18,7 +21,7 @@ import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import BinaryIO
+from typing import BinaryIO, NamedTuple
 
 import onnx
 from google.protobuf.message import DecodeError
@@ -52,6 +55,50 @@ class Signature:
     inputs: list[onnx.ValueInfoProto] = field(default_factory=list)
     outputs: list[onnx.ValueInfoProto] = field(default_factory=list)
     initializers: set[str] = field(default_factory=set)
+
+
+class Tensor(NamedTuple):
+    """A graph input or output as a config sees it: its config data type name (``TYPE_INVALID`` for an
+    element type the config cannot name) and dims, -1 for a symbolic or unknown dimension."""
+
+    name: str
+    data_type: str
+    dims: list[int]
+
+
+#: ONNX TensorProto element type → config enum name
+ONNX_TO_CONFIG = {
+    1: "TYPE_FP32",
+    2: "TYPE_UINT8",
+    3: "TYPE_INT8",
+    4: "TYPE_UINT16",
+    5: "TYPE_INT16",
+    6: "TYPE_INT32",
+    7: "TYPE_INT64",
+    8: "TYPE_STRING",
+    9: "TYPE_BOOL",
+    10: "TYPE_FP16",
+    11: "TYPE_FP64",
+    12: "TYPE_UINT32",
+    13: "TYPE_UINT64",
+    16: "TYPE_BF16",
+}
+
+
+def _tensors(values: list[onnx.ValueInfoProto], skip: set[str]) -> list[Tensor]:
+    result = []
+    for v in values:
+        if v.name in skip:
+            continue  # IR 3 style: a weight listed among the inputs too is no input a client feeds
+        t = v.type.tensor_type
+        dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else -1 for d in t.shape.dim]
+        result.append(Tensor(v.name, ONNX_TO_CONFIG.get(t.elem_type, "TYPE_INVALID"), dims))
+    return result
+
+
+def graph_tensors(sig: Signature) -> tuple[list[Tensor], list[Tensor]]:
+    """The graph's inputs (initializers left out) and outputs, as a config sees them."""
+    return _tensors(sig.inputs, sig.initializers), _tensors(sig.outputs, set())
 
 
 class _Wire:
@@ -106,7 +153,7 @@ class _Wire:
         while self.pos < end:
             self.fields += 1
             if self.fields % TICK == 0 and time.monotonic() > self.deadline:
-                raise LimitExceeded("time", "reading its graph took longer than the operator's limit")
+                raise LimitExceeded("time", "reading its graph took longer than its time limit")
             tag = self.varint()
             number, wire = tag >> 3, tag & 7
             if number == 0:
