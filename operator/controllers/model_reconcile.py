@@ -107,13 +107,6 @@ class ModelReconcile(ReconcileParts):
         self.nudger = Nudger(self.reader.client_for, self._nudged, full=max(2, config.workers))
         #: (replica URL, model name) -> recheck key of the model, while a poll request for it is on its way
         self._nudged_keys: dict[tuple[str, str], tuple[str, str, str]] = {}
-        self._rendered: dict[str, RenderMemo] = {}
-        #: uid -> status.coldStart.render of the model's last render that changed its folder: kept here, not only
-        #: in the status, because the status written right after a render may be deferred (``_nudged``)
-        self._render_records: dict[str, dict[str, Any]] = {}
-        #: uid -> what a render changed, while its status write waits for the replicas (``_nudged``): said in
-        #: the Ready event that follows, so a create costs one event, not a Rendered and a Ready event
-        self._render_notes: dict[str, str] = {}
         #: weights between versions: numbers per version, spec.rollout's decisions (operator/traffic/rollout.py)
         self.rollouts = Rollouts(self.reader)
 
@@ -141,7 +134,7 @@ class ModelReconcile(ReconcileParts):
         """
         # a resync of an object whose change is still rendering (a slow download) does not wait for it:
         # waiting would hold a second thread for as long as the download runs
-        with _held(self._lock(body["metadata"]["uid"]), wait=not from_timer) as got:
+        with _held(self.records.of(body["metadata"]["uid"]).lock, wait=not from_timer) as got:
             if not got:
                 return None
             run = self._find_server(body, from_timer)
@@ -166,7 +159,7 @@ class ModelReconcile(ReconcileParts):
                 f"InferenceServer '{run.server_name}' does not exist in namespace '{run.ns}'; create it or fix "
                 "spec.server",
             )
-            self._rendered.pop(run.uid, None)
+            self._drop_memo(run.uid)
         else:
             endpoint = manifests.service_endpoint(run.ns, run.server_name, run.server["spec"])
             obs.endpoint = {**endpoint, "model": run.name}
@@ -222,9 +215,9 @@ class ModelReconcile(ReconcileParts):
             # "Rendered" and "Ready" together, rather than "Loading" now and "Ready" a moment later
             self.rechecker.schedule((run.ns, run.name, run.uid), context=self.handler_context, delay=NUDGE_STATUS_WAIT)
             if run.rendered_note is not None:
-                self._render_notes[run.uid] = run.rendered_note
+                self.records.of(run.uid).render_note = run.rendered_note
             return new
-        note = self._render_notes.pop(run.uid, None)
+        note = self._take_render_note(run.uid)
         self._post_events(run.body, run.prev, new, run.rendered_note or note)
         self._patch_status(MODELS, run.ns, run.name, run.prev, new)
         if decided or (recheck and (run.changed or not run.from_timer) and ready.get("reason") in SETTLING):
@@ -238,7 +231,8 @@ class ModelReconcile(ReconcileParts):
         """The last render, when nothing it depends on changed since: the generation, the server, the claim
         (checked again, from its cache) and the model folder's fingerprint."""
         assert run.server is not None
-        memo = self._rendered.get(run.uid)
+        record = self.records.get(run.uid)
+        memo = None if record is None else record.rendered
         if memo is None or not memo.still_current(run.generation, key, run.prev.get("repositoryPath")):
             return None
         if run.trust > 0 and time.monotonic() - memo.at <= run.trust:
@@ -266,7 +260,7 @@ class ModelReconcile(ReconcileParts):
         obs, sspec = run.obs, run.server["spec"]
         server_dir: Path | None = None
         held = self.failures.held(run.uid, run.generation) if run.from_timer else None
-        self._rendered.pop(run.uid, None)
+        self._drop_memo(run.uid)
         try:
             subpath, server_dir = self._server_dir(run.ns, run.server_name, sspec)
             rendered = render_model(
@@ -302,7 +296,7 @@ class ModelReconcile(ReconcileParts):
     ) -> None:
         """Fetch, check and publish the model's files (cancelled when the object goes away meanwhile); then
         remove it from where the status says it was, if that was elsewhere."""
-        models = self.models if self.models_attached else None  # the watch keeps the newest object: no API call
+        models = self.models if self.records.attached else None  # the watch keeps the newest object: no API call
         gone = superseded(self.kube, models, run.ns, run.name, run.uid, run.generation, cancelled)
         fetch = Fetch(self._credentials(run.ns), gone, self.gate, self.quota)
         succeeded = False
@@ -345,7 +339,7 @@ class ModelReconcile(ReconcileParts):
         if obs.render_error is not None:
             return
         if fingerprint is not None:
-            self._rendered[run.uid] = RenderMemo(
+            self.records.of(run.uid).rendered = RenderMemo(
                 run.generation,
                 key,
                 server_dir,
@@ -450,7 +444,7 @@ class ModelReconcile(ReconcileParts):
     def _recheck(self, key: Hashable) -> bool:
         """A follow-up after a change; True when no more are needed (Ready, failed for good, or gone)."""
         ns, name, uid = cast(tuple[str, str, str], key)
-        body = self.models.get(uid) if self.models_attached else self.kube.get(MODELS, ns, name)
+        body = self.models.get(uid) if self.records.attached else self.kube.get(MODELS, ns, name)
         if body is None or body["metadata"].get("uid") != uid or body["metadata"].get("deletionTimestamp"):
             return True
         new = self.reconcile_model(body, from_timer=True, max_age=0.5, recheck=False, trust=RECHECK_TRUST)
@@ -466,9 +460,10 @@ class ModelReconcile(ReconcileParts):
         new: dict[str, Any],
     ) -> None:
         """``status.coldStart`` and, with ``spec.coldStartBudgetSeconds``, the ``ColdStartBudget`` condition."""
+        record = self.records.of(uid)
         if obs.render_timing is not None:
-            self._render_records[uid] = obs.render_timing
-        render = self._render_records.get(uid)  # else the status keeps the one an earlier process wrote
+            record.render_record = obs.render_timing
+        render = record.render_record  # else the status keeps the one an earlier process wrote
         block = cold_start.status_block(render, obs.replicas, prev.get("coldStart"))
         new["coldStart"] = block
         budget = spec.get("coldStartBudgetSeconds")
@@ -509,9 +504,25 @@ class ModelReconcile(ReconcileParts):
         the model is rendered again at once, and the in-memory copy carries the new status now, so the
         recheck, the resync pass and the work queue all render the decided weights before the watch brings
         the written status back."""
-        self._rendered.pop(uid, None)
-        if uid in self.models:
-            self.models[uid] = {**self.models[uid], "status": new}
+        record = self.records.get(uid)
+        if record is not None:
+            record.rendered = None
+            if record.body is not None:
+                record.body = {**record.body, "status": new}
+
+    def _drop_memo(self, uid: str) -> None:
+        """The render memo goes: the next reconcile renders (or looks at the folder) again."""
+        record = self.records.get(uid)
+        if record is not None:
+            record.rendered = None
+
+    def _take_render_note(self, uid: str) -> str | None:
+        """What a render whose status write waited for the replicas changed (once: then it is said)."""
+        record = self.records.get(uid)
+        if record is None:
+            return None
+        note, record.render_note = record.render_note, None
+        return note
 
     def _post_events(
         self, body: Mapping[str, Any], prev: Mapping[str, Any], new: Mapping[str, Any], rendered: str | None

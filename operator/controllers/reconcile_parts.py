@@ -31,6 +31,7 @@ from ..sources.quota import DownloadGate, NamespaceQuota
 from ..volume.claims import ClaimCheck
 from ..volume.repository_writer import RepositoryWriter
 from ..volume.tenant_volumes import TenantVolumes
+from .model_record import ModelRecords
 from .settings import OperatorConfig
 
 #: checks of models after a change that run at once (each may write a status: at 1,000 models rendered at
@@ -69,13 +70,13 @@ class ReconcileParts:
         self.volumes = TenantVolumes(kube, self.claims, config.tenant_claim)
         self.access = AccessBook(lambda ns, name: self.kube.read_core("Secret", name, ns))
         self.lookup = Lookup(kube)
-        self._locks: dict[str, threading.Lock] = {}
+        #: InferenceServer uid -> its lock (a resync and a change of the same server do not write at once)
+        self._server_locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
-        #: uid -> the newest InferenceModel object seen (from its watch events); None until events are attached
-        self.models: dict[str, dict[str, Any]] = {}
-        self.models_attached = False
-        #: ``models`` holds every model (set at the first resync pass: kopf delivered them all by then)
-        self.models_complete = False
+        #: what the operator keeps per InferenceModel, one record each (``model_record.py``)
+        self.records = ModelRecords()
+        #: uid -> the newest InferenceModel object seen (from its watch events, once ``records.attached``)
+        self.models = self.records.bodies
         #: events about models (once started; before, kopf's event helpers, as in the unit tests)
         self.poster: EventPoster | None = None
         #: a kopf handler's context, for threads of our own that post events (set by the handlers)
@@ -84,9 +85,9 @@ class ReconcileParts:
         self.status_writes = 0
         self.status_skips = 0
 
-    def _lock(self, uid: str) -> threading.Lock:
+    def _server_lock(self, uid: str) -> threading.Lock:
         with self._locks_guard:
-            return self._locks.setdefault(uid, threading.Lock())
+            return self._server_locks.setdefault(uid, threading.Lock())
 
     def endpoints(self, namespace: str, server: str, uid: str | None = None) -> tuple[list[Endpoint], str]:
         """The server's replicas: the endpoints of its Service whose pods are provably its own (``pool_pods``;
@@ -145,8 +146,8 @@ class ReconcileParts:
 
     def model_bodies(self, namespace: str) -> list[Mapping[str, Any]]:
         """The namespace's InferenceModels: from memory once the model watch listed them all, else listed."""
-        if self.models_complete:
-            return [b for b in list(self.models.values()) if b["metadata"].get("namespace") == namespace]
+        if self.records.complete:
+            return [b for _, b in self.records.with_bodies() if b["metadata"].get("namespace") == namespace]
         return list(self.kube.list_in(MODELS, namespace))
 
     def event(self, body: Mapping[str, Any], type: str, reason: str, message: str) -> None:

@@ -31,6 +31,7 @@ from ..replicas.server_access import ServerAccess
 from ..sources.artifacts import ArtifactError
 from ..traffic.rollout import decision_lost
 from .model_reconcile import NEEDS_RENDER, ModelReconcile
+from .model_record import ModelRecord
 from .reconcile_parts import log
 from .server_reconcile import ServerReconcile
 from .settings import OperatorConfig
@@ -48,12 +49,6 @@ NUDGE_WAIT = 10.0
 class Reconciler(ServerReconcile, ModelReconcile):
     def __init__(self, config: OperatorConfig, kube: Kube) -> None:
         super().__init__(config, kube)
-        #: uid -> generation queued for a reconcile, and the generation whose reconcile finished
-        self._wanted: dict[str, int] = {}
-        self._handled: dict[str, int] = {}
-        self._retries: dict[str, int] = {}
-        #: uid -> when this process first saw the model being deleted (the unload wait counts from there)
-        self._deleting_since: dict[str, float] = {}
         self.queue = WorkQueue(self._work, max(2, config.workers), name="reconcile")
         self.watch = ModelWatch(kube, config.namespaces, self.model_event, self._listed)
 
@@ -65,7 +60,7 @@ class Reconciler(ServerReconcile, ModelReconcile):
         self.poster.start()
         self.rechecker.start()
         self.queue.start()
-        self.models_attached = True
+        self.records.attached = True
         threading.Thread(target=self._watch_when_indexed, daemon=True, name="watch-start").start()
 
     def _watch_when_indexed(self, timeout: float = 60.0) -> None:
@@ -96,7 +91,7 @@ class Reconciler(ServerReconcile, ModelReconcile):
 
     def _listed(self, namespace: str | None) -> None:
         if set(self.watch.namespaces) <= self.watch.listed:
-            self.models_complete = True
+            self.records.complete = True
 
     def close(self) -> None:
         """Stop the model watch, the work queue, the rechecker and retries, close the HTTP clients (idempotent)."""
@@ -110,16 +105,16 @@ class Reconciler(ServerReconcile, ModelReconcile):
         self.reader.close()
         self.writer.fetcher.close()
 
+    def lock(self, uid: str) -> threading.Lock:
+        """The InferenceModel's lock: held by whoever writes for it (a reconcile, its deletion)."""
+        return self.records.of(uid).lock
+
     def _forget(self, uid: str) -> None:
-        with self._locks_guard:
-            self._locks.pop(uid, None)
+        """The model is gone: its record, its queued run, and what the failure and rollout books hold of it."""
+        self.records.forget(uid)
         self.failures.forget(uid)
         self.rollouts.forget(uid)
         self.queue.discard(uid)
-        for memo in (self.models, self._wanted, self._handled, self._retries, self._rendered, self._deleting_since):
-            memo.pop(uid, None)
-        self._render_records.pop(uid, None)
-        self._render_notes.pop(uid, None)
 
     # ------------------------------------------------------------------------- model events and queue
     def model_event(self, kind: str | None, body: Mapping[str, Any]) -> None:
@@ -130,58 +125,61 @@ class Reconciler(ServerReconcile, ModelReconcile):
         if kind == "DELETED":
             self._forget(uid)
             return
-        known = self.models.get(uid)
+        record = self.records.of(uid)
+        known = record.body
         if known is not None and decision_lost(known, body):
             body = {**body, "status": known["status"]}  # the decision stays in force (rollout.decision_lost)
-        self.models[uid] = dict(body)
+        record.body = dict(body)
         ours = FINALIZER in (meta.get("finalizers") or ())
         if meta.get("deletionTimestamp"):
             if ours:  # a render in progress sees the deletion and gives up (``superseded``); then the delete runs
-                self._deleting_since.setdefault(uid, time.monotonic())
+                if record.deleting_since is None:
+                    record.deleting_since = time.monotonic()
                 self.queue.add(uid)
             return
         generation = meta.get("generation", 0)
-        if not ours or self._wanted.get(uid) != generation:
-            self._wanted[uid] = generation
+        if not ours or record.wanted != generation:
+            record.wanted = generation
             self.queue.add(uid)
 
     def _work(self, uid: Hashable) -> float | None:
         """One queued run for the newest object: its deletion, its finalizer, its reconcile. Returns when to run
         it again (a retry), or None."""
         key = cast(str, uid)
-        body = self.models.get(key)
-        if body is None:
+        record = self.records.get(key)
+        body = None if record is None else record.body
+        if record is None or body is None:
             return None
         meta = body["metadata"]
         ns, name = meta["namespace"], meta["name"]
         finalizers = list(meta.get("finalizers") or ())
         if meta.get("deletionTimestamp"):
-            return self._finalize(key, body) if FINALIZER in finalizers else None
+            return self._finalize(key, record, body) if FINALIZER in finalizers else None
         if FINALIZER not in finalizers:
             # before anything is written: what is on the volume must outlive no InferenceModel
             if not self.kube.set_finalizers(ns, name, [*finalizers, FINALIZER], meta.get("resourceVersion") or ""):
                 return 0.5  # changed meanwhile (or gone): again with the object the watch brings
         generation = meta.get("generation", 0)
         # a generation already reconciled is here again for a render the resync asked for
-        resync = self._handled.get(key) == generation
-        retry = self._retries.get(key, 0)
+        resync = record.handled == generation
+        retry = record.retries
         try:
             self.reconcile_model(body, retry, resync)
             if not resync and (body.get("spec") or {}).get("sequenceBatching") is not None:
                 # its pool's Service gets session affinity now, not at the next resync (sequence_routing.py)
                 self._in_handler_context(self.reconcile_server_named, ns, body["spec"]["server"])
         except kopf.TemporaryError as exc:
-            self._retries[key] = retry + 1
+            record.retries = retry + 1
             return float(exc.delay or backoff(retry))
         except Exception as exc:
             log.warning("reconcile of InferenceModel %s/%s failed: %s", ns, name, exc)
             if resync:
                 return None  # the next resync tries again
-            self._retries[key] = retry + 1
+            record.retries = retry + 1
             return backoff(retry)
-        self._retries.pop(key, None)
-        if key in self.models:
-            self._handled[key] = generation
+        record.retries = 0
+        if self.records.get(key) is record:  # not deleted meanwhile
+            record.handled = generation
         return None
 
     def _in_handler_context(self, call: Callable[..., Any], *args: Any) -> Any:
@@ -193,11 +191,13 @@ class Reconciler(ServerReconcile, ModelReconcile):
         """One resync pass over every model (the resync timer): status refreshed, drift repaired. Models whose
         render is needed again are queued; returns how many."""
         queued = 0
-        for uid, body in list(self.models.items()):
+        for uid, body in self.records.with_bodies():
             if stopped():
                 break
             meta = body["metadata"]
-            if meta.get("deletionTimestamp") or self._handled.get(uid) != meta.get("generation", 0):
+            record = self.records.get(uid)
+            handled = None if record is None else record.handled
+            if meta.get("deletionTimestamp") or handled != meta.get("generation", 0):
                 continue  # being deleted, or its change is queued
             try:
                 new = self.reconcile_model(body, 0, True, stopped, None, True, False)
@@ -210,11 +210,13 @@ class Reconciler(ServerReconcile, ModelReconcile):
         return queued
 
     # --------------------------------------------------------------------------------------- deletion
-    def _finalize(self, uid: str, body: Mapping[str, Any]) -> float | None:
+    def _finalize(self, uid: str, record: ModelRecord, body: Mapping[str, Any]) -> float | None:
         """The delete handler, then the finalizer released; a retry delay while a server still has it loaded."""
         meta = body["metadata"]
         ns, name = meta["namespace"], meta["name"]
-        waited = time.monotonic() - self._deleting_since.setdefault(uid, time.monotonic())
+        if record.deleting_since is None:
+            record.deleting_since = time.monotonic()
+        waited = time.monotonic() - record.deleting_since
         try:
             self.delete_model(body, waited)
         except kopf.TemporaryError as exc:  # waiting for the server to unload it: a retry by design, not an error
@@ -232,7 +234,7 @@ class Reconciler(ServerReconcile, ModelReconcile):
         """Remove the model folder, then hold the finalizer until no replica of the server has it loaded."""
         meta, spec = body["metadata"], body["spec"]
         ns, name = meta["namespace"], meta["name"]
-        with self._lock(meta["uid"]):
+        with self.lock(meta["uid"]):
             server = self.lookup.server(ns, spec["server"])
             recorded = (body.get("status") or {}).get("repositoryPath")
             if server is not None:

@@ -59,7 +59,7 @@ class ServerReconcile(ReconcileParts):
     def _reconcile_server(self, body: Mapping[str, Any]) -> None:
         meta, spec = body["metadata"], body["spec"]
         ns, name = meta["namespace"], meta["name"]
-        with self._lock(meta["uid"]):
+        with self._server_lock(meta["uid"]):
             conds: list[status.Condition] = []
             claim = self._repository_condition(ns, name, spec, conds)
             refused = self._refused_spec(spec)

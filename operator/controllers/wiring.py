@@ -174,7 +174,7 @@ def register_indexes(reconciler: Reconciler, registry: kopf.OperatorRegistry) ->
 
     def start(**kwargs: Any) -> None:
         reconciler.lookup.indices = {k: kwargs[k] for k in ("servers", "endpointslices") if k in kwargs}
-        reconciler.models_attached = True
+        reconciler.records.attached = True
         reconciler.start()
 
     def finish(**_: Any) -> None:
