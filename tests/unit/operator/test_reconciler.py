@@ -845,7 +845,7 @@ def test_server_status_shows_how_each_pod_started(
         assert pod_start.complete(entry) and entry == pod_start.pod_timeline(pod, startup)
         # complete: the next reconcile does not ask the server again
         asked: list[str] = []
-        monkeypatch.setattr(reconciler, "_startup", lambda url, access: asked.append(url))
+        monkeypatch.setattr(reconciler.server_controller, "_startup", lambda url, access: asked.append(url))
         reconciler.reconcile_server(add_server(kube, "pool"))
         assert asked == [] and kube.statuses[-1][2]["pods"] == [entry]
     finally:
@@ -961,7 +961,8 @@ def test_a_model_ready_right_after_its_render_gets_one_event_that_says_both(
         add_server(kube, "pool")
         body = model("pool")
         kube.objects[(MODELS, NS, "m")] = body  # what the recheck reads
-        reconciler.rechecker.start()  # the operator's start() also starts its watch, which this test has no use for
+        # the operator's start() also starts its watch, which this test has no use for
+        reconciler.model_controller.rechecker.start()
         reconciler.reconcile_model(body)
         wait_for(
             "the Ready event",
