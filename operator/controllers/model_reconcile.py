@@ -1,5 +1,6 @@
-"""The InferenceModel reconcile: render the model into its pool's folder, read every replica's index, write
-the status (only when it changed), and recheck it within seconds until Ready.
+"""The InferenceModel controller: render the model into its pool's folder, read every replica's index, write
+the status (only when it changed), and recheck it within seconds until Ready; when the model is deleted,
+remove its folder and wait until no replica has it loaded.
 
 One reconcile runs as named steps over a ``_ModelPass``: find the server; bring the folder up to date (or
 see from the render memo that it is, ``render_memo.py``); read the replicas; build the status (cold start,
@@ -25,7 +26,7 @@ from kubernetes.client.exceptions import ApiException
 
 from ..api import status
 from ..api.pool_defaults import CODE_BACKENDS, pool_spec
-from ..kube.client import MODELS, Kube
+from ..kube.client import MODELS
 from ..models import cold_start
 from ..models.failures import TEMPORARY_REASONS, FailureBook, retry_delay
 from ..models.recheck import DELAYS, Rechecker
@@ -45,7 +46,6 @@ from ..traffic.rollout import Rollouts, weights_in_force
 from ..volume.rendered import RenderedModel
 from ..volume.repository_writer import SyncResult
 from .reconcile_parts import RECHECK_THREADS, ReconcileParts, log
-from .settings import OperatorConfig
 
 #: backends whose models are code run by the server
 #: Ready reasons worth a quick recheck after a change (the server has yet to pick it up)
@@ -56,6 +56,10 @@ NUDGE_STATUS_WAIT = 2.0
 #: seconds after a render during which its rechecks take the folder as the render left it: the whole series
 #: of rechecks (recheck.DELAYS) after the status write's wait for the replicas
 RECHECK_TRUST = NUDGE_STATUS_WAIT + sum(DELAYS)
+#: the reason a deleted model's finalizer waits: a server still has it loaded (a retry by design, logged at INFO)
+UNLOAD_WAIT = "waiting for the server to unload"
+#: seconds a deleted model's finalizer waits for the servers' answer to the poll request that unloads it
+NUDGE_WAIT = 10.0
 #: reconcile_model(render=False) of a model that needs a render
 NEEDS_RENDER: dict[str, Any] = {}
 
@@ -99,21 +103,21 @@ class _ModelPass:
         return (self.obs.render_error or ("",))[0] == "Cancelled"
 
 
-class ModelReconcile(ReconcileParts):
-    def __init__(self, config: OperatorConfig, kube: Kube) -> None:
-        super().__init__(config, kube)
+class ModelController:
+    """Reconciles InferenceModels (and removes a deleted one's folder) with the collaborators it is handed
+    (``parts``); what it keeps about each model is in the model's record (``parts.records``)."""
+
+    def __init__(self, parts: ReconcileParts) -> None:
+        self.parts = parts
+        config = self.config = parts.config
+        self.kube, self.lookup, self.reader, self.access = parts.kube, parts.lookup, parts.reader, parts.access
+        self.writer, self.gate, self.quota = parts.writer, parts.gate, parts.quota
+        self.records, self.models = parts.records, parts.models
         self.failures = FailureBook()
         self.rechecker = Rechecker(self._recheck, threads=RECHECK_THREADS)
         self.nudger = Nudger(self.reader.client_for, self._nudged, full=max(2, config.workers))
         #: (replica URL, model name) -> recheck key of the model, while a poll request for it is on its way
         self._nudged_keys: dict[tuple[str, str], tuple[str, str, str]] = {}
-        self._rendered: dict[str, RenderMemo] = {}
-        #: uid -> status.coldStart.render of the model's last render that changed its folder: kept here, not only
-        #: in the status, because the status written right after a render may be deferred (``_nudged``)
-        self._render_records: dict[str, dict[str, Any]] = {}
-        #: uid -> what a render changed, while its status write waits for the replicas (``_nudged``): said in
-        #: the Ready event that follows, so a create costs one event, not a Rendered and a Ready event
-        self._render_notes: dict[str, str] = {}
         #: weights between versions: numbers per version, spec.rollout's decisions (operator/traffic/rollout.py)
         self.rollouts = Rollouts(self.reader)
 
@@ -141,7 +145,7 @@ class ModelReconcile(ReconcileParts):
         """
         # a resync of an object whose change is still rendering (a slow download) does not wait for it:
         # waiting would hold a second thread for as long as the download runs
-        with _held(self._lock(body["metadata"]["uid"]), wait=not from_timer) as got:
+        with _held(self.lock(body["metadata"]["uid"]), wait=not from_timer) as got:
             if not got:
                 return None
             run = self._find_server(body, from_timer)
@@ -152,6 +156,21 @@ class ModelReconcile(ReconcileParts):
                 self._read_replicas(run, max_age)
             new, decided = self._model_status(run)
             return self._publish(run, new, decided, recheck)
+
+    def lock(self, uid: str) -> threading.Lock:
+        """The model's lock: held by whoever writes for it (a reconcile, its deletion)."""
+        return self.records.of(uid).lock
+
+    def forget(self, uid: str) -> None:
+        """The model is gone: its record (one removal), and what the failure and rollout books hold of it."""
+        self.records.forget(uid)
+        self.failures.forget(uid)
+        self.rollouts.forget(uid)
+
+    def close(self) -> None:
+        """Stop the rechecks and the poll requests."""
+        self.rechecker.stop()
+        self.nudger.close()
 
     # ------------------------------------------------------------------------- the reconcile's steps
     def _find_server(self, body: Mapping[str, Any], from_timer: bool) -> _ModelPass:
@@ -166,7 +185,7 @@ class ModelReconcile(ReconcileParts):
                 f"InferenceServer '{run.server_name}' does not exist in namespace '{run.ns}'; create it or fix "
                 "spec.server",
             )
-            self._rendered.pop(run.uid, None)
+            self._drop_memo(run.uid)
         else:
             endpoint = manifests.service_endpoint(run.ns, run.server_name, run.server["spec"])
             obs.endpoint = {**endpoint, "model": run.name}
@@ -192,7 +211,7 @@ class ModelReconcile(ReconcileParts):
         """The model's state on each replica (a changed folder: the replicas are asked to poll it first)."""
         assert run.server is not None
         uid = str(run.server["metadata"].get("uid") or "")
-        run.endpoints, run.obs.index_error = self.endpoints(run.ns, run.server_name, uid)
+        run.endpoints, run.obs.index_error = self.parts.endpoints(run.ns, run.server_name, uid)
         run.access = self.access.for_server(run.ns, run.server_name, run.server["spec"])
         if run.changed and isinstance(run.access, ServerAccess) and run.endpoints:
             run.nudged = self._nudge(run.endpoints, run.access, run.name, (run.ns, run.name, run.uid))
@@ -220,15 +239,17 @@ class ModelReconcile(ReconcileParts):
         if not decided and run.nudged and ready.get("reason") == "Loading" and not run.temporary:
             # the replicas are loading it right now: one status write once they answered (``_nudged``),
             # "Rendered" and "Ready" together, rather than "Loading" now and "Ready" a moment later
-            self.rechecker.schedule((run.ns, run.name, run.uid), context=self.handler_context, delay=NUDGE_STATUS_WAIT)
+            self.rechecker.schedule(
+                (run.ns, run.name, run.uid), context=self.parts.handler_context, delay=NUDGE_STATUS_WAIT
+            )
             if run.rendered_note is not None:
-                self._render_notes[run.uid] = run.rendered_note
+                self.records.of(run.uid).render_note = run.rendered_note
             return new
-        note = self._render_notes.pop(run.uid, None)
+        note = self._take_render_note(run.uid)
         self._post_events(run.body, run.prev, new, run.rendered_note or note)
-        self._patch_status(MODELS, run.ns, run.name, run.prev, new)
+        self.parts.patch_status(MODELS, run.ns, run.name, run.prev, new)
         if decided or (recheck and (run.changed or not run.from_timer) and ready.get("reason") in SETTLING):
-            self.rechecker.schedule((run.ns, run.name, run.uid), context=self.handler_context)
+            self.rechecker.schedule((run.ns, run.name, run.uid), context=self.parts.handler_context)
         if run.temporary:
             raise kopf.TemporaryError(run.temporary, delay=run.delay)
         return new
@@ -238,13 +259,14 @@ class ModelReconcile(ReconcileParts):
         """The last render, when nothing it depends on changed since: the generation, the server, the claim
         (checked again, from its cache) and the model folder's fingerprint."""
         assert run.server is not None
-        memo = self._rendered.get(run.uid)
+        record = self.records.get(run.uid)
+        memo = None if record is None else record.rendered
         if memo is None or not memo.still_current(run.generation, key, run.prev.get("repositoryPath")):
             return None
         if run.trust > 0 and time.monotonic() - memo.at <= run.trust:
             return memo  # a recheck right after the render: the next resync looks at the folder
         try:
-            self._claim(run.ns, run.server_name, run.server["spec"])
+            self.parts.claim(run.ns, run.server_name, run.server["spec"])
         except (ArtifactError, OSError):
             return None  # the render says why
         if self.writer.fingerprint(memo.server_dir, run.name) != memo.fingerprint:
@@ -266,9 +288,9 @@ class ModelReconcile(ReconcileParts):
         obs, sspec = run.obs, run.server["spec"]
         server_dir: Path | None = None
         held = self.failures.held(run.uid, run.generation) if run.from_timer else None
-        self._rendered.pop(run.uid, None)
+        self._drop_memo(run.uid)
         try:
-            subpath, server_dir = self._server_dir(run.ns, run.server_name, sspec)
+            subpath, server_dir = self.parts.server_dir(run.ns, run.server_name, sspec)
             rendered = render_model(
                 run.name, run.spec, sspec.get("backends") or DEFAULT_BACKENDS, run.server_name, traffic=dict(traffic)
             )
@@ -302,7 +324,7 @@ class ModelReconcile(ReconcileParts):
     ) -> None:
         """Fetch, check and publish the model's files (cancelled when the object goes away meanwhile); then
         remove it from where the status says it was, if that was elsewhere."""
-        models = self.models if self.models_attached else None  # the watch keeps the newest object: no API call
+        models = self.models if self.records.attached else None  # the watch keeps the newest object: no API call
         gone = superseded(self.kube, models, run.ns, run.name, run.uid, run.generation, cancelled)
         fetch = Fetch(self._credentials(run.ns), gone, self.gate, self.quota)
         succeeded = False
@@ -345,7 +367,7 @@ class ModelReconcile(ReconcileParts):
         if obs.render_error is not None:
             return
         if fingerprint is not None:
-            self._rendered[run.uid] = RenderMemo(
+            self.records.of(run.uid).rendered = RenderMemo(
                 run.generation,
                 key,
                 server_dir,
@@ -445,16 +467,64 @@ class ModelReconcile(ReconcileParts):
         for name in names:
             key = self._nudged_keys.pop((url, name), None)
             if key is not None:
-                self.rechecker.schedule(key, context=self.handler_context, delay=0.0 if rows is not None else None)
+                self.rechecker.schedule(
+                    key, context=self.parts.handler_context, delay=0.0 if rows is not None else None
+                )
 
     def _recheck(self, key: Hashable) -> bool:
         """A follow-up after a change; True when no more are needed (Ready, failed for good, or gone)."""
         ns, name, uid = cast(tuple[str, str, str], key)
-        body = self.models.get(uid) if self.models_attached else self.kube.get(MODELS, ns, name)
+        body = self.models.get(uid) if self.records.attached else self.kube.get(MODELS, ns, name)
         if body is None or body["metadata"].get("uid") != uid or body["metadata"].get("deletionTimestamp"):
             return True
         new = self.reconcile_model(body, from_timer=True, max_age=0.5, recheck=False, trust=RECHECK_TRUST)
         return new is None or _condition(new, "Ready").get("reason") not in SETTLING
+
+    # --------------------------------------------------------------------------------------- deletion
+    def delete_model(self, body: Mapping[str, Any], runtime_seconds: float) -> None:
+        """Remove the model folder, then hold the finalizer until no replica of the server has it loaded."""
+        meta, spec = body["metadata"], body["spec"]
+        ns, name = meta["namespace"], meta["name"]
+        with self.lock(meta["uid"]):
+            server = self.lookup.server(ns, spec["server"])
+            recorded = (body.get("status") or {}).get("repositoryPath")
+            if server is not None:
+                try:
+                    _, server_dir = self.parts.server_dir(ns, spec["server"], server["spec"])
+                    self.writer.remove_model(server_dir, name)
+                except ArtifactError:
+                    pass
+            self._forget_old_location(ns, name, recorded, "")
+            if server is None:
+                return
+            loaded = self._still_loaded(ns, spec["server"], server["spec"], name)
+            if loaded and runtime_seconds < self.config.unload_timeout:
+                raise kopf.TemporaryError(f"{UNLOAD_WAIT} versions {loaded}", delay=1)
+
+    def _still_loaded(self, ns: str, server: str, sspec: Mapping[str, Any], name: str) -> list[int]:
+        """Versions of the removed model some replica still has loaded (or is loading or unloading)."""
+        endpoints, _ = self.parts.endpoints(ns, server)
+        access = self.access.for_server(ns, server, sspec)
+        answered: dict[str, list[dict[str, Any]]] = {}
+        if isinstance(access, ServerAccess):
+            # the replicas unload it now, and say so, rather than at their next poll
+            tickets = {e.url: self.nudger.nudge(e.url, access, [name]) for e in endpoints}
+            deadline = time.monotonic() + NUDGE_WAIT
+            for url, (ticket,) in ((u, t) for u, t in tickets.items() if t):
+                rows = ticket.wait(max(0.0, deadline - time.monotonic()))
+                if rows is not None:
+                    answered[url] = rows
+        views = [
+            status.ReplicaView(e.name, e.ready, status.version_states(answered[e.url], name))
+            for e in endpoints
+            if e.url in answered
+        ]
+        rest = [e for e in endpoints if e.url not in answered]
+        if rest:
+            views += self.observe(server, rest, name, max_age=0.5, every=True, access=access)
+        return sorted(
+            {s.version for v in views for s in v.states or () if s.state in ("READY", "LOADING", "UNLOADING")}
+        )
 
     # ------------------------------------------------------------------------------ status parts
     def _cold_start(
@@ -466,9 +536,10 @@ class ModelReconcile(ReconcileParts):
         new: dict[str, Any],
     ) -> None:
         """``status.coldStart`` and, with ``spec.coldStartBudgetSeconds``, the ``ColdStartBudget`` condition."""
+        record = self.records.of(uid)
         if obs.render_timing is not None:
-            self._render_records[uid] = obs.render_timing
-        render = self._render_records.get(uid)  # else the status keeps the one an earlier process wrote
+            record.render_record = obs.render_timing
+        render = record.render_record  # else the status keeps the one an earlier process wrote
         block = cold_start.status_block(render, obs.replicas, prev.get("coldStart"))
         new["coldStart"] = block
         budget = spec.get("coldStartBudgetSeconds")
@@ -501,7 +572,7 @@ class ModelReconcile(ReconcileParts):
             new["conditions"] += status.conditions(extra, prev.get("conditions"), generation, stamp)
         if decision:
             phase = new["rollout"]["phase"]
-            self.event(body, "Warning" if phase == "RolledBack" else "Normal", phase, decision)
+            self.parts.event(body, "Warning" if phase == "RolledBack" else "Normal", phase, decision)
         return decision is not None
 
     def _put_decision_in_force(self, uid: str, new: dict[str, Any]) -> None:
@@ -509,9 +580,25 @@ class ModelReconcile(ReconcileParts):
         the model is rendered again at once, and the in-memory copy carries the new status now, so the
         recheck, the resync pass and the work queue all render the decided weights before the watch brings
         the written status back."""
-        self._rendered.pop(uid, None)
-        if uid in self.models:
-            self.models[uid] = {**self.models[uid], "status": new}
+        record = self.records.get(uid)
+        if record is not None:
+            record.rendered = None
+            if record.body is not None:
+                record.body = {**record.body, "status": new}
+
+    def _drop_memo(self, uid: str) -> None:
+        """The render memo goes: the next reconcile renders (or looks at the folder) again."""
+        record = self.records.get(uid)
+        if record is not None:
+            record.rendered = None
+
+    def _take_render_note(self, uid: str) -> str | None:
+        """What a render whose status write waited for the replicas changed (once: then it is said)."""
+        record = self.records.get(uid)
+        if record is None:
+            return None
+        note, record.render_note = record.render_note, None
+        return note
 
     def _post_events(
         self, body: Mapping[str, Any], prev: Mapping[str, Any], new: Mapping[str, Any], rendered: str | None
@@ -528,12 +615,12 @@ class ModelReconcile(ReconcileParts):
         )
         if changed and after["status"] == "True":
             said = f"{after['message']}; rendered: {rendered}" if rendered is not None else after["message"]
-            self.event(body, "Normal", "Ready", said)
+            self.parts.event(body, "Normal", "Ready", said)
             return
         if rendered is not None:
-            self.event(body, "Normal", "Rendered", rendered)
+            self.parts.event(body, "Normal", "Rendered", rendered)
         if changed and after["reason"] not in ("Loading",):
-            self.event(body, "Warning", after["reason"], after["message"])
+            self.parts.event(body, "Warning", after["reason"], after["message"])
 
 
 def _check_backend_allowed(model: RenderedModel, server: str, server_spec: Mapping[str, Any]) -> None:

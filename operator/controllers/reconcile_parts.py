@@ -1,16 +1,15 @@
-"""What the InferenceServer and InferenceModel reconciles share: the clients and the volume, the per-object
-locks, the pools' folders and claims, their replicas, status writes and events.
+"""What the InferenceServer and InferenceModel controllers share: the clients and the volume, the records of
+the models, the pools' folders and claims, their replicas, status writes and events.
 
-The ``Reconciler`` (``reconciler.py``) is built in layers, one job each: these parts, the reconcile of
-servers (``server_reconcile.py``) and of models (``model_reconcile.py``), then the model queue, deletion
-and life cycle on top. Each layer's ``__init__`` adds the state only it uses.
+Built once by the ``Reconciler`` (``reconciler.py``) and handed to the server controller
+(``server_reconcile.py``) and the model controller (``model_reconcile.py``): they are given these parts,
+they do not inherit them, so each holds only the state of its own job.
 """
 
 from __future__ import annotations
 
 import contextvars
 import logging
-import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, cast
@@ -31,6 +30,7 @@ from ..sources.quota import DownloadGate, NamespaceQuota
 from ..volume.claims import ClaimCheck
 from ..volume.repository_writer import RepositoryWriter
 from ..volume.tenant_volumes import TenantVolumes
+from .model_record import ModelRecords
 from .settings import OperatorConfig
 
 #: checks of models after a change that run at once (each may write a status: at 1,000 models rendered at
@@ -40,6 +40,8 @@ log = logging.getLogger("kubeinfer.operator")
 
 
 class ReconcileParts:
+    """The collaborators of both controllers, and the state they share (the models' records, the poster)."""
+
     def __init__(self, config: OperatorConfig, kube: Kube) -> None:
         self.config = config
         self.kube = kube
@@ -69,13 +71,10 @@ class ReconcileParts:
         self.volumes = TenantVolumes(kube, self.claims, config.tenant_claim)
         self.access = AccessBook(lambda ns, name: self.kube.read_core("Secret", name, ns))
         self.lookup = Lookup(kube)
-        self._locks: dict[str, threading.Lock] = {}
-        self._locks_guard = threading.Lock()
-        #: uid -> the newest InferenceModel object seen (from its watch events); None until events are attached
-        self.models: dict[str, dict[str, Any]] = {}
-        self.models_attached = False
-        #: ``models`` holds every model (set at the first resync pass: kopf delivered them all by then)
-        self.models_complete = False
+        #: what the operator keeps per InferenceModel, one record each (``model_record.py``)
+        self.records = ModelRecords()
+        #: uid -> the newest InferenceModel object seen (from its watch events, once ``records.attached``)
+        self.models = self.records.bodies
         #: events about models (once started; before, kopf's event helpers, as in the unit tests)
         self.poster: EventPoster | None = None
         #: a kopf handler's context, for threads of our own that post events (set by the handlers)
@@ -83,10 +82,6 @@ class ReconcileParts:
         #: status patches written and skipped (unchanged), for the benchmark and the logs
         self.status_writes = 0
         self.status_skips = 0
-
-    def _lock(self, uid: str) -> threading.Lock:
-        with self._locks_guard:
-            return self._locks.setdefault(uid, threading.Lock())
 
     def endpoints(self, namespace: str, server: str, uid: str | None = None) -> tuple[list[Endpoint], str]:
         """The server's replicas: the endpoints of its Service whose pods are provably its own (``pool_pods``;
@@ -119,14 +114,14 @@ class ReconcileParts:
         """The pool's provably own pods (``pool_pods``), listed at most ``max_age`` seconds ago."""
         return self.pool_pods.members(namespace, server, uid, selector_string(server), max_age)
 
-    def _server_dir(self, namespace: str, server_name: str, spec: Mapping[str, Any]) -> tuple[str, Path]:
+    def server_dir(self, namespace: str, server_name: str, spec: Mapping[str, Any]) -> tuple[str, Path]:
         """The pool's folder on the volume (made if missing), after its claim is known to reach no further
         than the namespace's folder."""
-        self._claim(namespace, server_name, spec)
+        self.claim(namespace, server_name, spec)
         subpath = repository_subpath(namespace, server_name, spec)
         return subpath, self.writer.server_dir(namespace, subpath)
 
-    def _claim(self, namespace: str, server_name: str, spec: Mapping[str, Any]) -> str:
+    def claim(self, namespace: str, server_name: str, spec: Mapping[str, Any]) -> str:
         """The claim the pool's pods mount: the one it names (checked), else the operator's for the namespace."""
         claim = (spec.get("repository") or {}).get("claimName")
         if claim:
@@ -134,7 +129,7 @@ class ReconcileParts:
             return str(claim)
         return self.volumes.provide(namespace)
 
-    def _patch_status(
+    def patch_status(
         self, plural: str, namespace: str, name: str, prev: Mapping[str, Any], new: dict[str, Any]
     ) -> None:
         if not status.status_changed(prev, new):
@@ -145,8 +140,8 @@ class ReconcileParts:
 
     def model_bodies(self, namespace: str) -> list[Mapping[str, Any]]:
         """The namespace's InferenceModels: from memory once the model watch listed them all, else listed."""
-        if self.models_complete:
-            return [b for b in list(self.models.values()) if b["metadata"].get("namespace") == namespace]
+        if self.records.complete:
+            return [b for _, b in self.records.with_bodies() if b["metadata"].get("namespace") == namespace]
         return list(self.kube.list_in(MODELS, namespace))
 
     def event(self, body: Mapping[str, Any], type: str, reason: str, message: str) -> None:

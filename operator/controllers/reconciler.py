@@ -1,5 +1,6 @@
-"""The operator's Reconciler: InferenceModels' watch events, work queue, resync pass and deletion, on top of
-the server and model reconciles.
+"""The operator's Reconciler: it owns the server controller and the model controller (composed, each handed
+the parts they share: ``reconcile_parts.py``), the models' records, their watch events, work queue, resync
+pass and finalizer, and delegates each reconcile to its controller.
 
 InferenceModels come by the thousand, so they do not use kopf's change handlers (those write their
 progress and a diff base onto every object: a patch, and the watch event it causes, per model and
@@ -22,38 +23,40 @@ from typing import Any, cast
 
 import kopf
 
-from ..api import status
 from ..kube.client import SERVERS, Kube
 from ..kube.events import EventPoster
 from ..kube.model_watch import ModelWatch
 from ..models.failures import backoff
-from ..replicas.server_access import ServerAccess
-from ..sources.artifacts import ArtifactError
 from ..traffic.rollout import decision_lost
-from .model_reconcile import NEEDS_RENDER, ModelReconcile
-from .reconcile_parts import log
-from .server_reconcile import ServerReconcile
+from .model_reconcile import NEEDS_RENDER, ModelController
+from .model_record import ModelRecord
+from .reconcile_parts import ReconcileParts, log
+from .server_reconcile import ServerController
 from .settings import OperatorConfig
 from .workqueue import WorkQueue
 
-#: the reason a deleted model's finalizer waits: a server still has it loaded (a retry by design, logged at INFO)
-UNLOAD_WAIT = "waiting for the server to unload"
-
 #: held by every InferenceModel until its folder is removed and the servers unloaded it
 FINALIZER = "serving.kubeinfer.io/finalizer"
-#: seconds a deleted model's finalizer waits for the servers' answer to the poll request that unloads it
-NUDGE_WAIT = 10.0
 
 
-class Reconciler(ServerReconcile, ModelReconcile):
+class Reconciler:
+    """The operator's two controllers run from the models' watch, work queue and resync pass (module docstring)."""
+
     def __init__(self, config: OperatorConfig, kube: Kube) -> None:
-        super().__init__(config, kube)
-        #: uid -> generation queued for a reconcile, and the generation whose reconcile finished
-        self._wanted: dict[str, int] = {}
-        self._handled: dict[str, int] = {}
-        self._retries: dict[str, int] = {}
-        #: uid -> when this process first saw the model being deleted (the unload wait counts from there)
-        self._deleting_since: dict[str, float] = {}
+        #: the collaborators both controllers are handed: built once, shared
+        self.parts = ReconcileParts(config, kube)
+        self.server_controller = ServerController(self.parts)
+        self.model_controller = ModelController(self.parts)
+        #: what the kopf wiring, the command line and the tests use of the parts
+        self.config, self.kube, self.lookup = config, kube, self.parts.lookup
+        self.writer, self.gate = self.parts.writer, self.parts.gate
+        #: what this process keeps per model (``model_record.py``); ``models``: uid -> its newest object
+        self.records, self.models = self.parts.records, self.parts.models
+        #: the controllers' entries, for the kopf handlers (``wiring.py``), the resync loops and the tests
+        self.reconcile_server = self.server_controller.reconcile_server
+        self.reconcile_server_named = self.server_controller.reconcile_server_named
+        self.reconcile_model = self.model_controller.reconcile_model
+        self.delete_model = self.model_controller.delete_model
         self.queue = WorkQueue(self._work, max(2, config.workers), name="reconcile")
         self.watch = ModelWatch(kube, config.namespaces, self.model_event, self._listed)
 
@@ -61,11 +64,11 @@ class Reconciler(ServerReconcile, ModelReconcile):
     def start(self) -> None:
         """Start the threads, then watch the models once kopf's indexes hold what exists (a model reconciled
         before its server and the server's EndpointSlices are in them would get a wrong status)."""
-        self.poster = EventPoster(self.kube)
-        self.poster.start()
-        self.rechecker.start()
+        poster = self.parts.poster = EventPoster(self.kube)
+        poster.start()
+        self.model_controller.rechecker.start()
         self.queue.start()
-        self.models_attached = True
+        self.records.attached = True
         threading.Thread(target=self._watch_when_indexed, daemon=True, name="watch-start").start()
 
     def _watch_when_indexed(self, timeout: float = 60.0) -> None:
@@ -96,30 +99,27 @@ class Reconciler(ServerReconcile, ModelReconcile):
 
     def _listed(self, namespace: str | None) -> None:
         if set(self.watch.namespaces) <= self.watch.listed:
-            self.models_complete = True
+            self.records.complete = True
 
     def close(self) -> None:
         """Stop the model watch, the work queue, the rechecker and retries, close the HTTP clients (idempotent)."""
         self.kube.stop.set()
         self.watch.stop()
         self.queue.stop()
-        self.rechecker.stop()
-        if self.poster is not None:
-            self.poster.stop()
-        self.nudger.close()
-        self.reader.close()
+        self.model_controller.close()
+        if self.parts.poster is not None:
+            self.parts.poster.stop()
+        self.parts.reader.close()
         self.writer.fetcher.close()
 
+    def lock(self, uid: str) -> threading.Lock:
+        """The InferenceModel's lock: held by whoever writes for it (a reconcile, its deletion)."""
+        return self.model_controller.lock(uid)
+
     def _forget(self, uid: str) -> None:
-        with self._locks_guard:
-            self._locks.pop(uid, None)
-        self.failures.forget(uid)
-        self.rollouts.forget(uid)
+        """The model is gone: what the controller keeps of it, and its queued run."""
+        self.model_controller.forget(uid)
         self.queue.discard(uid)
-        for memo in (self.models, self._wanted, self._handled, self._retries, self._rendered, self._deleting_since):
-            memo.pop(uid, None)
-        self._render_records.pop(uid, None)
-        self._render_notes.pop(uid, None)
 
     # ------------------------------------------------------------------------- model events and queue
     def model_event(self, kind: str | None, body: Mapping[str, Any]) -> None:
@@ -130,74 +130,79 @@ class Reconciler(ServerReconcile, ModelReconcile):
         if kind == "DELETED":
             self._forget(uid)
             return
-        known = self.models.get(uid)
+        record = self.records.of(uid)
+        known = record.body
         if known is not None and decision_lost(known, body):
             body = {**body, "status": known["status"]}  # the decision stays in force (rollout.decision_lost)
-        self.models[uid] = dict(body)
+        record.body = dict(body)
         ours = FINALIZER in (meta.get("finalizers") or ())
         if meta.get("deletionTimestamp"):
             if ours:  # a render in progress sees the deletion and gives up (``superseded``); then the delete runs
-                self._deleting_since.setdefault(uid, time.monotonic())
+                if record.deleting_since is None:
+                    record.deleting_since = time.monotonic()
                 self.queue.add(uid)
             return
         generation = meta.get("generation", 0)
-        if not ours or self._wanted.get(uid) != generation:
-            self._wanted[uid] = generation
+        if not ours or record.wanted != generation:
+            record.wanted = generation
             self.queue.add(uid)
 
     def _work(self, uid: Hashable) -> float | None:
         """One queued run for the newest object: its deletion, its finalizer, its reconcile. Returns when to run
         it again (a retry), or None."""
         key = cast(str, uid)
-        body = self.models.get(key)
-        if body is None:
+        record = self.records.get(key)
+        body = None if record is None else record.body
+        if record is None or body is None:
             return None
         meta = body["metadata"]
         ns, name = meta["namespace"], meta["name"]
         finalizers = list(meta.get("finalizers") or ())
         if meta.get("deletionTimestamp"):
-            return self._finalize(key, body) if FINALIZER in finalizers else None
+            return self._finalize(key, record, body) if FINALIZER in finalizers else None
         if FINALIZER not in finalizers:
             # before anything is written: what is on the volume must outlive no InferenceModel
             if not self.kube.set_finalizers(ns, name, [*finalizers, FINALIZER], meta.get("resourceVersion") or ""):
                 return 0.5  # changed meanwhile (or gone): again with the object the watch brings
         generation = meta.get("generation", 0)
         # a generation already reconciled is here again for a render the resync asked for
-        resync = self._handled.get(key) == generation
-        retry = self._retries.get(key, 0)
+        resync = record.handled == generation
+        retry = record.retries
         try:
             self.reconcile_model(body, retry, resync)
             if not resync and (body.get("spec") or {}).get("sequenceBatching") is not None:
                 # its pool's Service gets session affinity now, not at the next resync (sequence_routing.py)
                 self._in_handler_context(self.reconcile_server_named, ns, body["spec"]["server"])
         except kopf.TemporaryError as exc:
-            self._retries[key] = retry + 1
+            record.retries = retry + 1
             return float(exc.delay or backoff(retry))
         except Exception as exc:
             log.warning("reconcile of InferenceModel %s/%s failed: %s", ns, name, exc)
             if resync:
                 return None  # the next resync tries again
-            self._retries[key] = retry + 1
+            record.retries = retry + 1
             return backoff(retry)
-        self._retries.pop(key, None)
-        if key in self.models:
-            self._handled[key] = generation
+        record.retries = 0
+        if self.records.get(key) is record:  # not deleted meanwhile
+            record.handled = generation
         return None
 
     def _in_handler_context(self, call: Callable[..., Any], *args: Any) -> Any:
         """``call(*args)`` in a copy of a kopf handler's context (kopf's event posting lives there)."""
-        context = self.handler_context
+        context = self.parts.handler_context
         return call(*args) if context is None else context.copy().run(call, *args)
 
     def resync_models(self, stopped: Callable[[], bool]) -> int:
         """One resync pass over every model (the resync timer): status refreshed, drift repaired. Models whose
         render is needed again are queued; returns how many."""
         queued = 0
-        for uid, body in list(self.models.items()):
+        for uid, body in self.records.with_bodies():
             if stopped():
                 break
             meta = body["metadata"]
-            if meta.get("deletionTimestamp") or self._handled.get(uid) != meta.get("generation", 0):
+            record = self.records.get(uid)
+            handled = None if record is None else record.handled
+            if meta.get("deletionTimestamp") or handled != meta.get("generation", 0):
                 continue  # being deleted, or its change is queued
             try:
                 new = self.reconcile_model(body, 0, True, stopped, None, True, False)
@@ -210,11 +215,13 @@ class Reconciler(ServerReconcile, ModelReconcile):
         return queued
 
     # --------------------------------------------------------------------------------------- deletion
-    def _finalize(self, uid: str, body: Mapping[str, Any]) -> float | None:
+    def _finalize(self, uid: str, record: ModelRecord, body: Mapping[str, Any]) -> float | None:
         """The delete handler, then the finalizer released; a retry delay while a server still has it loaded."""
         meta = body["metadata"]
         ns, name = meta["namespace"], meta["name"]
-        waited = time.monotonic() - self._deleting_since.setdefault(uid, time.monotonic())
+        if record.deleting_since is None:
+            record.deleting_since = time.monotonic()
+        waited = time.monotonic() - record.deleting_since
         try:
             self.delete_model(body, waited)
         except kopf.TemporaryError as exc:  # waiting for the server to unload it: a retry by design, not an error
@@ -227,48 +234,3 @@ class Reconciler(ServerReconcile, ModelReconcile):
         if not self.kube.set_finalizers(ns, name, rest, meta.get("resourceVersion") or ""):
             return 0.2 if uid in self.models else None  # changed meanwhile: again; gone: done
         return None
-
-    def delete_model(self, body: Mapping[str, Any], runtime_seconds: float) -> None:
-        """Remove the model folder, then hold the finalizer until no replica of the server has it loaded."""
-        meta, spec = body["metadata"], body["spec"]
-        ns, name = meta["namespace"], meta["name"]
-        with self._lock(meta["uid"]):
-            server = self.lookup.server(ns, spec["server"])
-            recorded = (body.get("status") or {}).get("repositoryPath")
-            if server is not None:
-                try:
-                    _, server_dir = self._server_dir(ns, spec["server"], server["spec"])
-                    self.writer.remove_model(server_dir, name)
-                except ArtifactError:
-                    pass
-            self._forget_old_location(ns, name, recorded, "")
-            if server is None:
-                return
-            loaded = self._still_loaded(ns, spec["server"], server["spec"], name)
-            if loaded and runtime_seconds < self.config.unload_timeout:
-                raise kopf.TemporaryError(f"{UNLOAD_WAIT} versions {loaded}", delay=1)
-
-    def _still_loaded(self, ns: str, server: str, sspec: Mapping[str, Any], name: str) -> list[int]:
-        """Versions of the removed model some replica still has loaded (or is loading or unloading)."""
-        endpoints, _ = self.endpoints(ns, server)
-        access = self.access.for_server(ns, server, sspec)
-        answered: dict[str, list[dict[str, Any]]] = {}
-        if isinstance(access, ServerAccess):
-            # the replicas unload it now, and say so, rather than at their next poll
-            tickets = {e.url: self.nudger.nudge(e.url, access, [name]) for e in endpoints}
-            deadline = time.monotonic() + NUDGE_WAIT
-            for url, (ticket,) in ((u, t) for u, t in tickets.items() if t):
-                rows = ticket.wait(max(0.0, deadline - time.monotonic()))
-                if rows is not None:
-                    answered[url] = rows
-        views = [
-            status.ReplicaView(e.name, e.ready, status.version_states(answered[e.url], name))
-            for e in endpoints
-            if e.url in answered
-        ]
-        rest = [e for e in endpoints if e.url not in answered]
-        if rest:
-            views += self.observe(server, rest, name, max_age=0.5, every=True, access=access)
-        return sorted(
-            {s.version for v in views for s in v.states or () if s.state in ("READY", "LOADING", "UNLOADING")}
-        )

@@ -1,4 +1,4 @@
-"""The InferenceServer reconcile: its folder and claim, the owned Deployment, Service, NetworkPolicy and
+"""The InferenceServer controller: its folder and claim, the owned Deployment, Service, NetworkPolicy and
 autoscaler, and a status that says whether the pool serves and how its pods started.
 
 Idempotent: it runs on every change (kopf's change handlers), on edits to the owned objects, and at each
@@ -8,6 +8,7 @@ resync; a refused spec or an unusable claim applies nothing and says why in the 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -16,7 +17,7 @@ from kubernetes.client.exceptions import ApiException
 
 from ..api import status
 from ..api.pool_defaults import pool_body
-from ..kube.client import SERVERS, Kube, is_temporary
+from ..kube.client import SERVERS, is_temporary
 from ..kube.events import namespace_terminating
 from ..replicas import pool_pods
 from ..replicas.replica_http import AnswerError
@@ -26,7 +27,6 @@ from ..sources.artifacts import ArtifactError
 from ..traffic import sequence_routing
 from ..traffic.autoscaling import Autoscaler
 from .reconcile_parts import ReconcileParts, kopf_ref
-from .settings import OperatorConfig
 
 log = logging.getLogger("kubeinfer.operator")
 #: a server's start-up timeline: a few timestamps (bytes), and the seconds the whole read may take
@@ -34,11 +34,18 @@ STARTUP_MAX_BYTES = 64 << 10
 STARTUP_DEADLINE = 2.0
 
 
-class ServerReconcile(ReconcileParts):
-    def __init__(self, config: OperatorConfig, kube: Kube) -> None:
-        super().__init__(config, kube)
+class ServerController:
+    """Reconciles InferenceServers with the collaborators it is handed (``parts``)."""
+
+    def __init__(self, parts: ReconcileParts) -> None:
+        self.parts = parts
+        config = self.config = parts.config
+        self.kube, self.lookup, self.reader, self.access = parts.kube, parts.lookup, parts.reader, parts.access
+        #: uid -> the server's lock (a resync and a change of the same server do not write at once)
+        self._locks: dict[str, threading.Lock] = {}
+        self._locks_guard = threading.Lock()
         self.autoscaler = Autoscaler(
-            kube,
+            parts.kube,
             config.prometheus_url,
             http_scaler_address=config.http_scaler_address,
             route_domains=config.route_domains,
@@ -65,7 +72,7 @@ class ServerReconcile(ReconcileParts):
             refused = self._refused_spec(spec)
             if refused:
                 conds.append(status.Condition("SpecAccepted", False, refused[0], refused[1]))
-            listed = self.model_bodies(ns)
+            listed = self.parts.model_bodies(ns)
             scaling: list[status.Condition] = []
             scaling_status: dict[str, Any] | None = None
             dep = None
@@ -97,7 +104,7 @@ class ServerReconcile(ReconcileParts):
             )
             conds += scaling  # reported beside Ready, not in it: the pool serves either way
             prev = body.get("status") or {}
-            self._patch_status(
+            self.parts.patch_status(
                 SERVERS,
                 ns,
                 name,
@@ -116,6 +123,10 @@ class ServerReconcile(ReconcileParts):
                 },
             )
 
+    def _lock(self, uid: str) -> threading.Lock:
+        with self._locks_guard:
+            return self._locks.setdefault(uid, threading.Lock())
+
     def reconcile_server_named(self, namespace: str, name: str) -> None:
         body = self.lookup.server(namespace, name)
         if body is not None and not body["metadata"].get("deletionTimestamp"):
@@ -126,8 +137,8 @@ class ServerReconcile(ReconcileParts):
     ) -> str | None:
         """``RepositoryReady`` into ``conds``; the claim the pods mount, or None when there is no usable one."""
         try:
-            subpath, _ = self._server_dir(ns, name, spec)
-            claim = self._claim(ns, name, spec)
+            subpath, _ = self.parts.server_dir(ns, name, spec)
+            claim = self.parts.claim(ns, name, spec)
         except (ArtifactError, OSError) as exc:
             msg = exc.message if isinstance(exc, ArtifactError) else str(exc)
             conds.append(status.Condition("RepositoryReady", False, "RepositoryUnusable", msg))
@@ -168,7 +179,7 @@ class ServerReconcile(ReconcileParts):
         Once true it stays true: every later pod comes from a template with the label."""
         meta = body["metadata"]
         try:
-            members = self.pool_members(meta["namespace"], meta["name"], meta["uid"], max_age=pool_pods.MIN_AGE)
+            members = self.parts.pool_members(meta["namespace"], meta["name"], meta["uid"], max_age=pool_pods.MIN_AGE)
         except Exception as exc:  # the pods are unknown: the selector every pod of the pool matches
             log.warning("listing the pods of InferenceServer %s/%s failed: %s", meta["namespace"], meta["name"], exc)
             return False
@@ -179,7 +190,7 @@ class ServerReconcile(ReconcileParts):
         side of it (``GET /v2/kubeinfer/startup``) until its timeline is complete, never again after. Only the
         pool's provably own pods (``pool_pods``: listed moments ago, for the Service's selector)."""
         try:
-            pods = list(self.pool_members(ns, name, uid, max_age=pool_pods.MIN_AGE).pods.values())
+            pods = list(self.parts.pool_members(ns, name, uid, max_age=pool_pods.MIN_AGE).pods.values())
         except Exception as exc:  # the status says nothing about pods rather than fail the reconcile
             log.warning("listing the pods of InferenceServer %s/%s failed: %s", ns, name, exc)
             return None
@@ -194,7 +205,7 @@ class ServerReconcile(ReconcileParts):
             entry = known.get(meta["uid"])
             if entry is None:
                 if urls is None:
-                    urls = {e.name: e.url for e in self.endpoints(ns, name, uid)[0]}
+                    urls = {e.name: e.url for e in self.parts.endpoints(ns, name, uid)[0]}
                 url = urls.get(meta["name"])
                 startup = self._startup(url, access) if url and isinstance(access, ServerAccess) else None
                 entry = pod_start.pod_timeline(pod, startup)

@@ -33,7 +33,7 @@ def register(reconciler: Reconciler, registry: kopf.OperatorRegistry) -> None:
     server: dict[str, Any] = dict(group=GROUP, version=VERSION, plural=SERVERS, registry=registry)
 
     def on_server(body: kopf.Body, **_: Any) -> None:
-        reconciler.handler_context = contextvars.copy_context()
+        reconciler.parts.handler_context = contextvars.copy_context()
         reconciler.reconcile_server(body)
 
     def on_owned(body: kopf.Body, namespace: str | None, **_: Any) -> None:
@@ -114,7 +114,7 @@ def register_server_resync(reconciler: Reconciler, registry: kopf.OperatorRegist
                     continue
                 try:
                     # in a kopf handler's context: events are posted through kopf's per-object queue
-                    context = reconciler.handler_context
+                    context = reconciler.parts.handler_context
                     if context is None:
                         reconciler.reconcile_server(body)
                     else:
@@ -174,7 +174,7 @@ def register_indexes(reconciler: Reconciler, registry: kopf.OperatorRegistry) ->
 
     def start(**kwargs: Any) -> None:
         reconciler.lookup.indices = {k: kwargs[k] for k in ("servers", "endpointslices") if k in kwargs}
-        reconciler.models_attached = True
+        reconciler.records.attached = True
         reconciler.start()
 
     def finish(**_: Any) -> None:

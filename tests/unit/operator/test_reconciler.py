@@ -467,7 +467,7 @@ def test_a_resync_tick_does_not_wait_for_a_render_in_progress(
     a second worker thread behind it. A change handler still waits its turn."""
     add_server(kube, "pool")
     body = model("pool")
-    lock = reconciler._lock(body["metadata"]["uid"])
+    lock = reconciler.lock(body["metadata"]["uid"])
     with lock:
         assert reconciler.reconcile_model(body, from_timer=True, recheck=False) is None
         assert kube.statuses == []
@@ -845,7 +845,7 @@ def test_server_status_shows_how_each_pod_started(
         assert pod_start.complete(entry) and entry == pod_start.pod_timeline(pod, startup)
         # complete: the next reconcile does not ask the server again
         asked: list[str] = []
-        monkeypatch.setattr(reconciler, "_startup", lambda url, access: asked.append(url))
+        monkeypatch.setattr(reconciler.server_controller, "_startup", lambda url, access: asked.append(url))
         reconciler.reconcile_server(add_server(kube, "pool"))
         assert asked == [] and kube.statuses[-1][2]["pods"] == [entry]
     finally:
@@ -961,7 +961,8 @@ def test_a_model_ready_right_after_its_render_gets_one_event_that_says_both(
         add_server(kube, "pool")
         body = model("pool")
         kube.objects[(MODELS, NS, "m")] = body  # what the recheck reads
-        reconciler.rechecker.start()  # the operator's start() also starts its watch, which this test has no use for
+        # the operator's start() also starts its watch, which this test has no use for
+        reconciler.model_controller.rechecker.start()
         reconciler.reconcile_model(body)
         wait_for(
             "the Ready event",
@@ -991,3 +992,16 @@ def test_a_watch_event_from_before_a_rollout_decision_keeps_the_decision(reconci
     changed = model("pool", generation=2)  # a new spec: its own weights, whatever was decided before
     reconciler.model_event("MODIFIED", changed)
     assert "status" not in reconciler.models["uid-m"]
+
+
+def test_a_deleted_model_leaves_nothing_behind(reconciler: Reconciler, kube: FakeKube, root: Path) -> None:
+    """What the operator keeps about a model (its object, lock, render memo, generations) is one record, and
+    the model's DELETED event removes it."""
+    add_server(kube, "pool")
+    body = model("pool")
+    reconciler.model_event("ADDED", body)
+    reconciler.reconcile_model(body, recheck=False)
+    record = reconciler.records.get("uid-m")
+    assert record is not None and record.body is not None and record.rendered is not None
+    reconciler.model_event("DELETED", body)
+    assert reconciler.records.get("uid-m") is None and "uid-m" not in reconciler.models

@@ -20,7 +20,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from kubeinfer.operator.controllers.server_reconcile import ServerReconcile
+from kubeinfer.operator.controllers.server_reconcile import ServerController
 from kubeinfer.operator.replicas.indexes import INDEX_MAX_BYTES, Endpoint, IndexReader
 from kubeinfer.operator.replicas.nudge import Nudger
 from kubeinfer.operator.replicas.server_access import PLAIN
@@ -204,14 +204,14 @@ def test_a_poll_requests_answer_is_bounded_too(stop: threading.Event) -> None:
 def test_a_start_up_timeline_is_bounded_too(stop: threading.Event) -> None:
     sent = Sent()
     server = serve(huge(sent))
-    owner = SimpleNamespace(reader=IndexReader(timeout=5))  # what ServerReconcile._startup uses of itself
+    owner = SimpleNamespace(reader=IndexReader(timeout=5))  # what ServerController._startup uses of itself
     try:
-        out, _, peak = measured(lambda: ServerReconcile._startup(owner, server.url, PLAIN), 60)  # type: ignore[arg-type]
+        out, _, peak = measured(lambda: ServerController._startup(owner, server.url, PLAIN), 60)  # type: ignore[arg-type]
         assert out is None and peak < 8 * MiB, f"{peak / MiB:.0f} MiB held"
         assert sent.done.wait(10) and sent.bytes < 24 * MiB, f"{sent.bytes / MiB:.0f} MiB sent"
         server.close()
         server = serve(drip(stop, 0.2, b" "))
-        out, took, _ = measured(lambda: ServerReconcile._startup(owner, server.url, PLAIN), 10)  # type: ignore[arg-type]
+        out, took, _ = measured(lambda: ServerController._startup(owner, server.url, PLAIN), 10)  # type: ignore[arg-type]
         assert out is None and took < 3.0, took
     finally:
         stop.set()

@@ -365,7 +365,7 @@ def test_a_forged_status_repository_path_never_removes_another_tenants_model(roo
     (root / NS / "other-pool" / "other-model" / "1").mkdir(parents=True)
     before = _snapshot(victim)
     reconciler = Reconciler(OperatorConfig(repository_root=root), kube=None)  # type: ignore[arg-type]
-    reconciler._forget_old_location(NS, "m", forged, "ns/pool/m")
+    reconciler.model_controller._forget_old_location(NS, "m", forged, "ns/pool/m")
     assert _snapshot(victim) == before
     assert (root / NS / "other-pool" / "other-model" / "1").is_dir()
 
