@@ -94,7 +94,8 @@ def test_values_schema_refuses_bad_values(helm, values, message) -> None:
 def test_template_renders_operator_with_leader_election(helm) -> None:
     docs = _docs(helm("template", "ki", str(CHART), "-n", "ops", "--set", "replicaCount=2").stdout)
     assert _kinds(docs) == [
-        *["ClusterRole"] * 3, *["ClusterRoleBinding"] * 2, "Deployment", "NetworkPolicy", "PersistentVolumeClaim",
+        *["ClusterRole"] * 3, *["ClusterRoleBinding"] * 2, "ConfigMap",  # the Grafana dashboard
+        "Deployment", "NetworkPolicy", "PersistentVolumeClaim",
         *["Role"] * 2, *["RoleBinding"] * 2, "ServiceAccount",
         "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",  # the operator's PersistentVolumes
     ]  # fmt: skip

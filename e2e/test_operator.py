@@ -335,8 +335,10 @@ def test_model_served_then_hot_reloaded_without_failed_requests(env: Env) -> Non
         lambda: name in (env.get("inferenceserver", SERVER).get("status") or {}).get("models", []),
     )
     table = env.kubectl("get", "inferencemodels", name).stdout
-    assert table.split("\n")[0].split()[:5] == ["NAME", "READY", "ACTIVE", "VERSION", "SERVER"]
-    assert table.split("\n")[1].split()[:4] == [name, "True", "1", SERVER]
+    assert table.split("\n")[0].split()[:5] == ["NAME", "READY", "VERSIONS", "REPLICAS", "SERVER"]
+    row = table.split("\n")[1].split()
+    serving, found = map(int, row[3].split("/"))  # replicas serving it / replicas found
+    assert row[:3] == [name, "True", "1"] and row[4] == SERVER and 0 < serving <= found, table
 
     failures: list[str] = []
     outputs: list[np.ndarray] = []

@@ -311,6 +311,15 @@ INFERENCE_MODEL_STATUS = {
         "activeVersions": _ints("Versions READY on at least one server replica."),
         "activeVersion": {"type": "integer", "format": "int64", "description": "Highest READY version."},
         "renderedVersions": _ints("Version folders present in the repository."),
+        "servingVersions": {
+            "type": "string",
+            "description": "activeVersions comma-separated, e.g. 1,2 (the Versions column of kubectl get).",
+        },
+        "servingReplicas": {
+            "type": "string",
+            "description": "Replicas serving every target version / server replicas found, e.g. 2/3 (the "
+            "Replicas column of kubectl get).",
+        },
         "versionStates": {
             "type": "array",
             "description": "Per-version state from the server's repository index.",
@@ -363,16 +372,20 @@ INFERENCE_MODEL_STATUS = {
 
 
 def inference_model_crd() -> dict[str, Any]:
+    # at a glance: is it serving, which versions, on how many replicas, and why not
     columns: list[dict[str, Any]] = [
         {"name": "Ready", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].status'},
-        {"name": "Active Version", "type": "integer", "jsonPath": ".status.activeVersion"},
+        {"name": "Versions", "type": "string", "jsonPath": ".status.servingVersions"},
+        {"name": "Replicas", "type": "string", "jsonPath": ".status.servingReplicas"},
         {"name": "Server", "type": "string", "jsonPath": ".spec.server"},
+        {"name": "Reason", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].reason'},
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+        {"name": "Active Version", "type": "integer", "priority": 1, "jsonPath": ".status.activeVersion"},
         {
-            "name": "Reason",
+            "name": "Message",
             "type": "string",
             "priority": 1,
-            "jsonPath": '.status.conditions[?(@.type=="Ready")].reason',
+            "jsonPath": '.status.conditions[?(@.type=="Ready")].message',
         },
     ]
     return crd(

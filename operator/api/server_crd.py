@@ -462,6 +462,7 @@ INFERENCE_SERVER_STATUS = {
             "description": "InferenceModels that name this server.",
             "items": {"type": "string"},
         },
+        "modelCount": _i("How many InferenceModels name this server (the Models column of kubectl get)."),
         "endpoint": _s("host:port of the HTTP endpoint (the Service)."),
         "repositoryClaim": _s("The PersistentVolumeClaim the pods mount (reaches only this namespace's folder)."),
         "autoscaling": {
@@ -527,13 +528,17 @@ INFERENCE_SERVER_STATUS = {
 
 
 def inference_server_crd() -> dict[str, Any]:
+    # at a glance: how many replicas serve of how many wanted, what scales them, how many models, and why not
+    # (the first False condition's reason: Ready=False always follows the condition that made it False)
     columns: list[dict[str, Any]] = [
-        {"name": "Desired", "type": "integer", "jsonPath": ".spec.replicas"},
         {"name": "Ready", "type": "integer", "jsonPath": ".status.readyReplicas"},
+        {"name": "Desired", "type": "integer", "jsonPath": ".spec.replicas"},
         {"name": "Available", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Available")].status'},
-        {"name": "Autoscaler", "type": "string", "priority": 1, "jsonPath": ".status.autoscaling.autoscaler"},
-        {"name": "Image", "type": "string", "priority": 1, "jsonPath": ".spec.image"},
+        {"name": "Autoscaler", "type": "string", "jsonPath": ".status.autoscaling.autoscaler"},
+        {"name": "Models", "type": "integer", "jsonPath": ".status.modelCount"},
+        {"name": "Problem", "type": "string", "jsonPath": '.status.conditions[?(@.status=="False")].reason'},
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+        {"name": "Image", "type": "string", "priority": 1, "jsonPath": ".spec.image"},
     ]
     scale = {
         "specReplicasPath": ".spec.replicas",

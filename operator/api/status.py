@@ -289,6 +289,13 @@ def model_status(obs: ModelObservation, previous: Mapping[str, Any] | None, when
                 "readyReplicas": count,
             }
         )
+    # the compact forms ``kubectl get im`` prints: which versions serve, and on how many of the replicas found
+    full = sum(
+        1
+        for r in readable
+        if obs.target
+        and set(obs.target) <= {s.version for s in _spread_on_demand(r.states or (), obs.target) if current(s)}
+    )
     status: dict[str, Any] = {
         "observedGeneration": obs.generation,
         "conditions": conditions(conds, previous.get("conditions"), obs.generation, stamp),
@@ -297,6 +304,8 @@ def model_status(obs: ModelObservation, previous: Mapping[str, Any] | None, when
         "activeVersion": active[-1] if active else None,
         "renderedVersions": obs.rendered,
         "versionStates": states,
+        "servingVersions": ",".join(map(str, active)) or None,
+        "servingReplicas": f"{full}/{len(obs.replicas)}",
         "lastFailure": last_failure,
         "endpoint": obs.endpoint,
         "repositoryPath": obs.repository_path or previous.get("repositoryPath"),

@@ -104,6 +104,7 @@ class ServerController:
             )
             conds += scaling  # reported beside Ready, not in it: the pool serves either way
             prev = body.get("status") or {}
+            models = sorted(m["metadata"]["name"] for m in listed if m.get("spec", {}).get("server") == name)
             self.parts.patch_status(
                 SERVERS,
                 ns,
@@ -115,7 +116,8 @@ class ServerController:
                     "replicas": replicas,
                     "readyReplicas": ready,
                     "selector": manifests.selector_string(name),
-                    "models": sorted(m["metadata"]["name"] for m in listed if m.get("spec", {}).get("server") == name),
+                    "models": models,
+                    "modelCount": len(models),
                     "endpoint": manifests.service_endpoint(ns, name, spec)["http"],
                     "repositoryClaim": claim,
                     "autoscaling": scaling_status,

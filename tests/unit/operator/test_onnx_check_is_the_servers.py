@@ -13,8 +13,8 @@ from typing import Any
 
 import onnx
 import pytest
-from kubeinfer.operator.onnx_check import check_onnx
-from kubeinfer.operator.render import render_model
+from kubeinfer.operator.models.render import render_model
+from kubeinfer.operator.sources.onnx_check import check_onnx
 from kubeinfer.server.config import ConfigError, parse_config_text
 from kubeinfer.server.examples import models
 from kubeinfer.server.runtime.model import prepare_config

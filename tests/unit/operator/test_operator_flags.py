@@ -10,9 +10,9 @@ import re
 from pathlib import Path
 
 import pytest
-from kubeinfer.operator import settings
 from kubeinfer.operator.cli import build_parser
-from kubeinfer.operator.settings import OperatorConfig
+from kubeinfer.operator.controllers import settings
+from kubeinfer.operator.controllers.settings import OperatorConfig
 from kubeinfer.server.sources.egress import HostRules, parse_networks
 
 #: the command line the chart (helm/kubeinfer/templates/deployment.yaml) and the README use: it must not change

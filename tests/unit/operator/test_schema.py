@@ -61,7 +61,7 @@ def test_crd_shape():
     assert model["spec"]["names"]["shortNames"] == ["im"]
     assert server["spec"]["names"]["shortNames"] == ["isrv"]
     mv, sv = model["spec"]["versions"][0], server["spec"]["versions"][0]
-    assert [c["name"] for c in mv["additionalPrinterColumns"]][:4] == ["Ready", "Active Version", "Server", "Age"]
+    assert [c["name"] for c in mv["additionalPrinterColumns"]][:4] == ["Ready", "Versions", "Replicas", "Server"]
     assert mv["subresources"] == {"status": {}}
     assert sv["subresources"]["scale"]["specReplicasPath"] == ".spec.replicas"
     rules = [r["message"] for r in mv["schema"]["openAPIV3Schema"]["properties"]["spec"]["x-kubernetes-validations"]]

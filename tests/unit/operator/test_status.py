@@ -223,3 +223,19 @@ def test_status_changed_agrees_with_comparing_pruned_copies():
         for k in rng.sample("abcde", rng.randint(0, 2)):
             new[k] = _value(rng, 0)
         assert status_changed(stored, new) == _reference_changed(stored, new), (stored, new)
+
+
+def test_compact_columns_say_which_versions_serve_on_how_many_replicas():
+    obs = ModelObservation(generation=1, target=[2], rendered=[1, 2], config_digest="c")
+    v1 = [VersionState(1, "READY", "", "c")]
+    v2 = [VersionState(1, "UNLOADING", "", ""), VersionState(2, "READY", "", "c")]
+    obs.replicas = _replicas(v2, v1, v2)
+    status = model_status(obs, None)
+    assert (status["servingVersions"], status["servingReplicas"]) == ("1,2", "2/3")
+    obs.replicas = _replicas(v2, v2, None, ready=[True, True, False])  # a starting pod: found, not serving
+    assert (model_status(obs, None)["servingVersions"], model_status(obs, None)["servingReplicas"]) == ("2", "2/3")
+    obs.replicas = []
+    status = model_status(obs, None)
+    assert (status["servingVersions"], status["servingReplicas"]) == (None, "0/0")
+    demand = ModelObservation(generation=1, target=[1], rendered=[1]).single([VersionState(0, "ON_DEMAND")])
+    assert model_status(demand, None)["servingReplicas"] == "1/1"  # a model cache loads it on its next request
