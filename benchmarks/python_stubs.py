@@ -159,7 +159,7 @@ print(round((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / 200,
 def malloc_probe() -> dict[str, dict[str, float]]:
     """The example preprocessor on a 480x640 image in a fresh process: page faults and CPU ms a call, with
     glibc's default malloc settings and with the ones stubs get (``envs.MALLOC_TUNABLES``)."""
-    from kubeinfer.server.backends.python import envs
+    from kubeinfer.server.backends.python.server_side import envs
 
     out = {}
     for label, tunables in (("glibc defaults", None), ("stub settings", envs.MALLOC_TUNABLES)):

@@ -18,7 +18,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 
@@ -43,6 +43,9 @@ from .sharedmemory.cuda import cuda_available
 from .vocabulary.errors import Unavailable
 from .vocabulary.limits import DEFAULT_LIMITS, Limits
 from .vocabulary.server_defaults import GRPC_PORT, HTTP_PORT, METRICS_PORT, SHUTDOWN_TIMEOUT_SECONDS
+
+if TYPE_CHECKING:
+    from .grpc.transport import GrpcListener
 
 log = logging.getLogger("kubeinfer.server")
 
@@ -113,7 +116,7 @@ class ServerSettings:
     #: the logging extension's control, configured by the command line (None: defaults)
     log_control: LogControl | None = None
     shutdown_timeout: float = SHUTDOWN_TIMEOUT_SECONDS
-    #: after SIGTERM, seconds of answering while sending connections to other replicas (see serve())
+    #: after SIGTERM, seconds of answering while sending connections to other replicas (see ServerProcess.drain)
     connection_drain_seconds: float = 0.0
     #: milliseconds after which gRPC connections get a graceful GOAWAY (0: never; see start_grpc_server)
     grpc_max_connection_age_ms: int = 0
@@ -214,155 +217,186 @@ async def _cloud_repository(uri: str, local: Path) -> Callable[[list[str] | None
     return refresh
 
 
-async def serve(settings: ServerSettings) -> int:
-    backend_settings.configure(settings.backend_config)
-    backend_loader.allow_only(list(settings.allowed_backends) if settings.allowed_backends is not None else None)
-    shm = SharedMemoryRegistry(enabled=settings.allow_client_shm)
-    extensions: tuple[str, ...] = ()
-    if settings.allow_client_shm:
-        extensions = ("system_shared_memory",) + (("cuda_shared_memory",) if not cuda_available() else ())
-    metrics = TritonMetrics(config=settings.metrics_config)
-    cache = ResponseCache(settings.response_cache_bytes) if settings.response_cache_bytes > 0 else None
-    if settings.response_cache_redis is not None:
-        cache = RedisResponseCache(settings.response_cache_redis)
-        try:
-            await asyncio.to_thread(cache.connect)  # Triton PINGs Redis and does not start without it
-        except RedisCacheError as exc:
-            log.error("%s", exc)
-            return 1
-    metrics.response_cache = cache
-    refresh = None
-    if settings.cloud_repository:
-        refresh = await _cloud_repository(settings.cloud_repository, settings.model_repository)
-        if refresh is None:
-            return 1
-    registry = ModelRegistry(
-        RepositorySet([settings.model_repository, *settings.more_repositories], settings.model_namespacing)
-        if settings.more_repositories
-        else settings.model_repository,
-        listeners=[metrics],
-        auto_complete=settings.auto_complete,
-        load_threads=settings.load_threads,
-        response_cache=cache,
-        allow_external_op_libraries=settings.allow_external_op_libraries,
-        model_cache=settings.model_cache,
-        model_config_name=settings.model_config_name,
-        repoagent_directory=settings.repoagent_directory,
-    )
-    if settings.rate_limit:
-        registry.lifecycle.rate_limiter = RateLimiter(settings.rate_limit_resources)
-    registry.on_load_failure.append(metrics.on_load_failure)
-    registry.on_load_phase.append(metrics.on_load_phase)
-    metrics.model_cache = registry.cache
-    service = InferenceService(
-        registry,
-        ServiceOptions(
-            control_mode=settings.control_mode,
-            poll_secs=settings.poll_secs,
-            startup_models=settings.load_models,
-            strict_readiness=settings.strict_readiness,
-            request_timeout=settings.limits.request_timeout,
-            server_name=settings.server_name,
-            extensions=extensions,
-            refresh=refresh,
-        ),
-        tracer=Tracer(settings.trace_settings, registry=registry),
-        log_control=settings.log_control,
-    )
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+class ServerProcess:
+    """One server process's life, in the order ``serve`` runs its phases: ``build`` (the service and what it
+    needs, nothing listening yet), ``start`` (listeners, then models), ``until_stopped`` (SIGTERM or SIGINT),
+    ``drain`` (clients sent elsewhere, in-flight requests finished) and ``stop`` (listeners closed).
 
-    token = BearerToken(settings.auth_token_file) if settings.auth_token_file else None
-    servers: list[_Uvicorn] = []
-    tasks: list[asyncio.Task[Any]] = []
-    grpc_server = None
-    # listeners start before models load: liveness answers at once, readiness once loading is done
-    if settings.http_port is not None:
-        from .http.app import build_http_app
+    A phase uses what the ones before it made: call them in that order, each once."""
 
-        http_app = build_http_app(service, settings.limits, token, shm)
-        metrics.registry.register(http_app.paths)
-        servers.append(
-            _uvicorn(
-                http_app,
-                settings.http_host or settings.host,
-                settings.http_port,
-                settings.log_level,
-                settings.limits,
-                settings.http_tls,
+    # made by build()
+    shm: SharedMemoryRegistry
+    metrics: TritonMetrics
+    registry: ModelRegistry
+    service: InferenceService
+    token: BearerToken | None
+
+    def __init__(self, settings: ServerSettings) -> None:
+        self.settings = settings
+        self.servers: list[_Uvicorn] = []
+        self.tasks: list[asyncio.Task[Any]] = []
+        self.grpc_server: GrpcListener | None = None
+        self._grpc_stopped: asyncio.Task[None] | None = None
+        self._stop = asyncio.Event()
+        self._stop_wait: asyncio.Task[Any] | None = None
+
+    async def build(self) -> bool:
+        """Backends' settings, the response cache, the cloud repository's first copy, the registry and the
+        service, and the signal handlers; False (logged) when the process cannot serve (exit status 1)."""
+        settings = self.settings
+        backend_settings.configure(settings.backend_config)
+        backend_loader.allow_only(list(settings.allowed_backends) if settings.allowed_backends is not None else None)
+        self.shm = SharedMemoryRegistry(enabled=settings.allow_client_shm)
+        extensions: tuple[str, ...] = ()
+        if settings.allow_client_shm:
+            extensions = ("system_shared_memory",) + (("cuda_shared_memory",) if not cuda_available() else ())
+        self.metrics = metrics = TritonMetrics(config=settings.metrics_config)
+        cache = ResponseCache(settings.response_cache_bytes) if settings.response_cache_bytes > 0 else None
+        if settings.response_cache_redis is not None:
+            cache = RedisResponseCache(settings.response_cache_redis)
+            try:
+                await asyncio.to_thread(cache.connect)  # Triton PINGs Redis and does not start without it
+            except RedisCacheError as exc:
+                log.error("%s", exc)
+                return False
+        metrics.response_cache = cache
+        refresh = None
+        if settings.cloud_repository:
+            refresh = await _cloud_repository(settings.cloud_repository, settings.model_repository)
+            if refresh is None:
+                return False
+        registry = ModelRegistry(
+            RepositorySet([settings.model_repository, *settings.more_repositories], settings.model_namespacing)
+            if settings.more_repositories
+            else settings.model_repository,
+            listeners=[metrics],
+            auto_complete=settings.auto_complete,
+            load_threads=settings.load_threads,
+            response_cache=cache,
+            allow_external_op_libraries=settings.allow_external_op_libraries,
+            model_cache=settings.model_cache,
+            model_config_name=settings.model_config_name,
+            repoagent_directory=settings.repoagent_directory,
+        )
+        if settings.rate_limit:
+            registry.lifecycle.rate_limiter = RateLimiter(settings.rate_limit_resources)
+        registry.on_load_failure.append(metrics.on_load_failure)
+        registry.on_load_phase.append(metrics.on_load_phase)
+        metrics.model_cache = registry.cache
+        self.registry = registry
+        self.service = InferenceService(
+            registry,
+            ServiceOptions(
+                control_mode=settings.control_mode,
+                poll_secs=settings.poll_secs,
+                startup_models=settings.load_models,
+                strict_readiness=settings.strict_readiness,
+                request_timeout=settings.limits.request_timeout,
+                server_name=settings.server_name,
+                extensions=extensions,
+                refresh=refresh,
+            ),
+            tracer=Tracer(settings.trace_settings, registry=registry),
+            log_control=settings.log_control,
+        )
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._stop.set)
+        self.token = BearerToken(settings.auth_token_file) if settings.auth_token_file else None
+        return True
+
+    async def start(self) -> int:
+        """The listeners, then the models (listeners start before models load: liveness answers at once,
+        readiness once loading is done). 0 once serving, or when a stop signal came while models loaded;
+        1 (logged) when a model failed to load under --exit-on-error or the Vertex AI listener cannot start.
+        Raises SystemExit when an HTTP listener cannot start (a port in use)."""
+        settings, service, metrics, token, shm = self.settings, self.service, self.metrics, self.token, self.shm
+        servers = self.servers
+        if settings.http_port is not None:
+            from .http.app import build_http_app
+
+            http_app = build_http_app(service, settings.limits, token, shm)
+            metrics.registry.register(http_app.paths)
+            servers.append(
+                _uvicorn(
+                    http_app,
+                    settings.http_host or settings.host,
+                    settings.http_port,
+                    settings.log_level,
+                    settings.limits,
+                    settings.http_tls,
+                )
             )
-        )
-    if settings.metrics_port is not None:
-        from .observability.endpoint import build_metrics_app
+        if settings.metrics_port is not None:
+            from .observability.endpoint import build_metrics_app
 
-        servers.append(
-            _uvicorn(
-                build_metrics_app(metrics, registry, service.live, service.ready),
-                settings.metrics_host or settings.host,
-                settings.metrics_port,
-                settings.log_level,
-                settings.limits,
+            servers.append(
+                _uvicorn(
+                    build_metrics_app(metrics, self.registry, service.live, service.ready),
+                    settings.metrics_host or settings.host,
+                    settings.metrics_port,
+                    settings.log_level,
+                    settings.limits,
+                )
             )
-        )
-    if settings.openai_port is not None:
-        from .openai import build_openai_app
+        if settings.openai_port is not None:
+            from .openai import build_openai_app
 
-        servers.append(
-            _uvicorn(
-                build_openai_app(service, token),
-                settings.openai_host or settings.host,
-                settings.openai_port,
-                settings.log_level,
-                settings.limits,
-                settings.http_tls,
+            servers.append(
+                _uvicorn(
+                    build_openai_app(service, token),
+                    settings.openai_host or settings.host,
+                    settings.openai_port,
+                    settings.log_level,
+                    settings.limits,
+                    settings.http_tls,
+                )
             )
-        )
-    if settings.sagemaker_port is not None:
-        from .http.app import build_http_app
-        from .http.sagemaker import build_sagemaker_app
+        if settings.sagemaker_port is not None:
+            from .http.app import build_http_app
+            from .http.sagemaker import build_sagemaker_app
 
-        servers.append(
-            _uvicorn(
-                build_sagemaker_app(build_http_app(service, settings.limits, token, shm)),
-                settings.host,
-                settings.sagemaker_port,
-                settings.log_level,
-                settings.limits,
+            servers.append(
+                _uvicorn(
+                    build_sagemaker_app(build_http_app(service, settings.limits, token, shm)),
+                    settings.host,
+                    settings.sagemaker_port,
+                    settings.log_level,
+                    settings.limits,
+                )
             )
-        )
-    for server in servers:
-        tasks.append(asyncio.create_task(server.serve()))
-    if settings.grpc_port is not None:
-        from .grpc.settings import GrpcSettings
-        from .grpc.transport import start_grpc_listener
+        for server in servers:
+            self.tasks.append(asyncio.create_task(server.serve()))
+        if settings.grpc_port is not None:
+            from .grpc.settings import GrpcSettings
+            from .grpc.transport import start_grpc_listener
 
-        grpc_settings = GrpcSettings(
-            settings.grpc_host or settings.host,
-            settings.grpc_port,
-            settings.limits,
-            token,
-            settings.grpc_tls,
-            shm,
-            settings.grpc_max_connection_age_ms,
-            settings.grpc_max_connection_age_grace_ms,
-            settings.grpc_keepalive,
-        )
-        grpc_server = await start_grpc_listener(settings.grpc_transport, service, grpc_settings)
-    await asyncio.sleep(0)
-    for server, task in zip(servers, tasks, strict=True):
-        while not server.started and not task.done():
-            await asyncio.sleep(0.01)
-        if task.done():
-            task.result()  # a port in use: raise now
-            raise SystemExit(f"HTTP listener on port {server.config.port} failed to start")
-    service.listening_at = time.time()
-    load = asyncio.create_task(service.start())
-    stop_wait = asyncio.create_task(stop.wait())
-    await asyncio.wait([load, stop_wait], return_when=asyncio.FIRST_COMPLETED)
-    exit_code = 0
-    if load.done():
+            grpc_settings = GrpcSettings(
+                settings.grpc_host or settings.host,
+                settings.grpc_port,
+                settings.limits,
+                token,
+                settings.grpc_tls,
+                shm,
+                settings.grpc_max_connection_age_ms,
+                settings.grpc_max_connection_age_grace_ms,
+                settings.grpc_keepalive,
+            )
+            self.grpc_server = await start_grpc_listener(settings.grpc_transport, service, grpc_settings)
+        await asyncio.sleep(0)
+        for server, task in zip(servers, self.tasks, strict=True):
+            while not server.started and not task.done():
+                await asyncio.sleep(0.01)
+            if task.done():
+                task.result()  # a port in use: raise now
+                raise SystemExit(f"HTTP listener on port {server.config.port} failed to start")
+        service.listening_at = time.time()
+        load = asyncio.create_task(service.start())
+        self._stop_wait = asyncio.create_task(self._stop.wait())
+        await asyncio.wait([load, self._stop_wait], return_when=asyncio.FIRST_COMPLETED)
+        if not load.done():
+            load.cancel()
+            return 0
         load.result()
         failed = service.startup_failures() if settings.exit_on_error else []
         if failed:
@@ -370,105 +404,117 @@ async def serve(settings: ServerSettings) -> int:
             for reason in failed:
                 log.error("failed to load %s", reason)
             log.error("exiting: %d model(s) failed to load and --exit-on-error is true", len(failed))
-            exit_code = 1
-        elif settings.vertex_ai_port is not None and not await _start_vertex_ai(
-            settings, service, token, shm, metrics, registry, servers, tasks
-        ):
-            exit_code = 1
-        else:
-            log.info(
-                "kubeinfer-server ready: http=%s grpc=%s metrics=%s repository=%s",
-                settings.http_port,
-                settings.grpc_port,
-                settings.metrics_port,
-                ",".join(map(str, [settings.model_repository, *settings.more_repositories])),
-            )
-            await stop_wait
-    else:
-        load.cancel()
-    grpc_stopped = None
-    if settings.connection_drain_seconds > 0:
-        # Behind a Service, keep-alive connections stay pinned to this pod after it left the endpoints:
-        # answer a while longer, but make every HTTP response close its connection and send gRPC clients a
-        # GOAWAY (in-flight RPCs finish), so that their next request reconnects to another replica.
+            return 1
+        if settings.vertex_ai_port is not None and not await self._start_vertex_ai():
+            return 1
         log.info(
-            "stopping: %.0fs for clients to move to other replicas (HTTP Connection: close, gRPC GOAWAY)",
-            settings.connection_drain_seconds,
+            "kubeinfer-server ready: http=%s grpc=%s metrics=%s repository=%s",
+            settings.http_port,
+            settings.grpc_port,
+            settings.metrics_port,
+            ",".join(map(str, [settings.model_repository, *settings.more_repositories])),
         )
-        service.close_connections()
-        if grpc_server is not None:
-            grace = settings.connection_drain_seconds + settings.shutdown_timeout
-            grpc_stopped = asyncio.create_task(grpc_server.stop(grace=grace))
-        await asyncio.sleep(settings.connection_drain_seconds)
-    log.info("shutting down: draining in-flight requests (up to %.0fs)", settings.shutdown_timeout)
-    await service.shutdown(settings.shutdown_timeout)
-    for server in servers:
-        server.should_exit = True
-    if grpc_stopped is not None:
-        await grpc_stopped
-    elif grpc_server is not None:
-        await grpc_server.stop(grace=2.0)  # RPCs still writing their response get this long
-    await asyncio.gather(*tasks, return_exceptions=True)
-    shm.close()
-    log.info("kubeinfer-server stopped")
-    if registry.abandoned:
-        # their instances' threads are still inside execute(), and Python (and asyncio.run) would wait for
-        # them at exit until Kubernetes kills the pod: the shutdown timeout has passed, so leave them, as
-        # Triton does
-        log.warning("exiting with %s still executing", ", ".join(registry.abandoned))
-        logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(exit_code)
-    return exit_code
+        return 0
+
+    async def until_stopped(self) -> None:
+        """Returns once SIGTERM or SIGINT came (at once if one came while models loaded)."""
+        assert self._stop_wait is not None, "start() first"
+        await self._stop_wait
+
+    async def drain(self) -> None:
+        """Readiness false and new inference requests refused; with --connection-drain-seconds, clients first
+        get that long to move to other replicas; then in-flight and queued requests finish (bounded by
+        --shutdown-timeout)."""
+        settings, service = self.settings, self.service
+        if settings.connection_drain_seconds > 0:
+            # Behind a Service, keep-alive connections stay pinned to this pod after it left the endpoints:
+            # answer a while longer, but make every HTTP response close its connection and send gRPC clients a
+            # GOAWAY (in-flight RPCs finish), so that their next request reconnects to another replica.
+            log.info(
+                "stopping: %.0fs for clients to move to other replicas (HTTP Connection: close, gRPC GOAWAY)",
+                settings.connection_drain_seconds,
+            )
+            service.close_connections()
+            if self.grpc_server is not None:
+                grace = settings.connection_drain_seconds + settings.shutdown_timeout
+                self._grpc_stopped = asyncio.create_task(self.grpc_server.stop(grace=grace))
+            await asyncio.sleep(settings.connection_drain_seconds)
+        log.info("shutting down: draining in-flight requests (up to %.0fs)", settings.shutdown_timeout)
+        await service.shutdown(settings.shutdown_timeout)
+
+    async def stop(self, exit_code: int) -> int:
+        """Closes the listeners and the shared-memory regions; returns ``exit_code``, or ends the process
+        with it at once when model executions outlived the shutdown timeout."""
+        for server in self.servers:
+            server.should_exit = True
+        if self._grpc_stopped is not None:
+            await self._grpc_stopped
+        elif self.grpc_server is not None:
+            await self.grpc_server.stop(grace=2.0)  # RPCs still writing their response get this long
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        self.shm.close()
+        log.info("kubeinfer-server stopped")
+        if self.registry.abandoned:
+            # their instances' threads are still inside execute(), and Python (and asyncio.run) would wait for
+            # them at exit until Kubernetes kills the pod: the shutdown timeout has passed, so leave them, as
+            # Triton does
+            log.warning("exiting with %s still executing", ", ".join(self.registry.abandoned))
+            logging.shutdown()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(exit_code)
+        return exit_code
+
+    async def _start_vertex_ai(self) -> bool:
+        """Triton's Vertex AI listener, started once models loaded (its default model is picked from the ready
+        ones); False (logged in Triton's words) when it cannot start."""
+        from .http.app import build_http_app
+        from .http.vertex_ai import VertexAiApp, default_model
+        from .observability.endpoint import build_metrics_app
+
+        settings, service = self.settings, self.service
+        assert settings.vertex_ai_port is not None
+        try:
+            ready = [m["name"] for m in service.repository_index(ready_only=True)]
+            model = default_model(list(dict.fromkeys(ready)), settings.vertex_ai_default_model)
+        except ValueError as exc:
+            log.error("failed to start Vertex AI service: %s", exc)
+            return False
+        app = VertexAiApp(
+            build_http_app(service, settings.limits, self.token, self.shm),
+            *settings.vertex_ai_routes,
+            model,
+            build_metrics_app(self.metrics, self.registry, service.live, service.ready)
+            if settings.metrics_port is not None
+            else None,
+        )
+        server = _uvicorn(app, settings.host, settings.vertex_ai_port, settings.log_level, settings.limits)
+        task = asyncio.create_task(server.serve())
+        while not server.started and not task.done():
+            await asyncio.sleep(0.01)
+        if task.done():
+            with contextlib.suppress(BaseException):  # uvicorn logged why (a port in use) and exits
+                task.result()
+            log.error("failed to start Vertex AI service on port %d", settings.vertex_ai_port)
+            return False
+        self.servers.append(server)
+        self.tasks.append(task)
+        log.info(
+            "Started Vertex AI HTTPService at %s:%d (default model '%s')", settings.host, settings.vertex_ai_port, model
+        )
+        return True
 
 
-async def _start_vertex_ai(
-    settings: ServerSettings,
-    service: InferenceService,
-    token: BearerToken | None,
-    shm: SharedMemoryRegistry,
-    metrics: TritonMetrics,
-    registry: ModelRegistry,
-    servers: list[_Uvicorn],
-    tasks: list[asyncio.Task[Any]],
-) -> bool:
-    """Triton's Vertex AI listener, started once models loaded (its default model is picked from the ready ones);
-    False (logged in Triton's words) when it cannot start."""
-    from .http.app import build_http_app
-    from .http.vertex_ai import VertexAiApp, default_model
-    from .observability.endpoint import build_metrics_app
-
-    assert settings.vertex_ai_port is not None
-    try:
-        ready = [m["name"] for m in service.repository_index(ready_only=True)]
-        model = default_model(list(dict.fromkeys(ready)), settings.vertex_ai_default_model)
-    except ValueError as exc:
-        log.error("failed to start Vertex AI service: %s", exc)
-        return False
-    app = VertexAiApp(
-        build_http_app(service, settings.limits, token, shm),
-        *settings.vertex_ai_routes,
-        model,
-        build_metrics_app(metrics, registry, service.live, service.ready)
-        if settings.metrics_port is not None
-        else None,
-    )
-    server = _uvicorn(app, settings.host, settings.vertex_ai_port, settings.log_level, settings.limits)
-    task = asyncio.create_task(server.serve())
-    while not server.started and not task.done():
-        await asyncio.sleep(0.01)
-    if task.done():
-        with contextlib.suppress(BaseException):  # uvicorn logged why (a port in use) and exits
-            task.result()
-        log.error("failed to start Vertex AI service on port %d", settings.vertex_ai_port)
-        return False
-    servers.append(server)
-    tasks.append(task)
-    log.info(
-        "Started Vertex AI HTTPService at %s:%d (default model '%s')", settings.host, settings.vertex_ai_port, model
-    )
-    return True
+async def serve(settings: ServerSettings) -> int:
+    """Runs one server process until SIGTERM or SIGINT (or a failed start); its exit status."""
+    process = ServerProcess(settings)
+    if not await process.build():
+        return 1
+    exit_code = await process.start()
+    if exit_code == 0:
+        await process.until_stopped()
+    await process.drain()
+    return await process.stop(exit_code)
 
 
 def run(settings: ServerSettings) -> int:

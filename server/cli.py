@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .app import ServerSettings, run
-from .backends.python.dumpable import make_non_dumpable
+from .backends.python.stub.dumpable import make_non_dumpable
 from .grpc.settings import Keepalive
 from .grpc.transport import ENV as GRPC_TRANSPORT_ENV
 from .grpc.transport import TRANSPORTS as GRPC_TRANSPORTS
@@ -1005,7 +1005,7 @@ def _log_level(args: argparse.Namespace) -> str:
 
 def _start(argv: Sequence[str] | None, triton: bool) -> int:
     # first of all: Python models' stubs run as this user; they must not read this process's
-    # descriptors (other models' tensors) or memory through /proc (backends/python/dumpable.py)
+    # descriptors (other models' tensors) or memory through /proc (backends/python/stub/dumpable.py)
     make_non_dumpable()
     parser = build_parser(triton)
     args = parser.parse_args(argv)

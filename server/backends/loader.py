@@ -16,7 +16,7 @@ log = logging.getLogger(__name__)
 #: built-ins by backend name, imported lazily so GPU-only code never loads on CPU machines
 _BUILTIN = {
     "onnxruntime": "kubeinfer.server.backends.onnxruntime:OnnxRuntimeBackend",
-    "python": "kubeinfer.server.backends.python.backend:PythonBackend",
+    "python": "kubeinfer.server.backends.python.server_side.backend:PythonBackend",
     "pytorch": "kubeinfer.server.backends.pytorch:PyTorchBackend",
     "tensorrt": "kubeinfer.server.backends.tensorrt:TensorRTBackend",
     "tensorflow": "kubeinfer.server.backends.tensorflow:TensorFlowBackend",

@@ -1,44 +1,20 @@
-"""Imports point down: the layer map in ``kubeinfer/server/__init__.py``, read from the source with ``ast``.
+"""Imports point down: the layer map of ``kubeinfer.server.layers``, checked against the source read with ``ast``.
 
 Every import counts, including ones inside functions and ``if TYPE_CHECKING:`` blocks: a lazy import
-upward is still an upward dependency.
+upward is still an upward dependency. The helpers (``imports_of``, ``unit_of``, ``edges``, ``violations``,
+``cycles``) take the map as arguments where it matters, so another map (the operator's) can reuse them.
 """
 
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping, Set
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from kubeinfer.server import layers
+from kubeinfer.server.layers import FORBIDDEN, OPERATOR_MAY_IMPORT, SERVER_LAYERS
 
-#: top-level unit of kubeinfer.server → layer (a unit may import its own layer and the ones below)
-SERVER_LAYERS = {
-    "": 0,  # kubeinfer.server itself: __version__ and SERVER_NAME only
-    "vocabulary": 1,
-    "config": 1,
-    "repository": 1,
-    "sources": 1,
-    "backends": 2,
-    "scheduling": 3,
-    "runtime": 4,
-    "observability": 4,
-    "http": 5,
-    "grpc": 5,
-    "openai": 5,
-    "sharedmemory": 5,
-    "app": 6,
-    "cli": 6,
-    "__main__": 6,
-    "tools": 6,
-    "examples": 6,
-}
-#: the operator stands apart and may use only the bottom layer of the server
-OPERATOR_MAY_IMPORT = {"", "vocabulary", "config", "repository", "sources"}
-#: front ends translate wire formats and call the runtime; they never reach past it
-FORBIDDEN = {
-    (front, lower) for front in ("http", "grpc", "openai", "sharedmemory") for lower in ("backends", "scheduling")
-}
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _module_name(path: Path) -> tuple[str, bool]:
@@ -104,38 +80,46 @@ def edges() -> set[tuple[str, str, str]]:
     return found
 
 
-def violations(found: Iterable[tuple[str, str, str]]) -> list[str]:
+def violations(
+    found: Iterable[tuple[str, str, str]],
+    server_layers: Mapping[str, int] = SERVER_LAYERS,
+    operator_may_import: Set[str] = OPERATOR_MAY_IMPORT,
+    forbidden: Set[tuple[str, str]] = FORBIDDEN.keys(),
+) -> list[str]:
+    """What is wrong with the import edges ``found`` under the given map (by default the server's)."""
     problems = []
     graph: dict[str, set[str]] = {}
     for src, dst, where in found:
         graph.setdefault(src, set()).add(dst)
         s, d = src.partition(":")[2], dst.partition(":")[2]
         if src == "operator":
-            if dst != "operator" and d not in OPERATOR_MAY_IMPORT:
+            if dst != "operator" and d not in operator_may_import:
                 problems.append(f"{where}: the operator imports server.{d}, above the vocabulary layer")
             continue
         if dst == "operator":
             problems.append(f"{where}: the server imports the operator")
             continue
-        if s not in SERVER_LAYERS or d not in SERVER_LAYERS:
-            problems.append(f"{where}: package '{s if s not in SERVER_LAYERS else d}' has no layer in SERVER_LAYERS")
+        if s not in server_layers or d not in server_layers:
+            problems.append(f"{where}: package '{s if s not in server_layers else d}' has no layer in SERVER_LAYERS")
             continue
-        if SERVER_LAYERS[d] > SERVER_LAYERS[s]:
-            problems.append(f"{where}: {s} (layer {SERVER_LAYERS[s]}) imports {d} (layer {SERVER_LAYERS[d]})")
-        if (s, d) in FORBIDDEN:
+        if server_layers[d] > server_layers[s]:
+            problems.append(f"{where}: {s} (layer {server_layers[s]}) imports {d} (layer {server_layers[d]})")
+        if (s, d) in forbidden:
             problems.append(f"{where}: front end {s} imports {d}")
-    problems += [f"package cycle: {' -> '.join(c)}" for c in _cycles(graph)]
+    problems += [f"package cycle: {' -> '.join(c)}" for c in cycles(graph)]
     return sorted(problems)
 
 
-def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    cycles, state = [], {}
+def cycles(graph: Mapping[str, Set[str]]) -> list[list[str]]:
+    """Every cycle of ``graph`` (node → the nodes it imports), found by depth-first search."""
+    found: list[list[str]] = []
+    state: dict[str, str] = {}
 
     def visit(node: str, stack: list[str]) -> None:
         state[node] = "open"
         for nxt in sorted(graph.get(node, ())):
             if state.get(nxt) == "open":
-                cycles.append(stack[stack.index(nxt) :] + [nxt])
+                found.append(stack[stack.index(nxt) :] + [nxt])
             elif nxt not in state:
                 visit(nxt, stack + [nxt])
         state[node] = "done"
@@ -143,7 +127,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     for node in sorted(graph):
         if node not in state:
             visit(node, [node])
-    return cycles
+    return found
 
 
 def test_imports_point_down() -> None:
@@ -168,3 +152,21 @@ def test_the_check_catches_upward_imports_cycles_and_front_ends_reaching_backend
     assert "h.py: front end http imports backends" in found
     assert "o.py: the operator imports server.runtime, above the vocabulary layer" in found
     assert any(p.startswith("package cycle: ") and "server:backends" in p for p in found)
+
+
+def test_the_architecture_doc_has_the_current_layer_table() -> None:
+    """The table is generated (``python -m kubeinfer.server.layers``); an edit of the map without it is caught."""
+    doc = (ROOT / layers.DOC).read_text(encoding="utf-8")
+    assert layers.with_table(doc) == doc, "run: python -m kubeinfer.server.layers"
+    assert layers.markdown_table() in doc
+
+
+def test_the_generated_table_follows_the_map() -> None:
+    table = layers.markdown_table()
+    for unit, number in SERVER_LAYERS.items():
+        assert any(
+            f"| {number}. " in row and (f"`server/{unit}" if unit else "`server/__init__.py`") in row
+            for row in table.splitlines()
+        ), unit
+    stale = "<!-- layers:begin (generated by python -m kubeinfer.server.layers; edit server/layers.py) -->\nold\n<!-- layers:end -->"
+    assert layers.with_table(f"intro\n{stale}\ntail") == f"intro\n{layers.BEGIN}\n{table}\n{layers.END}\ntail"

@@ -87,3 +87,11 @@ def test_the_check_catches_upward_sideways_and_unknown_imports() -> None:
         "n.py: 'nowhere' is on no floor of kubeinfer.operator.wings",
         "s.py: wing servers imports the top-level module cli",
     ]
+
+
+def test_the_architecture_doc_has_the_current_wings_table() -> None:
+    """The table is generated (``python -m kubeinfer.operator.wings``); an edit of the map without it is caught."""
+    doc = (ROOT / wings.DOC).read_text(encoding="utf-8")
+    assert wings.with_table(doc) == doc, "run: python -m kubeinfer.operator.wings"
+    table = wings.markdown_table()
+    assert all(f"`operator/{wing}/`" in table for floor in wings.FLOORS for wing in floor)

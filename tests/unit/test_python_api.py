@@ -7,9 +7,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from kubeinfer.server.backends.python.backend import exception_text
-from kubeinfer.server.backends.python.loader import ModelModule
-from kubeinfer.server.backends.python.triton_python_backend_utils import ModelConfig
+from kubeinfer.server.backends.python.model_api.triton_python_backend_utils import ModelConfig
+from kubeinfer.server.backends.python.server_side.backend import exception_text
+from kubeinfer.server.backends.python.stub.loader import ModelModule
 from kubeinfer.server.http.generate import _shape
 from kubeinfer.server.vocabulary.errors import InvalidArgument
 

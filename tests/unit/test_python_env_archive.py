@@ -9,7 +9,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from kubeinfer.server.backends.python import env_archive
+from kubeinfer.server.backends.python.server_side import env_archive
 
 
 def _archive(path: Path, *entries: tuple[tarfile.TarInfo, bytes | None], fmt: int = tarfile.GNU_FORMAT) -> Path:

@@ -16,11 +16,11 @@ from typing import Any
 
 import numpy as np
 
-from ...vocabulary import errors
-from ...vocabulary.registry_view import RegistryView
-from ...vocabulary.sequence import sequence_parameters
-from ...vocabulary.streaming import ResponseStream, StreamItem
-from ...vocabulary.types import InferenceRequest as CoreRequest
+from ....vocabulary import errors
+from ....vocabulary.registry_view import RegistryView
+from ....vocabulary.sequence import sequence_parameters
+from ....vocabulary.streaming import ResponseStream, StreamItem
+from ....vocabulary.types import InferenceRequest as CoreRequest
 
 #: request parameters Triton's front ends consume themselves; a model never sees them
 RESERVED_PARAMETERS = frozenset(

@@ -31,11 +31,13 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from . import context, dumpable, ipc
-from . import triton_python_backend_utils as pb_utils
+from .. import ipc
+from ..model_api import context
+from ..model_api import triton_python_backend_utils as pb_utils
+from ..model_api.pb_request import InferenceRequest, SenderState
+from ..model_api.pb_types import InferenceResponse, Tensor, TritonError, TritonModelException
+from . import dumpable
 from .loader import ModelLoadError, ModelModule
-from .pb_request import InferenceRequest, SenderState
-from .pb_types import InferenceResponse, Tensor, TritonError, TritonModelException
 from .runner import InitializeError, ModelRunner, exception_text
 
 #: bytes of the first segment of the stub's arena, unless the server says (more are added as needed)

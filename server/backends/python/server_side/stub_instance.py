@@ -24,13 +24,15 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-from ...config import ConfigError
-from ...vocabulary.custom_metrics import CustomMetrics
-from ...vocabulary.errors import BackendError
-from ...vocabulary.registry_view import RegistryView
-from ..base import BackendInstance, Batch, RequestResult, Rescheduled
-from . import bridge, context, ipc
-from .pb_request import RESCHEDULED
+from ....config import ConfigError
+from ....vocabulary.custom_metrics import CustomMetrics
+from ....vocabulary.errors import BackendError
+from ....vocabulary.registry_view import RegistryView
+from ...base import BackendInstance, Batch, RequestResult, Rescheduled
+from .. import ipc
+from ..model_api import context
+from ..model_api.pb_request import RESCHEDULED
+from . import bridge
 from .stub_process import Launch, Pending, StubLost, StubProcess, exit_description
 
 log = logging.getLogger(__name__)

@@ -24,7 +24,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from ...config import ConfigError
+from ....config import ConfigError
 from . import env_archive
 
 MODEL_DIRECTORY = "$$TRITON_MODEL_DIRECTORY"

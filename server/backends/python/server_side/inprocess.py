@@ -14,18 +14,19 @@ import time
 from concurrent.futures import Future
 from typing import Any
 
-from ...config import ConfigError
-from ...vocabulary import custom_metrics as store
-from ...vocabulary.errors import BackendError, ServerError
-from ...vocabulary.registry_view import RegistryView
-from ...vocabulary.streaming import ResponseStream
-from ...vocabulary.types import InferenceRequest as CoreRequest
-from ..base import BackendInstance, Batch, InstanceSpec, RequestResult, Rescheduled
-from . import bridge, context
-from .loader import ModelLoadError
-from .pb_request import RESCHEDULED, InferenceRequest, SenderState
-from .pb_types import InferenceResponse, Tensor, TritonError, TritonModelException
-from .runner import InitializeError, ModelRunner
+from ....config import ConfigError
+from ....vocabulary import custom_metrics as store
+from ....vocabulary.errors import BackendError, ServerError
+from ....vocabulary.registry_view import RegistryView
+from ....vocabulary.streaming import ResponseStream
+from ....vocabulary.types import InferenceRequest as CoreRequest
+from ...base import BackendInstance, Batch, InstanceSpec, RequestResult, Rescheduled
+from ..model_api import context
+from ..model_api.pb_request import RESCHEDULED, InferenceRequest, SenderState
+from ..model_api.pb_types import InferenceResponse, Tensor, TritonError, TritonModelException
+from ..stub.loader import ModelLoadError
+from ..stub.runner import InitializeError, ModelRunner
+from . import bridge
 
 log = logging.getLogger("kubeinfer.python_model")
 

@@ -34,17 +34,18 @@ from typing import Any
 
 import orjson
 
-from ...vocabulary import custom_metrics as store
-from ...vocabulary.errors import BackendError, ServerError
-from ...vocabulary.registry_view import RegistryView
-from ...vocabulary.streaming import ResponseStream
-from ...vocabulary.types import InferenceRequest as CoreRequest
-from . import bridge, ipc
+from ....vocabulary import custom_metrics as store
+from ....vocabulary.errors import BackendError, ServerError
+from ....vocabulary.registry_view import RegistryView
+from ....vocabulary.streaming import ResponseStream
+from ....vocabulary.types import InferenceRequest as CoreRequest
+from .. import ipc
+from . import bridge
 
 log = logging.getLogger(__name__)
 model_log = logging.getLogger("kubeinfer.python_model")
 
-BOOT = Path(__file__).with_name("stub_boot.py")
+BOOT = Path(__file__).parents[1] / "stub" / "stub_boot.py"
 _KINDS = {0: store.COUNTER, 1: store.GAUGE, 2: store.HISTOGRAM}
 _LEVELS = {0: logging.INFO, 1: logging.WARNING, 2: logging.ERROR, 3: logging.DEBUG}
 #: seconds a block the server read may wait to be freed with others (the next execute takes them at once)

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ...repository import confined
+from ....repository import confined
 
 #: the operator's limits for a model archive (operator/sources/artifacts.py, operator/sources/archives.py)
 DEFAULT_MAX_BYTES = 20 << 30

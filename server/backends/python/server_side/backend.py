@@ -22,17 +22,19 @@ import threading
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ...config import ConfigError, config_from_dict, config_to_dict, config_to_triton_json, pb, sequence
-from ...repository.model_files import pinned
-from ...vocabulary.custom_metrics import CustomMetrics
-from ...vocabulary.registry_view import RegistryView
-from ..base import Backend, BackendInstance, InstanceSpec
-from ..settings import setting
-from . import context, env_archive, envs, ipc
-from . import triton_python_backend_utils as pb_utils
+from ....config import ConfigError, config_from_dict, config_to_dict, config_to_triton_json, pb, sequence
+from ....repository.model_files import pinned
+from ....vocabulary.custom_metrics import CustomMetrics
+from ....vocabulary.registry_view import RegistryView
+from ...base import Backend, BackendInstance, InstanceSpec
+from ...settings import setting
+from .. import ipc
+from ..model_api import context
+from ..model_api import triton_python_backend_utils as pb_utils
+from ..stub.loader import ModelLoadError, ModelModule
+from ..stub.runner import exception_text as exception_text
+from . import env_archive, envs
 from .inprocess import InProcessHost, PythonInstance
-from .loader import ModelLoadError, ModelModule
-from .runner import exception_text as exception_text
 from .stub_instance import StubInstance
 from .stub_process import Launch, StubLost, StubProcess
 

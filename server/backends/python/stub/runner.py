@@ -31,10 +31,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from . import context
+from ..model_api import context
+from ..model_api.pb_request import RESCHEDULED, InferenceRequest, SenderState
+from ..model_api.pb_types import InferenceResponse, Logger, TritonModelException
 from .loader import ModelModule, enter_module
-from .pb_request import RESCHEDULED, InferenceRequest, SenderState
-from .pb_types import InferenceResponse, Logger, TritonModelException
 
 _OWN_FILES = (str(Path(__file__).parent), str(Path(asyncio.__file__).parent), str(Path(futures.__file__).parent))
 
