@@ -13,7 +13,10 @@ Semantics (server/src/grpc/stream_infer_handler.cc, checked against Triton 2.51 
   with the ``triton_grpc_error: true`` header: then the first error a model answers with closes the
   stream with that error's gRPC status, as Triton does;
 * the client cancelling the RPC cancels every request of the stream (``is_cancelled()`` in the model;
-  a request still queued never executes).
+  a request still queued never executes);
+* each request of the stream is sampled for tracing as a unary one, its trace ending once its final response was
+  handed on or the stream was cancelled; with ``--trace-config mode=opentelemetry`` its spans go under the
+  ``traceparent`` metadata the stream was opened with (``observability.trace``, ``observability.otel``).
 
 At most ``--grpc-max-stream-inflight`` requests of one stream run at once: beyond that the stream is
 not read until one finishes and its responses are handed to the transport (``run`` takes the next only
@@ -32,6 +35,8 @@ from typing import Any
 
 import grpc
 
+from ..observability import otel
+from ..observability.trace import StreamTrace
 from ..runtime.service import InferenceService
 from ..sharedmemory import SharedMemoryRegistry
 from ..vocabulary.errors import InvalidArgument, ServerError
@@ -88,6 +93,10 @@ class StreamSession:
         self.streams: set[ResponseStream] = set()
 
     async def run(self, requests: AsyncIterator[pb.ModelInferRequest], context: Any) -> AsyncIterator[Any]:
+        if otel.propagation:  # the caller's W3C trace context, for every request of the stream (the reader's copy)
+            # grpc.aio's context, or the Rust transport's call (rust_server.py)
+            metadata = getattr(context, "invocation_metadata", None) or context.metadata
+            otel.from_headers(metadata() or ())
         reader = asyncio.create_task(self._read(requests))
         try:
             while (item := await self.out.get()) is not _END:
@@ -119,7 +128,7 @@ class StreamSession:
         try:
             check_parsed(message)  # a message that does not parse: an error response, the stream goes on
             request, classification, empty_final = _request(message, self.limits, self.shm)
-            stream = self.service.infer_stream(request)
+            stream, trace = self.service.tracer.stream(request, self.service.infer_stream)
         except Exception as exc:  # refused before it ran: an error response, the stream goes on
             _, text = status_of(exc)
             reply = pb.ModelStreamInferResponse(error_message=text)
@@ -133,7 +142,7 @@ class StreamSession:
         slot = None if request.stream is not None else _Slot()  # decoupled requests are not ordered
         if slot is not None:
             self.ordered.append(slot)
-        task = asyncio.create_task(self._pump(stream, request, classification, empty_final, slot))
+        task = asyncio.create_task(self._pump(stream, request, classification, empty_final, slot, trace))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
@@ -144,9 +153,12 @@ class StreamSession:
         classification: dict[str, converters.OutputOptions],
         empty_final: bool,
         slot: _Slot | None,
+        trace: StreamTrace | None,
     ) -> None:
+        last = None
         try:
             async for item in stream:
+                last = item.response or last
                 reply: Outgoing | None
                 if item.error is not None and self.grpc_error:
                     reply = _Abort(item.error)
@@ -161,6 +173,8 @@ class StreamSession:
                 if isinstance(reply, _Abort):
                     break
         finally:
+            if trace is not None:
+                trace.end(last)
             self.streams.discard(stream)
             self._finished()
 

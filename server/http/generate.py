@@ -16,6 +16,8 @@ What LLM clients speak to Triton (docs/protocol/extension_generate.md; server/sr
   Errors before the model runs (unknown model, bad input) use the normal status table.
 
 Closing the connection of a ``generate_stream`` cancels the request (``is_cancelled()`` in the model).
+The request is sampled for tracing as an ``infer`` one, its trace ending after its last response (with
+``--trace-config mode=opentelemetry`` under its ``traceparent`` header; ``observability.trace``).
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ import orjson
 from fastapi import Request
 from starlette.responses import Response, StreamingResponse
 
+from ..observability import otel
+from ..observability.trace import StreamTrace
 from ..runtime.service import InferenceService
 from ..vocabulary import tensors
 from ..vocabulary.errors import InvalidArgument
@@ -47,29 +51,48 @@ RESPONSE_ERROR_STATUS = 400
 async def generate(service: InferenceService, name: str, version: str, request: Request, streaming: bool) -> Response:
     body = await request.body()
     await service.ensure_loaded(name, version)
-    stream = service.infer_stream(to_request(service, name, version, body))
-    first = await anext(stream, None)
+    if otel.propagation:  # the caller's W3C trace context, for --trace-config mode=opentelemetry
+        otel.from_headers(request.scope["headers"])
+    stream, trace = service.tracer.stream(to_request(service, name, version, body), service.infer_stream)
+    try:
+        first = await anext(stream, None)
+    except BaseException:
+        if trace is not None:
+            trace.end(None)
+        raise
     status = RESPONSE_ERROR_STATUS if first is not None and first.error is not None else 200
     if streaming:
-        return StreamingResponse(_events(first, stream), status_code=status, media_type=SSE)
+        return StreamingResponse(_events(first, stream, trace), status_code=status, media_type=SSE)
     answers = [] if first is None else [first]
-    async for item in stream:
-        answers.append(item)
+    try:
+        async for item in stream:
+            answers.append(item)
+    finally:
+        if trace is not None:
+            trace.end(_last_response(answers))
     answers = [a for a in answers if a.response is not None or a.error is not None]
     payload = error_body(ONE_RESPONSE) if len(answers) != 1 else _payload(answers[0])
     return Response(payload, status_code=status, media_type="application/json")
 
 
-async def _events(first: StreamItem | None, stream: ResponseStream) -> AsyncIterator[bytes]:
+async def _events(first: StreamItem | None, stream: ResponseStream, trace: StreamTrace | None) -> AsyncIterator[bytes]:
+    last = None if first is None else first.response  # the trace's model version; the events are not kept
     try:
         if first is not None and (first.response is not None or first.error is not None):
             yield b"data: " + _payload(first) + b"\n\n"
         async for item in stream:
+            last = item.response or last
             if item.response is not None or item.error is not None:
                 yield b"data: " + _payload(item) + b"\n\n"
     finally:
         if not stream.finished:  # the client closed the connection
             stream.cancel()
+        if trace is not None:
+            trace.end(last)
+
+
+def _last_response(items: list[StreamItem]) -> InferenceResponse | None:
+    return next((i.response for i in reversed(items) if i.response is not None), None)
 
 
 def _payload(item: StreamItem) -> bytes:

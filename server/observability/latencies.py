@@ -10,7 +10,10 @@
   compute_output}_summary_us`` per version, over successful requests (``src/infer_stats.cc``), ``_count`` and
   ``_sum`` since start and quantiles over the last 60 s (prometheus-cpp's ``Summary`` defaults, which Triton
   keeps: max age 60 s in 5 age buckets). The request summary is left out for versions with the response
-  cache on (Triton's DLIS-4762). Only the literal ``true`` turns them on.
+  cache on (Triton's DLIS-4762). Only the literal ``true`` turns them on. With them, for versions with the response
+  cache on, ``nv_cache_hit_summary_per_model`` and ``nv_cache_miss_summary_per_model``: the cache lookup time of
+  each hit, and the lookup plus insertion time of each miss, µs (core ``src/infer_stats.cc``,
+  ``UpdateSuccessCacheHit`` / ``UpdateSuccessCacheMiss``; same quantiles and window).
 * ``summary_quantiles=<q>:<error>,...``: the quantiles (default Triton's ``0.5:0.05, 0.9:0.01, 0.95:0.001,
   0.99:0.001, 0.999:0.001``); a pair that does not parse is logged and skipped, none parsing keeps the default.
 * ``histogram_latencies=true``: ``nv_inference_first_response_histogram_ms`` per version: whole milliseconds
@@ -68,10 +71,10 @@ AGE_BUCKETS = 5
 ROTATION_NS = MAX_AGE_NS // AGE_BUCKETS
 #: observations one age bucket keeps per family before it samples
 SAMPLE_CAP = 8192
-#: values per observation row: one per summary family
+#: values per observation row of the request summaries: one per summary family
 ROW = 5
 
-#: (name, help) of the summary families in the order of ``AgeBucket.values``; Triton's help strings
+#: (name, help) of the summary families in the order of an ``AgeBucket``'s row; Triton's help strings
 SUMMARIES = (
     (
         "nv_inference_request_summary_us",
@@ -93,6 +96,11 @@ SUMMARIES = (
         "nv_inference_compute_output_summary_us",
         "Cumulative inference compute output duration in microseconds (does not include cached requests)",
     ),
+)
+#: (name, help) of the per-model response-cache summaries, hit then miss (one value per row); Triton's help strings
+CACHE_SUMMARIES = (
+    ("nv_cache_hit_summary_per_model", "Summary of cache hit counts/durations per model, in microseconds."),
+    ("nv_cache_miss_summary_per_model", "Summary of cache miss counts/durations per model, in microseconds."),
 )
 FIRST_RESPONSE_HELP = "Duration from request to first response in milliseconds"
 
@@ -192,12 +200,14 @@ def first_response_buckets(config: Any, histograms: bool) -> tuple[float, ...] |
     return buckets
 
 
-Row = tuple[float, float, float, float, float]
+#: one observation: a value per family of its window (``ROW`` for the request summaries, 1 for a cache summary)
+Row = tuple[float, ...]
 
 
 class AgeBucket:
     """One age bucket's observations: rows of (request, queue, compute input, infer, output) µs, the
-    ``SUMMARIES`` order (NaN compute for a request that did not execute: a cache hit); ``seen`` rows observed,
+    ``SUMMARIES`` order (NaN compute for a request that did not execute: a cache hit), or of one cache lookup's
+    µs in a cache summary's window; ``seen`` rows observed,
     at most ``SAMPLE_CAP`` kept. The current bucket appends tuples (the cheapest record); a past one is
     compacted into an array by the first scrape that reads it."""
 
@@ -212,19 +222,23 @@ class AgeBucket:
 @dataclass
 class WindowView:
     """What a scrape reads of a window: per live age bucket (epoch, rows seen, rows kept), taken under the
-    metrics' lock (the current bucket's list copied, past ones by reference: nobody writes them)."""
+    metrics' lock (the current bucket's list copied, past ones by reference: nobody writes them); ``width``
+    values per row."""
 
     ages: list[tuple[AgeBucket, int, list[Row] | np.ndarray]]
     current_epoch: int
+    width: int = ROW
 
 
 class SummaryWindow:
     """The last ``MAX_AGE_NS`` of one version's observations, in ``AGE_BUCKETS`` age buckets: the window
-    prometheus-cpp's summary answers from (48 to 60 s of observations)."""
+    prometheus-cpp's summary answers from (48 to 60 s of observations). ``width`` values per row: one per
+    summary family the window feeds (``ROW`` for the request summaries, 1 for a cache summary)."""
 
-    __slots__ = ("ages", "current")
+    __slots__ = ("ages", "current", "width")
 
-    def __init__(self) -> None:
+    def __init__(self, width: int = ROW) -> None:
+        self.width = width
         self.current = AgeBucket(-1)
         self.ages: deque[AgeBucket] = deque(maxlen=AGE_BUCKETS)
 
@@ -252,7 +266,7 @@ class SummaryWindow:
             if age.epoch > epoch - AGE_BUCKETS:
                 rows = age.rows
                 ages.append((age, age.seen, list(rows) if age is self.current else rows))
-        return WindowView(ages, self.current.epoch)
+        return WindowView(ages, self.current.epoch, self.width)
 
 
 def window_quantiles(view: WindowView, qs: Sequence[float]) -> tuple[list[list[float]], list[tuple[Any, Any]]]:
@@ -263,14 +277,14 @@ def window_quantiles(view: WindowView, qs: Sequence[float]) -> tuple[list[list[f
     weights: list[float] = []
     compacted: list[tuple[Any, Any]] = []
     for age, seen, rows in view.ages:
-        table = rows if isinstance(rows, np.ndarray) else np.array(rows, dtype=np.float64).reshape(-1, ROW)
+        table = rows if isinstance(rows, np.ndarray) else np.array(rows, dtype=np.float64).reshape(-1, view.width)
         if not isinstance(rows, np.ndarray) and age.epoch != view.current_epoch:
             compacted.append((age, (rows, table)))
         if len(table):
             tables.append(table)
             weights.append(seen / len(table))
     out = []
-    for family in range(ROW):
+    for family in range(view.width):
         parts = [t[:, family] for t in tables]
         w = [np.full(len(t), wt) for t, wt in zip(tables, weights, strict=True)]
         v = np.concatenate(parts) if parts else np.empty(0)

@@ -26,6 +26,7 @@ from prometheus_client.utils import floatToGoString
 from ..scheduling.base import Scheduler
 from ..vocabulary.types import ExecutionTimings
 from .latencies import (
+    CACHE_SUMMARIES,
     FIRST_RESPONSE_BUCKETS_MS,
     FIRST_RESPONSE_FAMILY,
     FIRST_RESPONSE_HELP,
@@ -176,6 +177,8 @@ class _Series:
         "timed",
         "window",
         "view",
+        "cache_windows",
+        "cache_views",
         "first_response",
     )
 
@@ -189,6 +192,10 @@ class _Series:
         self.window: SummaryWindow | None = None
         #: in a scrape's snapshot: what it reads of ``window``
         self.view: WindowView | None = None
+        #: the cache summaries' observations (hit, miss; summary_latencies=true), made at the first lookup
+        self.cache_windows: tuple[SummaryWindow, SummaryWindow] | None = None
+        #: in a scrape's snapshot: what it reads of ``cache_windows``
+        self.cache_views: tuple[WindowView, WindowView] | None = None
         #: first-response histogram (histogram_latencies=true), made at the first response
         self.first_response: _Histogram | None = None
         self.cache_hits = self.cache_misses = 0
@@ -317,12 +324,18 @@ class TritonMetrics(Collector):
     def on_cache(self, model: str, version: str, hit: bool, ns: int) -> None:
         s = self._get(model, version)
         with self._lock:
+            us = ns / 1000
             if hit:
                 s.cache_hits += 1
-                s.cache_hit_us += ns / 1000
+                s.cache_hit_us += us
             else:
                 s.cache_misses += 1
-                s.cache_miss_us += ns / 1000
+                s.cache_miss_us += us
+            if self._summaries:
+                windows = s.cache_windows
+                if windows is None:
+                    windows = s.cache_windows = (SummaryWindow(1), SummaryWindow(1))
+                windows[0 if hit else 1].observe((us,))
 
     def on_version_config(self, model: str, version: str, config: Any) -> None:
         """A version is being built from ``config``: its first-response buckets (config.pbtxt ``model_metrics``;
@@ -398,6 +411,7 @@ class TritonMetrics(Collector):
             yield _family(name, doc, "counter", ((k, getattr(s, attr)) for k, s in cached))
         if self._summaries:
             yield from self._summary_families(items)
+            yield from self._cache_summary_families(cached)
         if self._histograms:
             m = Metric(FIRST_RESPONSE_FAMILY, FIRST_RESPONSE_HELP, "histogram")
             for (model, version), s in items:
@@ -483,6 +497,33 @@ class TritonMetrics(Collector):
                 m.add_sample(f"{name}_count", labels, count)
                 m.add_sample(f"{name}_sum", labels, total)
                 values = quantiles[(model, version)][family] if (model, version) in quantiles else nan
+                for q, value in zip(labels_q, values, strict=True):
+                    m.add_sample(name, {**labels, "quantile": q}, value)
+            yield m
+
+    def _cache_summary_families(self, cached: list[tuple[tuple[str, str], _Series]]) -> Iterator[Metric]:
+        """Triton's per-model cache summaries, for the versions that export the cache counters: ``_count`` and
+        ``_sum`` since start are the counters' records, quantiles over the window."""
+        qs = [q for q, _ in self.config.quantiles]
+        labels_q = [format_number(q) for q in qs]
+        nan = [_NAN] * len(qs)
+        quantiles: dict[tuple[tuple[str, str], int], list[float]] = {}
+        to_compact = []
+        for key, s in cached:
+            for which, view in enumerate(s.cache_views or ()):
+                (quantiles[(key, which)],), compacted = window_quantiles(view, qs)
+                to_compact += compacted
+        if to_compact:
+            with self._lock:
+                compact(to_compact)
+        for which, (name, doc) in enumerate(CACHE_SUMMARIES):
+            m = Metric(name, doc, "summary")
+            for (model, version), s in cached:
+                labels = {"model": model, "version": version}
+                count, total = (s.cache_hits, s.cache_hit_us) if which == 0 else (s.cache_misses, s.cache_miss_us)
+                m.add_sample(f"{name}_count", labels, count)
+                m.add_sample(f"{name}_sum", labels, total)
+                values = quantiles.get(((model, version), which), nan)
                 for q, value in zip(labels_q, values, strict=True):
                     m.add_sample(name, {**labels, "quantile": q}, value)
             yield m
@@ -613,8 +654,10 @@ def _snapshot(s: _Series) -> _Series:
         elif isinstance(value, _Histogram):
             value = _copy(value)
         setattr(c, attr, value)
-    c.window = None  # the snapshot reads the window through its view (copied under the caller's lock)
+    c.window = c.cache_windows = None  # the snapshot reads the windows through views (under the caller's lock)
     c.view = s.window.view() if s.window is not None else None
+    windows = s.cache_windows
+    c.cache_views = (windows[0].view(), windows[1].view()) if windows is not None else None
     return c
 
 

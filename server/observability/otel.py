@@ -15,6 +15,10 @@ What Triton does (docs/user_guide/trace.md "OpenTelemetry trace support", src/tr
   SERVER and comes from the tracer ``triton-server``, as Triton's.
 * An ensemble's composing models are model spans (with their compute spans) under the ensemble's model span, each
   with a trace id of its own and the ensemble's as ``triton.trace_parent_id``.
+* A streamed request (gRPC ``ModelStreamInfer``, a decoupled model's responses, HTTP ``generate`` and
+  ``generate_stream``) has the same spans; they end when the front end has handed on the request's final
+  response, or when the stream is cancelled (``trace.StreamTrace``). Each request of a gRPC stream is a trace of its
+  own, under the ``traceparent`` the stream was opened with.
 * A W3C ``traceparent`` (``tracestate``) header (HTTP) or metadata entry (gRPC) makes the ``InferRequest`` span a
   child of the caller's span, and such a request is traced whatever ``rate`` and ``count`` say (Triton 24.01+).
 * Export happens on the batch processor's thread: a collector that is down or a bad URL costs the requests
@@ -30,7 +34,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from contextvars import ContextVar
+from contextvars import ContextVar, Token
 from dataclasses import dataclass
 from typing import Any
 
@@ -200,6 +204,26 @@ class OtelExporter:
         if not frame.trace.model_spans:
             span = self._model_span(frame, request)
             self._end_model_span(span, request, response, end_ns)
+        frame.trace.root.end(end_time=self.wall(end_ns))
+
+    # ---- streamed requests (not routed through the registry's infer) -----------------------------------
+    def open_stream(self, trace_id: int, request: InferenceRequest) -> tuple[_Frame, Token[_Frame | None]]:
+        """A sampled streamed request begins: its ``InferRequest`` and model spans now, and the model span is the
+        current one until the token is reset (``leave``), so that the tasks its start makes (the model's run, an
+        ensemble's steps) put their spans under it, and no later request of the same task does."""
+        outer = _Frame(_Trace(trace_id, self._remote_context()), None, 0)
+        frame = _Frame(outer.trace, self._model_span(outer, request, trace_id), trace_id)
+        return frame, _active.set(frame)
+
+    @staticmethod
+    def leave(token: Token[_Frame | None]) -> None:
+        _active.reset(token)
+
+    def close_stream(
+        self, frame: _Frame, request: InferenceRequest, response: InferenceResponse | None, end_ns: int
+    ) -> None:
+        """The streamed request ended (final response handed on, or cancelled): its model and root spans end."""
+        self._end_model_span(frame.span, request, response, end_ns)
         frame.trace.root.end(end_time=self.wall(end_ns))
 
     # ---- model requests (the registry's infer, wrapped) --------------------------------------------

@@ -21,7 +21,9 @@ Semantics (docs/protocol/extension_trace.md, docs/user_guide/trace.md):
 ``trace_file`` can be set on the command line only (``--trace-config triton,file=...``); through the API
 it is refused as Triton 2.51 refuses it (501 "trace file location can not be updated through network
 protocol"), and enabling a level without a file is refused with Triton's "trace file name is not given".
-In the OpenTelemetry mode no file is written and none is needed (otel.py). HTTP/gRPC transport timestamps
+In the OpenTelemetry mode no file is written and none is needed (otel.py). Streamed requests (gRPC streams, decoupled
+models, generate) are traced in both modes (``Tracer.stream``), ending when their final response was handed on;
+with TENSORS the trace file holds the last response's outputs. HTTP/gRPC transport timestamps
 (HTTP_RECV_START, ...) are not recorded: a trace starts when the request reaches the server core.
 """
 
@@ -30,6 +32,8 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,6 +43,7 @@ import numpy as np
 from ..vocabulary import tensors
 from ..vocabulary.errors import InvalidArgument, Unsupported
 from ..vocabulary.registry_view import RegistryView
+from ..vocabulary.streaming import ResponseStream
 from ..vocabulary.types import ExecutionTimings, InferenceRequest, InferenceResponse
 from .otel import OtelExporter
 from .otel import parse_setting as parse_otel_setting
@@ -91,6 +96,23 @@ def check_setting(name: str, value: Any) -> Any:
     if name == "trace_file":
         return value[0] if isinstance(value, list) and len(value) == 1 else str(value)
     raise InvalidArgument(f"unknown trace setting '{name}': the settings are {', '.join(SETTINGS)}")
+
+
+class StreamTrace:
+    """One traced streamed request, as its front end sees it: ``end`` once its final response was handed on or its
+    stream was cancelled (later calls do nothing)."""
+
+    __slots__ = ("_close", "_ended")
+
+    def __init__(self, close: Callable[[InferenceResponse | None, int], None]) -> None:
+        self._close = close
+        self._ended = False
+
+    def end(self, response: InferenceResponse | None) -> None:
+        """``response``: the request's last response (its model version, its outputs), None when it sent none."""
+        if not self._ended:
+            self._ended = True
+            self._close(response, time.monotonic_ns())
 
 
 @dataclass
@@ -167,6 +189,45 @@ class Tracer:
     # ---- tracing requests ---------------------------------------------------------------------------
     def sample(self, model: str) -> int:
         """A trace id when this request of ``model`` is to be traced, else 0."""
+        trace_id = self._sample(model)
+        if trace_id and self.otel is not None:
+            self.otel.start(trace_id)
+        return trace_id
+
+    def stream(
+        self, request: InferenceRequest, start: Callable[[InferenceRequest], ResponseStream]
+    ) -> tuple[ResponseStream, StreamTrace | None]:
+        """Start a streamed request with ``start`` (the service's ``infer_stream``), traced when sampled: the
+        stream, and the trace its front end ends (``StreamTrace.end``) once the request's final response was handed
+        on or the stream was cancelled (None: not traced)."""
+        trace_id = self._sample(request.model_name)
+        if not trace_id:
+            return start(request), None
+        otel = self.otel
+        if otel is None:
+            trace = StreamTrace(lambda response, end_ns: self.record(trace_id, request, response, end_ns))
+            try:
+                return start(request), trace
+            except BaseException:  # refused before it ran: the trace ends here
+                trace.end(None)
+                raise
+        scope = self._models.get(request.model_name, self._global)
+        frame, token = otel.open_stream(trace_id, request)
+
+        def close(response: InferenceResponse | None, end_ns: int) -> None:
+            otel.close_stream(frame, request, response, end_ns)
+            self._count_down(scope)
+
+        trace = StreamTrace(close)
+        try:
+            return start(request), trace
+        except BaseException:
+            trace.end(None)
+            raise
+        finally:
+            otel.leave(token)
+
+    def _sample(self, model: str) -> int:
         scope = self._models.get(model, self._global)
         s = scope.settings
         if s["trace_level"] == ["OFF"]:
@@ -182,9 +243,14 @@ class Tracer:
                 return 0
             trace_id = self._next_id
             self._next_id += 1
-        if otel is not None:
-            otel.start(trace_id)
         return trace_id
+
+    def _count_down(self, scope: _Scope) -> None:
+        """One trace taken: ``trace_count`` goes down unless it is -1 (no limit)."""
+        with self._lock:
+            count = int(scope.settings["trace_count"])
+            if count > 0:
+                scope.settings["trace_count"] = str(count - 1)
 
     def record(
         self,
@@ -197,10 +263,7 @@ class Tracer:
         scope = self._models.get(request.model_name, self._global)
         if self.otel is not None:
             self.otel.finish(trace_id, request, response, end_ns)
-            with self._lock:
-                count = int(scope.settings["trace_count"])
-                if count > 0:
-                    scope.settings["trace_count"] = str(count - 1)
+            self._count_down(scope)
             return
         levels = scope.settings["trace_level"]
         version = response.model_version if response is not None else request.model_version

@@ -33,6 +33,7 @@ SUMMARIES = (
     "nv_inference_compute_infer_summary_us",
     "nv_inference_compute_output_summary_us",
 )
+CACHE_SUMMARIES = ("nv_cache_hit_summary_per_model", "nv_cache_miss_summary_per_model")
 FIRST = "nv_inference_first_response_histogram_ms"
 TRITON_QUANTILES = ["0.5", "0.9", "0.95", "0.99", "0.999"]
 TRITON_BUCKETS = ["100", "500", "2000", "5000", "+Inf"]
@@ -56,6 +57,7 @@ def _start(tmp_path_factory: pytest.TempPathFactory, name: str, *flags: str, pyt
     write_sleep_model(repo, "hist", 0)
     write_sleep_model(repo, "own_buckets", 0, OWN_BUCKETS)
     write_sleep_model(repo, "cached", 0, "response_cache { enable: true }\n")
+    write_sleep_model(repo, "cache_summarised", 0, "response_cache { enable: true }\n")
     if python:
         copy_python_models(repo, "repeat_int32")
     return start_server(repo, "--cache-config", "local,size=1048576", *flags, log_dir=repo.parent)
@@ -163,6 +165,54 @@ def test_request_summary_is_left_out_for_a_cached_model_as_triton_does(latency_s
     assert one(m, "nv_inference_compute_infer_summary_us_count", **labels) == 1  # hits do not execute
 
 
+def test_cache_hit_and_miss_summaries_are_tritons_and_observe_each_lookup(latency_server: ServerProcess) -> None:
+    labels = {"model": "cache_summarised", "version": "1"}
+    text, m = scrape(latency_server)
+    for name in CACHE_SUMMARIES:  # created with the version, as Triton creates them at load: 0 and no quantiles
+        assert f"# TYPE {name} summary\n" in text
+        assert one(m, f"{name}_count", **labels) == 0
+        assert all(math.isnan(one(m, name, quantile=q, **labels)) for q in TRITON_QUANTILES)
+    assert not series(m, "nv_cache_hit_summary_per_model", model="summarised")  # only versions with the cache
+
+    client = httpclient.InferenceServerClient(latency_server.http_url)
+    client.infer("cache_summarised", [_input(np.full((1, 2), 3, np.float32))])  # a miss
+    _, m = scrape(latency_server)
+    assert one(m, "nv_cache_miss_summary_per_model_count", **labels) == 1
+    assert one(m, "nv_cache_hit_summary_per_model_count", **labels) == 0
+    miss = [one(m, "nv_cache_miss_summary_per_model", quantile=q, **labels) for q in TRITON_QUANTILES]
+    # one observation: every quantile is it, and it is the sum
+    assert miss == [one(m, "nv_cache_miss_summary_per_model_sum", **labels)] * len(TRITON_QUANTILES)
+    assert miss[0] > 0
+    assert all(math.isnan(one(m, "nv_cache_hit_summary_per_model", quantile=q, **labels)) for q in TRITON_QUANTILES)
+
+    for _ in range(2):  # two hits
+        client.infer("cache_summarised", [_input(np.full((1, 2), 3, np.float32))])
+    client.infer("cache_summarised", [_input(np.full((1, 2), 4, np.float32))])  # another miss
+    client.close()
+    text, m = scrape(latency_server)
+    s = stats(latency_server.base_url, "cache_summarised")["inference_stats"]
+    for name, key in (
+        ("nv_cache_hit_summary_per_model", "cache_hit"),
+        ("nv_cache_miss_summary_per_model", "cache_miss"),
+    ):
+        quantiles = series(m, name, **labels)
+        assert sorted(dict(k)["quantile"] for k in quantiles) == sorted(TRITON_QUANTILES)
+        assert {frozenset(k - {("quantile", dict(k)["quantile"])}) for k in quantiles} == {frozenset(labels.items())}
+        assert f'{name}{{model="cache_summarised",version="1",quantile="0.5"}} ' in text
+        # the same records as the statistics API and the per-model cache counters
+        assert s[key]["count"] == 2
+        assert one(m, f"{name}_count", **labels) == 2
+        total = one(m, f"{name}_sum", **labels)
+        assert total == pytest.approx(s[key]["ns"] / 1000, rel=1e-9)
+        assert total == pytest.approx(one(m, name.replace("summary", "duration"), **labels), rel=1e-9)
+        # two observations: the median is the smaller (nearest rank), the top quantiles the larger, and the two
+        # are the sum
+        low, high = one(m, name, quantile="0.5", **labels), one(m, name, quantile="0.999", **labels)
+        assert 0 < low <= high
+        assert low + high == pytest.approx(total, rel=1e-9)
+        assert one(m, name, quantile="0.9", **labels) == high
+
+
 def test_first_response_histogram_has_tritons_buckets_and_counts_every_request(latency_server: ServerProcess) -> None:
     n = 9
     client = grpcclient.InferenceServerClient(latency_server.grpc_url)
@@ -227,7 +277,7 @@ def test_without_the_flags_the_families_are_absent(plain_server: ServerProcess) 
     client.infer("summarised", [_input(np.ones((1, 2), np.float32))])
     client.close()
     text, m = scrape(plain_server)
-    for name in (*SUMMARIES, FIRST):
+    for name in (*SUMMARIES, *CACHE_SUMMARIES, FIRST):
         assert name not in text
     assert one(m, "nv_inference_request_success", model="summarised", version="1") == 1
     assert series(m, "nv_inference_request_duration_us", model="summarised")
@@ -258,6 +308,9 @@ def test_custom_quantiles_and_no_latency_counters(tmp_path_factory: pytest.TempP
     for name in ("request", "queue", "compute_input", "compute_infer", "compute_output"):
         assert f"nv_inference_{name}_duration_us" not in text
     assert "nv_cache_num_hits_per_model" not in text  # Triton creates the per-model cache counters with them
+    # ... but its cache summaries with the other summaries, with the same quantiles
+    cache = series(m, "nv_cache_hit_summary_per_model", model="cached", version="1")
+    assert sorted(dict(k)["quantile"] for k in cache) == ["0.1", "0.7", "0.75"]
     assert FIRST not in text
     assert one(m, "nv_inference_request_success", model="summarised", version="1") == 1
 

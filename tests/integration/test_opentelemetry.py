@@ -1,9 +1,11 @@
 """Triton's OpenTelemetry trace mode against a real OpenTelemetry Collector (the ``otelcol`` add-on, writing what it
 received to a file): spans with Triton's names and attributes, the caller's W3C context over HTTP and gRPC, an
-ensemble's steps as child spans, and requests that succeed whatever happens to the export."""
+ensemble's steps as child spans, streamed requests (gRPC streams, a decoupled model, HTTP generate), and requests
+that succeed whatever happens to the export."""
 
 from __future__ import annotations
 
+import queue
 import secrets
 import time
 from collections.abc import Iterator
@@ -20,7 +22,7 @@ from onnx import TensorProto
 
 from tests.support import models as test_models
 from tests.support.otel_collector import OtelCollector
-from tests.support.repos import write_model
+from tests.support.repos import copy_python_models, write_model
 from tests.support.server import ServerProcess, start_server
 
 CONFIG = """
@@ -48,13 +50,15 @@ COMPUTE_EVENTS = ["COMPUTE_START", "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START", 
 SERVER_KIND = 2  # OTLP's SPAN_KIND_SERVER
 
 
-def _repo(root: Path) -> Path:
+def _repo(root: Path, decoupled: bool = False) -> Path:
     repo = root / "repo"
     model = test_models.binary("add", "Add", TensorProto.FLOAT, ["batch", 4])
     for name in ("add", "add2"):
         write_model(repo, name, CONFIG.format(name=name), {1: model})
     (repo / "chain" / "1").mkdir(parents=True)
     (repo / "chain" / "config.pbtxt").write_text(ENSEMBLE)
+    if decoupled:
+        copy_python_models(repo, "repeat_int32")
     return repo
 
 
@@ -80,7 +84,7 @@ def collector(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OtelCollecto
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, collector: OtelCollector) -> Iterator[ServerProcess]:
-    server = _otel_server(_repo(tmp_path_factory.mktemp("otel")), collector.traces_url)
+    server = _otel_server(_repo(tmp_path_factory.mktemp("otel"), decoupled=True), collector.traces_url)
     yield server
     server.terminate()
 
@@ -218,6 +222,103 @@ def test_ensemble_steps_are_child_spans_of_the_ensembles_span(server: ServerProc
     assert sorted(c["parent_span_id"] for c in by_name["compute"]) == sorted(
         by_name[s][0]["span_id"] for s in ("add", "add2")
     )
+
+
+def _stream(server: ServerProcess, traceparent: str, requests: list[tuple[str, list[Any]]]) -> list[Any]:
+    """Each request on one gRPC stream opened with ``traceparent``; every result (the stream ends after all)."""
+    results: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(
+        callback=lambda result, error: results.put((result, error)), headers={"traceparent": traceparent}
+    )
+    for model, inputs in requests:
+        client.async_stream_infer(model, inputs)
+    client.stop_stream()  # waits for the stream's responses
+    client.close()
+    answers = []
+    while not results.empty():
+        answers.append(results.get())
+    assert all(error is None for _, error in answers), answers
+    return [result for result, _ in answers]
+
+
+def test_grpc_stream_requests_are_traced_each_under_the_streams_traceparent(
+    server: ServerProcess, collector: OtelCollector
+) -> None:
+    traceparent, trace_id, span_id = _traceparent()
+    results = _stream(server, traceparent, [("add", _inputs(grpcclient, 1.0)), ("add2", _inputs(grpcclient, 2.0))])
+    assert sorted(float(r.as_numpy("OUT")[0, 0]) for r in results) == [2.0, 4.0]
+    spans = collector.wait_for_spans(_of_trace(trace_id, 6))
+    # one trace per request: a root under the stream's caller span each, with its model and compute spans
+    roots = [s for s in spans if s["trace_id"] == trace_id and s["name"] == "InferRequest"]
+    assert len(roots) == 2
+    for model in ("add", "add2"):
+        (request,) = [s for s in spans if s["trace_id"] == trace_id and s["name"] == model]
+        (root,) = [r for r in roots if r["span_id"] == request["parent_span_id"]]
+        compute = [s for s in spans if s["parent_span_id"] == request["span_id"]]
+        _check_single_model_trace([root, request, *compute], trace_id, span_id, model)
+    mine = [s for s in spans if s["trace_id"] == trace_id and s["name"] in ("add", "add2")]
+    assert len({s["attributes"]["triton.trace_id"] for s in mine}) == 2
+
+
+def test_decoupled_models_spans_end_after_its_final_response(server: ServerProcess, collector: OtelCollector) -> None:
+    traceparent, trace_id, span_id = _traceparent()
+    inputs = []
+    for name, values, dtype in (("IN", [1, 2], np.int32), ("DELAY", [0, 400], np.uint32), ("WAIT", [0], np.uint32)):
+        tensor = grpcclient.InferInput(name, [len(values)], "INT32" if dtype is np.int32 else "UINT32")
+        tensor.set_data_from_numpy(np.array(values, dtype))
+        inputs.append(tensor)
+    sent = time.time_ns()
+    results = _stream(server, traceparent, [("repeat_int32", inputs)])
+    assert len(results) == 2
+    spans = [s for s in collector.wait_for_spans(_of_trace(trace_id, 2)) if s["trace_id"] == trace_id]
+    by_name = {s["name"]: s for s in spans}
+    root, request = by_name["InferRequest"], by_name["repeat_int32"]
+    assert root["parent_span_id"] == span_id and request["parent_span_id"] == root["span_id"]
+    attrs = request["attributes"]
+    assert attrs["triton.model_name"] == "repeat_int32" and attrs["triton.model_version"] == 1
+    assert attrs["triton.trace_parent_id"] == 0
+    assert [e for e, _ in request["events"]][0] == "REQUEST_START"
+    assert [e for e, _ in request["events"]][-1] == "REQUEST_END"
+    # the second response came 400 ms after the first: the spans end after it, not with the first
+    assert request["end"] - request["start"] >= 400e6
+    assert root["start"] <= request["start"] and request["end"] <= root["end"]
+    assert sent - 1e9 <= root["start"] and root["end"] <= time.time_ns()
+
+
+def test_grpc_stream_to_an_ensemble_puts_its_steps_under_its_span(
+    server: ServerProcess, collector: OtelCollector
+) -> None:
+    traceparent, trace_id, span_id = _traceparent()
+    (result,) = _stream(server, traceparent, [("chain", _inputs(grpcclient, 1.0))])
+    np.testing.assert_allclose(result.as_numpy("OUT"), np.full((1, 4), 3.0))
+    spans = [s for s in collector.wait_for_spans(_of_trace(trace_id, 6)) if s["trace_id"] == trace_id]
+    by_name: dict[str, list[dict[str, Any]]] = {}
+    for s in spans:
+        by_name.setdefault(s["name"], []).append(s)
+    assert sorted(by_name) == ["InferRequest", "add", "add2", "chain", "compute"]
+    (root,), (chain,) = by_name["InferRequest"], by_name["chain"]
+    assert root["parent_span_id"] == span_id and chain["parent_span_id"] == root["span_id"]
+    for step in ("add", "add2"):
+        (member,) = by_name[step]
+        assert member["parent_span_id"] == chain["span_id"]
+        assert member["attributes"]["triton.trace_parent_id"] == chain["attributes"]["triton.trace_id"]
+
+
+@pytest.mark.parametrize("route", ["generate", "generate_stream"])
+def test_http_generate_is_traced_under_its_traceparent(
+    server: ServerProcess, collector: OtelCollector, route: str
+) -> None:
+    traceparent, trace_id, span_id = _traceparent()
+    response = httpx.post(
+        f"{server.base_url}/v2/models/add/{route}",
+        json={"A": [1, 2, 3, 4], "B": [1, 1, 1, 1]},
+        headers={"traceparent": traceparent},
+    )
+    assert response.status_code == 200, response.text
+    assert "[2,3,4,5]" in response.text.replace(" ", "").replace(".0", "")
+    spans = collector.wait_for_spans(_of_trace(trace_id, 3))
+    _check_single_model_trace(spans, trace_id, span_id, "add")
 
 
 def test_trace_settings_show_the_mode_and_refuse_changing_it(server: ServerProcess) -> None:

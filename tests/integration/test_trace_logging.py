@@ -186,3 +186,58 @@ def test_log_settings_change_what_is_logged(server: ServerProcess) -> None:
             client.update_log_settings({"log_file": ""})
     with pytest.raises(InferenceServerException, match="expecting a boolean value for log setting 'log_error'"):
         http.update_log_settings({"log_errors": "yes"})  # the protocol document's spelling is accepted too
+
+
+def test_streamed_requests_are_traced_into_the_file_too(tmp_path: Path) -> None:
+    """A gRPC stream's requests and an HTTP generate_stream request: Triton's records, written when trace_count
+    runs out."""
+    repo = tmp_path / "repo"
+    write_model(
+        repo, "add", CONFIG.format(name="add"), {1: test_models.binary("add", "Add", TensorProto.FLOAT, ["batch", 4])}
+    )
+    trace_file = tmp_path / "trace.json"
+    server = start_server(
+        repo,
+        f"--trace-config=triton,file={trace_file}",
+        "--trace-config=level=TIMESTAMPS",
+        "--trace-config=level=TENSORS",
+        "--trace-config=rate=1",
+        "--trace-config=count=3",
+    )
+    try:
+        results: list[tuple[Any, Any]] = []
+        grpc = grpcclient.InferenceServerClient(server.grpc_url)
+        grpc.start_stream(callback=lambda result, error: results.append((result, error)))
+        for value in (1.0, 2.0):
+            a = np.full((1, 4), value, dtype=np.float32)
+            inputs = [grpcclient.InferInput("A", [1, 4], "FP32"), grpcclient.InferInput("B", [1, 4], "FP32")]
+            inputs[0].set_data_from_numpy(a)
+            inputs[1].set_data_from_numpy(a)
+            grpc.async_stream_infer("add", inputs, request_id=f"stream-{value}")
+        grpc.stop_stream()
+        assert len(results) == 2 and all(error is None for _, error in results), results
+        answer = httpx.post(
+            f"{server.base_url}/v2/models/add/generate_stream", json={"A": [3] * 4, "B": [3] * 4, "id": "gen"}
+        )
+        assert answer.status_code == 200, answer.text
+        wait_for("the trace file (trace_count ran out)", lambda: (trace_file.parent / "trace.json.0").exists())
+        records = json.loads((trace_file.parent / "trace.json.0").read_text())
+    finally:
+        server.terminate()
+    heads = [r for r in records if "model_name" in r]
+    assert sorted((h["model_name"], h["model_version"], h["request_id"]) for h in heads) == [
+        ("add", 1, "gen"),
+        ("add", 1, "stream-1.0"),
+        ("add", 1, "stream-2.0"),
+    ]
+    for head in heads:
+        stamps = [r["timestamps"][0] for r in records if r["id"] == head["id"] and "timestamps" in r]
+        assert [s["name"] for s in stamps] == TIMESTAMPS
+        assert [s["ns"] for s in stamps] == sorted(s["ns"] for s in stamps)
+        outputs = [
+            r["tensor"] for r in records if r["id"] == head["id"] and r.get("activity") == "TENSOR_BACKEND_OUTPUT"
+        ]
+        assert [o["name"] for o in outputs] == ["OUT"]
+    gen = next(h for h in heads if h["request_id"] == "gen")
+    out = next(r for r in records if r["id"] == gen["id"] and r.get("activity") == "TENSOR_BACKEND_OUTPUT")
+    assert out["tensor"]["data"] == "6.0,6.0,6.0,6.0"
