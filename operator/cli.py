@@ -268,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     kopf_settings.background.instant_exit_timeout = 0.5
     # what is imported and built by now (the API client, kopf, onnx, the registry) lives as long as the
     # process: the collector's full passes, which a bulk apply's garbage starts every few seconds, need not
-    # walk it again each time (README, "At scale")
+    # walk it again each time (docs/operator-at-scale.md)
     gc.freeze()
     try:
         kopf.run(

@@ -369,7 +369,7 @@ def build_parser(triton: bool = False) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=prog,
         description="Serve a Triton-style model repository over KServe v2 HTTP and gRPC "
-        "(flags follow tritonserver's; see README, 'Command line').",
+        "(flags follow tritonserver's; see docs/server.md).",
         allow_abbrev=False,
     )
     repo = p.add_argument_group("model repository")
@@ -533,7 +533,7 @@ def build_parser(triton: bool = False) -> argparse.ArgumentParser:
         type=int,
         default=-1,
         help="port of the OpenAI-compatible API (/v1/models, /v1/chat/completions, /v1/completions, "
-        "/v1/embeddings; README 'OpenAI-compatible frontend'); -1 (default): off",
+        "/v1/embeddings; docs/api/openai.md); -1 (default): off",
     )
     net.add_argument("--openai-address", default=None)
     net.add_argument(
@@ -556,7 +556,7 @@ def build_parser(triton: bool = False) -> argparse.ArgumentParser:
         default=[],
         metavar="SETTING=VALUE",
         help="Triton's latency families: summary_latencies=true, summary_quantiles=Q:ERR,..., "
-        "histogram_latencies=true, counter_latencies=false (repeatable; see README 'Metrics and statistics')",
+        "histogram_latencies=true, counter_latencies=false (repeatable; see docs/observability.md)",
     )
     net.add_argument(
         "--allow-client-shm",
@@ -662,7 +662,7 @@ def build_parser(triton: bool = False) -> argparse.ArgumentParser:
     _limit_flags(p)
     _security_flags(p)
 
-    compat = p.add_argument_group("accepted for compatibility (see README)")
+    compat = p.add_argument_group("accepted for compatibility (see docs/server.md)")
     for flag in sorted(IGNORED) + sorted(REFUSED):
         if flag in _NO_VALUE:
             compat.add_argument(flag, action="store_true", default=None, help=argparse.SUPPRESS)
@@ -820,7 +820,7 @@ def settings_from_args(args: argparse.Namespace, triton: bool) -> ServerSettings
 
 
 def _cloud_flags(net: argparse._ArgumentGroup) -> None:
-    """Triton's SageMaker and Vertex AI listeners (README, the paragraph on Triton flags)."""
+    """Triton's SageMaker and Vertex AI listeners (docs/server.md, the paragraph on Triton flags)."""
     net.add_argument(
         "--allow-sagemaker",
         type=_bool,

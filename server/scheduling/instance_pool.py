@@ -15,7 +15,7 @@ Instances whose work happens in another process (a Python model's stub) offer ``
 instead: no thread at all. ``submit`` hands such a pool's batch to the first free instance, and the
 callback that reads an instance's answer starts the next waiting batch on it right there: the instance
 idles for one round trip between batches, not for the several loop turns in which a waiting coroutine
-would be woken to send it (README "Python models" measures it).
+would be woken to send it (docs/backends/python.md measures it).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
 #: executions averaging less than this (CPU ns of the executing thread, moving average) run on the event
 #: loop's thread: below it, a thread hand-off's wake-ups cost more than the execution blocks the loop
-#: (README "Performance" measures both)
+#: (docs/performance.md measures both)
 INLINE_BELOW_NS = 200_000
 #: executions on the instance's thread before the average is trusted
 LEARN_EXECUTIONS = 8

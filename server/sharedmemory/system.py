@@ -10,7 +10,7 @@ the descriptor, an input is copied out with ``pread`` and an output written with
 on a file that became shorter returns fewer bytes (or extends it) instead of faulting, so a truncated region
 is a 400 for that request, and the server goes on serving (a short read, or ``fstat`` before a write,
 says so). The cost is one copy per input where the mapping gave a view
-(benchmarks/shm_access.py, README "System shared memory").
+(benchmarks/shm_access.py, docs/api/shared-memory.md).
 """
 
 from __future__ import annotations

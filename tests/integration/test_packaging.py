@@ -205,7 +205,7 @@ def test_wheel_serves_the_example_repository(wheel_dir: Path, tmp_path: Path) ->
 @needs_cargo
 def test_the_wheel_is_one_platform_wheel_for_the_stable_abi_holding_the_transport(wheel: Path) -> None:
     """Tagged for CPython's stable ABI from 3.10 (one file for 3.10-3.14) and this platform: pip and setuptools
-    tag a locally built wheel linux_x86_64; a manylinux tag is auditwheel's to give (README, "Development")."""
+    tag a locally built wheel linux_x86_64; a manylinux tag is auditwheel's to give (docs/development.md)."""
     assert wheel.name.startswith("kubeinfer-0.1.0-cp310-abi3-linux_"), wheel.name
     with zipfile.ZipFile(wheel) as zf:
         names = zf.namelist()

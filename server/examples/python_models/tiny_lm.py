@@ -1,7 +1,7 @@
 """A toy text "language model" that follows the generate-extension conventions (decoupled, CPU, no weights).
 
 ``text_input`` (BYTES) → ``text_output`` (BYTES), one response per word: it answers the last ``user: ...``
-line of the prompt (the OpenAI frontend's default chat template, README "OpenAI-compatible frontend"), or the
+line of the prompt (the OpenAI frontend's default chat template, docs/api/openai.md), or the
 whole prompt when there is none, with its words in reverse order. ``max_tokens`` (INT32, optional, default
 16) caps the words; the request parameter ``stop`` (a word, or a JSON list of words) ends the answer before
 that word. Deterministic, so tests can assert exact text.

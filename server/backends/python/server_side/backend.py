@@ -6,7 +6,7 @@ instances of a pure-Python model run in parallel), its own environment (``EXECUT
 isolation (a segfault fails that instance's requests and restarts it) and memory that comes back when the
 model unloads. Tensors cross in shared memory (``ipc``). ``parameters { key: "KUBEINFER_IN_PROCESS"
 value: { string_value: "true" } }`` runs a model's instances in the server's process instead
-(``inprocess``): no copy and no process hop, and none of the above (README "Python models").
+(``inprocess``): no copy and no process hop, and none of the above (docs/backends/python.md).
 
 ``auto_complete_config`` runs in a short-lived stub too (Triton's auto-complete stub), so importing
 ``model.py`` never happens in the server for a stub model.

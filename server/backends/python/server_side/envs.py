@@ -41,7 +41,7 @@ def cache_dir() -> Path:
 
 #: glibc's malloc in a stub: blocks up to 32 MiB from the heap, and freed memory kept up to 128 MiB. With
 #: the defaults a small process gives large blocks back at once, so every large numpy temporary is a fresh
-#: mapping whose pages fault in again (README "Python models" has the measured cost). Not when the
+#: mapping whose pages fault in again (docs/backends/python.md has the measured cost). Not when the
 #: server's environment sets its own (GLIBC_TUNABLES, MALLOC_*). A stub's memory goes back when it ends.
 MALLOC_TUNABLES = "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=134217728"
 

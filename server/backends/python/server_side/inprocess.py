@@ -2,7 +2,7 @@
 
 One thread and one ``TritonPythonModel`` object per instance; tensors are handed over by reference and
 BLS is a direct call into the registry on the server loop. What it costs is isolation: the model shares
-the server's interpreter, GIL and crash fate (README "Python models"). Each instance imports
+the server's interpreter, GIL and crash fate (docs/backends/python.md). Each instance imports
 ``model.py`` and its sibling modules privately (``loader``), so module-level state is per instance.
 """
 
