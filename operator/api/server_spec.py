@@ -1,10 +1,8 @@
 """The InferenceServer spec's facts that its CRD states and the feature modules use: the pool's defaults, the
-server flags the operator reserves, the schemas of ``modelCache`` and ``sessionAffinity``, the phases of a
-pod's start. One home each: ``server_crd`` publishes them, ``servers``, ``traffic`` and ``replicas`` apply them."""
+server flags the operator reserves, the phases of a pod's start. One home each: the typed spec
+(``server_types``) and ``server_crd`` publish them, ``servers``, ``traffic`` and ``replicas`` apply them."""
 
 from __future__ import annotations
-
-from typing import Any
 
 from kubeinfer.server.vocabulary import server_defaults
 
@@ -30,37 +28,13 @@ PROBE_DEFAULTS = {
 DEFAULT_IDLE_SECONDS = 300
 #: spec.autoscaling.scaleToZero.concurrencyPerReplica when unset
 DEFAULT_CONCURRENCY = 100
-
-MODEL_CACHE_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "description": "Load models on their first request instead of at start, within a memory budget per "
-    "replica: before a load that would pass it, the least recently used idle models are unloaded (never one "
-    "with requests in flight or a live sequence). Models not loaded still count as Ready (they serve on "
-    "their next request, which waits for the load).",
-    "properties": {
-        "memoryBudget": {
-            "x-kubernetes-int-or-string": True,
-            "anyOf": [{"type": "integer"}, {"type": "string"}],
-            "pattern": r"^[0-9]+(\.[0-9]+)?(k|M|G|T|Ki|Mi|Gi|Ti)?$",
-            "description": "Host memory the loaded models of one replica may take (e.g. 4Gi; 0 or unset: "
-            "no budget, models still load on demand). Keep it below the pod's memory limit minus the "
-            "server's own (~150Mi plus the runtimes' start-up).",
-        },
-        "idleUnloadSeconds": {
-            "type": "integer",
-            "format": "int32",
-            "minimum": 0,
-            "description": "Unload a model no request used for this long (0 or unset: never).",
-        },
-        "loadTimeoutSeconds": {
-            "type": "integer",
-            "format": "int32",
-            "minimum": 1,
-            "description": "Longest a request waits for its model's load (and for room to load it), then "
-            "503 / UNAVAILABLE (default 60).",
-        },
-    },
-}
+#: spec.autoscaling.pollingIntervalSeconds when unset (KEDA's pollingInterval)
+DEFAULT_POLLING_SECONDS = 15
+#: spec.autoscaling.prometheus.window when unset: the range of the rate() in the signal's queries
+DEFAULT_WINDOW = "1m"
+#: keys of spec.auth's Secrets when unset: the bearer token, the client CA certificate
+TOKEN_KEY = "token"
+CA_KEY = "ca.crt"
 
 #: the server flags this field sets (refused in spec.server.extraArgs while modelCache is set)
 MODEL_CACHE_FLAGS = (
@@ -108,14 +82,6 @@ RESERVED_FLAGS = (
 )
 #: an argument that sets a reserved flag (``--flag`` or ``--flag=value``), as a regular expression (RE2 and re)
 RESERVED_FLAG_PATTERN = "^(" + "|".join(f.replace("-", "[-]") for f in RESERVED_FLAGS) + ")(=.*)?$"
-
-SESSION_AFFINITY_SCHEMA: dict[str, Any] = {
-    "type": "string",
-    "enum": ["Auto", "ClientIP", "None"],
-    "description": "Session affinity of the pool's Service. Auto (default): ClientIP while the pool serves a "
-    "sequence (stateful) model, so every request of a sequence reaches the replica that holds its state, "
-    "across reconnects; None otherwise. ClientIP: always. None: never (sequences may break across replicas).",
-}
 
 #: (status field, what it measures) in order
 POD_START_PHASES = (

@@ -1,5 +1,9 @@
 """InferenceServer → Deployment and Service manifests (its HPA or ScaledObject: ``autoscaling``). Pure
-functions of the custom object.
+functions of the custom object, read through its typed spec (``api.server_types``): the defaults are the
+spec's, not restated here.
+
+The spec-level helpers also take the spec as the custom object's dict, parsed on the way in, for the callers
+that do not hold the typed spec yet (the controllers, ``render_memo``); that form goes when they do.
 
 Each manifest is complete (the operator server-side-applies it), carries an owner reference to the
 InferenceServer (deletion cascades through the garbage collector) and the labels the operator uses to
@@ -12,17 +16,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..api import API_VERSION
-from ..api.server_spec import (
-    CONNECTION_DRAIN_SECONDS,
-    DEFAULT_DRAIN_SECONDS,
-    DEFAULT_POLL_SECONDS,
-    DEFAULT_PORTS,
-    DEFAULT_SHM,
-    EXIT_MARGIN_SECONDS,
-    PROBE_DEFAULTS,
-    RESERVED_FLAGS,
-    SHUTDOWN_SECONDS,
-)
+from ..api.server_spec import CONNECTION_DRAIN_SECONDS, EXIT_MARGIN_SECONDS, RESERVED_FLAGS
+from ..api.server_types import InferenceServerSpec, Probe, ServerFlags
+from ..api.typed import as_body, parse
 from ..replicas import server_auth
 from . import model_cache
 
@@ -33,6 +29,14 @@ SERVER_LABEL = "serving.kubeinfer.io/server"
 #: pool's older, name-based labels only is no replica of it (the operator trusts no pod for its labels anyway:
 #: ``pool_pods``)
 POOL_UID_LABEL = "serving.kubeinfer.io/pool-uid"
+
+
+#: an InferenceServer's spec, typed or as the custom object's dict
+ServerSpec = InferenceServerSpec | Mapping[str, Any]
+
+
+def typed_spec(spec: ServerSpec) -> InferenceServerSpec:
+    return spec if isinstance(spec, InferenceServerSpec) else parse(InferenceServerSpec, spec)
 
 
 def selector_labels(name: str) -> dict[str, str]:
@@ -54,13 +58,13 @@ def pod_labels(body: Mapping[str, Any]) -> dict[str, str]:
     return {**labels(meta["name"]), POOL_UID_LABEL: str(meta["uid"])}
 
 
-def mount_subpath(name: str, spec: Mapping[str, Any]) -> str:
+def mount_subpath(name: str, spec: ServerSpec) -> str:
     """Folder of this server's repository inside its namespace's folder (``spec.repository.subPath``, default
     the server's name): the pods' claim reaches only ``<volume>/<namespace>/``, so this is their subPath."""
-    return str((spec.get("repository") or {}).get("subPath") or name)
+    return typed_spec(spec).repository.sub_path or name
 
 
-def repository_subpath(namespace: str, name: str, spec: Mapping[str, Any]) -> str:
+def repository_subpath(namespace: str, name: str, spec: ServerSpec) -> str:
     """Folder of this server's repository inside the whole volume (the operator's view): ``<namespace>/<subPath>``.
 
     ``spec.repository.subPath`` is relative to the namespace's own folder, so no object can name
@@ -69,12 +73,12 @@ def repository_subpath(namespace: str, name: str, spec: Mapping[str, Any]) -> st
     return f"{namespace}/{mount_subpath(name, spec)}"
 
 
-def ports(spec: Mapping[str, Any]) -> dict[str, int]:
-    flags = spec.get("server") or {}
-    return {k: int(flags.get(f"{k}Port") or v) for k, v in DEFAULT_PORTS.items()}
+def ports(spec: ServerSpec) -> dict[str, int]:
+    flags = typed_spec(spec).server
+    return {"http": flags.http_port, "grpc": flags.grpc_port, "metrics": flags.metrics_port}
 
 
-def service_endpoint(namespace: str, name: str, spec: Mapping[str, Any]) -> dict[str, str]:
+def service_endpoint(namespace: str, name: str, spec: ServerSpec) -> dict[str, str]:
     p = ports(spec)
     host = f"{name}.{namespace}.svc"
     return {"http": f"{host}:{p['http']}", "grpc": f"{host}:{p['grpc']}"}
@@ -101,14 +105,21 @@ def metadata(body: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def reserved_extra_args(spec: Mapping[str, Any]) -> list[str]:
-    """The extraArgs that set a flag the operator owns (empty when there are none)."""
-    extra = (spec.get("server") or {}).get("extraArgs") or []
-    return [a for a in extra if str(a).split("=", 1)[0] in RESERVED_FLAGS]
+def reserved_extra_args(spec: ServerSpec) -> list[str]:
+    """The extraArgs that set a flag the operator owns (empty when there are none). Reads ``spec.server``
+    only, so a dict spec need hold nothing else."""
+    if isinstance(spec, InferenceServerSpec):
+        flags = spec.server
+    else:
+        flags = parse(ServerFlags, spec.get("server"))
+    return [a for a in flags.extra_args if a.split("=", 1)[0] in RESERVED_FLAGS]
 
 
-def server_args(spec: Mapping[str, Any]) -> list[str]:
-    flags = spec.get("server") or {}
+def server_args(spec: ServerSpec) -> list[str]:
+    spec = typed_spec(spec)
+    flags = spec.server
+    # the modules not typed yet read the custom object's form of the spec
+    body = as_body(spec)
     p = ports(spec)
     args = [
         f"--model-repository={MODEL_REPOSITORY_MOUNT}",
@@ -116,81 +127,99 @@ def server_args(spec: Mapping[str, Any]) -> list[str]:
         f"--grpc-port={p['grpc']}",
         f"--metrics-port={p['metrics']}",
         "--model-control-mode=poll",
-        f"--repository-poll-secs={int(flags.get('pollIntervalSeconds') or DEFAULT_POLL_SECONDS)}",
+        f"--repository-poll-secs={flags.poll_interval_seconds}",
         f"--shutdown-timeout={shutdown_seconds(spec)}",
         f"--connection-drain-seconds={CONNECTION_DRAIN_SECONDS}",
     ]
     age = grpc_max_connection_age_seconds(spec)
     if age:
         args.append(f"--grpc-max-connection-age={age * 1000}")
-    if flags.get("logLevel"):
-        args.append(f"--log-level={flags['logLevel']}")
-    args += server_auth.server_flags(spec)
-    backends = spec.get("allowedBackends")
-    if backends is not None:
-        args.append(f"--allowed-backends={','.join(backends)}")
+    if flags.log_level:
+        args.append(f"--log-level={flags.log_level}")
+    args += server_auth.server_flags(body)
+    if spec.allowed_backends is not None:
+        args.append(f"--allowed-backends={','.join(spec.allowed_backends)}")
     # a pool refuses op libraries from outside the model's folder unless it says otherwise (the standalone
     # server's default is Triton's, which loads them from anywhere)
-    if not spec.get("allowExternalOpLibraries", False):
+    if not spec.allow_external_op_libraries:
         args.append("--allow-external-op-libraries=false")
-    args += model_cache.server_flags(spec)
+    args += model_cache.server_flags(body)
     reserved = set(reserved_extra_args(spec))
-    return args + [a for a in flags.get("extraArgs") or [] if a not in reserved]
+    return args + [a for a in flags.extra_args if a not in reserved]
 
 
-def grpc_max_connection_age_seconds(spec: Mapping[str, Any]) -> int:
+def grpc_max_connection_age_seconds(spec: ServerSpec) -> int:
     """Half the preStop drain: a gRPC channel pinned to a pod that left the Service's endpoints gets a graceful
     GOAWAY and reconnects to another replica while the pod still serves, before the server stops (whose
     not-yet-dispatched calls would end CANCELLED); it also spreads channels over new replicas. 0: none."""
-    drain = int(spec.get("drainSeconds", DEFAULT_DRAIN_SECONDS))
+    drain = typed_spec(spec).drain_seconds
     return max(1, drain // 2) if drain > 0 else 0
 
 
-def shutdown_seconds(spec: Mapping[str, Any]) -> int:
-    return int((spec.get("server") or {}).get("shutdownTimeoutSeconds", SHUTDOWN_SECONDS))
+def shutdown_seconds(spec: ServerSpec) -> int:
+    return typed_spec(spec).server.shutdown_timeout_seconds
 
 
-def termination_grace_seconds(spec: Mapping[str, Any]) -> int:
+def termination_grace_seconds(spec: ServerSpec) -> int:
     """preStop drain + the server's --connection-drain-seconds and --shutdown-timeout + a margin: the kubelet
     never kills a pod that is still finishing requests (a scale-down or rollout loses none)."""
-    drain = int(spec.get("drainSeconds", DEFAULT_DRAIN_SECONDS))
-    return drain + CONNECTION_DRAIN_SECONDS + shutdown_seconds(spec) + EXIT_MARGIN_SECONDS
+    spec = typed_spec(spec)
+    return spec.drain_seconds + CONNECTION_DRAIN_SECONDS + shutdown_seconds(spec) + EXIT_MARGIN_SECONDS
 
 
-def pod_annotations(spec: Mapping[str, Any]) -> dict[str, str]:
+def pod_annotations(spec: ServerSpec) -> dict[str, str]:
     """The conventional ``prometheus.io/*`` scrape annotations (Prometheus's own example ``kubernetes-pods``
     job and the community chart select pods by them), then the user's ``podAnnotations`` (which win)."""
     return {
         "prometheus.io/scrape": "true",
         "prometheus.io/port": str(ports(spec)["metrics"]),
         "prometheus.io/path": "/metrics",
-        **{k: str(v) for k, v in (spec.get("podAnnotations") or {}).items()},
+        **{k: str(v) for k, v in (typed_spec(spec).pod_annotations or {}).items()},
     }
 
 
-def _probe(kind: str, path: str, spec: Mapping[str, Any]) -> dict[str, Any]:
-    timing = {**PROBE_DEFAULTS[kind], **((spec.get("probes") or {}).get(kind) or {})}
-    port, scheme = server_auth.probe_port_and_scheme(spec)
+def _probe(probe: Probe, path: str, spec_body: Mapping[str, Any]) -> dict[str, Any]:
+    port, scheme = server_auth.probe_port_and_scheme(spec_body)
+    timing = {
+        "periodSeconds": probe.period_seconds,
+        "timeoutSeconds": probe.timeout_seconds,
+        "failureThreshold": probe.failure_threshold,
+    }
+    if probe.initial_delay_seconds is not None:
+        timing["initialDelaySeconds"] = probe.initial_delay_seconds
     return {"httpGet": {"path": path, "port": port, "scheme": scheme}, **timing}
 
 
-def _resources(spec: Mapping[str, Any]) -> dict[str, Any]:
+def _resources(spec: InferenceServerSpec) -> dict[str, Any]:
     """Quantities as strings, passed through. A GPU (extended resource) given only as a limit needs no
     request here: the API server defaults the request to the limit, and requires them equal."""
-    resources = spec.get("resources") or {}
-    return {k: {n: str(q) for n, q in v.items()} for k, v in resources.items() if v}
+    given = (("limits", spec.resources.limits), ("requests", spec.resources.requests))
+    return {k: {n: str(q) for n, q in v.items()} for k, v in given if v}
+
+
+def _scheduling(spec: InferenceServerSpec) -> dict[str, Any]:
+    """The pod's scheduling fields the spec sets, as the custom object states them."""
+    given = {
+        "nodeSelector": spec.node_selector,
+        "tolerations": [as_body(t) for t in spec.tolerations],
+        "affinity": spec.affinity,
+        "imagePullSecrets": [as_body(s) for s in spec.image_pull_secrets],
+    }
+    return {k: v for k, v in given.items() if v}
 
 
 def deployment(body: Mapping[str, Any], claim: str) -> dict[str, Any]:
     """The pool's Deployment; its pods mount ``claim`` (which reaches only their namespace's folder of the
     volume) at ``spec.repository.subPath``, read-only."""
-    meta, spec = body["metadata"], body["spec"]
+    meta, spec = body["metadata"], InferenceServerSpec.from_body(body)
     name = meta["name"]
-    secret_volumes, secret_mounts = server_auth.volumes_and_mounts(spec)
-    drain = int(spec.get("drainSeconds", DEFAULT_DRAIN_SECONDS))
+    # the modules not typed yet read the custom object's form of the spec
+    spec_body = as_body(spec)
+    secret_volumes, secret_mounts = server_auth.volumes_and_mounts(spec_body)
+    drain = spec.drain_seconds
     container: dict[str, Any] = {
         "name": "server",
-        "image": spec["image"],
+        "image": spec.image,
         "args": server_args(spec),
         "ports": [
             {"name": "http", "containerPort": ports(spec)["http"], "protocol": "TCP"},
@@ -209,9 +238,9 @@ def deployment(body: Mapping[str, Any], claim: str) -> dict[str, Any]:
             {"name": "tmp", "mountPath": "/tmp"},
             *secret_mounts,
         ],
-        "livenessProbe": _probe("liveness", "/v2/health/live", spec),
-        "readinessProbe": _probe("readiness", "/v2/health/ready", spec),
-        "startupProbe": _probe("startup", "/v2/health/ready", spec),
+        "livenessProbe": _probe(spec.probes.liveness, "/v2/health/live", spec_body),
+        "readinessProbe": _probe(spec.probes.readiness, "/v2/health/ready", spec_body),
+        "startupProbe": _probe(spec.probes.startup, "/v2/health/ready", spec_body),
         # the endpoint is removed from the Service while the pod still serves; then SIGTERM drains
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(drain)]}}},
         "securityContext": {
@@ -221,8 +250,8 @@ def deployment(body: Mapping[str, Any], claim: str) -> dict[str, Any]:
             "capabilities": {"drop": ["ALL"]},
         },
     }
-    if spec.get("imagePullPolicy"):
-        container["imagePullPolicy"] = spec["imagePullPolicy"]
+    if spec.image_pull_policy:
+        container["imagePullPolicy"] = spec.image_pull_policy
     pod_spec: dict[str, Any] = {
         "containers": [container],
         "terminationGracePeriodSeconds": termination_grace_seconds(spec),
@@ -241,22 +270,20 @@ def deployment(body: Mapping[str, Any], claim: str) -> dict[str, Any]:
             },
             {
                 "name": "dshm",
-                "emptyDir": {"medium": "Memory", "sizeLimit": str(spec.get("sharedMemorySize") or DEFAULT_SHM)},
+                "emptyDir": {"medium": "Memory", "sizeLimit": str(spec.shared_memory_size)},
             },
             {"name": "tmp", "emptyDir": {}},
             *secret_volumes,
         ],
     }
-    for key in ("nodeSelector", "tolerations", "affinity", "imagePullSecrets"):
-        if spec.get(key):
-            pod_spec[key] = spec[key]
+    pod_spec.update(_scheduling(spec))
     template_meta: dict[str, Any] = {"labels": pod_labels(body), "annotations": pod_annotations(spec)}
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": metadata(body),
         "spec": {
-            "replicas": int(spec.get("replicas", 1)),
+            "replicas": spec.replicas,
             "selector": {"matchLabels": selector_labels(name)},
             # never fewer serving pods than asked for during a rollout
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
@@ -273,7 +300,7 @@ def service(
     turns on only once every pod of the pool carries it (a pool made before the label would otherwise serve
     from no pod until its rollout ends: ``server_reconcile``)."""
     name = body["metadata"]["name"]
-    p = ports(body["spec"])
+    p = ports(InferenceServerSpec.from_body(body))
     selector = selector_labels(name)
     if by_uid:
         selector[POOL_UID_LABEL] = str(body["metadata"]["uid"])

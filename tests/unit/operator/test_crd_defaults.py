@@ -10,22 +10,24 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from kubeinfer.operator.api import descriptions, model_crd, schema, server_crd, server_spec
+from kubeinfer.operator.api import descriptions, model_crd, schema, server_crd, server_spec, server_types
 from kubeinfer.server.config import ConfigError, parse_config_text, validate_config, version_policy
 
 
 @pytest.fixture
 def regenerate(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    """Set server_spec's constants, then the InferenceServer spec schema generated from them; restored after."""
+    """Set server_spec's constants, then the typed spec and the schema generated from them; restored after."""
 
     def build(**homes: Any) -> dict[str, Any]:
         for name, value in homes.items():
             monkeypatch.setattr(server_spec, name, value)
+        importlib.reload(server_types)  # the typed spec states the defaults; the CRD's spec is generated from it
         importlib.reload(server_crd)
         return server_crd.INFERENCE_SERVER_SPEC["properties"]
 
     yield build
     monkeypatch.undo()
+    importlib.reload(server_types)
     importlib.reload(server_crd)  # in the same module namespace: every holder of its functions sees the real one
 
 
