@@ -15,6 +15,10 @@ What Triton does (docs/user_guide/trace.md "OpenTelemetry trace support", src/tr
   SERVER and comes from the tracer ``triton-server``, as Triton's.
 * An ensemble's composing models are model spans (with their compute spans) under the ensemble's model span, each
   with a trace id of its own and the ensemble's as ``triton.trace_parent_id``.
+* A Python model's BLS request made with ``trace=request.trace()`` (Triton's "Tracing for BLS models": without it
+  a BLS request is not traced) is a model span (with its compute span) under the model span of the request that
+  made it, in the same way; it ends once the model has read its final response, or when its stream is cancelled.
+  Its own BLS requests and ensemble steps go under it in turn.
 * A streamed request (gRPC ``ModelStreamInfer``, a decoupled model's responses, HTTP ``generate`` and
   ``generate_stream``) has the same spans; they end when the front end has handed on the request's final
   response, or when the stream is cancelled (``trace.StreamTrace``). Each request of a gRPC stream is a trace of its
@@ -38,7 +42,8 @@ from contextvars import ContextVar, Token
 from dataclasses import dataclass
 from typing import Any
 
-from ..vocabulary.registry_view import Route
+from ..vocabulary.registry_view import EndSpan, Route, StartStream
+from ..vocabulary.streaming import ResponseStream
 from ..vocabulary.types import ExecutionTimings, InferenceRequest, InferenceResponse
 
 log = logging.getLogger(__name__)
@@ -168,6 +173,8 @@ class OtelExporter:
         self._offset = time.time_ns() - time.monotonic_ns()
         self._lock = threading.Lock()
         self._closed = False
+        #: Triton trace id → the frame of each model span now open, for BLS requests naming their parent's
+        self._open: dict[int, _Frame] = {}
         propagation = True
 
     def wall(self, monotonic_ns: int) -> int:
@@ -213,6 +220,8 @@ class OtelExporter:
         ensemble's steps) put their spans under it, and no later request of the same task does."""
         outer = _Frame(_Trace(trace_id, self._remote_context()), None, 0)
         frame = _Frame(outer.trace, self._model_span(outer, request, trace_id), trace_id)
+        self._open[trace_id] = frame
+        request.trace_id = trace_id
         return frame, _active.set(frame)
 
     @staticmethod
@@ -223,6 +232,7 @@ class OtelExporter:
         self, frame: _Frame, request: InferenceRequest, response: InferenceResponse | None, end_ns: int
     ) -> None:
         """The streamed request ended (final response handed on, or cancelled): its model and root spans end."""
+        self._open.pop(frame.triton_id, None)
         self._end_model_span(frame.span, request, response, end_ns)
         frame.trace.root.end(end_time=self.wall(end_ns))
 
@@ -235,14 +245,49 @@ class OtelExporter:
             return await route(request)
         triton_id = frame.trace.trace_id if frame.span is None else self._next_id()
         span = self._model_span(frame, request, triton_id)
-        token = _active.set(_Frame(frame.trace, span, triton_id))
+        inner = self._open[triton_id] = _Frame(frame.trace, span, triton_id)
+        request.trace_id = triton_id
+        token = _active.set(inner)
         response = None
         try:
             response = await route(request)
             return response
         finally:
             _active.reset(token)
+            self._open.pop(triton_id, None)
             self._end_model_span(span, request, response, time.monotonic_ns())
+
+    #: the registry's ``around_infer`` is this exporter: called, it wraps a routed request
+    __call__ = around
+
+    def bls(self, parent: int, request: InferenceRequest, start: StartStream) -> tuple[ResponseStream, EndSpan | None]:
+        """A Python model's BLS request made with its request's trace (``trace=request.trace()``): a model span
+        under that request's, current while the request starts (its ensemble steps and the tasks they make go
+        under it), ended by the returned callable (once: the caller's final response or cancel)."""
+        frame = self._open.get(parent)
+        if frame is None:  # the parent was not traced, or its span has ended
+            return start(request), None
+        triton_id = self._next_id()
+        child = _Frame(frame.trace, self._model_span(frame, request, triton_id), triton_id)
+        self._open[triton_id] = child
+        request.trace_id = triton_id
+
+        version = request.model_version
+
+        def end(response: InferenceResponse | None) -> None:
+            if self._open.pop(triton_id, None) is not None:
+                self._end_model_span(child.span, request, response, time.monotonic_ns(), version)
+
+        token = _active.set(child)
+        try:
+            stream = start(request)
+        except BaseException:  # refused before it ran: its span ends here
+            end(None)
+            raise
+        finally:
+            _active.reset(token)
+        version = stream.model_version  # a flag-only final response names no version: the stream's is the one
+        return stream, end
 
     def _model_span(self, frame: _Frame, request: InferenceRequest, triton_id: int | None = None) -> Any:
         trace = frame.trace
@@ -266,9 +311,17 @@ class OtelExporter:
         return span
 
     def _end_model_span(
-        self, span: Any, request: InferenceRequest, response: InferenceResponse | None, end_ns: int
+        self,
+        span: Any,
+        request: InferenceRequest,
+        response: InferenceResponse | None,
+        end_ns: int,
+        version: str | None = None,
     ) -> None:
-        version = response.model_version if response is not None else request.model_version
+        if response is not None:
+            version = response.model_version
+        elif version is None:
+            version = request.model_version
         span.set_attribute("triton.model_version", int(version) if str(version).isdigit() else -1)
         if request.queued_ns:
             span.add_event("QUEUE_START", timestamp=self.wall(request.queued_ns))

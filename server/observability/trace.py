@@ -129,8 +129,8 @@ class Tracer:
 
     def __init__(self, settings: dict[str, Any] | None = None, registry: RegistryView | None = None) -> None:
         """``settings`` as ``parse_trace_config`` gives them (``opentelemetry``: that mode's own settings);
-        ``registry``: in the OpenTelemetry mode its ``around_infer`` gives every model request of a traced one
-        (an ensemble's steps) its span."""
+        ``registry``: in the OpenTelemetry mode its ``around_infer`` (the exporter) gives every model request of a
+        traced one (an ensemble's steps, a Python model's BLS requests made with its trace) its span."""
         base = dict(DEFAULTS)
         otel_config = dict((settings or {}).get("opentelemetry") or {})
         for name, value in (settings or {}).items():
@@ -146,7 +146,7 @@ class Tracer:
         if base["trace_mode"] == "opentelemetry":
             self.otel = OtelExporter(otel_config, self._new_id)
             if registry is not None:
-                registry.around_infer = self.otel.around
+                registry.around_infer = self.otel
 
     def _new_id(self) -> int:
         with self._lock:

@@ -30,6 +30,10 @@ Triton's frontend (server repo, ``python/openai/openai_frontend``: ``engine/trit
   400). Triton answers FastAPI's ``{"detail": ...}`` with 400 for most of these.
 
 ``--auth-token-file`` applies here too: OpenAI clients send ``Authorization: Bearer <api_key>``.
+
+Traces (``--trace-config``): completions and chat completions are traced as streamed requests (``Tracer.stream``),
+ending once the last response was sent or the client went away; embeddings as unary requests. In the OpenTelemetry
+mode a ``traceparent`` header makes the request's spans children of the caller's.
 """
 
 from __future__ import annotations
@@ -49,12 +53,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from .. import SERVER_NAME
+from ..observability import otel
+from ..observability.trace import StreamTrace
 from ..runtime.auth import BearerToken
 from ..runtime.service import InferenceService
 from ..vocabulary import tensors
 from ..vocabulary.errors import NotFound, ServerError
 from ..vocabulary.streaming import ResponseStream, StreamItem
-from ..vocabulary.types import InferenceRequest
+from ..vocabulary.types import InferenceRequest, InferenceResponse
 
 #: Triton's ``--default-max-tokens``
 DEFAULT_MAX_TOKENS = 16
@@ -407,10 +413,17 @@ def _routes(service: InferenceService) -> FastAPI:
         await service.ensure_loaded(body["model"])
         model = _model(service, body["model"])
         _check_generate(model)
-        stream = service.infer_stream(_generate_request(model, prompt, fields, echo))
-        first = await _next_answer(stream)
+        if otel.propagation:  # the caller's W3C trace context, for --trace-config mode=opentelemetry
+            otel.from_headers(request.scope["headers"])
+        stream, trace = service.tracer.stream(_generate_request(model, prompt, fields, echo), service.infer_stream)
+        try:
+            first = await _next_answer(stream)
+        except BaseException:
+            _end(trace, None)
+            raise
         if first is not None and first.error is not None:
             stream.cancel()
+            _end(trace, None)
             raise _from_server_error(first.error)
         request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         usage = _Usage(prompt_words=len(prompt.split()))
@@ -419,16 +432,23 @@ def _routes(service: InferenceService) -> FastAPI:
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
             events = _chat_events if chat else _completion_events
             return StreamingResponse(
-                events(head, first, stream, usage, fields, include_usage, prompt if echo else ""), media_type=SSE
+                events(head, first, stream, usage, fields, include_usage, prompt if echo else "", trace),
+                media_type=SSE,
             )
         pieces = [prompt] if echo else []
-        item = first
-        while item is not None:
-            if item.error is not None:
-                raise _from_server_error(item.error)
-            usage.add(item)
-            pieces.append(_text(item))
-            item = await _next_answer(stream)
+        item, last = first, None
+        try:
+            while item is not None:
+                if item.error is not None:
+                    raise _from_server_error(item.error)
+                usage.add(item)
+                pieces.append(_text(item))
+                last = item.response or last
+                item = await _next_answer(stream)
+        finally:
+            if not stream.finished:  # an error response, or the client went away: nobody reads further
+                stream.cancel()
+            _end(trace, last)
         text = "".join(pieces)
         finish = _finish(usage, fields)
         if chat:
@@ -453,6 +473,8 @@ def _routes(service: InferenceService) -> FastAPI:
     @app.post("/v1/embeddings")
     async def embeddings(request: Request) -> Response:
         body = _parse_body(await request.body())
+        if otel.propagation:
+            otel.from_headers(request.scope["headers"])
         texts = body.get("input")
         if isinstance(texts, str):
             texts = [texts]
@@ -501,6 +523,12 @@ def _embedding_tensors(model: _Model) -> tuple[str, str]:
     return text_input, output
 
 
+def _end(trace: StreamTrace | None, last: InferenceResponse | None) -> None:
+    """End a traced request's trace with its last response (None: it sent none)."""
+    if trace is not None:
+        trace.end(last)
+
+
 async def _next_answer(stream: ResponseStream) -> StreamItem | None:
     """The next response or error of ``stream`` (a flag-only final is skipped); None at its end."""
     async for item in stream:
@@ -517,13 +545,14 @@ async def _chat_events(
     fields: dict[str, Any],
     include_usage: bool,
     echoed: str,
+    trace: StreamTrace | None,
 ) -> AsyncIterator[bytes]:
     chunk = {**head, "object": "chat.completion.chunk"}
 
     def delta(d: dict[str, Any], finish: str | None = None) -> bytes:
         return _sse({**chunk, "choices": [{"index": 0, "delta": d, "logprobs": None, "finish_reason": finish}]})
 
-    async for event in _events(first, stream, usage, fields, include_usage, chunk, echoed, delta):
+    async for event in _events(first, stream, usage, fields, include_usage, chunk, echoed, delta, trace):
         yield event
 
 
@@ -535,6 +564,7 @@ async def _completion_events(
     fields: dict[str, Any],
     include_usage: bool,
     echoed: str,
+    trace: StreamTrace | None,
 ) -> AsyncIterator[bytes]:
     chunk = {**head, "object": "text_completion"}
 
@@ -542,7 +572,7 @@ async def _completion_events(
         text = d.get("content", "")
         return _sse({**chunk, "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}]})
 
-    async for event in _events(first, stream, usage, fields, include_usage, chunk, echoed, piece):
+    async for event in _events(first, stream, usage, fields, include_usage, chunk, echoed, piece, trace):
         yield event
 
 
@@ -555,8 +585,10 @@ async def _events(
     chunk: dict[str, Any],
     echoed: str,
     encode: Any,
+    trace: StreamTrace | None,
 ) -> AsyncIterator[bytes]:
     chat = chunk["object"] == "chat.completion.chunk"
+    last: InferenceResponse | None = None  # the trace's model version; the responses are not kept
     try:
         if chat:
             yield encode({"role": "assistant", "content": ""})
@@ -570,6 +602,7 @@ async def _events(
                 yield _sse({"error": {"message": e.message, "type": kind, "param": None, "code": e.code}})
                 return
             usage.add(item)
+            last = item.response or last
             yield encode({"content": _text(item)})
             item = await _next_answer(stream)
         yield encode({} if chat else {"content": ""}, _finish(usage, fields))
@@ -579,6 +612,7 @@ async def _events(
     finally:
         if not stream.finished:  # the client closed the connection (or the model failed): cancel the request
             stream.cancel()
+        _end(trace, last)
 
 
 __all__ = ["CHAT_TEMPLATE", "DEFAULT_MAX_TOKENS", "GENERATION_PROMPT", "build_openai_app", "render_chat"]

@@ -16,9 +16,25 @@ from .types import InferenceRequest, InferenceResponse
 
 #: a model request's route through the registry (to its version's scheduler)
 Route = Callable[[InferenceRequest], Awaitable[InferenceResponse]]
-#: what runs around every model request routed by the registry, a front end's and an ensemble step's alike
-#: (the OpenTelemetry tracer's model spans): it calls the route it is given
-AroundInfer = Callable[[InferenceRequest, Route], Awaitable[InferenceResponse]]
+#: how a streamed request starts (the registry's ``infer_stream``)
+StartStream = Callable[[InferenceRequest], ResponseStream]
+#: ends a traced request's span with its last response (None: it sent none); later calls do nothing
+EndSpan = Callable[[InferenceResponse | None], None]
+
+
+class AroundInfer(Protocol):
+    """What runs around model requests (the OpenTelemetry tracer's model spans)."""
+
+    def __call__(self, request: InferenceRequest, route: Route) -> Awaitable[InferenceResponse]:
+        """Around every model request the registry routes, a front end's and an ensemble step's alike: it calls
+        the route it is given."""
+        ...
+
+    def bls(self, parent: int, request: InferenceRequest, start: StartStream) -> tuple[ResponseStream, EndSpan | None]:
+        """Start a Python model's BLS request with ``start`` as a child of the traced request whose Triton trace
+        id is ``parent`` (``InferenceRequest.trace_id``): the stream, and what ends the child's span once its final
+        response was read or the stream was cancelled (None: ``parent`` is no open span; nothing is traced)."""
+        ...
 
 
 class ModelControl(Protocol):
@@ -41,7 +57,7 @@ class RegistryView(Protocol):
     custom_metrics: CustomMetrics
     #: the server's model control (set by the service that owns the registry; None without one)
     model_control: ModelControl | None
-    #: runs around each request ``infer`` routes (set once at start; None: nothing does)
+    #: runs around each request ``infer`` routes and each traced BLS request (set once at start; None: nothing does)
     around_infer: AroundInfer | None
 
     async def infer(self, request: InferenceRequest) -> InferenceResponse:

@@ -49,6 +49,9 @@ class InferenceRequest:
     routed: bool = False
     #: where a decoupled model's responses go (set by the runtime for decoupled models only)
     stream: ResponseStream | None = None
+    #: set by the OpenTelemetry tracer while this request's model span is open: its Triton trace id (0: not
+    #: traced); a Python model's BLS request made with ``trace=request.trace()`` becomes a child span of it
+    trace_id: int = 0
 
     def batch_size(self, max_batch_size: int) -> int:
         """Rows in this request: the first dim of any input when the model batches, else 1."""

@@ -1,7 +1,7 @@
 """Triton's OpenTelemetry trace mode against a real OpenTelemetry Collector (the ``otelcol`` add-on, writing what it
 received to a file): spans with Triton's names and attributes, the caller's W3C context over HTTP and gRPC, an
-ensemble's steps as child spans, streamed requests (gRPC streams, a decoupled model, HTTP generate), and requests
-that succeed whatever happens to the export."""
+ensemble's steps as child spans, streamed requests (gRPC streams, a decoupled model, HTTP generate, the OpenAI front
+end), and requests that succeed whatever happens to the export. BLS requests: test_opentelemetry_bls.py."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 import numpy as np
+import openai
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
@@ -23,7 +24,7 @@ from onnx import TensorProto
 from tests.support import models as test_models
 from tests.support.otel_collector import OtelCollector
 from tests.support.repos import copy_python_models, write_model
-from tests.support.server import ServerProcess, start_server
+from tests.support.server import ServerProcess, free_port, start_server
 
 CONFIG = """
 name: "{name}"
@@ -386,3 +387,67 @@ def test_trace_config_opentelemetry_settings_as_triton_documents_them() -> None:
     ):
         with pytest.raises(ValueError, match=message):
             parse_trace_config([bad])
+
+
+@pytest.fixture(scope="module")
+def openai_server(example_repository: Path, collector: OtelCollector) -> Iterator[tuple[ServerProcess, int]]:
+    port = free_port()
+    server = _otel_server(example_repository, collector.traces_url, f"--openai-port={port}")
+    yield server, port
+    server.terminate()
+
+
+@pytest.mark.parametrize("call", ["chat_streamed", "completion", "completion_streamed", "embedding"])
+def test_openai_requests_are_traced_under_their_traceparent(
+    openai_server: tuple[ServerProcess, int], collector: OtelCollector, call: str
+) -> None:
+    """The OpenAI front end's requests, with the official client: completions as streamed requests (spans that end
+    after the last response), embeddings as unary ones, each under the caller's ``traceparent``."""
+    traceparent, trace_id, span_id = _traceparent()
+    client = openai.OpenAI(
+        base_url=f"http://127.0.0.1:{openai_server[1]}/v1",
+        api_key="x",
+        max_retries=0,
+        default_headers={"traceparent": traceparent},
+    )
+    model = "tiny_lm"
+    if call == "chat_streamed":
+        chunks = list(
+            client.chat.completions.create(
+                model=model, messages=[{"role": "user", "content": "alpha beta gamma"}], stream=True
+            )
+        )
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "gamma beta alpha"
+    elif call == "completion":
+        assert client.completions.create(model=model, prompt="one two three").choices[0].text == "three two one"
+    elif call == "completion_streamed":
+        chunks = list(client.completions.create(model=model, prompt="a b c d", stream=True))
+        assert "".join(c.choices[0].text for c in chunks) == "d c b a"
+    else:
+        model = "tiny_embedding"
+        assert len(client.embeddings.create(model=model, input="hello world").data[0].embedding) == 16
+    spans = [s for s in collector.wait_for_spans(_of_trace(trace_id, 3)) if s["trace_id"] == trace_id]
+    by_name = {s["name"]: s for s in spans}
+    assert set(by_name) == {"InferRequest", model, "compute"}, by_name.keys()
+    root, request, compute = by_name["InferRequest"], by_name[model], by_name["compute"]
+    assert root["parent_span_id"] == span_id
+    assert request["parent_span_id"] == root["span_id"] and compute["parent_span_id"] == request["span_id"]
+    attrs = request["attributes"]
+    assert attrs["triton.model_name"] == model and attrs["triton.model_version"] == 1
+    assert [e for e, _ in request["events"]] == MODEL_EVENTS
+    assert root["start"] <= request["start"] <= compute["start"] <= compute["end"] <= request["end"] <= root["end"]
+
+
+def test_openai_request_without_traceparent_is_sampled_by_rate(
+    openai_server: tuple[ServerProcess, int], collector: OtelCollector
+) -> None:
+    """Without a caller's context the request starts a trace of its own (rate=1 here), its root without parent."""
+    before = {s["trace_id"] for s in collector.spans()}
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{openai_server[1]}/v1", api_key="x", max_retries=0)
+    assert client.completions.create(model="tiny_lm", prompt="no context here").choices[0].text == "here context no"
+    spans = collector.wait_for_spans(
+        lambda spans: any(s["name"] == "tiny_lm" and s["trace_id"] not in before for s in spans)
+    )
+    request = next(s for s in spans if s["name"] == "tiny_lm" and s["trace_id"] not in before)
+    root = next(s for s in spans if s["span_id"] == request["parent_span_id"])
+    assert root["name"] == "InferRequest" and root["parent_span_id"] == ""

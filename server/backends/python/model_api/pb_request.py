@@ -13,7 +13,9 @@ BLS: ``exec()`` / ``async_exec()`` hand the request to the host, which runs it t
 model's scheduler on the server (batched with other traffic); ``exec(decoupled=True)`` returns an
 iterator over the target's responses, the last one empty when the target ends with a flag-only final,
 as Triton's does. A request refused before it is queued answers with one error response (the host's
-text is Triton's ``Model <name> - Error when running inference: ...``).
+text is Triton's ``Model <name> - Error when running inference: ...``). A BLS request made with
+``trace=request.trace()`` is traced as a child of ``request`` (``--trace-config mode=opentelemetry``), as
+Triton's "Tracing for BLS models" documents; without it a BLS request is not traced.
 
 Stub-safe (standard library and numpy only): see ``context``.
 """
@@ -169,6 +171,17 @@ class InferenceResponseSender:
 ResponseSender = InferenceResponseSender
 
 
+class InferenceTrace:
+    """``pb_utils.InferenceTrace``: what ``request.trace()`` returns, handed to a BLS request (``trace=``) so that
+    the server traces it as a child of ``request``. It names the request's open model span by its Triton trace id
+    (0: the request is not traced, and neither is the BLS request)."""
+
+    __slots__ = ("_id",)
+
+    def __init__(self, trace_id: int = 0) -> None:
+        self._id = trace_id
+
+
 class InferenceRequest:
     """An incoming request (in ``execute``) or a BLS request to any loaded model (``exec``)."""
 
@@ -183,7 +196,7 @@ class InferenceRequest:
         flags: int = 0,
         timeout: int = 0,
         preferred_memory: Any = None,
-        trace: Any = None,
+        trace: InferenceTrace | None = None,
         parameters: dict[str, Any] | str | None = None,
     ) -> None:
         if isinstance(model_name, bytes):  # Triton accepts the name as bytes too
@@ -199,6 +212,7 @@ class InferenceRequest:
         if isinstance(parameters, str):
             parameters = json.loads(parameters) if parameters else {}
         self._parameters = dict(parameters or {})
+        self._trace = trace
         self._state: SenderState | None = None
         self._sender: InferenceResponseSender | None = None
         self._release_flags = RELEASE_ALL
@@ -216,6 +230,7 @@ class InferenceRequest:
             flags=fields["flags"],
             timeout=fields["timeout"],
             parameters=fields["parameters"],
+            trace=InferenceTrace(fields["trace"]),
         )
         request._state = state
         return request
@@ -262,8 +277,9 @@ class InferenceRequest:
     def parameters(self) -> str:
         return json.dumps(self._parameters, separators=(",", ":"))
 
-    def trace(self) -> None:
-        return None
+    def trace(self) -> InferenceTrace:
+        """This request's trace, for a BLS request's ``trace=`` (Triton's ``InferRequest::GetTrace``)."""
+        return self._trace if self._trace is not None else InferenceTrace()
 
     def is_cancelled(self) -> bool:
         return self._state.is_cancelled() if self._state is not None else False
@@ -310,6 +326,8 @@ class InferenceRequest:
             "flags": self._flags,
             "timeout": int(self._timeout or 0),
             "parameters": dict(self._parameters),
+            # the Triton trace id of the request whose trace was handed over (0: none; not traced)
+            "trace": self._trace._id if self._trace is not None else 0,
         }
 
 

@@ -24,7 +24,7 @@ import numpy as np
 
 from . import context
 from .pb_metrics import Metric, MetricFamily
-from .pb_request import InferenceRequest, InferenceResponseSender, ResponseSender
+from .pb_request import InferenceRequest, InferenceResponseSender, InferenceTrace, ResponseSender
 from .pb_types import TYPE_CODES, InferenceResponse, Logger, Tensor, TritonError, TritonModelException
 from .pb_types import numpy_to_triton_type as numpy_to_triton_type
 
@@ -32,6 +32,7 @@ __all__ = [
     "InferenceRequest",
     "InferenceResponse",
     "InferenceResponseSender",
+    "InferenceTrace",
     "Logger",
     "Metric",
     "MetricFamily",

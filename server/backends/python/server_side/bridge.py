@@ -4,7 +4,9 @@
   correlation id, sequence flags, the parameters a model sees);
 * ``outputs_or_error``: a model's response as the runtime's outputs or typed error;
 * ``start_bls``: a BLS request, checked as pb_stub/request_executor.cc checks it (Triton's texts), then
-  started through the registry, so it is scheduled (and batched) like any other request.
+  started through the registry, so it is scheduled (and batched) like any other request; one made with
+  ``trace=request.trace()`` of a traced request starts as its child span (the registry's ``around_infer.bls``),
+  which ``item_parts`` ends with the final response read (and a cancel of the stream ends too).
 
 Server side only: the in-process host and the stub's server end (``stub_server``) both use it.
 """
@@ -17,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from ....vocabulary import errors
-from ....vocabulary.registry_view import RegistryView
+from ....vocabulary.registry_view import EndSpan, RegistryView
 from ....vocabulary.sequence import sequence_parameters
 from ....vocabulary.streaming import ResponseStream, StreamItem
 from ....vocabulary.types import InferenceRequest as CoreRequest
@@ -39,6 +41,8 @@ def incoming_fields(core: CoreRequest, output_names: list[str], version: int) ->
         "model_version": version,
         "flags": (1 if params.get("sequence_start") else 0) | (2 if params.get("sequence_end") else 0),
         "timeout": core.timeout_us,
+        # the request's open model span when it is traced (0: not traced), for ``request.trace()``
+        "trace": core.trace_id,
         "parameters": {
             k: v
             for k, v in params.items()
@@ -78,8 +82,9 @@ class BlsRefused(Exception):
 
 def start_bls(
     registry: RegistryView, fields: dict[str, Any], inputs: dict[str, np.ndarray], decoupled: bool
-) -> ResponseStream:
-    """On the server loop: pb_stub/request_executor.cc's checks, then the request starts."""
+) -> tuple[ResponseStream, EndSpan | None]:
+    """On the server loop: pb_stub/request_executor.cc's checks, then the request starts: its stream, and what ends
+    its span when it is traced (hand it to ``item_parts``)."""
     name = fields["model_name"]
     version = fields["model_version"]
     try:
@@ -102,14 +107,25 @@ def start_bls(
             parameters=params,
             timeout_us=fields["timeout"],
         )
-        return registry.infer_stream(core)
+        parent = fields.get("trace", 0)
+        around = registry.around_infer
+        if not parent or around is None:
+            return registry.infer_stream(core), None
+        stream, end = around.bls(parent, core, registry.infer_stream)
+        if end is not None:
+            stream.on_cancel(lambda: end(None))
+        return stream, end
     except errors.ServerError as exc:
         raise BlsRefused(f"Model {name} - Error when running inference: {exc.message}") from None
 
 
-def item_parts(item: StreamItem) -> tuple[dict[str, np.ndarray], dict[str, Any], tuple[str, str] | None]:
+def item_parts(
+    item: StreamItem, end: EndSpan | None = None
+) -> tuple[dict[str, np.ndarray], dict[str, Any], tuple[str, str] | None]:
     """A callee's stream item as (outputs, parameters, error): a flag-only final has neither (Triton's
-    iterator yields an empty response for it)."""
+    iterator yields an empty response for it). The final item ends the request's span (``end``, when traced)."""
+    if item.final and end is not None:
+        end(item.response)
     if item.error is not None:
         return {}, {}, (errors.code_of(item.error), item.error.message)
     if item.response is None:

@@ -17,7 +17,7 @@ from typing import Any
 from ....config import ConfigError
 from ....vocabulary import custom_metrics as store
 from ....vocabulary.errors import BackendError, ServerError
-from ....vocabulary.registry_view import RegistryView
+from ....vocabulary.registry_view import EndSpan, RegistryView
 from ....vocabulary.streaming import ResponseStream
 from ....vocabulary.types import InferenceRequest as CoreRequest
 from ...base import BackendInstance, Batch, InstanceSpec, RequestResult, Rescheduled
@@ -47,7 +47,7 @@ class InProcessHost:
         fields = request._bls_fields()
         inputs = {t.name(): t.as_numpy() for t in request.inputs()}
 
-        async def start() -> ResponseStream:
+        async def start() -> tuple[ResponseStream, EndSpan | None]:
             return bridge.start_bls(self.registry, fields, inputs, decoupled)
 
         return _StreamCall(self, self._on_loop(start()))
@@ -125,10 +125,12 @@ class InProcessHost:
 class _StreamCall:
     """A BLS request's responses from its ``ResponseStream``, read from the model's thread or loop."""
 
-    def __init__(self, host: InProcessHost, started: Future[ResponseStream]) -> None:
+    def __init__(self, host: InProcessHost, started: Future[tuple[ResponseStream, EndSpan | None]]) -> None:
         self._host = host
         self._started = started
         self._stream: ResponseStream | None = None
+        #: ends the request's span with its final response (None: not traced)
+        self._end: EndSpan | None = None
         self._done = False
 
     def next(self) -> InferenceResponse | None:
@@ -136,30 +138,32 @@ class _StreamCall:
             return None
         if self._stream is None:
             try:
-                self._stream = self._started.result()
+                stream, self._end = self._started.result()
             except bridge.BlsRefused as exc:
                 return self._refused(exc)
+            self._stream = stream
         try:
             item = self._host._on_loop(_next_item(self._stream)).result()
         except StopAsyncIteration:
             self._done = True
             return None
-        return _response_of(item)
+        return _response_of(item, self._end)
 
     async def anext(self) -> InferenceResponse | None:
         if self._done:
             return None
         if self._stream is None:
             try:
-                self._stream = await asyncio.wrap_future(self._started)
+                stream, self._end = await asyncio.wrap_future(self._started)
             except bridge.BlsRefused as exc:
                 return self._refused(exc)
+            self._stream = stream
         try:
             item = await asyncio.wrap_future(self._host._on_loop(_next_item(self._stream)))
         except StopAsyncIteration:
             self._done = True
             return None
-        return _response_of(item)
+        return _response_of(item, self._end)
 
     def _refused(self, exc: bridge.BlsRefused) -> InferenceResponse:
         self._done = True
@@ -170,8 +174,8 @@ async def _next_item(stream: ResponseStream) -> Any:
     return await stream.__anext__()
 
 
-def _response_of(item: Any) -> InferenceResponse:
-    outputs, parameters, error = bridge.item_parts(item)
+def _response_of(item: Any, end: EndSpan | None) -> InferenceResponse:
+    outputs, parameters, error = bridge.item_parts(item, end)
     if error is not None:
         return InferenceResponse(error=TritonError(error[1], getattr(TritonError, error[0])))
     return InferenceResponse([Tensor(n, a) for n, a in outputs.items()], parameters=parameters)

@@ -37,7 +37,6 @@ import orjson
 from ....vocabulary import custom_metrics as store
 from ....vocabulary.errors import BackendError, ServerError
 from ....vocabulary.registry_view import RegistryView
-from ....vocabulary.streaming import ResponseStream
 from ....vocabulary.types import InferenceRequest as CoreRequest
 from .. import ipc
 from . import bridge
@@ -556,14 +555,14 @@ class StubProcess:
 
     async def _run_bls(self, bls_id: int, fields: dict[str, Any], inputs: dict[str, Any], decoupled: bool) -> None:
         try:
-            stream: ResponseStream = bridge.start_bls(self.registry, fields, inputs, decoupled)  # type: ignore[arg-type]
+            stream, end = bridge.start_bls(self.registry, fields, inputs, decoupled)  # type: ignore[arg-type]
         except bridge.BlsRefused as exc:
             self.send({"op": "bls_item", "b": bls_id, "r": {"e": ["INTERNAL", str(exc)]}, "end": True})
             return
         del inputs  # the request holds them while it runs
         try:
             async for item in stream:
-                outputs, parameters, error = bridge.item_parts(item)
+                outputs, parameters, error = bridge.item_parts(item, end)
                 wire: dict[str, Any]
                 if error is not None:
                     wire = {"e": list(error)}
