@@ -5,9 +5,10 @@ The dashboard (helm/kubeinfer/dashboards/kubeinfer.json) ships in a ConfigMap wi
 dashboard sidecar loads (kube-prometheus-stack's ``grafana_dashboard: "1"``), as ``helm template`` renders it.
 Every panel's query, its template variables set to a real pool, runs against the real Prometheus of the local
 cluster (the usual ``kubernetes-pods`` job) while requests flow to that pool: a query that errors or returns no
-series fails, naming its panel; each template variable's ``label_values`` finds the pool. The pool: one pod of
-this tree's server image with ``spec.modelCache`` whose budget holds one of its three models (so requests to them
-in turn load and evict), KEDA as its autoscaler, and a fourth model whose file does not exist (the "why not").
+series fails, naming its panel (the load failures panel too: its counter is at 0 before any failure); each
+template variable's ``label_values`` finds the pool. The pool: one pod of this tree's server image with
+``spec.modelCache`` whose budget holds one of its three models (so requests to them in turn load and evict), KEDA
+as its autoscaler, and a fourth model whose file does not exist (the "why not").
 """
 
 from __future__ import annotations
@@ -258,6 +259,10 @@ def test_every_panel_query_returns_series_while_traffic_flows(pool: Pool) -> Non
     assert traffic.ok >= len(MODELS), traffic.ok
     evictions = pool.query(substitute(f'sum(kubeinfer_model_cache_evictions{{namespace="{pool.ns}"}})', {}))
     assert float(evictions["data"]["result"][0]["value"][1]) > 0, "the budget of one model evicted none"
+    # the load failures panel has a line at 0 for each model before any load of it fails (not "no data")
+    (expr,) = [e for title, _, e in targets if "kubeinfer_model_load_failures" in e]
+    failures = pool.query(substitute(expr, variables))["data"]["result"]
+    assert {r["metric"]["model"]: float(r["value"][1]) for r in failures} == dict.fromkeys(MODELS, 0.0), failures
     for var in dash["templating"]["list"]:
         if var["type"] != "query":
             continue

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import tarfile
 import uuid
 from pathlib import Path
 
@@ -281,6 +282,30 @@ def test_rendered_manifests_validate_with_kubeconform(helm, kubeconform, crd_sch
     summary = report["summary"]
     assert summary["invalid"] == summary["errors"] == summary["skipped"] == 0
     assert summary["valid"] == len(_docs(rendered))
+
+
+def test_chart_and_its_package_carry_the_crds(helm, tmp_path) -> None:
+    """The chart's crds/ are links to the tree's one copy (crds/): Helm follows them from the chart folder, and
+    ``helm package`` writes the files themselves into the .tgz, so an install from either gets the CRDs."""
+    names = sorted(p.name for p in (ROOT / "crds").glob("*.yaml"))
+    assert names and all((CHART / "crds" / name).is_symlink() for name in names)
+    want = {name: (ROOT / "crds" / name).read_text() for name in names}
+    helm("package", str(CHART), "-d", str(tmp_path))
+    (package,) = tmp_path.glob("kubeinfer-*.tgz")
+    with tarfile.open(package) as tgz:
+        members = {m.name: m for m in tgz.getmembers() if m.name.startswith("kubeinfer/crds/")}
+        assert sorted(members) == [f"kubeinfer/crds/{name}" for name in names]
+        for name in names:
+            member = members[f"kubeinfer/crds/{name}"]
+            assert member.isfile(), f"{member.name} is packaged as a link, not as the file"
+            reader = tgz.extractfile(member)
+            assert reader is not None
+            assert reader.read().decode() == want[name]
+    # what ``helm install`` creates: the chart's CRD files, which ``helm show crds`` prints one after the other in
+    # file-name order, each followed by a newline (no document separator: not a YAML stream to parse)
+    expected = "".join(want[name] + "\n" for name in names)
+    for chart in (CHART, package):
+        assert helm("show", "crds", str(chart)).stdout == expected, chart
 
 
 def test_kubeconform_catches_what_it_should(kubeconform, crd_schemas) -> None:

@@ -455,11 +455,13 @@ class TritonMetrics(Collector):
         for (model, version, phase), h in phases:
             _add_histogram(m, {"model": model, "phase": phase, "version": version}, h)
         yield m
+        # at 0 for every version the server knows (a counter with known labels exists before its first increment),
+        # so a query or a dashboard panel over it has a series before the first failure, not "no data"
         yield _family(
             "kubeinfer_model_load_failures",
             "Model version loads that failed",
             "counter",
-            ((k, s.load_failures) for k, s in items if s.load_failures),
+            ((k, s.load_failures) for k, s in items),
         )
         if self.model_cache is not None:
             yield from _model_cache_metrics(self.model_cache)

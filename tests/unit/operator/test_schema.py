@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import yaml
@@ -22,11 +23,24 @@ def _walk(node, path="spec"):
 
 
 def test_checked_in_crds_are_generated():
-    for folder in crds.OUTPUT_DIRS:
-        for name, text in crds.render_crd_files().items():
-            assert (REPO / folder / name).read_text() == text, (
-                f"{folder}/{name} is stale: run python -m kubeinfer.operator.api.crds"
-            )
+    rendered = crds.render_crd_files()
+    assert sorted(p.name for p in (REPO / crds.OUTPUT_DIR).iterdir()) == sorted(rendered)
+    for name, text in rendered.items():
+        assert (REPO / crds.OUTPUT_DIR / name).read_text() == text, (
+            f"{crds.OUTPUT_DIR}/{name} is stale: run python -m kubeinfer.operator.api.crds"
+        )
+
+
+def test_chart_crds_are_links_to_the_one_copy():
+    """The chart carries no CRD copy of its own: each entry is a relative link into crds/ (a relative one, so it
+    resolves in any checkout), and there is one per CRD file."""
+    chart = REPO / crds.CHART_CRDS_DIR
+    assert sorted(p.name for p in chart.iterdir()) == sorted(crds.CRD_FILES)
+    for name in crds.CRD_FILES:
+        link = chart / name
+        assert link.is_symlink(), f"{link} must be a link to {crds.OUTPUT_DIR}/{name}, not a copy"
+        assert not Path(os.readlink(link)).is_absolute()
+        assert link.resolve() == (REPO / crds.OUTPUT_DIR / name).resolve()
 
 
 def test_every_property_has_a_description():
