@@ -588,6 +588,7 @@ def test_operator_rendered_objects_validate_with_kubeconform(kubeconform) -> Non
     every option (auth and TLS mounted included),
     against the cluster version's schemas and KEDA's CRD: a field typo in the operator fails here, not in a
     user's cluster."""
+    from kubeinfer.operator.api.server_types import InferenceServerSpec
     from kubeinfer.operator.servers import manifests, network_policy
     from kubeinfer.operator.traffic import autoscaling
 
@@ -615,7 +616,11 @@ def test_operator_rendered_objects_validate_with_kubeconform(kubeconform) -> Non
     spec["networkPolicy"] = {"allowFrom": [{"namespaceSelector": {"matchLabels": {"team": "a"}}}]}
     context = network_policy.PolicyContext("ops", {"app.kubernetes.io/name": "kubeinfer-operator"}, ["monitoring"])
     policy = network_policy.network_policy(
-        body, manifests.ports(spec), manifests.selector_labels("gpu-pool"), manifests.metadata(body), context
+        InferenceServerSpec.from_body(body),
+        manifests.ports(spec),
+        manifests.selector_labels("gpu-pool"),
+        manifests.metadata(body),
+        context,
     )
     objects = [
         manifests.deployment(body, "kubeinfer-repository"),

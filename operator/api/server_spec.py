@@ -32,6 +32,10 @@ DEFAULT_CONCURRENCY = 100
 DEFAULT_POLLING_SECONDS = 15
 #: spec.autoscaling.prometheus.window when unset: the range of the rate() in the signal's queries
 DEFAULT_WINDOW = "1m"
+#: spec.autoscaling.target.metric when unset
+DEFAULT_SIGNAL = "QueueDurationPerRequest"
+#: spec.autoscaling.prometheus.metricType when unset: how the HPA uses a custom query's value
+DEFAULT_METRIC_TYPE = "AverageValue"
 #: keys of spec.auth's Secrets when unset: the bearer token, the client CA certificate
 TOKEN_KEY = "token"
 CA_KEY = "ca.crt"

@@ -229,7 +229,7 @@ class Target:
         "(default target 5000); PendingRequests: requests waiting in the queues, per pod (default "
         "10); CPU: CPU use in percent of the pod's CPU request (default 80); GPU: GPU busy percent "
         "from NVML (default 80).",
-        default="QueueDurationPerRequest",
+        default=server_spec.DEFAULT_SIGNAL,
     )
     #: unset: the metric's default target (``traffic.autoscaling``)
     value: Quantity | None = spec_field(
@@ -263,7 +263,7 @@ class Prometheus:
         "metricType",
         "How the HPA uses a custom query's value: AverageValue (a total divided by the target per "
         "pod; default) or Value (a pool average scaled by ratio).",
-        default="AverageValue",
+        default=server_spec.DEFAULT_METRIC_TYPE,
     )
 
 

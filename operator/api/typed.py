@@ -72,6 +72,8 @@ class ApiField:
     #: a nested class's defaults that depend on where it is used (by JSON name); its descriptions may name
     #: them as ``{jsonName}``
     nested_defaults: Mapping[str, Any] | None
+    #: the field's whole schema, written as given (a schema several CRDs share: the conditions)
+    schema: Mapping[str, Any] | None = None
 
 
 def spec_field(
@@ -87,14 +89,15 @@ def spec_field(
     key_order: tuple[str, ...] = (),
     nested_defaults: Mapping[str, Any] | None = None,
     list_type: str | None = None,
+    schema: Mapping[str, Any] | None = None,
     **extra: Any,
 ) -> Any:
     """A dataclass field with its API facts; ``extra`` are schema keywords (``minimum=1``, ``pattern=...``),
-    ``list_type`` an array's ``x-kubernetes-list-type``."""
+    ``list_type`` an array's ``x-kubernetes-list-type``, ``schema`` a whole schema to write as it is."""
     if list_type is not None:
         extra["x-kubernetes-list-type"] = list_type
     meta = ApiField(
-        json, description, required, extra, items or {}, validations, emit_default, key_order, nested_defaults
+        json, description, required, extra, items or {}, validations, emit_default, key_order, nested_defaults, schema
     )
     metadata = {_META: meta}
     if default_factory is not None:
@@ -200,6 +203,8 @@ def _object_schema(cls: type, fmt: Mapping[str, Any] | None = None) -> dict[str,
 def field_schema(f: dataclasses.Field[Any], tp: Any, fmt: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """One field's schema: its type's, described, with the keywords and rules the field states."""
     meta = api_field(f)
+    if meta.schema is not None:
+        return dict(meta.schema)
     schema = _type_schema(tp, meta.nested_defaults)
     if meta.description:
         schema["description"] = meta.description.format_map(fmt) if fmt else meta.description
@@ -265,10 +270,11 @@ def _body_value(value: Any) -> Any:
     return value
 
 
-def as_body(obj: Any) -> dict[str, Any]:
-    """A typed object back as the custom object's JSON: every field that has a value (defaults included)."""
+def as_body(obj: Any, *, nulls: bool = False) -> dict[str, Any]:
+    """A typed object back as the custom object's JSON: every field that has a value (defaults included);
+    ``nulls``: its unset fields too, as null (a merge patch of a status: null removes what an earlier one set)."""
     return {
         api_field(f).json: _body_value(getattr(obj, f.name))
         for f in dataclasses.fields(obj)
-        if getattr(obj, f.name) is not None
+        if nulls or getattr(obj, f.name) is not None
     }

@@ -26,6 +26,7 @@ from kubernetes.client.exceptions import ApiException
 
 from ..api import status
 from ..api.pool_defaults import CODE_BACKENDS, pool_spec
+from ..api.server_types import InferenceServerSpec
 from ..kube.client import MODELS
 from ..models import cold_start
 from ..models.failures import TEMPORARY_REASONS, FailureBook, retry_delay
@@ -225,8 +226,9 @@ class ModelController:
         decided = self._canary(run.body, run.prev, new, run.endpoints, run.access)
         routing = None
         if run.server is not None:
-            zero = scales_to_zero(run.server["spec"].get("autoscaling") or {})
-            routing = sequence_routing.model_condition(run.spec, run.server["spec"], through_interceptor=zero)
+            server_spec = InferenceServerSpec.from_body(run.server)
+            zero = server_spec.autoscaling is not None and scales_to_zero(server_spec.autoscaling)
+            routing = sequence_routing.model_condition(run.spec, server_spec, through_interceptor=zero)
         if routing is not None:
             new["conditions"] += status.conditions([routing], run.prev.get("conditions"), run.generation)
         if decided:

@@ -17,6 +17,9 @@ from kubernetes.client.exceptions import ApiException
 
 from ..api import status
 from ..api.pool_defaults import pool_body
+from ..api.server_status import AutoscalingStatus, InferenceServerStatus
+from ..api.server_types import InferenceServerSpec
+from ..api.typed import as_body, parse
 from ..kube.client import SERVERS, is_temporary
 from ..kube.events import namespace_terminating
 from ..replicas import pool_pods
@@ -64,11 +67,13 @@ class ServerController:
             log.info("InferenceServer %s/%s: its namespace is being deleted", meta["namespace"], meta["name"])
 
     def _reconcile_server(self, body: Mapping[str, Any]) -> None:
-        meta, spec = body["metadata"], body["spec"]
+        meta, raw = body["metadata"], body["spec"]
         ns, name = meta["namespace"], meta["name"]
+        # parsed once per reconcile, with the operator's pool defaults; every part below reads this
+        spec = InferenceServerSpec.from_body(pool_body(body, self.config.default_allowed_backends))
         with self._lock(meta["uid"]):
             conds: list[status.Condition] = []
-            claim = self._repository_condition(ns, name, spec, conds)
+            claim = self._repository_condition(ns, name, raw, conds)
             refused = self._refused_spec(spec)
             if refused:
                 conds.append(status.Condition("SpecAccepted", False, refused[0], refused[1]))
@@ -87,7 +92,7 @@ class ServerController:
                     )
                 )
             else:
-                dep, scaling, scaling_status = self._apply_owned(body, claim, listed, conds)
+                dep, scaling, scaling_status = self._apply_owned(body, spec, claim, listed, conds)
             replicas = ready = 0
             if dep is not None:
                 replicas = dep.status.replicas or 0
@@ -105,25 +110,22 @@ class ServerController:
             conds += scaling  # reported beside Ready, not in it: the pool serves either way
             prev = body.get("status") or {}
             models = sorted(m["metadata"]["name"] for m in listed if m.get("spec", {}).get("server") == name)
-            self.parts.patch_status(
-                SERVERS,
-                ns,
-                name,
-                prev,
-                {
-                    "observedGeneration": meta.get("generation"),
-                    "conditions": status.conditions(conds, prev.get("conditions"), meta.get("generation", 0)),
-                    "replicas": replicas,
-                    "readyReplicas": ready,
-                    "selector": manifests.selector_string(name),
-                    "models": models,
-                    "modelCount": len(models),
-                    "endpoint": manifests.service_endpoint(ns, name, spec)["http"],
-                    "repositoryClaim": claim,
-                    "autoscaling": scaling_status,
-                    "pods": self._pod_starts(ns, name, meta["uid"], spec) if dep is not None else None,
-                },
+            pods = self._pod_starts(ns, name, meta["uid"], raw) if dep is not None else None
+            new = InferenceServerStatus(
+                observed_generation=meta.get("generation"),
+                conditions=tuple(status.conditions(conds, prev.get("conditions"), meta.get("generation", 0))),
+                replicas=replicas,
+                ready_replicas=ready,
+                selector=manifests.selector_string(name),
+                models=tuple(models),
+                model_count=len(models),
+                endpoint=manifests.service_endpoint(ns, name, spec)["http"],
+                repository_claim=claim,
+                autoscaling=parse(AutoscalingStatus, scaling_status) if scaling_status else None,
+                pods=tuple(pods) if pods is not None else None,
             )
+            # every field, unset ones as null: the merge patch removes what an earlier status said
+            self.parts.patch_status(SERVERS, ns, name, prev, as_body(new, nulls=True))
 
     def _lock(self, uid: str) -> threading.Lock:
         with self._locks_guard:
@@ -153,18 +155,24 @@ class ServerController:
         return claim
 
     def _apply_owned(
-        self, body: Mapping[str, Any], claim: str, listed: list[Mapping[str, Any]], conds: list[status.Condition]
+        self,
+        body: Mapping[str, Any],
+        spec: InferenceServerSpec,
+        claim: str,
+        listed: list[Mapping[str, Any]],
+        conds: list[status.Condition],
     ) -> tuple[Any, list[status.Condition], dict[str, Any] | None]:
         """Apply the Deployment, Service, NetworkPolicy and autoscaler; (the Deployment, or None when the API
         server refused the spec: said in ``conds``; the autoscaling conditions and status)."""
-        spec, name = body["spec"], body["metadata"]["name"]
+        name = body["metadata"]["name"]
         try:
-            dep = self.kube.apply(manifests.deployment(pool_body(body, self.config.default_allowed_backends), claim))
+            dep = self.kube.apply(manifests.deployment(body, claim, spec))
             stateful = sequence_routing.sequence_models(listed, name)
             by_uid = self._all_pods_carry_uid(body)
-            self.kube.apply(manifests.service(body, sequence_routing.affinity(spec, stateful), by_uid=by_uid))
-            self._apply_network_policy(body)
-            scaling, scaling_status = self.autoscaler.reconcile(body)
+            affinity = sequence_routing.affinity(spec, stateful)
+            self.kube.apply(manifests.service(body, affinity, by_uid=by_uid, spec=spec))
+            self._apply_network_policy(body, spec)
+            scaling, scaling_status = self.autoscaler.reconcile(body, spec)
         except ApiException as exc:
             if is_temporary(exc):
                 raise kopf.TemporaryError(f"applying owned objects: {exc.reason}", delay=5) from None
@@ -230,7 +238,7 @@ class ServerController:
             return None
         return data if isinstance(data, dict) else None
 
-    def _refused_spec(self, spec: Mapping[str, Any]) -> tuple[str, str] | None:
+    def _refused_spec(self, spec: InferenceServerSpec) -> tuple[str, str] | None:
         """(reason, message) when the operator will not run this pool as specified (the CRD's CEL rules refuse
         most of it first; this holds for objects admitted by an older CRD, and for the operator's own flags)."""
         reserved = manifests.reserved_extra_args(spec)
@@ -240,20 +248,19 @@ class ServerController:
                 f"server.extraArgs {reserved} set flags the operator sets; use the InferenceServer's own fields",
             )
         prefixes = self.config.server_image_prefixes
-        if not image_policy.allowed(str(spec.get("image", "")), prefixes):
+        if not image_policy.allowed(spec.image, prefixes):
             return (
                 "ImageRefused",
-                f"image '{spec.get('image')}' is not one this operator runs (--server-image-prefix: "
-                f"{', '.join(prefixes)})",
+                f"image '{spec.image}' is not one this operator runs (--server-image-prefix: {', '.join(prefixes)})",
             )
         return None
 
-    def _apply_network_policy(self, body: Mapping[str, Any]) -> None:
-        spec, name = body["spec"], body["metadata"]["name"]
+    def _apply_network_policy(self, body: Mapping[str, Any], spec: InferenceServerSpec) -> None:
+        name = body["metadata"]["name"]
         if network_policy.enabled(spec):
             self.kube.apply(
                 network_policy.network_policy(
-                    body,
+                    spec,
                     manifests.ports(spec),
                     manifests.selector_labels(name),
                     manifests.metadata(body),
@@ -264,12 +271,12 @@ class ServerController:
             self.kube.delete_owned("NetworkPolicy", body["metadata"]["namespace"], name, body["metadata"]["uid"])
 
 
-def _available(dep: Any, ready: int, spec: Mapping[str, Any]) -> status.Condition:
+def _available(dep: Any, ready: int, spec: InferenceServerSpec) -> status.Condition:
     """``Available`` as the pool's Deployment reports it."""
     available = next((c for c in dep.status.conditions or () if c.type == "Available"), None)
     return status.Condition(
         "Available",
         available is not None and available.status == "True",
         (available.reason if available else None) or "Pending",
-        (available.message if available else None) or f"{ready}/{spec.get('replicas', 1)} pods ready",
+        (available.message if available else None) or f"{ready}/{spec.replicas} pods ready",
     )

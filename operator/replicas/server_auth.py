@@ -16,36 +16,57 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ..api.server_spec import CA_KEY, TOKEN_KEY
+from ..api.server_types import Auth, InferenceServerSpec
+from ..api.typed import as_body, parse
+
 AUTH_DIR = "/var/run/kubeinfer/auth"
 TLS_DIR = "/var/run/kubeinfer/tls"
 CLIENT_CA_DIR = "/var/run/kubeinfer/client-ca"
-TOKEN_KEY = "token"
-CA_KEY = "ca.crt"
+
+#: an InferenceServer's spec, typed or as the custom object's dict (``server_access`` and the model controller
+#: still hold the dict; only its ``auth`` is parsed then)
+ServerSpec = InferenceServerSpec | Mapping[str, Any]
 
 
-def auth_spec(spec: Mapping[str, Any]) -> Mapping[str, Any]:
+def auth_of(spec: ServerSpec) -> Auth | None:
+    """``spec.auth``, typed (its keys' defaults applied); None without one."""
+    if isinstance(spec, InferenceServerSpec):
+        return spec.auth
+    raw = spec.get("auth")
+    return parse(Auth, raw) if raw else None
+
+
+def auth_spec(spec: ServerSpec) -> Mapping[str, Any]:
+    """``spec.auth`` as the custom object states it ({} without one)."""
+    if isinstance(spec, InferenceServerSpec):
+        return as_body(spec.auth) if spec.auth else {}
     return spec.get("auth") or {}
 
 
-def token_secret(spec: Mapping[str, Any]) -> tuple[str, str] | None:
-    ref = auth_spec(spec).get("tokenSecret") or {}
-    return (ref["name"], ref.get("key") or TOKEN_KEY) if ref.get("name") else None
+def token_secret(spec: ServerSpec) -> tuple[str, str] | None:
+    auth = auth_of(spec)
+    ref = auth.token_secret if auth else None
+    return (ref.name, ref.key) if ref and ref.name else None
 
 
-def tls_secret(spec: Mapping[str, Any]) -> str | None:
-    return (auth_spec(spec).get("tls") or {}).get("certificateSecret") or None
+def tls_secret(spec: ServerSpec) -> str | None:
+    auth = auth_of(spec)
+    return auth.tls.certificate_secret if auth and auth.tls else None
 
 
-def client_ca_secret(spec: Mapping[str, Any]) -> tuple[str, str] | None:
-    ref = (auth_spec(spec).get("tls") or {}).get("clientCASecret") or {}
-    return (ref["name"], ref.get("key") or CA_KEY) if ref.get("name") else None
+def client_ca_secret(spec: ServerSpec) -> tuple[str, str] | None:
+    auth = auth_of(spec)
+    ref = auth.tls.client_ca_secret if auth and auth.tls else None
+    return (ref.name, ref.key) if ref and ref.name else None
 
 
-def operator_certificate_secret(spec: Mapping[str, Any]) -> str | None:
-    return (auth_spec(spec).get("tls") or {}).get("operatorCertificateSecret") or None
+def operator_certificate_secret(spec: ServerSpec) -> str | None:
+    auth = auth_of(spec)
+    return (auth.tls.operator_certificate_secret or None) if auth and auth.tls else None
 
 
-def server_flags(spec: Mapping[str, Any]) -> list[str]:
+def server_flags(spec: ServerSpec) -> list[str]:
     flags = []
     if token_secret(spec):
         flags.append(f"--auth-token-file={AUTH_DIR}/{TOKEN_KEY}")
@@ -71,7 +92,7 @@ def _secret_volume(volume: str, secret: str, items: list[tuple[str, str]]) -> di
     }
 
 
-def volumes_and_mounts(spec: Mapping[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def volumes_and_mounts(spec: ServerSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     volumes, mounts = [], []
     if token := token_secret(spec):
         volumes.append(_secret_volume("auth-token", token[0], [(token[1], TOKEN_KEY)]))
@@ -85,7 +106,7 @@ def volumes_and_mounts(spec: Mapping[str, Any]) -> tuple[list[dict[str, Any]], l
     return volumes, mounts
 
 
-def probe_port_and_scheme(spec: Mapping[str, Any]) -> tuple[str, str]:
+def probe_port_and_scheme(spec: ServerSpec) -> tuple[str, str]:
     """(port name, scheme) the kubelet probes: the HTTP port (HTTPS with TLS), or the plain metrics port
     when client certificates are required (the kubelet has none)."""
     if tls_secret(spec) and client_ca_secret(spec):

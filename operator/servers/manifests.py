@@ -2,8 +2,9 @@
 functions of the custom object, read through its typed spec (``api.server_types``): the defaults are the
 spec's, not restated here.
 
-The spec-level helpers also take the spec as the custom object's dict, parsed on the way in, for the callers
-that do not hold the typed spec yet (the controllers, ``render_memo``); that form goes when they do.
+``ports``, ``service_endpoint`` and the repository paths also take the spec as the custom object's dict, parsed
+on the way in, for the callers that do not hold the typed spec yet (the model controller, ``reconcile_parts``,
+``render_memo``); that form goes when they do.
 
 Each manifest is complete (the operator server-side-applies it), carries an owner reference to the
 InferenceServer (deletion cascades through the garbage collector) and the labels the operator uses to
@@ -17,7 +18,7 @@ from typing import Any
 
 from ..api import API_VERSION
 from ..api.server_spec import CONNECTION_DRAIN_SECONDS, EXIT_MARGIN_SECONDS, RESERVED_FLAGS
-from ..api.server_types import InferenceServerSpec, Probe, ServerFlags
+from ..api.server_types import InferenceServerSpec, Probe
 from ..api.typed import as_body, parse
 from ..replicas import server_auth
 from . import model_cache
@@ -105,21 +106,13 @@ def metadata(body: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def reserved_extra_args(spec: ServerSpec) -> list[str]:
-    """The extraArgs that set a flag the operator owns (empty when there are none). Reads ``spec.server``
-    only, so a dict spec need hold nothing else."""
-    if isinstance(spec, InferenceServerSpec):
-        flags = spec.server
-    else:
-        flags = parse(ServerFlags, spec.get("server"))
-    return [a for a in flags.extra_args if a.split("=", 1)[0] in RESERVED_FLAGS]
+def reserved_extra_args(spec: InferenceServerSpec) -> list[str]:
+    """The extraArgs that set a flag the operator owns (empty when there are none)."""
+    return [a for a in spec.server.extra_args if a.split("=", 1)[0] in RESERVED_FLAGS]
 
 
-def server_args(spec: ServerSpec) -> list[str]:
-    spec = typed_spec(spec)
+def server_args(spec: InferenceServerSpec) -> list[str]:
     flags = spec.server
-    # the modules not typed yet read the custom object's form of the spec
-    body = as_body(spec)
     p = ports(spec)
     args = [
         f"--model-repository={MODEL_REPOSITORY_MOUNT}",
@@ -136,50 +129,49 @@ def server_args(spec: ServerSpec) -> list[str]:
         args.append(f"--grpc-max-connection-age={age * 1000}")
     if flags.log_level:
         args.append(f"--log-level={flags.log_level}")
-    args += server_auth.server_flags(body)
+    args += server_auth.server_flags(spec)
     if spec.allowed_backends is not None:
         args.append(f"--allowed-backends={','.join(spec.allowed_backends)}")
     # a pool refuses op libraries from outside the model's folder unless it says otherwise (the standalone
     # server's default is Triton's, which loads them from anywhere)
     if not spec.allow_external_op_libraries:
         args.append("--allow-external-op-libraries=false")
-    args += model_cache.server_flags(body)
+    args += model_cache.server_flags(spec)
     reserved = set(reserved_extra_args(spec))
     return args + [a for a in flags.extra_args if a not in reserved]
 
 
-def grpc_max_connection_age_seconds(spec: ServerSpec) -> int:
+def grpc_max_connection_age_seconds(spec: InferenceServerSpec) -> int:
     """Half the preStop drain: a gRPC channel pinned to a pod that left the Service's endpoints gets a graceful
     GOAWAY and reconnects to another replica while the pod still serves, before the server stops (whose
     not-yet-dispatched calls would end CANCELLED); it also spreads channels over new replicas. 0: none."""
-    drain = typed_spec(spec).drain_seconds
+    drain = spec.drain_seconds
     return max(1, drain // 2) if drain > 0 else 0
 
 
-def shutdown_seconds(spec: ServerSpec) -> int:
-    return typed_spec(spec).server.shutdown_timeout_seconds
+def shutdown_seconds(spec: InferenceServerSpec) -> int:
+    return spec.server.shutdown_timeout_seconds
 
 
-def termination_grace_seconds(spec: ServerSpec) -> int:
+def termination_grace_seconds(spec: InferenceServerSpec) -> int:
     """preStop drain + the server's --connection-drain-seconds and --shutdown-timeout + a margin: the kubelet
     never kills a pod that is still finishing requests (a scale-down or rollout loses none)."""
-    spec = typed_spec(spec)
     return spec.drain_seconds + CONNECTION_DRAIN_SECONDS + shutdown_seconds(spec) + EXIT_MARGIN_SECONDS
 
 
-def pod_annotations(spec: ServerSpec) -> dict[str, str]:
+def pod_annotations(spec: InferenceServerSpec) -> dict[str, str]:
     """The conventional ``prometheus.io/*`` scrape annotations (Prometheus's own example ``kubernetes-pods``
     job and the community chart select pods by them), then the user's ``podAnnotations`` (which win)."""
     return {
         "prometheus.io/scrape": "true",
         "prometheus.io/port": str(ports(spec)["metrics"]),
         "prometheus.io/path": "/metrics",
-        **{k: str(v) for k, v in (typed_spec(spec).pod_annotations or {}).items()},
+        **{k: str(v) for k, v in (spec.pod_annotations or {}).items()},
     }
 
 
-def _probe(probe: Probe, path: str, spec_body: Mapping[str, Any]) -> dict[str, Any]:
-    port, scheme = server_auth.probe_port_and_scheme(spec_body)
+def _probe(probe: Probe, path: str, spec: InferenceServerSpec) -> dict[str, Any]:
+    port, scheme = server_auth.probe_port_and_scheme(spec)
     timing = {
         "periodSeconds": probe.period_seconds,
         "timeoutSeconds": probe.timeout_seconds,
@@ -208,14 +200,14 @@ def _scheduling(spec: InferenceServerSpec) -> dict[str, Any]:
     return {k: v for k, v in given.items() if v}
 
 
-def deployment(body: Mapping[str, Any], claim: str) -> dict[str, Any]:
+def deployment(body: Mapping[str, Any], claim: str, spec: InferenceServerSpec | None = None) -> dict[str, Any]:
     """The pool's Deployment; its pods mount ``claim`` (which reaches only their namespace's folder of the
-    volume) at ``spec.repository.subPath``, read-only."""
-    meta, spec = body["metadata"], InferenceServerSpec.from_body(body)
+    volume) at ``spec.repository.subPath``, read-only. ``spec``: the body's, typed, with the operator's pool
+    defaults (the controller parses it once per reconcile); parsed from ``body`` when not given."""
+    meta = body["metadata"]
+    spec = spec or InferenceServerSpec.from_body(body)
     name = meta["name"]
-    # the modules not typed yet read the custom object's form of the spec
-    spec_body = as_body(spec)
-    secret_volumes, secret_mounts = server_auth.volumes_and_mounts(spec_body)
+    secret_volumes, secret_mounts = server_auth.volumes_and_mounts(spec)
     drain = spec.drain_seconds
     container: dict[str, Any] = {
         "name": "server",
@@ -238,9 +230,9 @@ def deployment(body: Mapping[str, Any], claim: str) -> dict[str, Any]:
             {"name": "tmp", "mountPath": "/tmp"},
             *secret_mounts,
         ],
-        "livenessProbe": _probe(spec.probes.liveness, "/v2/health/live", spec_body),
-        "readinessProbe": _probe(spec.probes.readiness, "/v2/health/ready", spec_body),
-        "startupProbe": _probe(spec.probes.startup, "/v2/health/ready", spec_body),
+        "livenessProbe": _probe(spec.probes.liveness, "/v2/health/live", spec),
+        "readinessProbe": _probe(spec.probes.readiness, "/v2/health/ready", spec),
+        "startupProbe": _probe(spec.probes.startup, "/v2/health/ready", spec),
         # the endpoint is removed from the Service while the pod still serves; then SIGTERM drains
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(drain)]}}},
         "securityContext": {
@@ -293,18 +285,23 @@ def deployment(body: Mapping[str, Any], claim: str) -> dict[str, Any]:
 
 
 def service(
-    body: Mapping[str, Any], affinity: Mapping[str, Any] | None = None, *, by_uid: bool = True
+    body: Mapping[str, Any],
+    affinity: Mapping[str, Any] | None = None,
+    *,
+    by_uid: bool = True,
+    spec: InferenceServerSpec | None = None,
 ) -> dict[str, Any]:
     """The pool's Service; ``affinity``: a ``sessionAffinityConfig`` (ClientIP affinity, for sequence models:
     ``sequence_routing``), None for none. ``by_uid``: it selects on the pool's uid label too, which the caller
     turns on only once every pod of the pool carries it (a pool made before the label would otherwise serve
-    from no pod until its rollout ends: ``server_reconcile``)."""
+    from no pod until its rollout ends: ``server_reconcile``). ``spec``: the body's, typed (parsed when not
+    given)."""
     name = body["metadata"]["name"]
-    p = ports(InferenceServerSpec.from_body(body))
+    p = ports(spec or InferenceServerSpec.from_body(body))
     selector = selector_labels(name)
     if by_uid:
         selector[POOL_UID_LABEL] = str(body["metadata"]["uid"])
-    spec: dict[str, Any] = {
+    service_spec: dict[str, Any] = {
         "type": "ClusterIP",
         "selector": selector,
         "ports": [
@@ -324,5 +321,5 @@ def service(
         "sessionAffinity": "ClientIP" if affinity else "None",
     }
     if affinity:
-        spec["sessionAffinityConfig"] = dict(affinity)
-    return {"apiVersion": "v1", "kind": "Service", "metadata": metadata(body), "spec": spec}
+        service_spec["sessionAffinityConfig"] = dict(affinity)
+    return {"apiVersion": "v1", "kind": "Service", "metadata": metadata(body), "spec": service_spec}

@@ -7,21 +7,19 @@ quantity, as the pod's memory request is, and the server reads it in the same no
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from ..api.server_types import InferenceServerSpec
 
 
-def server_flags(spec: Mapping[str, Any]) -> list[str]:
+def server_flags(spec: InferenceServerSpec) -> list[str]:
     """The server flags for ``spec.modelCache`` (none without it)."""
-    cache = spec.get("modelCache")
+    cache = spec.model_cache
     if cache is None:
         return []
     flags = ["--model-load-on-demand=true"]
-    budget = cache.get("memoryBudget")
-    if budget not in (None, 0, "0", ""):
-        flags.append(f"--model-cache-memory-budget={budget}")
-    if cache.get("idleUnloadSeconds"):
-        flags.append(f"--model-idle-unload-seconds={int(cache['idleUnloadSeconds'])}")
-    if cache.get("loadTimeoutSeconds"):
-        flags.append(f"--model-load-timeout={int(cache['loadTimeoutSeconds'])}")
+    if cache.memory_budget not in (None, 0, "0", ""):
+        flags.append(f"--model-cache-memory-budget={cache.memory_budget}")
+    if cache.idle_unload_seconds:
+        flags.append(f"--model-idle-unload-seconds={int(cache.idle_unload_seconds)}")
+    if cache.load_timeout_seconds:
+        flags.append(f"--model-load-timeout={int(cache.load_timeout_seconds)}")
     return flags

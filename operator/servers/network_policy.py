@@ -23,6 +23,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..api.server_types import InferenceServerSpec
+
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
 
 
@@ -50,29 +52,28 @@ def _namespace(name: str) -> dict[str, Any]:
     return {"namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: name}}}
 
 
-def enabled(spec: Mapping[str, Any]) -> bool:
-    return bool((spec.get("networkPolicy") or {}).get("enabled", True))
+def enabled(spec: InferenceServerSpec) -> bool:
+    return spec.network_policy.enabled
 
 
 def network_policy(
-    body: Mapping[str, Any],
+    spec: InferenceServerSpec,
     ports: Mapping[str, int],
     selector: Mapping[str, str],
     metadata: Mapping[str, Any],
     context: PolicyContext,
 ) -> dict[str, Any]:
-    spec = body["spec"]
     callers: list[dict[str, Any]] = [{"podSelector": {}}]  # the server's own namespace
     if context.operator_namespace:
         operator: dict[str, Any] = _namespace(context.operator_namespace)
         if context.operator_labels:
             operator["podSelector"] = {"matchLabels": dict(context.operator_labels)}
         callers.append(operator)
-    if int((spec.get("autoscaling") or {}).get("minReplicas", 1)) == 0:
+    if spec.autoscaling is not None and spec.autoscaling.min_replicas == 0:
         interceptor = _namespace(context.interceptor_namespace)
         interceptor["podSelector"] = {"matchLabels": dict(context.interceptor_labels)}
         callers.append(interceptor)
-    callers += [dict(peer) for peer in (spec.get("networkPolicy") or {}).get("allowFrom") or ()]
+    callers += [dict(peer) for peer in spec.network_policy.allow_from or ()]
     ingress: list[dict[str, Any]] = [
         {
             "from": callers,

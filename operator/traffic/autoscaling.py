@@ -55,7 +55,7 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from ..api import API_VERSION, status
-from ..api.server_spec import DEFAULT_CONCURRENCY, DEFAULT_IDLE_SECONDS
+from ..api.server_types import Auth, Autoscaling, InferenceServerSpec, Prometheus, ScaleToZero, Target
 from ..servers import manifests
 from . import route_hosts as route_hosts_rules
 from .route_hosts import RouteDomains
@@ -64,8 +64,6 @@ KEDA_GROUP = "keda.sh"
 KEDA_VERSION = "v1alpha1"
 SCALED_OBJECTS = "scaledobjects"
 KEDA_API_VERSION = f"{KEDA_GROUP}/{KEDA_VERSION}"
-DEFAULT_WINDOW = "1m"
-DEFAULT_POLLING_SECONDS = 15
 CONDITION = "AutoscalingReady"
 SCALE_TO_ZERO = "ScaleToZero"
 HTTP_GROUP = "http.keda.sh"
@@ -92,7 +90,6 @@ SIGNALS = {
     "CPU": Signal("percent of the CPU request", "80", "AverageValue", ""),
     "GPU": Signal("percent", "80", "Value", "nv_gpu_utilization"),
 }
-DEFAULT_SIGNAL = "QueueDurationPerRequest"
 _QUANTITY = re.compile(r"^([+-]?[0-9.]+)([a-zA-Z]*)$")
 _SUFFIX = {
     "": Decimal(1),
@@ -132,14 +129,13 @@ def _number(d: Decimal) -> str:
     return text.rstrip("0").rstrip(".") if "." in text else text
 
 
-def target(autoscaling: Mapping[str, Any]) -> tuple[str, Signal, Decimal]:
-    t = autoscaling.get("target") or {}
-    name = t.get("metric", DEFAULT_SIGNAL)
-    signal = SIGNALS[name]
-    value = quantity(t.get("value", signal.default))
+def target(autoscaling: Autoscaling) -> tuple[str, Signal, Decimal]:
+    t = autoscaling.target or Target()
+    signal = SIGNALS[t.metric]
+    value = quantity(signal.default if t.value is None else t.value)
     if value <= 0:
         raise AutoscalingError("InvalidTarget", f"autoscaling.target.value must be positive, got {value}")
-    return name, signal, value
+    return t.metric, signal, value
 
 
 def pool_selector(namespace: str, name: str) -> str:
@@ -151,9 +147,9 @@ def _label(pod_label: str) -> str:
     return re.sub(r"[^a-zA-Z0-9_]", "_", pod_label)
 
 
-def cpu_request_cores(spec: Mapping[str, Any]) -> Decimal:
-    resources = spec.get("resources") or {}
-    cpu = (resources.get("requests") or {}).get("cpu") or (resources.get("limits") or {}).get("cpu")
+def cpu_request_cores(spec: InferenceServerSpec) -> Decimal:
+    resources = spec.resources
+    cpu = (resources.requests or {}).get("cpu") or (resources.limits or {}).get("cpu")
     if cpu is None:
         raise AutoscalingError(
             "NoCPURequest",
@@ -162,18 +158,18 @@ def cpu_request_cores(spec: Mapping[str, Any]) -> Decimal:
     return quantity(cpu)
 
 
-def keda_trigger(namespace: str, name: str, spec: Mapping[str, Any], server_address: str) -> dict[str, Any]:
+def keda_trigger(namespace: str, name: str, spec: InferenceServerSpec, server_address: str) -> dict[str, Any]:
     """The Prometheus trigger: the signal's query (or ``prometheus.query``) and its threshold."""
-    autoscaling = spec["autoscaling"]
-    prom = autoscaling.get("prometheus") or {}
+    autoscaling = _autoscaling(spec)
+    prom = autoscaling.prometheus or Prometheus()
     metric, signal, value = target(autoscaling)
     sel = pool_selector(namespace, name)
-    w = prom.get("window") or DEFAULT_WINDOW
+    w = prom.window
     metric_type = signal.metric_type
     threshold = value
-    if prom.get("query"):
-        query = prom["query"]
-        metric_type = prom.get("metricType", "AverageValue")
+    if prom.query:
+        query = prom.query
+        metric_type = prom.metric_type
         trigger_name = "custom-query"
     elif metric == "QueueDurationPerRequest":
         query = (
@@ -204,22 +200,29 @@ def keda_trigger(namespace: str, name: str, spec: Mapping[str, Any], server_addr
     }
 
 
-def scales_to_zero(autoscaling: Mapping[str, Any]) -> bool:
-    return int(autoscaling.get("minReplicas", 1)) == 0
+def _autoscaling(spec: InferenceServerSpec) -> Autoscaling:
+    """``spec.autoscaling`` of a pool the caller knows has one."""
+    if spec.autoscaling is None:
+        raise ValueError("the InferenceServer has no spec.autoscaling")
+    return spec.autoscaling
 
 
-def scale_to_zero_refusal(spec: Mapping[str, Any]) -> AutoscalingError | None:
+def scales_to_zero(autoscaling: Autoscaling) -> bool:
+    return autoscaling.min_replicas == 0
+
+
+def scale_to_zero_refusal(spec: InferenceServerSpec) -> AutoscalingError | None:
     """Why a pool may not scale to zero through the shared interceptor (the CRD's CEL rules say the same; this
     holds for objects an older CRD admitted): without a token anyone who reaches the interceptor reaches the
     pool, and the interceptor cannot speak TLS to it."""
-    auth = spec.get("auth") or {}
-    if auth.get("tls"):
+    auth = spec.auth or Auth()
+    if auth.tls:
         return AutoscalingError(
             "ScaleToZeroNeedsPlainText",
             "minReplicas 0 cannot be used with auth.tls: KEDA's HTTP add-on interceptor speaks plain HTTP and h2c "
             "to the pool; use minReplicas 1 or more, or terminate TLS in front of the interceptor",
         )
-    if not auth.get("tokenSecret"):
+    if not auth.token_secret:
         return AutoscalingError(
             "ScaleToZeroNeedsToken",
             "minReplicas 0 needs auth.tokenSecret: requests come through KEDA's shared HTTP add-on interceptor, "
@@ -228,9 +231,9 @@ def scale_to_zero_refusal(spec: Mapping[str, Any]) -> AutoscalingError | None:
     return None
 
 
-def route_hosts(namespace: str, name: str, autoscaling: Mapping[str, Any]) -> list[str]:
+def route_hosts(namespace: str, name: str, autoscaling: Autoscaling) -> list[str]:
     """Host names the interceptor routes to the pool: ``scaleToZero.hosts``, then the Service's DNS names."""
-    extra = (autoscaling.get("scaleToZero") or {}).get("hosts") or []
+    extra = autoscaling.scale_to_zero.hosts if autoscaling.scale_to_zero else ()
     own = [f"{name}.{namespace}", f"{name}.{namespace}.svc", f"{name}.{namespace}.svc.cluster.local"]
     return list(dict.fromkeys([*extra, *own]))
 
@@ -240,14 +243,17 @@ def route_names(name: str) -> dict[str, str]:
     return {"http": f"{name}-http", "grpc": f"{name}-grpc"}
 
 
-def interceptor_routes(body: Mapping[str, Any], hosts: list[str] | None = None) -> list[dict[str, Any]]:
+def interceptor_routes(
+    body: Mapping[str, Any], hosts: list[str] | None = None, spec: InferenceServerSpec | None = None
+) -> list[dict[str, Any]]:
     """The add-on's routes to the pool's HTTP and gRPC ports (gRPC by its path prefix, under the same hosts);
-    ``hosts`` are the names the pool may have (``checked_hosts``), default all it asks for."""
-    meta, autoscaling = body["metadata"], body["spec"]["autoscaling"]
+    ``hosts`` are the names the pool may have (``checked_hosts``), default all it asks for; ``spec``: the body's,
+    typed (parsed here when the caller does not hold it)."""
+    meta, autoscaling = body["metadata"], _autoscaling(spec or InferenceServerSpec.from_body(body))
     ns, name = meta["namespace"], meta["name"]
     if hosts is None:
         hosts = route_hosts(ns, name, autoscaling)
-    per_replica = int((autoscaling.get("scaleToZero") or {}).get("concurrencyPerReplica", DEFAULT_CONCURRENCY))
+    per_replica = (autoscaling.scale_to_zero or ScaleToZero()).concurrency_per_replica
     routes = []
     for port, route in route_names(name).items():
         rule: dict[str, Any] = {"hosts": hosts}
@@ -285,21 +291,27 @@ def http_triggers(name: str, scaler_address: str) -> list[dict[str, Any]]:
     ]
 
 
-def scaled_object(body: Mapping[str, Any], server_address: str, scaler_address: str | None = None) -> dict[str, Any]:
-    """The ScaledObject; ``scaler_address``: the HTTP add-on's external scaler (needed for minReplicas 0)."""
-    meta, spec = body["metadata"], body["spec"]
-    autoscaling = spec["autoscaling"]
+def scaled_object(
+    body: Mapping[str, Any],
+    server_address: str,
+    scaler_address: str | None = None,
+    spec: InferenceServerSpec | None = None,
+) -> dict[str, Any]:
+    """The ScaledObject; ``scaler_address``: the HTTP add-on's external scaler (needed for minReplicas 0);
+    ``spec``: the body's, typed (parsed here when the caller does not hold it)."""
+    meta = body["metadata"]
+    spec = spec or InferenceServerSpec.from_body(body)
+    autoscaling = _autoscaling(spec)
     hpa_config: dict[str, Any] = {"name": keda_hpa_name(meta["name"])}
-    if autoscaling.get("behavior"):
-        hpa_config["behavior"] = autoscaling["behavior"]
+    if autoscaling.behavior:
+        hpa_config["behavior"] = dict(autoscaling.behavior)
     triggers = [keda_trigger(meta["namespace"], meta["name"], spec, server_address)]
     zero: dict[str, Any] = {}
     if scales_to_zero(autoscaling):
         if not scaler_address:
             raise AutoscalingError("NoHTTPScaler", "minReplicas 0 needs the HTTP add-on's external scaler address")
         triggers += http_triggers(meta["name"], scaler_address)
-        idle = (autoscaling.get("scaleToZero") or {}).get("idleSeconds", DEFAULT_IDLE_SECONDS)
-        zero["cooldownPeriod"] = int(idle)
+        zero["cooldownPeriod"] = (autoscaling.scale_to_zero or ScaleToZero()).idle_seconds
     return {
         "apiVersion": KEDA_API_VERSION,
         "kind": "ScaledObject",
@@ -313,9 +325,9 @@ def scaled_object(body: Mapping[str, Any], server_address: str, scaler_address: 
         },
         "spec": {
             "scaleTargetRef": {"apiVersion": API_VERSION, "kind": "InferenceServer", "name": meta["name"]},
-            "minReplicaCount": int(autoscaling.get("minReplicas", 1)),
-            "maxReplicaCount": int(autoscaling["maxReplicas"]),
-            "pollingInterval": int(autoscaling.get("pollingIntervalSeconds", DEFAULT_POLLING_SECONDS)),
+            "minReplicaCount": autoscaling.min_replicas,
+            "maxReplicaCount": autoscaling.max_replicas,
+            "pollingInterval": autoscaling.polling_interval_seconds,
             **zero,
             "advanced": {"horizontalPodAutoscalerConfig": hpa_config},
             "triggers": triggers,
@@ -327,11 +339,11 @@ def keda_hpa_name(name: str) -> str:
     return f"keda-hpa-{name}"
 
 
-def hpa_metrics(spec: Mapping[str, Any]) -> list[dict[str, Any]]:
+def hpa_metrics(spec: InferenceServerSpec) -> list[dict[str, Any]]:
     """HPA mode: ``metrics`` verbatim, else the signal as the metric an adapter serves."""
-    autoscaling = spec["autoscaling"]
-    if autoscaling.get("metrics"):
-        return [dict(m) for m in autoscaling["metrics"]]
+    autoscaling = _autoscaling(spec)
+    if autoscaling.metrics:
+        return [dict(m) for m in autoscaling.metrics]
     metric, signal, value = target(autoscaling)
     if metric == "CPU":
         return [
@@ -353,17 +365,19 @@ def hpa_metrics(spec: Mapping[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
-def hpa(body: Mapping[str, Any]) -> dict[str, Any]:
-    meta, spec = body["metadata"], body["spec"]
-    autoscaling = spec["autoscaling"]
+def hpa(body: Mapping[str, Any], spec: InferenceServerSpec | None = None) -> dict[str, Any]:
+    """The plain HPA; ``spec``: the body's, typed (parsed here when the caller does not hold it)."""
+    meta = body["metadata"]
+    spec = spec or InferenceServerSpec.from_body(body)
+    autoscaling = _autoscaling(spec)
     hpa_spec: dict[str, Any] = {
         "scaleTargetRef": {"apiVersion": API_VERSION, "kind": "InferenceServer", "name": meta["name"]},
-        "minReplicas": int(autoscaling.get("minReplicas", 1)),
-        "maxReplicas": int(autoscaling["maxReplicas"]),
+        "minReplicas": autoscaling.min_replicas,
+        "maxReplicas": autoscaling.max_replicas,
         "metrics": hpa_metrics(spec),
     }
-    if autoscaling.get("behavior"):
-        hpa_spec["behavior"] = autoscaling["behavior"]
+    if autoscaling.behavior:
+        hpa_spec["behavior"] = dict(autoscaling.behavior)
     return {
         "apiVersion": "autoscaling/v2",
         "kind": "HorizontalPodAutoscaler",
@@ -436,9 +450,9 @@ class Autoscaler:
     def http_addon_installed(self) -> bool:
         return self._resource_served(HTTP_GROUP, HTTP_VERSION, ROUTES)
 
-    def choose(self, autoscaling: Mapping[str, Any]) -> str:
+    def choose(self, autoscaling: Autoscaling) -> str:
         """KEDA, HPA, or raises AutoscalingError saying why neither can be used."""
-        wanted = autoscaling.get("autoscaler", "Auto")
+        wanted = autoscaling.autoscaler
         if wanted == "HPA":
             return "HPA"
         if self.keda_installed():
@@ -454,13 +468,17 @@ class Autoscaler:
             "spec.autoscaling.autoscaler: HPA if your cluster serves the metric through an adapter of its own",
         )
 
-    def reconcile(self, body: Mapping[str, Any]) -> tuple[list[status.Condition], dict[str, Any] | None]:
+    def reconcile(
+        self, body: Mapping[str, Any], spec: InferenceServerSpec | None = None
+    ) -> tuple[list[status.Condition], dict[str, Any] | None]:
         """Apply or remove the autoscaling objects; return the conditions (AutoscalingReady, and ScaleToZero
-        when minReplicas is 0) and ``status.autoscaling``."""
-        meta, spec = body["metadata"], body["spec"]
+        when minReplicas is 0) and ``status.autoscaling``. ``spec``: the body's, typed (the controller parses
+        it once per reconcile; parsed here when not given)."""
+        meta = body["metadata"]
+        spec = spec or InferenceServerSpec.from_body(body)
         ns, name, uid = meta["namespace"], meta["name"], meta["uid"]
-        autoscaling = spec.get("autoscaling")
-        if not autoscaling:
+        autoscaling = spec.autoscaling
+        if autoscaling is None:
             self._remove(ns, name, uid, keep=None)
             return [], None
         zero = scales_to_zero(autoscaling)
@@ -482,19 +500,19 @@ class Autoscaler:
                     "KEDA's HTTP add-on (v0.15 or later), or set minReplicas to 1 or more",
                 )
             if mode == "KEDA":
-                address = (autoscaling.get("prometheus") or {}).get("serverAddress") or self.prometheus_url
+                address = (autoscaling.prometheus or Prometheus()).server_address or self.prometheus_url
                 if not address:
                     raise AutoscalingError(
                         "NoPrometheus",
                         "KEDA needs a Prometheus to query: set spec.autoscaling.prometheus.serverAddress "
                         "or the operator's --prometheus-url (chart value keda.prometheusAddress)",
                     )
-                obj = scaled_object(body, address, self.http_scaler_address if zero else None)
+                obj = scaled_object(body, address, self.http_scaler_address if zero else None, spec)
                 if zero:
-                    hosts, host_problems = self.checked_hosts(body)
-                    routes = interceptor_routes(body, hosts)
+                    hosts, host_problems = self.checked_hosts(body, spec)
+                    routes = interceptor_routes(body, hosts, spec)
             else:
-                obj = hpa(body)
+                obj = hpa(body, spec)
         except AutoscalingError as exc:
             self._remove(ns, name, uid, keep=None)
             return self._refused(zero, exc.reason, exc.message)
@@ -517,10 +535,12 @@ class Autoscaler:
         self._remove(ns, name, uid, keep=mode, keep_routes=bool(routes))
         return self._observe(ns, name, mode, obj, routes, host_problems)
 
-    def checked_hosts(self, body: Mapping[str, Any]) -> tuple[list[str], list[tuple[str, str]]]:
+    def checked_hosts(
+        self, body: Mapping[str, Any], spec: InferenceServerSpec | None = None
+    ) -> tuple[list[str], list[tuple[str, str]]]:
         """The host names the pool's routes get, and why each name it asked for and does not get was left out:
         a name its namespace may not route (``route_hosts.refusal``), or one another route already claims."""
-        meta, autoscaling = body["metadata"], body["spec"]["autoscaling"]
+        meta, autoscaling = body["metadata"], _autoscaling(spec or InferenceServerSpec.from_body(body))
         ns, name = meta["namespace"], meta["name"]
         domains = self.route_domains.domains(ns)
         problems: list[tuple[str, str]] = []  # (condition reason, message)

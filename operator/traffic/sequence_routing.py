@@ -27,6 +27,7 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from ..api.server_types import InferenceServerSpec
 from ..api.status import Condition
 
 #: Triton's default max_sequence_idle_microseconds (1 s)
@@ -44,9 +45,9 @@ def sequence_models(models: Iterable[Mapping[str, Any]], server: str) -> list[Ma
     ]
 
 
-def affinity(server_spec: Mapping[str, Any], stateful: list[Mapping[str, Any]]) -> dict[str, Any] | None:
+def affinity(server_spec: InferenceServerSpec, stateful: list[Mapping[str, Any]]) -> dict[str, Any] | None:
     """The Service's ``sessionAffinityConfig`` to set (None: no affinity)."""
-    mode = server_spec.get("sessionAffinity") or "Auto"
+    mode = server_spec.session_affinity
     if mode == "None" or (mode == "Auto" and not stateful):
         return None
     idle_us = max(
@@ -57,20 +58,20 @@ def affinity(server_spec: Mapping[str, Any], stateful: list[Mapping[str, Any]]) 
     return {"clientIP": {"timeoutSeconds": timeout}}
 
 
-def may_run_replicas(server_spec: Mapping[str, Any]) -> bool:
+def may_run_replicas(server_spec: InferenceServerSpec) -> bool:
     """Whether the pool may run more than one replica (its replicas or its autoscaler's maximum)."""
-    scaling = server_spec.get("autoscaling") or {}
-    return int(server_spec.get("replicas", 1)) > 1 or int(scaling.get("maxReplicas") or 0) > 1
+    scaling = server_spec.autoscaling
+    return server_spec.replicas > 1 or (scaling is not None and scaling.max_replicas > 1)
 
 
 def model_condition(
-    model_spec: Mapping[str, Any], server_spec: Mapping[str, Any], through_interceptor: bool = False
+    model_spec: Mapping[str, Any], server_spec: InferenceServerSpec, through_interceptor: bool = False
 ) -> Condition | None:
     """``SequenceRouting`` for a sequence model (None for any other); ``through_interceptor``: the pool scales
     to zero, so its requests come from KEDA's HTTP add-on interceptor."""
     if model_spec.get("sequenceBatching") is None:
         return None
-    mode = server_spec.get("sessionAffinity") or "Auto"
+    mode = server_spec.session_affinity
     if not may_run_replicas(server_spec):
         return Condition(
             "SequenceRouting",

@@ -5,6 +5,8 @@ from __future__ import annotations
 from decimal import Decimal
 
 import pytest
+from kubeinfer.operator.api.server_types import Autoscaling, InferenceServerSpec
+from kubeinfer.operator.api.typed import parse
 from kubeinfer.operator.traffic import autoscaling
 
 PROM = "http://prometheus.monitoring.svc:9090"
@@ -174,20 +176,24 @@ class FakeDiscovery:
         return self.served
 
 
+def _autoscaling(**fields):
+    return parse(Autoscaling, {"maxReplicas": 2, **fields})
+
+
 def test_choice_of_autoscaler():
     keda = autoscaling.Autoscaler(FakeDiscovery(True))
-    assert keda.choose({}) == "KEDA"
-    assert keda.choose({"autoscaler": "HPA"}) == "HPA"
-    keda.choose({})
+    assert keda.choose(_autoscaling()) == "KEDA"
+    assert keda.choose(_autoscaling(autoscaler="HPA")) == "HPA"
+    keda.choose(_autoscaling())
     assert keda.kube.calls == 1  # discovery is cached
     none = autoscaling.Autoscaler(FakeDiscovery(False))
     with pytest.raises(autoscaling.AutoscalingError) as err:
-        none.choose({})
+        none.choose(_autoscaling())
     assert err.value.reason == "NoMetricsAdapter" and "autoscaler: HPA" in err.value.message
     with pytest.raises(autoscaling.AutoscalingError) as err:
-        none.choose({"autoscaler": "KEDA"})
+        none.choose(_autoscaling(autoscaler="KEDA"))
     assert err.value.reason == "KEDANotInstalled"
-    assert none.choose({"autoscaler": "HPA"}) == "HPA"
+    assert none.choose(_autoscaling(autoscaler="HPA")) == "HPA"
 
 
 # ---- scale to zero: KEDA's HTTP add-on ------------------------------------------------------------------
@@ -292,7 +298,7 @@ def test_scale_to_zero_needs_a_token_and_plain_text(zero_body, auth, reason):
     zero_body["spec"].pop("auth")
     if auth is not None:
         zero_body["spec"]["auth"] = auth
-    refusal = autoscaling.scale_to_zero_refusal(zero_body["spec"])
+    refusal = autoscaling.scale_to_zero_refusal(InferenceServerSpec.from_body(zero_body))
     assert (refusal.reason if refusal else None) == reason
     if reason:
         conditions, report = autoscaling.Autoscaler(Discovery("scaledobjects.keda.sh")).reconcile(zero_body)

@@ -6,6 +6,7 @@ import re
 
 import pytest
 from kubeinfer.operator.api import server_spec
+from kubeinfer.operator.api.server_types import InferenceServerSpec
 from kubeinfer.operator.servers import manifests, network_policy
 
 
@@ -197,7 +198,7 @@ def test_extra_args_may_not_set_what_the_operator_sets(server_body):
     server_body["spec"]["server"] = {
         "extraArgs": ["--model-repository=/", "--auth-token-file", "/dev/null", "--log-verbose=1", "--http-port=1"]
     }
-    assert manifests.reserved_extra_args(server_body["spec"]) == [
+    assert manifests.reserved_extra_args(InferenceServerSpec.from_body(server_body)) == [
         "--model-repository=/",
         "--auth-token-file",
         "--http-port=1",
@@ -231,7 +232,7 @@ def test_network_policy(server_body):
     context = network_policy.PolicyContext("kubeinfer-system", {"app.kubernetes.io/name": "op"}, ("monitoring",))
     server_body["spec"]["networkPolicy"] = {"allowFrom": [{"namespaceSelector": {"matchLabels": {"team": "a"}}}]}
     policy = network_policy.network_policy(
-        server_body,
+        InferenceServerSpec.from_body(server_body),
         manifests.ports(server_body["spec"]),
         manifests.selector_labels("gpu-pool"),
         manifests.metadata(server_body),
@@ -256,12 +257,16 @@ def test_network_policy(server_body):
         "ports": [{"protocol": "TCP", "port": 8002}],
     }
     no_monitoring = network_policy.network_policy(
-        server_body, manifests.ports(server_body["spec"]), {}, {}, network_policy.PolicyContext()
+        InferenceServerSpec.from_body(server_body),
+        manifests.ports(server_body["spec"]),
+        {},
+        {},
+        network_policy.PolicyContext(),
     )
     assert len(no_monitoring["spec"]["ingress"]) == 1  # metrics: nobody but the node's probes
-    assert network_policy.enabled(server_body["spec"])
+    assert network_policy.enabled(InferenceServerSpec.from_body(server_body))
     server_body["spec"]["networkPolicy"]["enabled"] = False
-    assert not network_policy.enabled(server_body["spec"])
+    assert not network_policy.enabled(InferenceServerSpec.from_body(server_body))
 
 
 def test_a_pool_at_zero_lets_in_the_interceptors_pods_only(server_body):
@@ -271,7 +276,9 @@ def test_a_pool_at_zero_lets_in_the_interceptors_pods_only(server_body):
     ports = manifests.ports(server_body["spec"])
 
     def callers() -> list:
-        return network_policy.network_policy(server_body, ports, {}, {}, context)["spec"]["ingress"][0]["from"]
+        return network_policy.network_policy(InferenceServerSpec.from_body(server_body), ports, {}, {}, context)[
+            "spec"
+        ]["ingress"][0]["from"]
 
     assert callers() == [{"podSelector": {}}]
     server_body["spec"]["autoscaling"] = {"minReplicas": 0, "maxReplicas": 2}
@@ -289,7 +296,7 @@ def test_pool_pods_reach_dns_and_the_admins_networks_only(server_body):
     metadata endpoint, the API server, other pods); --pool-egress-policy=false leaves egress open."""
     ports = manifests.ports(server_body["spec"])
     context = network_policy.PolicyContext(egress_cidrs=("203.0.113.0/24",))
-    spec = network_policy.network_policy(server_body, ports, {}, {}, context)["spec"]
+    spec = network_policy.network_policy(InferenceServerSpec.from_body(server_body), ports, {}, {}, context)["spec"]
     assert spec["egress"] == [
         {
             "to": [
@@ -302,7 +309,9 @@ def test_pool_pods_reach_dns_and_the_admins_networks_only(server_body):
         },
         {"to": [{"ipBlock": {"cidr": "203.0.113.0/24"}}]},
     ]
-    open_egress = network_policy.network_policy(server_body, ports, {}, {}, network_policy.PolicyContext(egress=False))
+    open_egress = network_policy.network_policy(
+        InferenceServerSpec.from_body(server_body), ports, {}, {}, network_policy.PolicyContext(egress=False)
+    )
     assert open_egress["spec"]["policyTypes"] == ["Ingress"] and "egress" not in open_egress["spec"]
 
 

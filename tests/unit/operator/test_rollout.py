@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import pytest
+from kubeinfer.operator.api.server_types import InferenceServerSpec
 from kubeinfer.operator.api.status import ModelObservation, ReplicaView, model_status, version_states
 from kubeinfer.operator.models.render import render_model
 from kubeinfer.operator.servers import model_cache
@@ -205,7 +206,14 @@ def test_only_requests_the_weights_routed_are_judged() -> None:
 
 
 def test_model_cache_flags() -> None:
-    spec = {"image": "x", "modelCache": {"memoryBudget": "4Gi", "idleUnloadSeconds": 600, "loadTimeoutSeconds": 30}}
+    spec = InferenceServerSpec.from_body(
+        {
+            "spec": {
+                "image": "x",
+                "modelCache": {"memoryBudget": "4Gi", "idleUnloadSeconds": 600, "loadTimeoutSeconds": 30},
+            }
+        }
+    )
     args = server_args(spec)
     assert model_cache.server_flags(spec) == [
         "--model-load-on-demand=true",
@@ -214,9 +222,14 @@ def test_model_cache_flags() -> None:
         "--model-load-timeout=30",
     ]
     assert all(f in args for f in model_cache.server_flags(spec))
-    assert model_cache.server_flags({"modelCache": {}}) == ["--model-load-on-demand=true"]
-    assert model_cache.server_flags({}) == []
-    assert reserved_extra_args({"server": {"extraArgs": ["--model-cache-memory-budget=1Gi"]}})
+    bare = {"image": "x"}
+    assert model_cache.server_flags(InferenceServerSpec.from_body({"spec": {**bare, "modelCache": {}}})) == [
+        "--model-load-on-demand=true"
+    ]
+    assert model_cache.server_flags(InferenceServerSpec.from_body({"spec": bare})) == []
+    assert reserved_extra_args(
+        InferenceServerSpec.from_body({"spec": {**bare, "server": {"extraArgs": ["--model-cache-memory-budget=1Gi"]}}})
+    )
 
 
 def test_a_model_loaded_on_demand_is_ready() -> None:

@@ -102,7 +102,7 @@ class Routes:
 def _pool(ns: str, name: str, uid: str, hosts: list[str]) -> dict[str, Any]:
     return {
         "metadata": {"namespace": ns, "name": name, "uid": uid},
-        "spec": {"autoscaling": {"minReplicas": 0, "scaleToZero": {"hosts": hosts}}},
+        "spec": {"image": "x", "autoscaling": {"minReplicas": 0, "maxReplicas": 2, "scaleToZero": {"hosts": hosts}}},
     }
 
 
