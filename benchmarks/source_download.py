@@ -11,11 +11,14 @@ own, alternating:
 * **oci**: the operator's path (``OciSource``, the layer checked against its digest) against ``oras pull``
   (the ORAS CLI, which checks digests too).
 
+``--before REV`` also measures the downloader as it was at git revision ``REV`` (its ``server/sources``,
+extracted with ``git archive``), alternating in the same rounds: a before/after from one run on one load.
+
 Printed and written: medians of ``--rounds`` of throughput (MiB/s), the ratio ours/theirs, and each
 process's RSS growth during the download (peak minus before). Results:
 ``benchmarks/results/source-download-<time>.json``. A measurement, never a test: the machine is shared.
 
-    .venv/bin/python benchmarks/source_download.py --size-mib 1024 --rounds 3
+    .venv/bin/python benchmarks/source_download.py --size-mib 1024 --rounds 3 [--before HEAD]
 """
 
 from __future__ import annotations
@@ -65,27 +68,29 @@ if job["kind"] == "boto3":
                 digest.update(block)
         assert digest.hexdigest() == job["sha256"]
 else:
-    from kubeinfer.server.sources.client import StoreClient
-    from kubeinfer.server.sources.egress import AddressPolicy, parse_networks
-    from kubeinfer.server.sources.transfer import Limits, download
-    client = StoreClient(AddressPolicy(allowed=parse_networks(["127.0.0.0/8"])))
+    import importlib
+    if job.get("before"):  # an earlier revision's server/sources, extracted as the package before_sources
+        sys.path.insert(0, job["before"])
+    package = "before_sources" if job.get("before") else "kubeinfer.server.sources"
+    def module(name):
+        return importlib.import_module(f"{package}.{name}")
+    egress, transfer, uris = module("egress"), module("transfer"), module("uris")
+    client = module("client").StoreClient(egress.AddressPolicy(allowed=egress.parse_networks(["127.0.0.0/8"])))
     if job["kind"] == "ours-s3":
         from botocore.credentials import Credentials
-        from kubeinfer.server.sources.s3 import S3Endpoint, S3Source
-        from kubeinfer.server.sources.uris import parse_s3
-        location = parse_s3(f"s3://{job['bucket']}/{job['object']}")
-        source = S3Source(client, location, S3Endpoint.of(location, job["endpoint"], None, None),
-                          Credentials(job["key"], job["secret"]), "")
+        s3 = module("s3")
+        location = uris.parse_s3(f"s3://{job['bucket']}/{job['object']}")
+        source = s3.S3Source(client, location, s3.S3Endpoint.of(location, job["endpoint"], None, None),
+                             Credentials(job["key"], job["secret"]), "")
         before, started = start()
         (file,) = source.files(job["sha256"], 10, 1 << 40)
     else:
-        from kubeinfer.server.sources.oci import OciSource
-        from kubeinfer.server.sources.uris import parse_oci
-        source = OciSource(client, parse_oci(job["uri"]), "", plain_http=True)
+        source = module("oci").OciSource(client, uris.parse_oci(job["uri"]), "", plain_http=True)
         before, started = start()
         (file,) = source.files(10, 1 << 40)
     fd = os.open(job["out"], os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-    download(source, file, fd, Limits(max_bytes=1 << 40, deadline_at=time.monotonic() + 3600), "bench")
+    limits = transfer.Limits(max_bytes=1 << 40, deadline_at=time.monotonic() + 3600)
+    transfer.download(source, file, fd, limits, "bench")
     os.close(fd)
 seconds = time.monotonic() - started
 print(json.dumps({"seconds": seconds, "rss_growth_mib": (kib("VmHWM") - before) / 1024}))
@@ -95,6 +100,15 @@ print(json.dumps({"seconds": seconds, "rss_growth_mib": (kib("VmHWM") - before) 
 def child(job: dict[str, Any]) -> dict[str, Any]:
     out = subprocess.run([sys.executable, "-c", CHILD, json.dumps(job)], capture_output=True, text=True, check=True)
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def extract_before(rev: str, into: Path) -> Path:
+    """``server/sources`` at ``rev`` as the package ``before_sources`` under ``into`` (its imports are relative)."""
+    archive = subprocess.run(["git", "archive", rev, "server/sources"], cwd=ROOT, capture_output=True, check=True)
+    into.mkdir(parents=True)
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
+    (into / "server" / "sources").rename(into / "before_sources")
+    return into
 
 
 def oras_pull(registry: Any, ref: str, out_dir: Path) -> dict[str, Any]:
@@ -115,25 +129,30 @@ def main() -> int:
     parser.add_argument("--size-mib", type=int, default=1024)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--skip-oci", action="store_true")
+    parser.add_argument("--before", metavar="REV", help="also measure server/sources as at this git revision")
     args = parser.parse_args()
     from tests.support.oci_registry import OciRegistry
     from tests.support.s3_store import S3Store
 
     report: dict[str, Any] = results_file.header() | {"size_mib": args.size_mib, "rounds": args.rounds}
+    if args.before:
+        report["before"] = subprocess.run(
+            ["git", "rev-parse", args.before], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout.strip()
     with tempfile.TemporaryDirectory(prefix="source-bench-") as tmp:
         work = Path(tmp)
+        before_dir = ""
+        if args.before:
+            before_dir = str(extract_before(args.before, work / "before"))
         blob = work / "model.bin"
         with blob.open("wb") as f:
             for _ in range(args.size_mib):
                 f.write(os.urandom(1 << 20))
         digest = hashlib.sha256(blob.read_bytes()).hexdigest()
-        runs: dict[str, list[dict[str, Any]]] = {
-            "ours-s3": [],
-            "boto3": [],
-            "boto3+sha256": [],
-            "ours-oci": [],
-            "oras": [],
-        }
+        runs: dict[str, list[dict[str, Any]]] = {"ours-s3": [], "boto3": [], "boto3+sha256": []}
+        runs |= {"before-s3": []} if args.before else {}
+        runs |= {"ours-oci": [], "oras": []} | ({"before-oci": []} if args.before else {})
+        s3_kinds = ("ours-s3", "boto3", "boto3+sha256") + (("before-s3",) if args.before else ())
         with S3Store(work / "s3") as store:
             s3 = store.client()
             s3.create_bucket(Bucket="bench")
@@ -142,9 +161,11 @@ def main() -> int:
             base = {"endpoint": store.endpoint, "key": key, "secret": secret, "bucket": "bench", "object": "model.bin"}
             base["sha256"] = digest
             for _ in range(args.rounds):
-                for kind in ("ours-s3", "boto3", "boto3+sha256"):
+                for kind in s3_kinds:
                     out = work / f"out-{kind}"
                     job = {**base, "kind": kind.split("+")[0], "out": str(out), "verify": kind.endswith("sha256")}
+                    if kind == "before-s3":
+                        job |= {"kind": "ours-s3", "before": before_dir}
                     result = child(job)
                     assert hashlib.sha256(out.read_bytes()).hexdigest() == digest, kind
                     out.unlink()
@@ -164,6 +185,11 @@ def main() -> int:
                     runs["oras"].append(theirs)
                     subprocess.run(["rm", "-rf", str(pulled)], check=True)
                     print("ours-oci", json.dumps(result), "oras", json.dumps(theirs), flush=True)
+                    if args.before:
+                        earlier = child({"kind": "ours-oci", "uri": uri, "out": str(out), "before": before_dir})
+                        out.unlink()
+                        runs["before-oci"].append(earlier)
+                        print("before-oci", json.dumps(earlier), flush=True)
     medians: dict[str, Any] = {}
     for kind, values in runs.items():
         if values:
@@ -179,6 +205,15 @@ def main() -> int:
     }
     if "oras" in medians:
         ratios["oci_ours_over_oras"] = round(medians["oras"]["seconds"] / medians["ours-oci"]["seconds"], 3)
+    for kind in ("s3", "oci"):
+        if f"before-{kind}" in medians and f"ours-{kind}" in medians:
+            ratios[f"{kind}_ours_over_before"] = round(
+                medians[f"before-{kind}"]["seconds"] / medians[f"ours-{kind}"]["seconds"], 3
+            )
+        if kind == "s3" and "before-s3" in medians:
+            ratios["s3_before_over_boto3"] = round(medians["boto3"]["seconds"] / medians["before-s3"]["seconds"], 3)
+        if kind == "oci" and "before-oci" in medians and "oras" in medians:
+            ratios["oci_before_over_oras"] = round(medians["oras"]["seconds"] / medians["before-oci"]["seconds"], 3)
     report |= {"runs": runs, "medians": medians, "throughput_ratios": ratios}
     path = results_file.write(report, "source-download")
     print(json.dumps({"medians": medians, "throughput_ratios": ratios}, indent=1))

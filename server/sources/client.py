@@ -2,8 +2,10 @@
 
 S3 requests are signed with botocore and OCI requests carry the registry's token, but neither library
 opens a connection: the signed request is sent by this client's httpcore pool, whose network backend is
-``guard.GuardedBackend``. A redirect (a registry sends blob downloads to a CDN) is followed hop by hop,
-each hop admitted like the first, and credentials are sent to the first hop's origin only.
+``guard.GuardedBackend``. The ranged reads of large files (``direct=True``) go out on the same backend by
+``direct.DirectGets``, which reads bodies without httpcore's copies. A redirect (a registry sends blob
+downloads to a CDN) is followed hop by hop, each hop admitted like the first, and credentials are sent to
+the first hop's origin only.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 import httpcore
 import httpx
 
+from .direct import DirectGets
 from .egress import AddressPolicy, EgressRefused, HostRules, literal_address, normal_host
 from .errors import REFUSED, UNAVAILABLE, SourceError
 from .guard import GuardedBackend, Resolver, failure_phrase, system_resolve
@@ -47,7 +50,8 @@ class Answer:
     status: int
     headers: dict[str, str]
     url: httpx.URL
-    stream: Iterator[bytes]
+    #: chunks of a ``direct`` answer are valid only until the next is asked for
+    stream: Iterator[bytes | memoryview]
 
     def header(self, name: str) -> str | None:
         return self.headers.get(name.lower())
@@ -91,9 +95,11 @@ class StoreClient:
             retries=0,
             network_backend=self.backend,
         )
+        self.direct = DirectGets(self.backend, context)
 
     def close(self) -> None:
         self.pool.close()
+        self.direct.close()
 
     def admit(self, url: httpx.URL, namespace: str, where: str) -> None:
         """The checks that need no connection: scheme, the namespace's hosts, an IP literal's class."""
@@ -123,14 +129,19 @@ class StoreClient:
         follow: bool = False,
         body: bytes = b"",
         timeout: float | None = None,
+        direct: bool = False,
     ) -> Iterator[Answer]:
         """Send one request (and follow up to MAX_REDIRECTS redirects when ``follow``); the answer streams.
 
         ``headers`` go to ``url``'s origin only: a redirect elsewhere is sent without them (a pre-signed
         location carries its own authorisation in its query). A request with a ``body`` (a token grant) is
-        never redirected. ``timeout`` shortens the client's own for this request."""
+        never redirected. ``timeout`` shortens the client's own for this request. ``direct``: a GET whose
+        body is large (a ranged read of a file), sent by ``DirectGets``; its chunks are valid only until the
+        next is read."""
         if body and follow:
             raise ValueError("a request with a body is not redirected")
+        if direct and (method != "GET" or body):
+            raise ValueError("only a GET without a body is sent directly")
         limit = min(timeout, self.timeout) if timeout else self.timeout
         first = url
         try:
@@ -140,19 +151,15 @@ class StoreClient:
                 sent = [(b"Host", url.netloc), (b"Accept-Encoding", b"identity"), (b"User-Agent", b"kubeinfer")]
                 if own:
                     sent += [(k.encode(), v.encode()) for k, v in headers.items() if k.lower() != "host"]
-                extensions = {"timeout": dict.fromkeys(("connect", "read", "write", "pool"), limit)}
-                with self.pool.stream(
-                    method, str(url).encode(), headers=sent, content=body, extensions=extensions
-                ) as response:
-                    got = {k.decode("latin-1").lower(): v.decode("latin-1").strip() for k, v in response.headers}
+                with self._exchange(method, url, sent, body, limit, direct) as (status, got, stream):
                     location = got.get("location")
-                    if follow and response.status in (301, 302, 303, 307, 308) and location:
+                    if follow and status in (301, 302, 303, 307, 308) and location:
                         nxt = url.join(location)
                         if nxt.scheme not in ("http", "https") or (url.scheme == "https" and nxt.scheme != "https"):
                             raise SourceError(REFUSED, f"{where}: a redirect to {nxt.scheme}:// is not followed")
                         url, where = nxt, f"redirect {hop + 1} of {where}"
                         continue
-                    yield Answer(response.status, got, url, response.iter_stream())
+                    yield Answer(status, got, url, stream)
                     return
             raise SourceError(UNAVAILABLE, f"{shown(first)} redirects more than {MAX_REDIRECTS} times")
         except EgressRefused as exc:
@@ -162,3 +169,17 @@ class StoreClient:
             raise SourceError(UNAVAILABLE, f"{shown(url)}: {failure_phrase(exc, limit)}") from None
         except httpcore.UnsupportedProtocol:
             raise SourceError(REFUSED, f"{shown(url)}: the scheme is not supported") from None
+
+    @contextlib.contextmanager
+    def _exchange(
+        self, method: str, url: httpx.URL, sent: list[tuple[bytes, bytes]], body: bytes, limit: float, direct: bool
+    ) -> Iterator[tuple[int, dict[str, str], Iterator[bytes | memoryview]]]:
+        """One hop: the status, the headers (names lower-cased) and the body still to read."""
+        if direct:
+            with self.direct.get(url, sent, limit) as reply:
+                yield reply.status, reply.headers, reply.chunks
+            return
+        extensions = {"timeout": dict.fromkeys(("connect", "read", "write", "pool"), limit)}
+        with self.pool.stream(method, str(url).encode(), headers=sent, content=body, extensions=extensions) as response:
+            got = {k.decode("latin-1").lower(): v.decode("latin-1").strip() for k, v in response.headers}
+            yield response.status, got, response.iter_stream()

@@ -115,14 +115,16 @@ class OciSource:
         self._authorization = f"Bearer {token}"
 
     @contextlib.contextmanager
-    def _get(self, path: str, headers: dict[str, str], what: str) -> Iterator[Any]:
+    def _get(self, path: str, headers: dict[str, str], what: str, direct: bool = False) -> Iterator[Any]:
         """GET on the registry, answering one auth challenge; non-2xx answers become SourceErrors."""
         url = self.base.join(path)
         for attempt in range(2):
             sent = dict(headers)
             if self._authorization:
                 sent["Authorization"] = self._authorization
-            with self.client.request("GET", url, sent, namespace=self.namespace, where=what, follow=True) as answer:
+            with self.client.request(
+                "GET", url, sent, namespace=self.namespace, where=what, follow=True, direct=direct
+            ) as answer:
                 if answer.status == 401 and attempt == 0:
                     challenge = answer.header("www-authenticate") or ""
                     answer.read(64 << 10)
@@ -196,7 +198,7 @@ class OciSource:
         digest = file.locator[0]
         what = f"{self.shown} layer {digest[:19]}"
         headers = {"Range": f"bytes={start}-{end}"}
-        with self._get(f"/v2/{self.location.repository}/blobs/{digest}", headers, what) as answer:
+        with self._get(f"/v2/{self.location.repository}/blobs/{digest}", headers, what, direct=True) as answer:
             yield answer.ranged()
 
 

@@ -148,11 +148,17 @@ class S3Source:
 
     @contextlib.contextmanager
     def _call(
-        self, method: str, key: str, query: list[tuple[str, str]], extra: dict[str, str], what: str
+        self,
+        method: str,
+        key: str,
+        query: list[tuple[str, str]],
+        extra: dict[str, str],
+        what: str,
+        direct: bool = False,
     ) -> Iterator[Answer]:
         url = self._url(key, query)
         headers = self._headers(method, url, extra)
-        with self.client.request(method, url, headers, namespace=self.namespace, where=what) as answer:
+        with self.client.request(method, url, headers, namespace=self.namespace, where=what, direct=direct) as answer:
             if answer.status >= 300 and method == "HEAD":
                 status = answer.status
             elif answer.status >= 300:
@@ -264,7 +270,7 @@ class S3Source:
         key, version = file.locator
         query = [("versionId", version)] if version else []
         what = f"s3://{self.location.bucket}/{key}"
-        with self._call("GET", key, query, {"Range": f"bytes={start}-{end}"}, what) as answer:
+        with self._call("GET", key, query, {"Range": f"bytes={start}-{end}"}, what, direct=True) as answer:
             yield answer.ranged()
 
 

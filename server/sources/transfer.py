@@ -53,7 +53,8 @@ class RangeAnswer:
     status: int
     #: the answer's Content-Range header ("" when it has none)
     content_range: str
-    chunks: Iterator[bytes]
+    #: each chunk is valid only until the next is asked for (a reused buffer): written before the next
+    chunks: Iterator[bytes | memoryview]
 
 
 class RangeReader(Protocol):
