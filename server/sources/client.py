@@ -3,9 +3,9 @@
 S3 requests are signed with botocore and OCI requests carry the registry's token, but neither library
 opens a connection: the signed request is sent by this client's httpcore pool, whose network backend is
 ``guard.GuardedBackend``. The ranged reads of large files (``direct=True``) go out on the same backend by
-``direct.DirectGets``, which reads bodies without httpcore's copies. A redirect (a registry sends blob
-downloads to a CDN) is followed hop by hop, each hop admitted like the first, and credentials are sent to
-the first hop's origin only.
+``direct.DirectGets`` (the standard library's ``http.client``), which reads bodies without httpcore's copies.
+A redirect (a registry sends blob downloads to a CDN) is followed hop by hop, each hop admitted like the first,
+and credentials are sent to the first hop's origin only.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The stores' one HTTP client against real sockets: a redirect to a refused address is never connected to, and
 credentials never follow a redirect to another origin (a registry's blob sent to a CDN, a Hub file to its LFS
-store). Both hold for ``direct`` requests too (the ranged reads of large files, ``direct.DirectGets``), which also
-reuse their connection, end a stalled body by the timeout and the thread's deadline, and count a cut body as a
-broken connection (which the downloader resumes)."""
+store). Both hold for ``direct`` requests too (the ranged reads of large files, ``direct.DirectGets``, on
+``http.client``), which also reuse their connection, read chunked and closing answers whole, end a stalled body by
+the timeout and the thread's deadline, and count a cut body as a broken connection (which the downloader resumes)."""
 
 from __future__ import annotations
 
@@ -105,3 +105,32 @@ def test_a_stalled_direct_body_ends_by_the_timeout_and_by_the_deadline(servers) 
     with pytest.raises(SourceError) as info, deadline_scope(started + 0.5):
         get(client, f"{server.url}/drip")  # bytes keep coming: only the deadline ends it
     assert info.value.reason == UNAVAILABLE and time.monotonic() - started < 5
+
+
+def closing(h: http.server.BaseHTTPRequestHandler) -> None:
+    h.send_response(200)
+    h.send_header("Content-Length", "5")
+    h.send_header("Connection", "close")
+    h.end_headers()
+    h.wfile.write(b"close")
+    h.close_connection = True
+
+
+def chunked(h: http.server.BaseHTTPRequestHandler) -> None:
+    h.send_response(200)
+    h.send_header("Transfer-Encoding", "chunked")
+    h.end_headers()
+    for part in (b"chunked ", b"body"):
+        h.wfile.write(b"%x\r\n%s\r\n" % (len(part), part))
+    h.wfile.write(b"0\r\n\r\n")
+
+
+def test_direct_answers_that_close_or_come_in_chunks_are_read_whole(servers) -> None:
+    server, _ = servers
+    server.routes["/close"] = closing
+    server.routes["/chunked"] = chunked
+    client = StoreClient(AddressPolicy(allowed=parse_networks(["127.0.0.1/32"])))
+    assert get(client, f"{server.url}/close") == b"close"
+    assert get(client, f"{server.url}/chunked") == b"chunked body"  # on a new connection: the first was closed
+    assert get(client, f"{server.url}/chunked") == b"chunked body"  # on the second again: read to its end
+    assert len(client.backend.connected) == 2
