@@ -52,29 +52,28 @@ def send(
     # anything orjson does not know (a client model) as the generated methods would send it
     data = orjson.dumps(body, default=client.sanitize_for_serialization, option=orjson.OPT_NON_STR_KEYS)
     manager = client.rest_client.pool_manager
-    wait = urllib3.Timeout(connect=timeout[0], read=timeout[1])
+    wait = _timeout(timeout)
     if type(manager) is urllib3.PoolManager:
         # the host's pool straight away: the pool manager would parse the URL, merge its headers and look up
         # the pool again on every write
         scheme, host, port, prefix = _origin(config.host)
         pool = manager.connection_from_host(host, port, scheme)
-        response = pool.urlopen(method, prefix + path, body=data, headers=headers, preload_content=False, timeout=wait)
+        response = pool.urlopen(method, prefix + path, body=data, headers=headers, timeout=wait)
     else:  # a ProxyManager (the configuration's proxy): it decides how each URL is sent
-        response = manager.request(
-            method, config.host + path, body=data, headers=headers, preload_content=False, timeout=wait
-        )
-    try:
-        if 200 <= response.status <= 299:
-            response.drain_conn()
-            return
-        text = response.read()
-    finally:
-        response.release_conn()
-    status, reason, answer_headers = response.status, response.reason, response.headers
-    refused = ApiException(status=status, reason=reason)
-    refused.body = text.decode("utf-8", "replace")
-    refused.headers = answer_headers
+        response = manager.request(method, config.host + path, body=data, headers=headers, timeout=wait)
+    # the answer was read whole (``preload_content``) and its connection went back to the pool
+    if 200 <= response.status <= 299:
+        return
+    refused = ApiException(status=response.status, reason=response.reason)
+    refused.body = response.data.decode("utf-8", "replace")
+    refused.headers = response.headers
     raise refused
+
+
+@functools.lru_cache(maxsize=8)
+def _timeout(seconds: tuple[float, float]) -> urllib3.Timeout:
+    """One ``Timeout`` per (connect, read) pair, built once: the pool clones it for each request."""
+    return urllib3.Timeout(connect=seconds[0], read=seconds[1])
 
 
 @functools.lru_cache(maxsize=8)
