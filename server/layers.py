@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -89,9 +90,10 @@ LAYERS: tuple[Layer, ...] = (
 #: top-level unit of kubeinfer.server → its layer number
 SERVER_LAYERS: dict[str, int] = {unit: layer.number for layer in LAYERS for unit in layer.units}
 
-#: the operator stands apart: it shares the vocabulary layer (and the package itself) with the server, nothing above
+#: the operator stands apart: it shares the vocabulary layer (and the package itself, and this map's doc-table writer)
+#: with the server, nothing above
 OPERATOR_MAY_IMPORT: frozenset[str] = frozenset(
-    {""} | {unit for layer in LAYERS if layer.number == 1 for unit in layer.units}
+    {"", "layers"} | {unit for layer in LAYERS if layer.number == 1 for unit in layer.units}
 )
 
 #: (importer, imported) pairs that point down but are still refused, with the reason
@@ -134,30 +136,41 @@ def markdown_table() -> str:
     return "\n".join(rows)
 
 
+def between_markers(doc: str, begin: str, end: str, body: str) -> str:
+    """``doc`` with the text between the ``begin`` and ``end`` lines replaced by ``body``."""
+    head, found_begin, rest = doc.partition(begin)
+    _, found_end, tail = rest.partition(end)
+    if not found_begin or not found_end:
+        raise ValueError(f"{DOC}: the markers {begin!r} and {end!r} are missing")
+    return f"{head}{begin}\n{body}\n{end}{tail}"
+
+
 def with_table(doc: str) -> str:
     """``doc`` with the text between the markers replaced by the current table."""
-    head, begin, rest = doc.partition(BEGIN)
-    _, end, tail = rest.partition(END)
-    if not begin or not end:
-        raise ValueError(f"{DOC}: the markers {BEGIN!r} and {END!r} are missing")
-    return f"{head}{BEGIN}\n{markdown_table()}\n{END}{tail}"
+    return between_markers(doc, BEGIN, END, markdown_table())
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Writes the layer table into docs/architecture.md.")
+def write_generated(argv: list[str] | None, rewrite: Callable[[str], str], what: str, command: str) -> int:
+    """The command line of a generated section of ``docs/architecture.md``: rewrite it, or with ``--check`` exit 1
+    when it is stale (``what`` names it, ``command`` regenerates it). Shared by this map and the operator's wings."""
+    parser = argparse.ArgumentParser(description=f"Writes the {what} into {DOC}.")
     parser.add_argument("--root", type=Path, default=Path.cwd(), help="the repository root (default: here)")
     parser.add_argument("--check", action="store_true", help="fail when the committed table differs; write nothing")
     args = parser.parse_args(argv)
     path = args.root / DOC
     current = path.read_text(encoding="utf-8")
-    wanted = with_table(current)
+    wanted = rewrite(current)
     if wanted == current:
         return 0
     if args.check:
-        print(f"{path}: the layer table is out of date; run python -m kubeinfer.server.layers", file=sys.stderr)
+        print(f"{path}: the {what} is out of date; run {command}", file=sys.stderr)
         return 1
     path.write_text(wanted, encoding="utf-8")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return write_generated(argv, with_table, "layer table", "python -m kubeinfer.server.layers")
 
 
 if __name__ == "__main__":
