@@ -592,28 +592,11 @@ def test_operator_rendered_objects_validate_with_kubeconform(kubeconform) -> Non
     from kubeinfer.operator.servers import manifests, network_policy
     from kubeinfer.operator.traffic import autoscaling
 
-    from tests.support.specs import server_spec
+    from tests.support.specs import every_option_spec
 
-    spec = server_spec(
-        server={"httpPort": 9000, "logLevel": "debug", "shutdownTimeoutSeconds": 60, "extraArgs": ["--x=1"]},
-        nodeSelector={"gpu": "a100"},
-        tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-        affinity={"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-            {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["gpu"]}]}]}}},
-        imagePullSecrets=[{"name": "regcred"}],
-        imagePullPolicy="IfNotPresent",
-        podAnnotations={"team": "vision"},
-        sharedMemorySize="2Gi",
-        probes={"startup": {"failureThreshold": 120}},
-        resources={"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"nvidia.com/gpu": 1}},
-    )  # fmt: skip
+    spec = every_option_spec()
     body = {"apiVersion": API, "kind": "InferenceServer", "spec": spec,
             "metadata": {"name": "gpu-pool", "namespace": "ml", "uid": "0e6a3b1c-uid", "generation": 1}}  # fmt: skip
-    spec["auth"] = {
-        "tokenSecret": {"name": "tok"},
-        "tls": {"certificateSecret": "tls", "clientCASecret": {"name": "ca"}, "operatorCertificateSecret": "op"},
-    }
-    spec["networkPolicy"] = {"allowFrom": [{"namespaceSelector": {"matchLabels": {"team": "a"}}}]}
     context = network_policy.PolicyContext("ops", {"app.kubernetes.io/name": "kubeinfer-operator"}, ["monitoring"])
     policy = network_policy.network_policy(
         InferenceServerSpec.from_body(body),

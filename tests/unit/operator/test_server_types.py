@@ -21,30 +21,13 @@ from kubeinfer.operator.api.server_types import (
 )
 from kubeinfer.server.config.platforms import BUILTIN_BACKENDS
 
+from tests.support.specs import every_option_spec
 from tests.support.specs import server_spec as sample_spec
 
 ROOT = Path(__file__).resolve().parents[3]
 
-#: the spec with every option of e2e/test_helm.py's kubeconform test (what the operator renders is validated
-#: against the cluster's schemas there)
-EVERY_OPTION = sample_spec(
-    server={"httpPort": 9000, "logLevel": "debug", "shutdownTimeoutSeconds": 60, "extraArgs": ["--x=1"]},
-    nodeSelector={"gpu": "a100"},
-    tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-    affinity={"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-        {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["gpu"]}]}]}}},
-    imagePullSecrets=[{"name": "regcred"}],
-    imagePullPolicy="IfNotPresent",
-    podAnnotations={"team": "vision"},
-    sharedMemorySize="2Gi",
-    probes={"startup": {"failureThreshold": 120}},
-    resources={"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"nvidia.com/gpu": 1}},
-    auth={
-        "tokenSecret": {"name": "tok"},
-        "tls": {"certificateSecret": "tls", "clientCASecret": {"name": "ca"}, "operatorCertificateSecret": "op"},
-    },
-    networkPolicy={"allowFrom": [{"namespaceSelector": {"matchLabels": {"team": "a"}}}]},
-)  # fmt: skip
+#: the spec with every option (e2e/test_helm.py's kubeconform test validates what is rendered from it)
+EVERY_OPTION = every_option_spec()
 
 #: e2e/test_scale_to_zero.py's pool (less its image and claim, which the test makes)
 SCALE_TO_ZERO = sample_spec(
