@@ -29,7 +29,7 @@ import pytest
 import tritonclient.http as httpclient
 import yaml
 
-from tests.support.host_operator import HostOperator, InNamespace, host_operator, pool_server
+from tests.support.host_operator import HostOperator, InNamespace, host_operator, matmul_model, pool_server
 from tests.support.models import matmul
 from tests.support.waiting import wait_for_cluster
 
@@ -134,23 +134,7 @@ def pool(
                 autoscaling=autoscaling,
             )
         )
-        models = [
-            {
-                "apiVersion": API,
-                "kind": "InferenceModel",
-                "metadata": {"name": name},
-                "spec": {
-                    "server": POOL,
-                    "platform": "onnxruntime_onnx",
-                    "maxBatchSize": 4,
-                    "instanceGroups": [{"count": 1, "kind": "KIND_CPU"}],
-                    "inputs": [{"name": "IN", "dataType": "FP32", "dims": [SIZE]}],
-                    "outputs": [{"name": "OUT", "dataType": "FP32", "dims": [SIZE]}],
-                    "versions": [{"version": 1, "source": {"path": f"uploads/{name}.onnx"}}],
-                },
-            }
-            for name in (*MODELS, BROKEN)
-        ]
+        models = [matmul_model(name, POOL, SIZE) for name in (*MODELS, BROKEN)]
         p.apply({"apiVersion": "v1", "kind": "List", "items": models})
         yield p
 

@@ -21,13 +21,12 @@ import onnx
 import pytest
 import tritonclient.http as httpclient
 
-from tests.support.host_operator import HostOperator, InNamespace, host_operator, pool_server
+from tests.support.host_operator import HostOperator, InNamespace, host_operator, matmul_model, pool_server
 from tests.support.models import matmul
 from tests.support.waiting import wait_for_cluster
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
 
-API = "serving.kubeinfer.io/v1alpha1"
 POOL = "cache-pool"
 SIZE = 512  # 1 MiB of weight per model; a load measured ~1.1 MiB in tests/integration/test_model_cache.py
 MODELS = 20
@@ -62,23 +61,7 @@ def pool(cluster: Any, node: dict, images: dict, tmp_path_factory: pytest.TempPa
             weights[f"m{i:02d}"] = weight
         p = Pool(cluster, op.ns, op, weights)
         p.apply(pool_server(POOL, images, replicas=3, modelCache={"memoryBudget": BUDGET, "loadTimeoutSeconds": 60}))
-        models = [
-            {
-                "apiVersion": API,
-                "kind": "InferenceModel",
-                "metadata": {"name": name},
-                "spec": {
-                    "server": POOL,
-                    "platform": "onnxruntime_onnx",
-                    "maxBatchSize": 4,
-                    "instanceGroups": [{"count": 1, "kind": "KIND_CPU"}],
-                    "inputs": [{"name": "IN", "dataType": "FP32", "dims": [SIZE]}],
-                    "outputs": [{"name": "OUT", "dataType": "FP32", "dims": [SIZE]}],
-                    "versions": [{"version": 1, "source": {"path": f"uploads/{name}.onnx"}}],
-                },
-            }
-            for name in weights
-        ]
+        models = [matmul_model(name, POOL, SIZE) for name in weights]
         p.apply({"apiVersion": "v1", "kind": "List", "items": models})
         yield p
 

@@ -56,6 +56,25 @@ def pool_server(name: str, images: dict[str, Any], memory: str = "128Mi", **spec
     return {"apiVersion": API, "kind": "InferenceServer", "metadata": {"name": name}, "spec": {**base, **spec}}
 
 
+def matmul_model(name: str, server: str, size: int) -> dict[str, Any]:
+    """An InferenceModel of ``tests.support.models.matmul(size)`` uploaded as ``uploads/<name>.onnx`` (IN → OUT,
+    FP32, batches of 4, one CPU instance) in pool ``server``: the model-cache pools' models."""
+    return {
+        "apiVersion": API,
+        "kind": "InferenceModel",
+        "metadata": {"name": name},
+        "spec": {
+            "server": server,
+            "platform": "onnxruntime_onnx",
+            "maxBatchSize": 4,
+            "instanceGroups": [{"count": 1, "kind": "KIND_CPU"}],
+            "inputs": [{"name": "IN", "dataType": "FP32", "dims": [size]}],
+            "outputs": [{"name": "OUT", "dataType": "FP32", "dims": [size]}],
+            "versions": [{"version": 1, "source": {"path": f"uploads/{name}.onnx"}}],
+        },
+    }
+
+
 @dataclass
 class InNamespace:
     """kubectl in one namespace, and the JSON of its objects: what the e2e tests of a host operator's
