@@ -28,9 +28,13 @@ IN_PROCESS = 'parameters { key: "KUBEINFER_IN_PROCESS" value: { string_value: "t
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, collector: OtelCollector) -> Iterator[ServerProcess]:
     repo = _repo(tmp_path_factory.mktemp("otel-bls"), decoupled=True)  # add, add2, chain, repeat_int32
-    copy_python_models(repo, "bls_traced")
-    for name, extra in (("bls_traced_in_process", IN_PROCESS), ("bls_quiet", "")):
-        shutil.copytree(repo / "bls_traced", repo / name)
+    copy_python_models(repo, "bls_traced", "bls_abandons")
+    for source, name, extra in (
+        ("bls_traced", "bls_traced_in_process", IN_PROCESS),
+        ("bls_traced", "bls_quiet", ""),
+        ("bls_abandons", "bls_abandons_in_process", IN_PROCESS),
+    ):
+        shutil.copytree(repo / source, repo / name)
         config = repo / name / "config.pbtxt"
         config.write_text(config.read_text() + extra)
     server = _otel_server(repo, collector.traces_url)
@@ -106,3 +110,26 @@ def test_bls_of_a_request_that_is_not_traced_has_no_span(server: ServerProcess, 
     )
     assert not [s for s in spans if s["attributes"].get("triton.request_id") == quiet]
     assert not [s for s in spans if s["name"] == "bls_quiet"]
+
+
+@pytest.mark.parametrize("model", ["bls_abandons", "bls_abandons_in_process"])
+def test_a_dropped_decoupled_bls_iterator_still_ends_its_span(
+    server: ServerProcess, collector: OtelCollector, model: str
+) -> None:
+    """A model that reads the first response of a traced decoupled BLS request and drops the iterator: the callee's
+    span still ends (with its final response, after the caller answered) and is exported under the caller's span."""
+    traceparent, trace_id, _ = _traceparent()
+    out = _infer(server, "http", model, f"abandon-{secrets.token_hex(4)}", {"traceparent": traceparent})
+    np.testing.assert_allclose(out, np.arange(4, dtype=np.float32).reshape(1, 4))
+
+    def done(spans: list[dict[str, Any]]) -> bool:
+        names = {s["name"] for s in spans if s["trace_id"] == trace_id}
+        return {"InferRequest", model, "repeat_int32"} <= names
+
+    spans = [s for s in collector.wait_for_spans(done) if s["trace_id"] == trace_id]
+    (parent,) = [s for s in spans if s["name"] == model]
+    (child,) = [s for s in spans if s["name"] == "repeat_int32"]
+    assert child["parent_span_id"] == parent["span_id"]
+    assert [e for e, _ in child["events"]] == MODEL_EVENTS
+    # its last responses came 300 ms apart after the caller had answered: the span ended with the final one
+    assert child["end"] > parent["end"]

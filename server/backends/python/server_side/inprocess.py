@@ -9,8 +9,10 @@ the server's interpreter, GIL and crash fate (docs/backends/python.md). Each ins
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
+import weakref
 from concurrent.futures import Future
 from typing import Any
 
@@ -122,52 +124,113 @@ class InProcessHost:
         log.log(_LEVELS.get(level, logging.INFO), "%s", message)
 
 
+class _CallState:
+    """What a ``_StreamCall`` knows, apart from the call itself, so that its finalizer can finish an abandoned one."""
+
+    def __init__(self, started: Future[tuple[ResponseStream, EndSpan | None]]) -> None:
+        self.started = started
+        self.stream: ResponseStream | None = None
+        #: ends the request's span with its final response (None: not traced)
+        self.end: EndSpan | None = None
+        #: the final response was read (the span, if any, ended with it), or the call was refused
+        self.finished = False
+
+    def end_once(self, response: Any) -> None:
+        """``bridge.item_parts`` calls this with the final response."""
+        self.finished = True
+        if self.end is not None:
+            self.end(response)
+
+
 class _StreamCall:
-    """A BLS request's responses from its ``ResponseStream``, read from the model's thread or loop."""
+    """A BLS request's responses from its ``ResponseStream``, read from the model's thread or loop.
+
+    A model may drop a decoupled call's iterator before its final response. The stub process's server side reads
+    every BLS stream to its end whatever the stub does; here the call is read lazily, so a finalizer does the same
+    for an abandoned call: the rest of its stream is read on the loop and dropped, and the request's span (when
+    traced) ends with its final response as it would have, instead of staying open and never being exported.
+    """
 
     def __init__(self, host: InProcessHost, started: Future[tuple[ResponseStream, EndSpan | None]]) -> None:
         self._host = host
-        self._started = started
-        self._stream: ResponseStream | None = None
-        #: ends the request's span with its final response (None: not traced)
-        self._end: EndSpan | None = None
+        self._state = _CallState(started)
         self._done = False
+        if host.loop is not None:
+            weakref.finalize(self, _drain_abandoned, self._state, host.loop)
+
+    def _stream_of(self, started: tuple[ResponseStream, EndSpan | None]) -> ResponseStream:
+        state = self._state
+        state.stream, state.end = started
+        return state.stream
 
     def next(self) -> InferenceResponse | None:
         if self._done:
             return None
-        if self._stream is None:
+        state = self._state
+        stream = state.stream
+        if stream is None:
             try:
-                stream, self._end = self._started.result()
+                stream = self._stream_of(state.started.result())
             except bridge.BlsRefused as exc:
                 return self._refused(exc)
-            self._stream = stream
         try:
-            item = self._host._on_loop(_next_item(self._stream)).result()
+            item = self._host._on_loop(_next_item(stream)).result()
         except StopAsyncIteration:
-            self._done = True
+            self._done = state.finished = True
             return None
-        return _response_of(item, self._end)
+        return _response_of(item, state.end_once)
 
     async def anext(self) -> InferenceResponse | None:
         if self._done:
             return None
-        if self._stream is None:
+        state = self._state
+        stream = state.stream
+        if stream is None:
             try:
-                stream, self._end = await asyncio.wrap_future(self._started)
+                stream = self._stream_of(await asyncio.wrap_future(state.started))
             except bridge.BlsRefused as exc:
                 return self._refused(exc)
-            self._stream = stream
         try:
-            item = await asyncio.wrap_future(self._host._on_loop(_next_item(self._stream)))
+            item = await asyncio.wrap_future(self._host._on_loop(_next_item(stream)))
         except StopAsyncIteration:
-            self._done = True
+            self._done = state.finished = True
             return None
-        return _response_of(item, self._end)
+        return _response_of(item, state.end_once)
 
     def _refused(self, exc: bridge.BlsRefused) -> InferenceResponse:
-        self._done = True
+        self._done = self._state.finished = True
         return InferenceResponse(error=TritonError(str(exc), TritonError.INTERNAL))
+
+
+def _drain_abandoned(state: _CallState, loop: asyncio.AbstractEventLoop) -> None:
+    """The finalizer of a ``_StreamCall`` dropped before its final response: read the rest on the loop."""
+    if state.finished or loop.is_closed():
+        return
+
+    async def drain() -> None:
+        stream = state.stream
+        if stream is None:
+            try:
+                started = await asyncio.wrap_future(state.started)
+            except bridge.BlsRefused:
+                return
+            stream, state.end = started
+        async for item in stream:
+            bridge.item_parts(item, state.end_once)
+            if item.final:
+                return
+
+    def start() -> None:
+        task = loop.create_task(drain())
+        _DRAINING.add(task)
+        task.add_done_callback(_DRAINING.discard)
+
+    with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nothing is left to read
+        loop.call_soon_threadsafe(start)
+
+
+#: the drains of abandoned calls, held until they end (the loop keeps only weak references to tasks)
+_DRAINING: set[asyncio.Task[None]] = set()
 
 
 async def _next_item(stream: ResponseStream) -> Any:
