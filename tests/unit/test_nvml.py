@@ -4,6 +4,7 @@ GPU memory a model load costs. On a machine without NVML both report nothing, an
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
 
@@ -43,3 +44,23 @@ def test_importing_the_readers_does_not_load_nvml() -> None:
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60)
     assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize(("visible", "count"), [("0,1", 2), ("GPU-5f1c,GPU-9a2b,GPU-0d3e", 3), ("-1", 0), ("", 0)])
+def test_cuda_visible_devices_decides_the_gpu_count(visible: str, count: int) -> None:
+    probe = "from kubeinfer.server.runtime import devices; print(devices.gpu_count())"
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": visible}
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, env=env, timeout=60)
+    assert int(out.stdout) == count
+
+
+def test_without_cuda_visible_devices_nvml_counts_the_gpus() -> None:
+    """The count comes from the same NVML the GPU gauges read: none on a machine where NVML does not load."""
+    probe = (
+        "from kubeinfer.server.observability import nvml; from kubeinfer.server.runtime import devices; "
+        "lib = nvml.library(); print(devices.gpu_count(), 0 if lib is None else lib.nvmlDeviceGetCount())"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, env=env, timeout=60)
+    ours, nvml_count = out.stdout.split()
+    assert ours == nvml_count
