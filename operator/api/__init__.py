@@ -1,7 +1,8 @@
 """The ``serving.kubeinfer.io`` API group, the operator's bottom wing: its names and the envelope both CRDs
-share here; the CRDs (``model_crd``, ``server_crd``, written by ``crds``), the spec facts and defaults they state
-(``model_spec``, ``server_spec``, ``pool_defaults``, ``schema``, ``descriptions``) and the status documents
-(``status``) in the modules beside it. Imports nothing of the operator's other wings."""
+share here; the CRDs (``model_crd``, ``server_crd``, written by ``crds``), generated from the typed spec and
+status classes (``model_types``, ``model_status``, ``server_types``, ``server_status``, over ``typed``), the
+facts and defaults they state (``model_spec``, ``server_spec``, ``pool_defaults``, ``schema``, ``descriptions``)
+and the status documents (``status``) in the modules beside it. Imports nothing of the operator's other wings."""
 
 from __future__ import annotations
 

@@ -14,6 +14,8 @@ from typing import Any
 
 from kubeinfer.server.config.platforms import BUILTIN_BACKENDS
 
+from .server_types import InferenceServerSpec
+
 #: backends whose models run code of the model's author in the server (files, network, the pod's secrets)
 CODE_BACKENDS = ("python", "pytorch", "tensorflow")
 
@@ -32,6 +34,11 @@ def pool_spec(spec: Mapping[str, Any], default_allowed_backends: Sequence[str] |
     if default_allowed_backends is None or spec.get("allowedBackends") is not None:
         return spec
     return {**spec, "allowedBackends": list(default_allowed_backends)}
+
+
+def allowed_backends(spec: InferenceServerSpec, default_allowed_backends: Sequence[str] | None) -> Sequence[str] | None:
+    """The backends the pool allows: its ``spec.allowedBackends``, else the operator's default (None: every one)."""
+    return spec.allowed_backends if spec.allowed_backends is not None else default_allowed_backends
 
 
 def pool_body(body: Mapping[str, Any], default_allowed_backends: Sequence[str] | None) -> Mapping[str, Any]:

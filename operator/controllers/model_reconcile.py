@@ -5,6 +5,8 @@ remove its folder and wait until no replica has it loaded.
 One reconcile runs as named steps over a ``_ModelPass``: find the server; bring the folder up to date (or
 see from the render memo that it is, ``render_memo.py``); read the replicas; build the status (cold start,
 rollout decision, sequence routing); publish it. A failed render waits out its backoff (``failures.py``).
+The object is parsed once per reconcile (``InferenceModel.from_body``, and its server's spec): the steps and the
+modules they call read typed attributes.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable, Hashable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -25,13 +27,14 @@ from kubeinfer.server.repository.layout import config_digest
 from kubernetes.client.exceptions import ApiException
 
 from ..api import status
-from ..api.pool_defaults import CODE_BACKENDS, pool_spec
+from ..api.model_types import InferenceModel
+from ..api.pool_defaults import CODE_BACKENDS, allowed_backends
 from ..api.server_types import InferenceServerSpec
 from ..kube.client import MODELS
 from ..models import cold_start
-from ..models.failures import TEMPORARY_REASONS, FailureBook, retry_delay
+from ..models.failures import TEMPORARY_REASONS, retry_delay
 from ..models.recheck import DELAYS, Rechecker
-from ..models.render import DEFAULT_BACKENDS, render_model
+from ..models.render import DEFAULT_BACKENDS, render_versions
 from ..models.render_memo import RenderMemo, server_key
 from ..models.superseded import superseded
 from ..replicas.indexes import Endpoint
@@ -69,9 +72,10 @@ NEEDS_RENDER: dict[str, Any] = {}
 class _ModelPass:
     """One reconcile of one model: what its steps found and did."""
 
-    body: Mapping[str, Any]
-    #: the InferenceServer the model names (None: it does not exist)
+    model: InferenceModel
+    #: the InferenceServer the model names (None: it does not exist), and its spec (typed once, here)
     server: dict[str, Any] | None
+    server_spec: InferenceServerSpec | None
     obs: status.ModelObservation
     #: a resync (or recheck), not a change
     from_timer: bool
@@ -89,14 +93,10 @@ class _ModelPass:
     trust: float = 0.0
 
     def __post_init__(self) -> None:
-        meta = self.body["metadata"]
-        self.ns: str = meta["namespace"]
-        self.name: str = meta["name"]
-        self.uid: str = meta["uid"]
-        self.generation: int = meta.get("generation", 0)
-        self.spec: Mapping[str, Any] = self.body["spec"]
-        self.server_name: str = self.spec["server"]
-        self.prev: Mapping[str, Any] = self.body.get("status") or {}
+        model = self.model
+        self.ns, self.name, self.uid, self.generation = model.namespace, model.name, model.uid, model.generation
+        self.server_name: str = model.spec.server
+        self.prev: Mapping[str, Any] = model.status
 
     @property
     def cancelled(self) -> bool:
@@ -114,12 +114,12 @@ class ModelController:
         self.kube, self.lookup, self.reader, self.access = parts.kube, parts.lookup, parts.reader, parts.access
         self.writer, self.gate, self.quota = parts.writer, parts.gate, parts.quota
         self.records, self.models = parts.records, parts.models
-        self.failures = FailureBook()
         self.rechecker = Rechecker(self._recheck, threads=RECHECK_THREADS)
         self.nudger = Nudger(self.reader.client_for, self._nudged, full=max(2, config.workers))
         #: (replica URL, model name) -> recheck key of the model, while a poll request for it is on its way
         self._nudged_keys: dict[tuple[str, str], tuple[str, str, str]] = {}
-        #: weights between versions: numbers per version, spec.rollout's decisions (operator/traffic/rollout.py)
+        #: weights between versions: numbers per version, spec.rollout's decisions (operator/traffic/rollout.py);
+        #: each model's window is in its record
         self.rollouts = Rollouts(self.reader)
 
     def reconcile_model(
@@ -163,10 +163,8 @@ class ModelController:
         return self.records.of(uid).lock
 
     def forget(self, uid: str) -> None:
-        """The model is gone: its record (one removal), and what the failure and rollout books hold of it."""
+        """The model is gone: its record goes, and with it all this process kept of it (one removal)."""
         self.records.forget(uid)
-        self.failures.forget(uid)
-        self.rollouts.forget(uid)
 
     def close(self) -> None:
         """Stop the rechecks and the poll requests."""
@@ -176,11 +174,12 @@ class ModelController:
     # ------------------------------------------------------------------------- the reconcile's steps
     def _find_server(self, body: Mapping[str, Any], from_timer: bool) -> _ModelPass:
         """The pass, with the model's InferenceServer (kopf's index: no API call), or the error that it is missing."""
-        spec, meta = body["spec"], body["metadata"]
-        generation = meta.get("generation", 0)
-        obs = status.ModelObservation(generation=generation, target=[], rendered=[], server=spec["server"])
-        run = _ModelPass(body, self.lookup.server(meta["namespace"], spec["server"]), obs, from_timer)
-        if run.server is None:
+        model = InferenceModel.from_body(body)
+        obs = status.ModelObservation(generation=model.generation, target=[], rendered=[], server=model.spec.server)
+        server = self.lookup.server(model.namespace, model.spec.server)
+        server_spec = None if server is None else InferenceServerSpec.from_body(server)
+        run = _ModelPass(model, server, server_spec, obs, from_timer)
+        if run.server_spec is None:
             obs.render_error = (
                 "ServerNotFound",
                 f"InferenceServer '{run.server_name}' does not exist in namespace '{run.ns}'; create it or fix "
@@ -188,16 +187,16 @@ class ModelController:
             )
             self._drop_memo(run.uid)
         else:
-            endpoint = manifests.service_endpoint(run.ns, run.server_name, run.server["spec"])
+            endpoint = manifests.service_endpoint(run.ns, run.server_name, run.server_spec)
             obs.endpoint = {**endpoint, "model": run.name}
         return run
 
     def _update_folder(self, run: _ModelPass, retry: int, cancelled: Callable[[], bool] | None, render: bool) -> bool:
         """The folder as the spec says: as the last render left it (a resync), or rendered now. False when the
         reconcile stops here: a render is needed but ``render`` is False, or the render was cancelled."""
-        assert run.server is not None
-        traffic = weights_in_force(run.spec, run.prev, run.generation)
-        key = (*server_key(run.ns, run.server_name, run.server), tuple(sorted(traffic.items())))
+        assert run.server is not None and run.server_spec is not None
+        traffic = weights_in_force(run.model.spec, run.prev, run.generation)
+        key = (*server_key(run.ns, run.server_name, run.server, run.server_spec), tuple(sorted(traffic.items())))
         memo = self._unchanged(run, key) if run.from_timer else None
         if memo is not None:
             run.obs.target, run.obs.config_digest = memo.target, memo.config_digest
@@ -213,7 +212,8 @@ class ModelController:
         assert run.server is not None
         uid = str(run.server["metadata"].get("uid") or "")
         run.endpoints, run.obs.index_error = self.parts.endpoints(run.ns, run.server_name, uid)
-        run.access = self.access.for_server(run.ns, run.server_name, run.server["spec"])
+        assert run.server_spec is not None
+        run.access = self.access.for_server(run.ns, run.server_name, run.server_spec)
         if run.changed and isinstance(run.access, ServerAccess) and run.endpoints:
             run.nudged = self._nudge(run.endpoints, run.access, run.name, (run.ns, run.name, run.uid))
         age = self.config.index_max_age if max_age is None else max_age
@@ -222,13 +222,13 @@ class ModelController:
     def _model_status(self, run: _ModelPass) -> tuple[dict[str, Any], bool]:
         """The new status (cold start, rollout, sequence routing included); True when a rollout decision was made."""
         new = status.model_status(run.obs, run.prev)
-        self._cold_start(run.uid, run.spec, run.obs, run.prev, new)
-        decided = self._canary(run.body, run.prev, new, run.endpoints, run.access)
+        self._cold_start(run.model, run.obs, new)
+        decided = self._canary(run.model, new, run.endpoints, run.access)
         routing = None
-        if run.server is not None:
-            server_spec = InferenceServerSpec.from_body(run.server)
+        server_spec = run.server_spec
+        if server_spec is not None:
             zero = server_spec.autoscaling is not None and scales_to_zero(server_spec.autoscaling)
-            routing = sequence_routing.model_condition(run.spec, server_spec, through_interceptor=zero)
+            routing = sequence_routing.model_condition(run.model.config, server_spec, through_interceptor=zero)
         if routing is not None:
             new["conditions"] += status.conditions([routing], run.prev.get("conditions"), run.generation)
         if decided:
@@ -248,7 +248,7 @@ class ModelController:
                 self.records.of(run.uid).render_note = run.rendered_note
             return new
         note = self._take_render_note(run.uid)
-        self._post_events(run.body, run.prev, new, run.rendered_note or note)
+        self._post_events(run.model.body, run.prev, new, run.rendered_note or note)
         self.parts.patch_status(MODELS, run.ns, run.name, run.prev, new)
         if decided or (recheck and (run.changed or not run.from_timer) and ready.get("reason") in SETTLING):
             self.rechecker.schedule((run.ns, run.name, run.uid), context=self.parts.handler_context)
@@ -260,7 +260,7 @@ class ModelController:
     def _unchanged(self, run: _ModelPass, key: tuple[Any, ...]) -> RenderMemo | None:
         """The last render, when nothing it depends on changed since: the generation, the server, the claim
         (checked again, from its cache) and the model folder's fingerprint."""
-        assert run.server is not None
+        assert run.server_spec is not None
         record = self.records.get(run.uid)
         memo = None if record is None else record.rendered
         if memo is None or not memo.still_current(run.generation, key, run.prev.get("repositoryPath")):
@@ -268,7 +268,7 @@ class ModelController:
         if run.trust > 0 and time.monotonic() - memo.at <= run.trust:
             return memo  # a recheck right after the render: the next resync looks at the folder
         try:
-            self.parts.claim(run.ns, run.server_name, run.server["spec"])
+            self.parts.claim(run.ns, run.server_name, run.server_spec)
         except (ArtifactError, OSError):
             return None  # the render says why
         if self.writer.fingerprint(memo.server_dir, run.name) != memo.fingerprint:
@@ -286,17 +286,19 @@ class ModelController:
         """Render and sync the model into its server's folder, filling ``run.obs`` (and ``run.changed``,
         ``run.temporary``). A cancelled render (the object is going away) leaves ``obs.render_error``
         ("Cancelled", ...)."""
-        assert run.server is not None
-        obs, sspec = run.obs, run.server["spec"]
+        assert run.server_spec is not None
+        obs, sspec = run.obs, run.server_spec
         server_dir: Path | None = None
-        held = self.failures.held(run.uid, run.generation) if run.from_timer else None
+        failures = self.records.of(run.uid).failures
+        held = failures.held(run.generation) if run.from_timer else None
         self._drop_memo(run.uid)
         try:
             subpath, server_dir = self.parts.server_dir(run.ns, run.server_name, sspec)
-            rendered = render_model(
-                run.name, run.spec, sspec.get("backends") or DEFAULT_BACKENDS, run.server_name, traffic=dict(traffic)
-            )
-            _check_backend_allowed(rendered, run.server_name, pool_spec(sspec, self.config.default_allowed_backends))
+            backends = sspec.backends or DEFAULT_BACKENDS
+            versions, config = run.model.spec.versions, run.model.config
+            rendered = render_versions(run.name, versions, config, backends, run.server_name, dict(traffic))
+            allowed = allowed_backends(sspec, self.config.default_allowed_backends)
+            _check_backend_allowed(rendered, run.server_name, allowed)
             obs.target = select_versions(rendered.config, rendered.versions)
             obs.config_digest = config_digest(rendered.config_text.encode("utf-8"))
             if held:
@@ -312,7 +314,7 @@ class ModelController:
                 return
             self._render_failed(run, exc, retry)
         if not held and (obs.render_error or ("",))[0] != "Queued":  # waiting is not a failure
-            self.failures.remember(run.uid, run.generation, obs.render_error, obs.failed_version)
+            failures.remember(run.generation, obs.render_error, obs.failed_version)
         if server_dir is not None:
             self._remember_render(run, key, server_dir)
 
@@ -350,7 +352,7 @@ class ModelController:
         """The failure into ``run.obs``; a temporary one (network, a download slot) is retried soon."""
         run.obs.render_error = (exc.reason, exc.message)
         run.obs.failed_version = exc.version
-        earlier = self.failures.of(run.uid, run.generation) if exc.reason == "Queued" else None
+        earlier = self.records.of(run.uid).failures.of(run.generation) if exc.reason == "Queued" else None
         if earlier is not None:
             # a failed render tried again finds the namespace's download slots busy: the status keeps
             # saying why it failed (not "Queued"), and the resync tries again after the failure's backoff;
@@ -485,25 +487,26 @@ class ModelController:
     # --------------------------------------------------------------------------------------- deletion
     def delete_model(self, body: Mapping[str, Any], runtime_seconds: float) -> None:
         """Remove the model folder, then hold the finalizer until no replica of the server has it loaded."""
-        meta, spec = body["metadata"], body["spec"]
-        ns, name = meta["namespace"], meta["name"]
-        with self.lock(meta["uid"]):
-            server = self.lookup.server(ns, spec["server"])
-            recorded = (body.get("status") or {}).get("repositoryPath")
-            if server is not None:
+        model = InferenceModel.from_body(body)
+        ns, name, server_name = model.namespace, model.name, model.spec.server
+        with self.lock(model.uid):
+            server = self.lookup.server(ns, server_name)
+            server_spec = None if server is None else InferenceServerSpec.from_body(server)
+            recorded = model.status.get("repositoryPath")
+            if server_spec is not None:
                 try:
-                    _, server_dir = self.parts.server_dir(ns, spec["server"], server["spec"])
+                    _, server_dir = self.parts.server_dir(ns, server_name, server_spec)
                     self.writer.remove_model(server_dir, name)
                 except ArtifactError:
                     pass
             self._forget_old_location(ns, name, recorded, "")
-            if server is None:
+            if server_spec is None:
                 return
-            loaded = self._still_loaded(ns, spec["server"], server["spec"], name)
+            loaded = self._still_loaded(ns, server_name, server_spec, name)
             if loaded and runtime_seconds < self.config.unload_timeout:
                 raise kopf.TemporaryError(f"{UNLOAD_WAIT} versions {loaded}", delay=1)
 
-    def _still_loaded(self, ns: str, server: str, sspec: Mapping[str, Any], name: str) -> list[int]:
+    def _still_loaded(self, ns: str, server: str, sspec: InferenceServerSpec, name: str) -> list[int]:
         """Versions of the removed model some replica still has loaded (or is loading or unloading)."""
         endpoints, _ = self.parts.endpoints(ns, server)
         access = self.access.for_server(ns, server, sspec)
@@ -529,24 +532,17 @@ class ModelController:
         )
 
     # ------------------------------------------------------------------------------ status parts
-    def _cold_start(
-        self,
-        uid: str,
-        spec: Mapping[str, Any],
-        obs: status.ModelObservation,
-        prev: Mapping[str, Any],
-        new: dict[str, Any],
-    ) -> None:
+    def _cold_start(self, model: InferenceModel, obs: status.ModelObservation, new: dict[str, Any]) -> None:
         """``status.coldStart`` and, with ``spec.coldStartBudgetSeconds``, the ``ColdStartBudget`` condition."""
-        record = self.records.of(uid)
+        prev = model.status
+        record = self.records.of(model.uid)
         if obs.render_timing is not None:
             record.render_record = obs.render_timing
-        render = record.render_record  # else the status keeps the one an earlier process wrote
-        block = cold_start.status_block(render, obs.replicas, prev.get("coldStart"))
+        timing = record.render_record  # else the status keeps the one an earlier process wrote
+        block = cold_start.status_block(timing, obs.replicas, prev.get("coldStart"))
         new["coldStart"] = block
-        budget = spec.get("coldStartBudgetSeconds")
         condition = cold_start.budget_condition(
-            None if budget is None else float(budget),
+            model.spec.cold_start_budget_seconds,
             (block or {}).get("render"),
             (block or {}).get("replicas") or [],
         )
@@ -554,27 +550,20 @@ class ModelController:
             new["conditions"] += status.conditions([condition], prev.get("conditions"), obs.generation)
 
     def _canary(
-        self,
-        body: Mapping[str, Any],
-        prev: Mapping[str, Any],
-        new: dict[str, Any],
-        endpoints: list[Endpoint],
-        access: ServerAccess | str,
+        self, model: InferenceModel, new: dict[str, Any], endpoints: list[Endpoint], access: ServerAccess | str
     ) -> bool:
         """Numbers per weighted version and spec.rollout's rule into ``new``; True when a decision was made."""
-        meta, spec = body["metadata"], body["spec"]
-        if not self.rollouts.tracked(spec) and not prev.get("versionTraffic") and not prev.get("rollout"):
+        prev = model.status
+        if not model.spec.weights() and not prev.get("versionTraffic") and not prev.get("rollout"):
             return False
-        generation = meta.get("generation", 0)
         stamp = status.now()
-        extra, decision = self.rollouts.extend(
-            meta["uid"], spec, generation, prev, new, endpoints, meta["name"], access, stamp
-        )
+        window = self.records.of(model.uid).rollout
+        extra, decision = self.rollouts.extend(window, model, new, endpoints, access, stamp)
         if extra:
-            new["conditions"] += status.conditions(extra, prev.get("conditions"), generation, stamp)
+            new["conditions"] += status.conditions(extra, prev.get("conditions"), model.generation, stamp)
         if decision:
             phase = new["rollout"]["phase"]
-            self.parts.event(body, "Warning" if phase == "RolledBack" else "Normal", phase, decision)
+            self.parts.event(model.body, "Warning" if phase == "RolledBack" else "Normal", phase, decision)
         return decision is not None
 
     def _put_decision_in_force(self, uid: str, new: dict[str, Any]) -> None:
@@ -625,9 +614,9 @@ class ModelController:
             self.parts.event(body, "Warning", after["reason"], after["message"])
 
 
-def _check_backend_allowed(model: RenderedModel, server: str, server_spec: Mapping[str, Any]) -> None:
-    """The pool's spec.allowedBackends (a platform team's rule): a model of another backend is not rendered."""
-    allowed = server_spec.get("allowedBackends")
+def _check_backend_allowed(model: RenderedModel, server: str, allowed: Sequence[str] | None) -> None:
+    """The pool's spec.allowedBackends (a platform team's rule; None: every backend): a model of another backend
+    is not rendered."""
     needed = backend_for(model.config)
     if allowed is not None and needed and needed not in allowed:
         code = (

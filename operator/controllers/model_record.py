@@ -12,7 +12,9 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..models.failures import RenderFailures
 from ..models.render_memo import RenderMemo
+from ..traffic.rollout import RolloutWindow
 
 
 @dataclass
@@ -38,6 +40,10 @@ class ModelRecord:
     #: what a render changed, while its status write waits for the replicas: said in the Ready event that
     #: follows, so a create costs one event, not a Rendered and a Ready event
     render_note: str | None = None
+    #: the last failed render and its backoff (``failures.py``)
+    failures: RenderFailures = field(default_factory=RenderFailures)
+    #: the canary's numbers over the rollout window, with weights (``rollout.py``)
+    rollout: RolloutWindow = field(default_factory=RolloutWindow)
 
 
 class ModelRecords:

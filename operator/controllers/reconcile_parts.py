@@ -24,7 +24,7 @@ from ..kube.lookup import Lookup
 from ..replicas.indexes import Endpoint, IndexReader, endpoints_from_slices
 from ..replicas.pool_pods import Members, PoolPods
 from ..replicas.server_access import AccessBook
-from ..servers.manifests import repository_subpath, selector_string
+from ..servers.manifests import ServerSpec, repository_subpath, selector_string, typed_spec
 from ..sources.fetch import Fetcher
 from ..sources.quota import DownloadGate, NamespaceQuota
 from ..volume.claims import ClaimCheck
@@ -114,16 +114,16 @@ class ReconcileParts:
         """The pool's provably own pods (``pool_pods``), listed at most ``max_age`` seconds ago."""
         return self.pool_pods.members(namespace, server, uid, selector_string(server), max_age)
 
-    def server_dir(self, namespace: str, server_name: str, spec: Mapping[str, Any]) -> tuple[str, Path]:
+    def server_dir(self, namespace: str, server_name: str, spec: ServerSpec) -> tuple[str, Path]:
         """The pool's folder on the volume (made if missing), after its claim is known to reach no further
         than the namespace's folder."""
         self.claim(namespace, server_name, spec)
         subpath = repository_subpath(namespace, server_name, spec)
         return subpath, self.writer.server_dir(namespace, subpath)
 
-    def claim(self, namespace: str, server_name: str, spec: Mapping[str, Any]) -> str:
+    def claim(self, namespace: str, server_name: str, spec: ServerSpec) -> str:
         """The claim the pool's pods mount: the one it names (checked), else the operator's for the namespace."""
-        claim = (spec.get("repository") or {}).get("claimName")
+        claim = typed_spec(spec).repository.claim_name
         if claim:
             self.claims.check(namespace, server_name, claim)
             return str(claim)

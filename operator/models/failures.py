@@ -9,7 +9,6 @@ downloaded again every resync.
 from __future__ import annotations
 
 import random
-import threading
 import time
 from dataclasses import dataclass
 
@@ -46,41 +45,34 @@ class Failure:
     retry_at: float
 
 
-class FailureBook:
-    """The last failed render per model uid; thread-safe (reconciles of different models run at once)."""
+class RenderFailures:
+    """One model's last failed render. Held in the model's record (``controllers.model_record``) and used
+    under the model's lock, so a model forgotten is its backoff forgotten."""
 
     def __init__(self) -> None:
-        self._failures: dict[str, Failure] = {}
-        self._guard = threading.Lock()
+        self.last: Failure | None = None
 
-    def held(self, uid: str, generation: int) -> Failed | None:
+    def held(self, generation: int) -> Failed | None:
         """The failure of this generation while its backoff runs (the resync reports it, renders nothing)."""
-        with self._guard:
-            failure = self._failures.get(uid)
+        failure = self.last
         if failure and failure.generation == generation and time.monotonic() < failure.retry_at:
             return failure.error, failure.version
         return None
 
-    def of(self, uid: str, generation: int) -> Failed | None:
+    def of(self, generation: int) -> Failed | None:
         """The last failed render of this generation (held or not), as (error, version)."""
-        with self._guard:
-            failure = self._failures.get(uid)
+        failure = self.last
         if failure and failure.generation == generation:
             return failure.error, failure.version
         return None
 
-    def remember(self, uid: str, generation: int, error: tuple[str, str] | None, version: int | None) -> None:
+    def remember(self, generation: int, error: tuple[str, str] | None, version: int | None) -> None:
         """A render's outcome: a failure starts (or doubles) its backoff; a success (``error`` None) clears it."""
-        with self._guard:
-            if error is None:
-                self._failures.pop(uid, None)
-                return
-            before = self._failures.get(uid)
-            delay = FAILURE_BACKOFF[0]
-            if before and before.generation == generation:
-                delay = min(before.delay * 2, FAILURE_BACKOFF[1])
-            self._failures[uid] = Failure(generation, error, version, delay, time.monotonic() + delay)
-
-    def forget(self, uid: str) -> None:
-        with self._guard:
-            self._failures.pop(uid, None)
+        if error is None:
+            self.last = None
+            return
+        before = self.last
+        delay = FAILURE_BACKOFF[0]
+        if before and before.generation == generation:
+            delay = min(before.delay * 2, FAILURE_BACKOFF[1])
+        self.last = Failure(generation, error, version, delay, time.monotonic() + delay)

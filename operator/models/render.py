@@ -7,7 +7,7 @@ names (``FP32`` ↔ ``TYPE_FP32``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from google.protobuf import descriptor, json_format
@@ -23,15 +23,14 @@ from kubeinfer.server.config.platforms import BUILTIN_BACKENDS, backend_for, mod
 from kubeinfer.server.sources.uris import store_scheme
 from kubeinfer.server.vocabulary import datatypes
 
-from ..api.model_spec import Source
+from ..api.model_types import ModelVersion, Source, config_part, version_weights
 from ..api.schema import CONFIG_TOP_FIELDS, TOP_LEVEL_ALIASES
+from ..api.typed import parse
 from ..traffic import rollout
 from ..volume.rendered import RenderedModel
 
 #: what an InferenceServer serves when its spec.backends is empty
 DEFAULT_BACKENDS = BUILTIN_BACKENDS
-#: spec fields of the InferenceModel that are the operator's, not the ModelConfig's
-OPERATOR_FIELDS = ("server", "versions", "rollout", "coldStartBudgetSeconds")
 _CRD_TO_PROTO = {v: k for k, v in TOP_LEVEL_ALIASES.items()}
 _DATA_TYPE = pb.DataType.DESCRIPTOR.full_name
 _INT_CPP_TYPES = {descriptor.FieldDescriptor.CPPTYPE_INT64, descriptor.FieldDescriptor.CPPTYPE_UINT64}
@@ -90,9 +89,9 @@ def _convert_message(
 
 
 def spec_to_config(name: str, spec: Mapping[str, Any]) -> pb.ModelConfig:
-    """The ModelConfig an InferenceModel spec describes (no validation beyond the schema's types)."""
-    config_part = {k: v for k, v in spec.items() if k not in OPERATOR_FIELDS}
-    data = _convert_message(MODEL_CONFIG, config_part, to_config=True, top=True)
+    """The ModelConfig an InferenceModel spec describes (no validation beyond the schema's types); ``spec``
+    may be the whole spec or its ModelConfig part (``InferenceModel.config``)."""
+    data = _convert_message(MODEL_CONFIG, config_part(spec), to_config=True, top=True)
     config = pb.ModelConfig()
     try:
         json_format.ParseDict(data, config)
@@ -116,10 +115,24 @@ def render_model(
     server: str = "",
     traffic: Mapping[int, float] | None = None,
 ) -> RenderedModel:
-    """Validate an InferenceModel spec against the server's schema and rules; ConfigError says what to fix.
+    """``render_versions`` of a spec as the custom object states it (examples, tools, tests)."""
+    versions = tuple(parse(ModelVersion, v) for v in spec.get("versions") or ())
+    return render_versions(name, versions, spec, server_backends, server, traffic)
+
+
+def render_versions(
+    name: str,
+    versions: Sequence[ModelVersion],
+    config_fields: Mapping[str, Any],
+    server_backends: Iterable[str] = DEFAULT_BACKENDS,
+    server: str = "",
+    traffic: Mapping[int, float] | None = None,
+) -> RenderedModel:
+    """Validate an InferenceModel (its ``versions`` and ModelConfig fields) against the server's schema and
+    rules; ConfigError says what to fix.
 
     ``traffic``: the weights in force between versions (``rollout.weights_in_force``; None: the spec's)."""
-    config = spec_to_config(name, spec)
+    config = spec_to_config(name, config_fields)
     backends = sorted(server_backends)
     if config.platform and config.platform not in KNOWN_PLATFORMS:
         raise ConfigError(
@@ -136,12 +149,12 @@ def render_model(
         validate_config(config, name, available_backends=backends)
     except ConfigError as exc:
         raise ConfigError(f"invalid model config: {exc}") from None
-    versions: dict[int, Source] = {}
-    for entry in spec.get("versions") or ():
-        version = int(entry["version"])
-        if version in versions:
+    sources: dict[int, Source] = {}
+    for entry in versions:
+        version = entry.version
+        if version in sources:
             raise ConfigError(f"spec.versions lists version {version} twice")
-        source = Source.from_spec(entry.get("source"))
+        source = entry.source or Source()
         if config.platform != "ensemble" and not (source.uri or source.path):
             raise ConfigError(f"spec.versions[{version}] needs source.uri or source.path")
         store = store_scheme(source.uri or "")  # an https Azure Blob URL is read by the Azure store: no sha256
@@ -157,13 +170,13 @@ def render_model(
                 f"spec.versions[{version}].source.credentialsSecret needs an https://, s3://, gs://, oci://, hf:// or "
                 "az:// source.uri"
             )
-        versions[version] = source
-    if not versions:
+        sources[version] = source
+    if not sources:
         raise ConfigError("spec.versions is empty: list at least one version")
-    rollout.apply_weights(config, rollout.spec_weights(spec) if traffic is None else traffic, versions)
+    rollout.apply_weights(config, version_weights(versions) if traffic is None else traffic, sources)
     if config.version_policy.HasField("specific"):
-        missing = sorted(set(config.version_policy.specific.versions) - set(versions))
+        missing = sorted(set(config.version_policy.specific.versions) - set(sources))
         if missing:
             raise ConfigError(f"versionPolicy.specific lists versions {missing} that are not in spec.versions")
     # None for ensembles: their version folders stay empty
-    return RenderedModel(name, config, config_to_text(config), model_filename(config) or None, versions)
+    return RenderedModel(name, config, config_to_text(config), model_filename(config) or None, sources)

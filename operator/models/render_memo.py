@@ -14,22 +14,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..api.server_types import InferenceServerSpec
 from ..servers import manifests
 
 #: seconds after which a resync renders and syncs an unchanged model anyway
 FULL_CHECK_AFTER = 600.0
 
 
-def server_key(ns: str, name: str, server: Mapping[str, Any]) -> tuple[Any, ...]:
-    """The server's identity and the parts of its spec a render depends on."""
-    spec, meta = server["spec"], server["metadata"]
+def server_key(ns: str, name: str, server: Mapping[str, Any], spec: InferenceServerSpec) -> tuple[Any, ...]:
+    """The server's identity (``server``: its object) and the parts of its spec (typed) a render depends on."""
+    meta = server["metadata"]
     return (
         meta.get("uid"),
         meta.get("generation"),
         manifests.repository_subpath(ns, name, spec),
-        (spec.get("repository") or {}).get("claimName"),
-        tuple(spec.get("backends") or ()),
-        tuple(spec.get("allowedBackends") or ()) if spec.get("allowedBackends") is not None else None,
+        spec.repository.claim_name,
+        spec.backends,
+        spec.allowed_backends,
     )
 
 

@@ -23,7 +23,9 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
+from ..api.typed import as_body
 from . import server_auth
+from .server_auth import ServerSpec
 
 ReadSecret = Callable[[str, str], dict[str, Any] | None]
 
@@ -93,7 +95,7 @@ class AccessBook:
             raise AccessError(f"Secret '{namespace}/{name}' named in spec.auth does not exist")
         return secret
 
-    def _build(self, namespace: str, spec: Mapping[str, Any]) -> ServerAccess:
+    def _build(self, namespace: str, spec: ServerSpec) -> ServerAccess:
         headers = {}
         if ref := server_auth.token_secret(spec):
             token = _data(self._secret(namespace, ref[0]), ref[1])
@@ -114,11 +116,14 @@ class AccessBook:
         digest = hashlib.sha256(repr((ca, client)).encode()).hexdigest()
         return ServerAccess("https", headers, digest, ca, client)
 
-    def for_server(self, namespace: str, server: str, spec: Mapping[str, Any]) -> ServerAccess | str:
-        """How to call the pool, or why the operator cannot (a message for the status)."""
-        if not server_auth.auth_spec(spec):
+    def for_server(self, namespace: str, server: str, spec: ServerSpec) -> ServerAccess | str:
+        """How to call the pool, or why the operator cannot (a message for the status). ``spec`` typed (the model
+        controller's) or as the object states it: both are one cache entry, keyed by the typed ``auth``."""
+        auth = server_auth.auth_of(spec)
+        stated = as_body(auth) if auth is not None else {}
+        if not stated:
             return PLAIN
-        key = (namespace, server, json.dumps(server_auth.auth_spec(spec), sort_keys=True))
+        key = (namespace, server, json.dumps(stated, sort_keys=True))
         with self._guard:
             hit = self._cache.get(key)
             loading = self._loading.setdefault(key, threading.Lock())

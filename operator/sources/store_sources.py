@@ -46,7 +46,7 @@ from kubeinfer.server.sources.uris import (
     store_scheme,
 )
 
-from ..api.model_spec import Source
+from ..api.model_types import Source
 from . import archives
 from .artifacts import ArtifactError
 from .fetch import Fetch

@@ -9,7 +9,8 @@ For a model with weights the operator reads each ready replica's statistics of t
 ``GET /v2/models/<m>/stats``, with the pool's token or TLS: ``server_access``), which carry per version the
 success and failure counts and a latency histogram of the requests the weights routed there (the
 ``kubeinfer_routed`` field: a caller naming a version is outside the split and cannot steer the decision),
-and keeps the growth between reads for a window (in memory: an operator restart starts the window again).
+and keeps the growth between reads for a window (``RolloutWindow``, in the model's record: an operator restart
+starts the window again, forgetting the model forgets it).
 ``status.versionTraffic`` shows per version the weight in force, routed requests, failures, error rate and
 p99 over the window. Only models with weights pay for these reads (one small request per replica per
 resync).
@@ -24,7 +25,6 @@ generation it was made for; the weights in force follow it until the spec change
 from __future__ import annotations
 
 import collections
-import threading
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -35,23 +35,19 @@ from kubeinfer.server.config.traffic import TRAFFIC_PARAMETER, render_traffic
 from kubeinfer.server.config.version_policy import select_versions
 from kubeinfer.server.vocabulary.statistics import LATENCY_KEY, ROUTED_KEY
 
-from ..api.model_spec import ROLLOUT_MIN_REQUESTS, ROLLOUT_WINDOW_SECONDS
+from ..api.model_spec import ROLLOUT_WINDOW_SECONDS
+from ..api.model_types import InferenceModel, InferenceModelSpec, Rollout
 from ..api.status import Condition
 from ..replicas.indexes import Endpoint, IndexReader
 from ..replicas.replica_http import AnswerError
 from ..replicas.server_access import PLAIN, ServerAccess
 
+#: the window of ``status.versionTraffic`` without a ``spec.rollout``
 DEFAULT_WINDOW = ROLLOUT_WINDOW_SECONDS
-DEFAULT_MIN_REQUESTS = ROLLOUT_MIN_REQUESTS
 #: deltas older than this are dropped whatever the window (bounded memory per model)
 KEEP_SECONDS = 3600.0
 #: bytes one model's statistics answer may have (a few rows per version, a histogram each: a few KB)
 STATS_MAX_BYTES = 1 << 20
-
-
-def spec_weights(spec: Mapping[str, Any]) -> dict[int, float]:
-    """``versions[].trafficPercent`` by version ({}: none given)."""
-    return {int(v["version"]): float(v["trafficPercent"]) for v in spec.get("versions") or () if "trafficPercent" in v}
 
 
 def _decided(status: Mapping[str, Any] | None, generation: int) -> bool:
@@ -64,10 +60,10 @@ def _decided(status: Mapping[str, Any] | None, generation: int) -> bool:
     )
 
 
-def weights_in_force(spec: Mapping[str, Any], status: Mapping[str, Any] | None, generation: int) -> dict[int, float]:
+def weights_in_force(spec: InferenceModelSpec, status: Mapping[str, Any] | None, generation: int) -> dict[int, float]:
     """The spec's weights, or the ones a rollout decision for this generation put in force."""
-    weights = spec_weights(spec)
-    if weights and spec.get("rollout") is not None and _decided(status, generation):
+    weights = spec.weights()
+    if weights and spec.rollout is not None and _decided(status, generation):
         decision = (status or {})["rollout"]
         return {int(w["version"]): float(w["trafficPercent"]) for w in decision["weights"]}
     return weights
@@ -217,63 +213,66 @@ class StatsReader:
         return out
 
 
-class WindowTracker:
-    """Growth of each model's numbers between reads, per replica, kept for the window."""
+class RolloutWindow:
+    """One model's numbers: the growth between reads, per replica, kept for the window, and the generation
+    they judge. Held in the model's record (``controllers.model_record``) and used under the model's lock, so
+    a model forgotten is its window forgotten."""
 
     def __init__(self) -> None:
-        self._last: dict[tuple[str, str], dict[int, Numbers]] = {}
-        self._deltas: dict[str, collections.deque[tuple[float, dict[int, Numbers]]]] = {}
-        self._since: dict[str, float] = {}
-        self._guard = threading.Lock()
+        #: replica -> the numbers per version it answered last
+        self._last: dict[str, dict[int, Numbers]] = {}
+        self._deltas: collections.deque[tuple[float, dict[int, Numbers]]] = collections.deque()
+        #: when the first read of this generation was taken (None: none yet)
+        self._since: float | None = None
+        #: the generation the numbers judge
+        self.generation: int | None = None
 
-    def observe(self, key: str, replicas: Mapping[str, Mapping[int, Numbers]], now: float) -> None:
+    def observe(self, replicas: Mapping[str, Mapping[int, Numbers]], now: float) -> None:
         """One read of every replica. The first read of a model is the baseline (what its replicas counted
         before is not in any window); a replica first read later joined since (a new pod, one that just
         became ready or loaded the model): everything it counted is new."""
         delta: dict[int, Numbers] = {}
-        with self._guard:
-            first = key not in self._since
-            for replica, versions in replicas.items():
-                before = self._last.get((key, replica))
-                self._last[(key, replica)] = dict(versions)
-                if before is None:
-                    if first:
-                        continue
-                    before = {}
-                for v, numbers in versions.items():
-                    grown = numbers.minus(before[v]) if v in before else numbers
-                    grown = grown if grown is not None else numbers  # restarted: all it counted is new
-                    delta[v] = delta[v].plus(grown) if v in delta else grown
-            entries = self._deltas.setdefault(key, collections.deque())
-            self._since.setdefault(key, now)
-            entries.append((now, delta))
-            while entries and entries[0][0] < now - KEEP_SECONDS:
-                entries.popleft()
+        first = self._since is None
+        for replica, versions in replicas.items():
+            before = self._last.get(replica)
+            self._last[replica] = dict(versions)
+            if before is None:
+                if first:
+                    continue
+                before = {}
+            for v, numbers in versions.items():
+                grown = numbers.minus(before[v]) if v in before else numbers
+                grown = grown if grown is not None else numbers  # restarted: all it counted is new
+                delta[v] = delta[v].plus(grown) if v in delta else grown
+        if self._since is None:
+            self._since = now
+        self._deltas.append((now, delta))
+        while self._deltas and self._deltas[0][0] < now - KEEP_SECONDS:
+            self._deltas.popleft()
 
-    def window(self, key: str, seconds: float, now: float) -> tuple[dict[int, Numbers], float]:
+    def window(self, seconds: float, now: float) -> tuple[dict[int, Numbers], float]:
         """Numbers per version over the last ``seconds``, and how many seconds of reads they cover."""
         total: dict[int, Numbers] = {}
-        with self._guard:
-            for at, delta in self._deltas.get(key, ()):
-                if at < now - seconds:
-                    continue
-                for v, numbers in delta.items():
-                    total[v] = total[v].plus(numbers) if v in total else numbers
-            covered = min(seconds, now - self._since.get(key, now))
+        for at, delta in self._deltas:
+            if at < now - seconds:
+                continue
+            for v, numbers in delta.items():
+                total[v] = total[v].plus(numbers) if v in total else numbers
+        covered = min(seconds, now - (now if self._since is None else self._since))
         return total, covered
 
-    def restart(self, key: str, now: float) -> None:
-        """A new generation is judged from now on."""
-        with self._guard:
-            self._deltas.pop(key, None)
-            self._since[key] = now
+    def restart(self, generation: int, now: float) -> None:
+        """A new generation is judged from now on (the replicas' last answers stay: the baseline of growth)."""
+        self.generation = generation
+        self._deltas.clear()
+        self._since = now
 
-    def forget(self, key: str) -> None:
-        with self._guard:
-            self._deltas.pop(key, None)
-            self._since.pop(key, None)
-            for k in [k for k in self._last if k[0] == key]:
-                self._last.pop(k, None)
+    def clear(self) -> None:
+        """The model has no weights (any more): nothing is kept."""
+        self._last.clear()
+        self._deltas.clear()
+        self._since = None
+        self.generation = None
 
 
 # ---- the status and the rule ---------------------------------------------------------------------------
@@ -306,27 +305,8 @@ def version_traffic(
     return rows
 
 
-@dataclass(frozen=True)
-class Rule:
-    window: float
-    min_requests: int
-    max_error_rate: float | None
-    max_p99_ms: float | None
-    promote: bool
-
-    @classmethod
-    def from_spec(cls, rollout: Mapping[str, Any]) -> Rule:
-        return cls(
-            float(rollout.get("windowSeconds") or DEFAULT_WINDOW),
-            int(rollout.get("minRequests") or DEFAULT_MIN_REQUESTS),
-            float(rollout["maxErrorRate"]) if rollout.get("maxErrorRate") is not None else None,
-            float(rollout["maxP99Milliseconds"]) if rollout.get("maxP99Milliseconds") is not None else None,
-            bool(rollout.get("promote", True)),
-        )
-
-
 def judge(
-    rule: Rule, canary: int, weights: Mapping[int, float], window: Mapping[int, Numbers], covered: float
+    rule: Rollout, canary: int, weights: Mapping[int, float], window: Mapping[int, Numbers], covered: float
 ) -> tuple[str, str, dict[int, float]]:
     """(phase, message, weights to put in force) for the canary's numbers."""
     n = window.get(canary, Numbers())
@@ -347,62 +327,54 @@ def judge(
     broken = []
     if rule.max_error_rate is not None and rate > rule.max_error_rate:
         broken.append(f"error rate above {rule.max_error_rate:g}")
-    if rule.max_p99_ms is not None and p99_ms is not None and p99_ms > rule.max_p99_ms:
-        broken.append(f"p99 above {rule.max_p99_ms:g} ms")
+    if rule.max_p99_milliseconds is not None and p99_ms is not None and p99_ms > rule.max_p99_milliseconds:
+        broken.append(f"p99 above {rule.max_p99_milliseconds:g} ms")
     if broken:
         others = {v: w for v, w in weights.items() if v != canary}
         rest = sum(others.values())
         back = {v: (100 * w / rest if rest else 100 / len(others)) for v, w in others.items()}
         return "RolledBack", f"version {canary} rolled back ({', '.join(broken)}): {numbers}", {**back, canary: 0.0}
-    if rule.promote and covered >= rule.window:
+    if rule.promote and covered >= rule.window_seconds:
         promoted = {v: 0.0 for v in weights} | {canary: 100.0}
         return "Promoted", f"version {canary} promoted after a full window within the limits: {numbers}", promoted
     return "Progressing", f"version {canary} within the limits so far: {numbers}", dict(weights)
 
 
 class Rollouts:
-    """What a model reconcile adds for weights and spec.rollout (numbers, status, decisions)."""
+    """What a model reconcile adds for weights and spec.rollout (numbers, status, decisions); what it keeps
+    per model is the model's ``RolloutWindow``."""
 
-    def __init__(self, reader: IndexReader, now: Any = time.monotonic, clock: Any = None) -> None:
+    def __init__(self, reader: IndexReader, now: Any = time.monotonic) -> None:
         self.stats = StatsReader(reader)
-        self.tracker = WindowTracker()
         self._now = now
-        self._generations: dict[str, int] = {}
-
-    def tracked(self, spec: Mapping[str, Any]) -> bool:
-        return bool(spec_weights(spec))
 
     def extend(
         self,
-        uid: str,
-        spec: Mapping[str, Any],
-        generation: int,
-        prev: Mapping[str, Any],
+        window: RolloutWindow,
+        model: InferenceModel,
         new: dict[str, Any],
         endpoints: Iterable[Endpoint],
-        model: str,
         access: ServerAccess | str,
         stamp: str,
     ) -> tuple[list[Condition], str | None]:
         """Add ``versionTraffic`` and ``rollout`` to ``new``; returns extra conditions and the message of a
         decision made now (None: none), after which the model is rendered again with the new weights."""
-        weights = spec_weights(spec)
+        spec, generation, prev = model.spec, model.generation, model.status
+        weights = spec.weights()
         if not weights:
-            self.forget(uid)
+            window.clear()
             new["versionTraffic"] = None
             new["rollout"] = None
             return [], None
         now = self._now()
-        if self._generations.get(uid) != generation:
-            self._generations[uid] = generation
-            self.tracker.restart(uid, now)
+        if window.generation != generation:
+            window.restart(generation, now)
         if not isinstance(access, str):
-            self.tracker.observe(uid, self.stats.read(endpoints, model, access), now)
-        rollout = spec.get("rollout")
-        rule = Rule.from_spec(rollout) if rollout is not None else None
-        window, covered = self.tracker.window(uid, rule.window if rule else DEFAULT_WINDOW, now)
+            window.observe(self.stats.read(endpoints, model.name, access), now)
+        rule = spec.rollout
+        numbers, covered = window.window(rule.window_seconds if rule else DEFAULT_WINDOW, now)
         in_force = weights_in_force(spec, prev, generation)
-        new["versionTraffic"] = version_traffic(in_force, window, covered)
+        new["versionTraffic"] = version_traffic(in_force, numbers, covered)
         if rule is None:
             new["rollout"] = None
             return [], None
@@ -419,16 +391,12 @@ class Rollouts:
             }
             new["rollout"] = _keep_time(before, state, stamp)
             return [_condition(state)], None
-        phase, message, decided = judge(rule, canary, weights, window, covered)
+        phase, message, decided = judge(rule, canary, weights, numbers, covered)
         state = {"phase": phase, "canaryVersion": canary, "generation": generation, "message": message}
         if phase != "Progressing":
             state["weights"] = [{"version": v, "trafficPercent": round(w, 3)} for v, w in sorted(decided.items())]
         new["rollout"] = _keep_time(before, state, stamp)
         return [_condition(state)], (message if phase != "Progressing" else None)
-
-    def forget(self, uid: str) -> None:
-        self.tracker.forget(uid)
-        self._generations.pop(uid, None)
 
 
 def _keep_time(before: Mapping[str, Any], state: dict[str, Any], stamp: str) -> dict[str, Any]:

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from kubeinfer.server.config import pb
 
-from ..api.model_spec import Source
+from ..api.model_types import Source
 
 
 @dataclass(frozen=True)

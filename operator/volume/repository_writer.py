@@ -35,7 +35,7 @@ from kubeinfer.server.repository.layout import CONFIG_FILE, check_model_name, is
 from kubeinfer.server.sources.client import StoreClient
 from kubeinfer.server.vocabulary.errors import InvalidArgument
 
-from ..api.model_spec import Source
+from ..api.model_types import Source
 from ..sources import archives, artifacts
 from ..sources.artifacts import ArtifactError
 from ..sources.fetch import Fetch, Fetcher

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from kubeinfer.operator.api.model_spec import Source
+from kubeinfer.operator.api.model_types import Source
 from kubeinfer.operator.models.render import render_model
 from kubeinfer.operator.sources.artifacts import ArtifactError
 from kubeinfer.operator.sources.store_sources import StoreSources

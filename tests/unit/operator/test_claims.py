@@ -4,6 +4,8 @@ volume (compared by bound storage, not by claim names), and the per-namespace so
 from __future__ import annotations
 
 import pytest
+from kubeinfer.operator.api.server_types import InferenceServerSpec
+from kubeinfer.operator.replicas.server_access import PLAIN, AccessBook, ServerAccess
 from kubeinfer.operator.sources.artifacts import ArtifactError
 from kubeinfer.operator.volume.claims import (
     NAMESPACE_ANNOTATION,
@@ -154,7 +156,6 @@ def test_an_expired_lookup_is_made_once_however_many_threads_ask():
     import threading
     import time
 
-    from kubeinfer.operator.replicas.server_access import AccessBook
     from kubeinfer.operator.volume.tenant_volumes import TenantVolumes
 
     calls: list[tuple] = []
@@ -191,3 +192,18 @@ def test_an_expired_lookup_is_made_once_however_many_threads_ask():
         for t in threads:
             t.join()
         assert len(calls) == len(set(calls)), calls  # each object read (or made) once
+
+
+def test_a_pools_access_is_one_entry_whether_its_spec_comes_typed_or_as_written() -> None:
+    """The server controller asks with the object's spec, the model controller with the typed spec it parsed
+    once: both find the same cached access (one read of the pool's token Secret per ttl, not two)."""
+    reads: list[str] = []
+    book = AccessBook(lambda ns, name: reads.append(name) or {"data": {"token": "dG9rZW4="}})
+    written = {"image": "i", "auth": {"tokenSecret": {"name": "t"}}}
+    first = book.for_server("team-1", "pool", written)
+    second = book.for_server("team-1", "pool", InferenceServerSpec.from_body({"spec": written}))
+    assert isinstance(first, ServerAccess) and first.headers == {"Authorization": "Bearer token"}
+    assert second == first and reads == ["t"]
+    assert (
+        book.for_server("team-1", "pool", InferenceServerSpec.from_body({"spec": {"image": "i", "auth": {}}})) is PLAIN
+    )

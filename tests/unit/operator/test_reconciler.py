@@ -29,7 +29,7 @@ from kubeinfer.operator.controllers.settings import OperatorConfig
 from kubeinfer.operator.kube.client import MODELS, SERVERS
 from kubeinfer.operator.models import failures, render_memo
 from kubeinfer.operator.models.failures import FAILURE_BACKOFF
-from kubeinfer.operator.models.render import render_model
+from kubeinfer.operator.models.render import render_versions
 from kubeinfer.operator.servers import pod_start
 from kubeinfer.server.sources.egress import parse_networks
 from kubernetes.client.exceptions import ApiException
@@ -319,7 +319,9 @@ def test_a_resync_with_nothing_changed_renders_nothing_and_writes_nothing(
     body["status"] = reconciler.reconcile_model(body, recheck=False)
     syncs = counting_syncs(reconciler, monkeypatch)
     renders = []
-    monkeypatch.setattr(model_reconcile, "render_model", lambda *a, **k: renders.append(a[0]) or render_model(*a, **k))
+    monkeypatch.setattr(
+        model_reconcile, "render_versions", lambda *a, **k: renders.append(a[0]) or render_versions(*a, **k)
+    )
     folder = root / NS / "pool" / "m"
 
     def snapshot() -> list[tuple[str, int, int]]:
@@ -1005,3 +1007,30 @@ def test_a_deleted_model_leaves_nothing_behind(reconciler: Reconciler, kube: Fak
     assert record is not None and record.body is not None and record.rendered is not None
     reconciler.model_event("DELETED", body)
     assert reconciler.records.get("uid-m") is None and "uid-m" not in reconciler.models
+
+
+def test_forgetting_a_model_forgets_its_failure_backoff_and_rollout_window(
+    reconciler: Reconciler, kube: FakeKube, clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The failed render's backoff and the canary's window are in the model's record: the DELETED event's one
+    removal takes them too, so a model made again under the same uid starts afresh (no backoff held over)."""
+    add_server(kube, "pool")
+    body = model("pool", path="uploads/missing.onnx")
+    body["spec"]["versions"] = [
+        {"version": 1, "source": {"path": "uploads/missing.onnx"}, "trafficPercent": 90},
+        {"version": 2, "source": {"path": "uploads/missing.onnx"}, "trafficPercent": 10},
+    ]
+    syncs = counting_syncs(reconciler, monkeypatch)
+    reconciler.model_event("ADDED", body)
+    first = reconciler.reconcile_model(body, recheck=False)
+    assert first is not None and condition(first, "Ready")["reason"] == "PathNotFound"
+    record = reconciler.records.get("uid-m")
+    assert record is not None and record.failures.of(1) is not None and record.rollout.generation == 1
+    reconciler.reconcile_model(body, from_timer=True, recheck=False)
+    assert syncs == ["m"]  # held: within the failure's backoff
+    reconciler.model_event("DELETED", body)
+    assert reconciler.records.get("uid-m") is None
+    reconciler.reconcile_model(body, from_timer=True, recheck=False)
+    assert syncs == ["m", "m"]  # nothing held over: the resync renders again
+    again = reconciler.records.get("uid-m")
+    assert again is not None and again is not record and again.rollout.generation == 1

@@ -27,7 +27,7 @@ from azure.core.pipeline import Pipeline
 from azure.core.pipeline.policies import ContentDecodePolicy, HeadersPolicy, RetryPolicy, UserAgentPolicy
 from azure.core.rest import HttpRequest
 from azure.identity import WorkloadIdentityCredential
-from kubeinfer.operator.api.model_spec import Source
+from kubeinfer.operator.api.model_types import Source
 from kubeinfer.operator.sources.artifacts import ArtifactError
 from kubeinfer.operator.sources.fetch import Fetch
 from kubeinfer.operator.sources.store_sources import StoreSources
