@@ -32,7 +32,9 @@ ADDONS_SCRIPT = CLUSTER_SCRIPT.with_name("addons.py")
 ADDONS = "prometheus,keda"
 #: and the scale-to-zero tests: KEDA's HTTP add-on besides them
 HTTP_ADDONS = f"{ADDONS},keda-http"
-IMAGES_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "images.py"
+#: scripts/images.py, run as a module from the repository root (it imports e2e.cluster.localcluster from there)
+ROOT = Path(__file__).resolve().parents[1]
+IMAGES = [sys.executable, "-m", "scripts.images"]
 
 
 class CommandFailed(AssertionError):
@@ -124,13 +126,13 @@ _build_failure: str | None = None
 _images_failure: str | None = None
 
 
-def _stream(cmd: list[str], session: pytest.Session) -> tuple[int, str]:
+def _stream(cmd: list[str], session: pytest.Session, cwd: Path | None = None) -> tuple[int, str]:
     """Run a long build outside any test (pytest-timeout counts fixture setup), output shown live."""
     capman = session.config.pluginmanager.getplugin("capturemanager")
     ctx = capman.global_and_fixture_disabled() if capman else contextlib.nullcontext()
     lines: list[str] = []
     with ctx:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd)
         assert proc.stdout is not None
         for line in proc.stdout:
             lines.append(line)
@@ -161,7 +163,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
             _build_failure = f"e2e/cluster/build failed (exit {rc}):\n{out}"
     if "images" in needs:
         # the image builds (cold: Debian base + both images, a few minutes) also run before any test
-        rc, out = _stream([sys.executable, str(IMAGES_SCRIPT), "--no-load"], session)
+        rc, out = _stream([*IMAGES, "--no-load"], session, cwd=ROOT)
         if rc != 0:
             _images_failure = f"scripts/images failed (exit {rc}):\n{out}"
 
@@ -210,7 +212,7 @@ def images(cluster, node) -> dict:
     if _images_failure:
         pytest.fail(_images_failure, pytrace=False)
     env = dict(os.environ, KUBEINFER_CLUSTER_RUN=cluster.run_dir)
-    proc = subprocess.run([sys.executable, str(IMAGES_SCRIPT), "--json"], capture_output=True, text=True, env=env)
+    proc = subprocess.run([*IMAGES, "--json"], capture_output=True, text=True, env=env, cwd=ROOT)
     sys.stderr.write(proc.stderr)
     if proc.returncode != 0:
         pytest.fail(f"scripts/images failed (exit {proc.returncode}):\n{proc.stderr[-20000:]}", pytrace=False)

@@ -28,6 +28,7 @@ import onnx
 import pytest
 import tritonclient.http as httpclient
 import yaml
+from dashboard_queries import WAKES, dashboard, instant, panel_query, panel_targets, substitute
 
 from tests.support.host_operator import HostOperator, InNamespace, host_operator, matmul_model, pool_server
 from tests.support.models import matmul
@@ -37,7 +38,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "helm" / "kubeinfer"
-DASHBOARD = CHART / "dashboards" / "kubeinfer.json"
 API = "serving.kubeinfer.io/v1alpha1"
 POOL = "dash-pool"
 MODELS = ("d0", "d1", "d2")
@@ -49,14 +49,8 @@ BUDGET = "2Mi"  # one model at a time: requests to the three in turn load and ev
 #: a minute)
 REQUESTS_PER_TURN = 5
 ROUND_SECONDS = 5.0
-#: Grafana's built-in variables as a dashboard over the last 30 minutes would set them (scrapes every 2 s here)
 #: how kubectl prints a cell whose field is absent (blank for a custom resource's column; <none> elsewhere)
 EMPTY = ("", "<none>")
-BUILTINS = {"$__rate_interval": "1m", "$__range_s": "1800", "$__range": "30m", "$__interval": "15s"}
-
-
-def dashboard() -> dict[str, Any]:
-    return json.loads(DASHBOARD.read_text())
 
 
 def dashboard_configmaps(helm: Any, *args: str) -> list[dict[str, Any]]:
@@ -95,8 +89,7 @@ class Pool(InNamespace):
 
     def query(self, promql: str) -> dict[str, Any]:
         """The Prometheus HTTP API's answer to an instant query."""
-        answer = httpx.get(f"{self.prometheus}/api/v1/query", params={"query": promql}, timeout=30)
-        return dict(answer.json())
+        return instant(self.prometheus, promql)
 
     def table(self, kind: str) -> dict[str, dict[str, str]]:
         """``kubectl get <kind>`` as printed: row name → column header → cell (a cell starts where its header
@@ -192,25 +185,6 @@ class Traffic:
         self.thread.join(120)
 
 
-def substitute(expr: str, variables: dict[str, str]) -> str:
-    """A query as Grafana sends it: template variables (``$name`` / ``${name}``) and built-ins replaced."""
-    for name, value in BUILTINS.items():
-        expr = expr.replace(name, value)
-    for name, value in variables.items():
-        expr = expr.replace(f"${{{name}}}", value).replace(f"${name}", value)
-    assert "$" not in expr, f"a variable the test does not set: {expr}"
-    return expr
-
-
-def panel_targets(dash: dict[str, Any]) -> list[tuple[str, str, str]]:
-    """(panel title, refId, expr) of every query of every panel, rows' nested panels included."""
-    out = []
-    for panel in dash["panels"]:
-        for p in [panel, *panel.get("panels", ())]:
-            out += [(p["title"], t["refId"], t["expr"]) for t in p.get("targets", ())]
-    return out
-
-
 def test_every_panel_query_returns_series_while_traffic_flows(pool: Pool) -> None:
     wait_for_cluster("the three models Ready", lambda: _serving(pool), 600, describe=pool.describe)
     dash = dashboard()
@@ -247,6 +221,9 @@ def test_every_panel_query_returns_series_while_traffic_flows(pool: Pool) -> Non
     (expr,) = [e for title, _, e in targets if "kubeinfer_model_load_failures" in e]
     failures = pool.query(substitute(expr, variables))["data"]["result"]
     assert {r["metric"]["model"]: float(r["value"][1]) for r in failures} == dict.fromkeys(MODELS, 0.0), failures
+    # the wakes panel: this pool (minReplicas 1) came from zero pods once, at its first start, and not since
+    wakes = pool.query(panel_query(WAKES, variables))["data"]["result"]
+    assert [float(r["value"][1]) for r in wakes] == [1.0], wakes
     for var in dash["templating"]["list"]:
         if var["type"] != "query":
             continue

@@ -6,7 +6,8 @@ with its external-push triggers; KEDA scales the idle pool to zero pods; a reque
 interceptor for the pool's host is held while KEDA wakes the pool (interceptor → external scaler → KEDA →
 the InferenceServer's scale subresource → the operator's Deployment → a pod that loads the model) and then
 answered. The time from the request to its answer is measured for HTTP and for gRPC (tritonclient, HTTP/2
-through the interceptor) and printed with the woken pod's start-up phases.
+through the interceptor) and printed with the woken pod's start-up phases. The chart's dashboard counts each wake:
+its "Wakes from zero" panel's query, sent to the real Prometheus as Grafana sends it, goes up by exactly one.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import httpx
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+from dashboard_queries import WAKES, instant, panel_query
 from kubeinfer.server.examples.generate import default_repository
 
 from tests.support.host_operator import HostOperator, InNamespace, host_operator, pool_server
@@ -46,6 +48,7 @@ FIRST_ANSWER_LIMIT = 300.0
 class Pool(InNamespace):
     op: HostOperator
     host: str
+    prometheus: str
 
     def pods(self) -> list[dict[str, Any]]:
         out = self.kubectl("get", "pods", "-l", f"app.kubernetes.io/instance={POOL}", "-o", "json").stdout
@@ -54,6 +57,18 @@ class Pool(InNamespace):
     def describe(self) -> str:
         out = self.kubectl("get", "isrv,deploy,pods,scaledobject,interceptorroute,hpa", "-o", "yaml", check=False)
         return out.stdout[-12000:] + "\n--- operator log\n" + self.op.log.read_text(errors="replace")[-4000:]
+
+    def wakes(self) -> float:
+        """The dashboard's "Wakes from zero" stat for this pool (0 while it has no series)."""
+        answer = instant(self.prometheus, panel_query(WAKES, {"namespace": self.ns, "server": POOL}))
+        assert answer.get("status") == "success", answer
+        return sum(float(r["value"][1]) for r in answer["data"]["result"])
+
+    def scraped(self) -> bool:
+        """Whether Prometheus has a scrape target of the pool now (its up series, not yet stale)."""
+        answer = instant(self.prometheus, f'up{{namespace="{self.ns}", serving_kubeinfer_io_server="{POOL}"}}')
+        assert answer.get("status") == "success", answer
+        return bool(answer["data"]["result"])
 
 
 def _condition(obj: dict[str, Any], ctype: str) -> dict[str, Any]:
@@ -99,7 +114,7 @@ def pool(
                 "versions": [{"version": 1, "source": {"path": "uploads/add_sub.onnx"}}],
             },
         }  # fmt: skip
-        p = Pool(cluster, op.ns, op, f"{POOL}.{op.ns}")
+        p = Pool(cluster, op.ns, op, f"{POOL}.{op.ns}", http_addon.prometheus_url)
         items = [secret, server, model]
         p.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
         yield p
@@ -127,6 +142,22 @@ def _woken_pod(pool: Pool) -> dict[str, Any]:
 
 def _epoch(stamp: str) -> float:
     return dt.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
+def _idle_for_prometheus(pool: Pool) -> float:
+    """Waits until Prometheus too has the pool at zero (its discovery dropped the last pod) for longer than the
+    wakes panel's 5 s step, which counts a return from there; then the panel's count."""
+    wait_for_cluster("Prometheus without a target of the pool", lambda: not pool.scraped(), 60, describe=pool.describe)
+    time.sleep(6)
+    return pool.wakes()
+
+
+def _counted(pool: Pool, before: float) -> float:
+    """The wakes panel's count once it has gone past ``before`` (the new pod scraped, the next 5 s step)."""
+    return wait_for_cluster(
+        "the dashboard's wakes panel counting the wake", lambda: (n := pool.wakes()) > before and n, 90, 2,
+        describe=pool.describe,
+    )  # fmt: skip
 
 
 def _with_condition(pool: Pool, kind: str, name: str, ctype: str) -> dict[str, Any] | None:
@@ -166,6 +197,7 @@ def test_scale_from_zero_with_the_first_request_answered(pool: Pool, http_addon:
 
     # ---- HTTP: the first request after idling
     wait_for_cluster("the idle pool at zero pods", lambda: _at_zero(pool), IDLE_SECONDS + 240, describe=pool.describe)
+    wakes = [_idle_for_prometheus(pool)]
     body = {
         "inputs": [
             {"name": "INPUT0", "datatype": "FP32", "shape": [1, 16], "data": a.ravel().tolist()},
@@ -188,9 +220,11 @@ def test_scale_from_zero_with_the_first_request_answered(pool: Pool, http_addon:
     # the interceptor says the request waited for a cold start (its X-KEDA-HTTP-Cold-Start header)
     assert r.headers.get("x-keda-http-cold-start") == "true", dict(r.headers)
     rows.append(("HTTP", http_seconds, sent, answered, _woken_pod(pool)))
+    wakes.append(_counted(pool, wakes[-1]))
 
     # ---- gRPC: idle again, then tritonclient over HTTP/2 through the same interceptor (its :authority is the host)
     wait_for_cluster("the pool back at zero pods", lambda: _at_zero(pool), IDLE_SECONDS + 240, describe=pool.describe)
+    wakes.append(_idle_for_prometheus(pool))
     client = grpcclient.InferenceServerClient(
         http_addon.interceptor_url.removeprefix("http://"), channel_args=[("grpc.default_authority", pool.host)]
     )
@@ -207,6 +241,7 @@ def test_scale_from_zero_with_the_first_request_answered(pool: Pool, http_addon:
     np.testing.assert_allclose(result.as_numpy("OUTPUT0"), a + b, rtol=1e-6)
     np.testing.assert_allclose(result.as_numpy("OUTPUT1"), a - b, rtol=1e-6)
     rows.append(("gRPC", grpc_seconds, sent, answered, _woken_pod(pool)))
+    wakes.append(_counted(pool, wakes[-1]))
 
     # wake: request → the pod object (KEDA's reaction to the scaler's push, the operator's Deployment; the pod's
     # creation time has whole seconds); start: pod created → models Ready (status.pods); answer: → the reply
@@ -220,8 +255,11 @@ def test_scale_from_zero_with_the_first_request_answered(pool: Pool, http_addon:
         tail = answered_at - _epoch(pod["modelsReady"])
         detail = ", ".join(f"{k} {pod['seconds'][k]:.1f}" for k in PHASES)
         lines.append(f"{proto:<8} {secs:>14.1f} {wake:>5.1f} {start:>6.1f} {tail:>6.1f}  {detail}")
+    lines.append(f"dashboard's wakes from zero (at zero, woken; HTTP then gRPC): {wakes}")
     print("\n" + "\n".join(lines))
     assert http_seconds < FIRST_ANSWER_LIMIT and grpc_seconds < FIRST_ANSWER_LIMIT
+    # each wake counted once, and nothing while the pool idled at zero between them
+    assert wakes[1:] == [wakes[0] + 1, wakes[0] + 1, wakes[0] + 2], wakes
     # through the shared interceptor, a caller without the pool's token is refused by the pool itself
     refused = httpx.post(
         f"{http_addon.interceptor_url}/v2/models/{MODEL}/infer", json=body, headers={"Host": pool.host}, timeout=60

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Build the kubeinfer container images here and load them into the local cluster's containerd.
 
 ``scripts/images`` (``make images``):
@@ -39,11 +38,12 @@ import time
 import zipfile
 from pathlib import Path
 
+# the local cluster's package (stdlib only), by its path from the repository root: ``scripts/images`` runs this
+# file as ``python3 -m scripts.images`` there, so the root is on sys.path (e2e/ and scripts/ are namespace folders)
+from e2e.cluster.localcluster import scaffold
+from e2e.cluster.localcluster.scaffold import flock
+
 ROOT = Path(__file__).resolve().parents[1]
-# the local cluster's modules: the scaffolding both scripts share, the running cluster's state (stdlib only)
-sys.path.insert(0, str(ROOT / "e2e" / "cluster"))
-from localcluster import scaffold  # noqa: E402
-from localcluster.scaffold import flock  # noqa: E402
 
 SYSTEM_PACKAGES = ROOT / "e2e" / "cluster" / "system-packages"
 
@@ -386,9 +386,9 @@ def prune(name: str, keep: tuple[str, ...]) -> None:
 
 def cluster_node() -> dict | None:
     """The worker node of the running local cluster (from its run folder's state.json), if any."""
-    from localcluster.base import run_dir
-    from localcluster.state import load_state
-    from localcluster.supervisor import healthy
+    from e2e.cluster.localcluster.base import run_dir
+    from e2e.cluster.localcluster.state import load_state
+    from e2e.cluster.localcluster.supervisor import healthy
 
     state = load_state(run_dir())
     if not state or not state.get("node") or not healthy(state, patience=5):

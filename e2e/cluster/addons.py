@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# localcluster/ sits beside this script, and Python puts a script's folder first on sys.path
 from localcluster.addons import kubeconform, schemas, support
 from localcluster.base import ClusterError, log
 

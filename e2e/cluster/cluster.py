@@ -43,17 +43,16 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from localcluster import addons, node  # noqa: E402
-from localcluster.apiclient import Api  # noqa: E402
-from localcluster.base import ClusterError, log, run_dir  # noqa: E402
-from localcluster.binaries import ensure_built  # noqa: E402
-from localcluster.control_plane import COMPONENTS, SERVICE_CIDR  # noqa: E402
-from localcluster.processes import alive, spawn, stop, tail  # noqa: E402
-from localcluster.scaffold import flock  # noqa: E402
-from localcluster.state import add_holder, live_holders, load_state, save_state  # noqa: E402
-from localcluster.supervisor import START_ATTEMPTS, healthy, recipe_hash, start, stop_components  # noqa: E402
+# localcluster/ sits beside this script, and Python puts a script's folder first on sys.path
+from localcluster import addons, node
+from localcluster.apiclient import Api
+from localcluster.base import ClusterError, log, run_dir
+from localcluster.binaries import ensure_built
+from localcluster.control_plane import COMPONENTS, SERVICE_CIDR
+from localcluster.processes import alive, spawn, stop, tail
+from localcluster.scaffold import flock
+from localcluster.state import add_holder, live_holders, load_state, save_state
+from localcluster.supervisor import START_ATTEMPTS, healthy, recipe_hash, start, stop_components
 
 
 def exports(state: dict) -> str:

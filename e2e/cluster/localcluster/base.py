@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from localcluster import scaffold
+from . import scaffold
 
 #: e2e/cluster: the pinned Go modules (``k8s/``, ``etcd/``, ...), ``system-packages`` and the CLI scripts
 CLUSTER_DIR = Path(__file__).resolve().parent.parent

@@ -13,9 +13,9 @@ import subprocess
 import time
 from pathlib import Path
 
-from localcluster import scaffold
-from localcluster.base import CLUSTER_DIR, ClusterError, cache_dir, log
-from localcluster.gotool import go, module_info
+from . import scaffold
+from .base import CLUSTER_DIR, ClusterError, cache_dir, log
+from .gotool import go, module_info
 
 MODULES = ("k8s", "etcd", "kwok", "helm", "coredns")
 

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from localcluster.base import CLUSTER_DIR, ClusterError, log
+from .base import CLUSTER_DIR, ClusterError, log
 
 #: the compiler writes no DWARF: every binary is linked with ``-s -w``, which drops it anyway (stack traces
 #: come from the symbol table Go keeps), so the binaries work the same and a cold build costs less CPU

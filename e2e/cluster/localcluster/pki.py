@@ -6,8 +6,8 @@ import base64
 import subprocess
 from pathlib import Path
 
-from localcluster.base import ClusterError
-from localcluster.node import NODE_NAME
+from .base import ClusterError
+from .node import NODE_NAME
 
 
 def openssl(*args: str, cwd: Path) -> None:

@@ -11,7 +11,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from localcluster.base import log
+from .base import log
 
 
 def spawn(cmd: list[str], log_path: Path, cwd: Path, banner: str, env: dict | None = None) -> tuple[int, str | None]:

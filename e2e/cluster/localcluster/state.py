@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from localcluster.base import ClusterError
-from localcluster.processes import proc_starttime
+from .base import ClusterError
+from .processes import proc_starttime
 
 
 def load_state(rd: Path) -> dict | None:

@@ -10,10 +10,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from localcluster import addons, node
-from localcluster.apiclient import Api, http_ok, node_ready
-from localcluster.base import CLUSTER_DIR, ClusterError, log
-from localcluster.control_plane import (
+from . import addons, node
+from .apiclient import Api, http_ok, node_ready
+from .base import CLUSTER_DIR, ClusterError, log
+from .control_plane import (
     COMPONENTS,
     NODE_NAME,
     SERVICE_CIDR,
@@ -23,10 +23,10 @@ from localcluster.control_plane import (
     etcd_url,
     kwok_node,
 )
-from localcluster.node import configs, containerd, lifecycle, network
-from localcluster.pki import make_pki, write_kubeconfig
-from localcluster.processes import alive, free_ports, spawn, stop, tail
-from localcluster.state import save_state
+from .node import configs, containerd, lifecycle, network
+from .pki import make_pki, write_kubeconfig
+from .processes import alive, free_ports, spawn, stop, tail
+from .state import save_state
 
 #: tries of a start whose component lost its port to another process between choosing and binding
 START_ATTEMPTS = 3

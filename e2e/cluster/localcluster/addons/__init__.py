@@ -48,12 +48,12 @@ import shutil
 import time
 from pathlib import Path
 
-from localcluster import processes
-from localcluster.addons import fake_gcs, keda, keda_http, kubeconform, otelcol, prometheus, seaweedfs
-from localcluster.addons import registry as oci_registry
-from localcluster.base import ClusterError
-from localcluster.processes import alive
-from localcluster.state import save_state
+from .. import processes
+from ..addons import fake_gcs, keda, keda_http, kubeconform, otelcol, prometheus, seaweedfs
+from ..addons import registry as oci_registry
+from ..base import ClusterError
+from ..processes import alive
+from ..state import save_state
 
 ADDONS = ("prometheus", "keda", "keda-http")
 #: add-ons another one needs running (started first)

@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from localcluster import gotool
-from localcluster.addons import support
+from .. import gotool
+from ..addons import support
 
 # bump when the build below changes
 FAKE_GCS_RECIPE = "v1 trimpath cgo=0 ldflags=-s,-w fake-gcs-server=module-main"

@@ -11,12 +11,12 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from localcluster import gotool, pki, processes
-from localcluster.addons import support
-from localcluster.addons.support import kubectl, launch, wait
-from localcluster.apiclient import http_ok
-from localcluster.base import ClusterError, log
-from localcluster.state import save_state
+from .. import gotool, pki, processes
+from ..addons import support
+from ..addons.support import kubectl, launch, wait
+from ..apiclient import http_ok
+from ..base import ClusterError, log
+from ..state import save_state
 
 KEDA_RECIPE = "v1 trimpath cgo=0 ldflags=-s,-w cmds=operator,adapter config=crd,rbac,metrics-server"
 NAMESPACE = "keda"

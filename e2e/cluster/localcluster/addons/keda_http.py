@@ -12,12 +12,12 @@ import shutil
 import socket
 from pathlib import Path
 
-from localcluster import gotool, processes
-from localcluster.addons import keda, support
-from localcluster.addons.support import kubectl, launch, wait
-from localcluster.apiclient import http_ok
-from localcluster.base import ClusterError, log
-from localcluster.state import save_state
+from .. import gotool, processes
+from ..addons import keda, support
+from ..addons.support import kubectl, launch, wait
+from ..apiclient import http_ok
+from ..base import ClusterError, log
+from ..state import save_state
 
 KEDA_HTTP_RECIPE = "v1 trimpath cgo=0 ldflags=-s,-w,version cmds=operator,scaler,interceptor config=crd,rbac"
 KEDA_HTTP_MODULE = "github.com/kedacore/http-add-on"

@@ -8,12 +8,12 @@ import os
 import tempfile
 from pathlib import Path
 
-from localcluster import gotool
-from localcluster.addons import support
-from localcluster.addons.keda import keda_crds_from_module
-from localcluster.addons.schemas import write_crd_schemas, write_k8s_schemas
-from localcluster.addons.support import run
-from localcluster.base import ClusterError, log
+from .. import gotool
+from ..addons import support
+from ..addons.keda import keda_crds_from_module
+from ..addons.schemas import write_crd_schemas, write_k8s_schemas
+from ..addons.support import run
+from ..base import ClusterError, log
 
 #: CRDs of the Prometheus Operator (ServiceMonitor/PodMonitor), for validating the chart's optional monitors.
 #: Pinned with the module's go.sum hash (checked after download).

@@ -8,10 +8,10 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from localcluster import apiclient, gotool, processes
-from localcluster.addons import support
-from localcluster.base import CLUSTER_DIR, log
-from localcluster.state import save_state
+from .. import apiclient, gotool, processes
+from ..addons import support
+from ..base import CLUSTER_DIR, log
+from ..state import save_state
 
 PROMETHEUS_RECIPE = "v2 trimpath cgo=0 tags=netgo,stringlabels ldflags=-s,-w,version-stamps plugins=kubernetes"
 #: promu's tags, less builtinassets (the web UI needs an npm build; the API is all the tests use)

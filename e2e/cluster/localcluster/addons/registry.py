@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from localcluster import gotool
-from localcluster.addons import support
+from .. import gotool
+from ..addons import support
 
 # bump when the build below changes
 REGISTRY_RECIPE = "v2 trimpath cgo=0 ldflags=-s,-w,version-stamps registry=wrapper-main oras=cmd/oras"

@@ -10,10 +10,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from localcluster import base, processes, scaffold
-from localcluster.base import ClusterError, log
-from localcluster.processes import alive, tail
-from localcluster.state import save_state
+from .. import base, processes, scaffold
+from ..base import ClusterError, log
+from ..processes import alive, tail
+from ..state import save_state
 
 
 def pyyaml() -> Any:

@@ -30,8 +30,8 @@ import os
 import subprocess
 import sys
 
-from localcluster import base
-from localcluster.base import log
+from .. import base
+from ..base import log
 
 NODE_NAME = "kubeinfer-node-0"
 PAUSE_REPO = "localhost/kubeinfer/pause"

@@ -8,8 +8,8 @@ import signal
 import time
 from pathlib import Path
 
-from localcluster.node import log
-from localcluster.node.network import Net
+from ..node import log
+from ..node.network import Net
 
 
 def cgroup_mounts() -> list[Path]:

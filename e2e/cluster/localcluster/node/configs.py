@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from localcluster.node import NODE_NAME, PAUSE_REPO
-from localcluster.node.network import Net
+from ..node import NODE_NAME, PAUSE_REPO
+from ..node.network import Net
 
 
 def paths(rd: Path, net: Net) -> dict[str, str]:

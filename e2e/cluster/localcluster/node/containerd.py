@@ -6,8 +6,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from localcluster.node import NodeError
-from localcluster.node.pause_image import pause_image
+from ..node import NodeError
+from ..node.pause_image import pause_image
 
 
 def ctr(p: dict, *args: str, check: bool = True, input: bytes | None = None) -> subprocess.CompletedProcess:

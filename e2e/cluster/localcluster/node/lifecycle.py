@@ -10,12 +10,12 @@ import signal
 import time
 from pathlib import Path
 
-from localcluster.apiclient import Api, http_ok, node_ready
-from localcluster.base import ClusterError, log
-from localcluster.node import NODE_NAME, cgroups, containerd, sh, storage
-from localcluster.node.cgroups import remove_cgroup_root
-from localcluster.node.configs import paths
-from localcluster.node.network import Net, teardown_network
+from ..apiclient import Api, http_ok, node_ready
+from ..base import ClusterError, log
+from ..node import NODE_NAME, cgroups, containerd, sh, storage
+from ..node.cgroups import remove_cgroup_root
+from ..node.configs import paths
+from ..node.network import Net, teardown_network
 
 
 def start_node(net: Net, paths: dict, bins: Path, api: Api, launcher, started: tuple[str, ...], rd: Path) -> None:

@@ -8,7 +8,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from localcluster.node import NodeError, sh
+from ..node import NodeError, sh
 
 LINK_NET, POD_NET, SERVICE_NET = "172.28", "10.245", "10.96"
 SLOTS = 250

@@ -8,7 +8,7 @@ import json
 import tarfile
 from pathlib import Path
 
-from localcluster.node import PAUSE_REPO
+from ..node import PAUSE_REPO
 
 
 def pause_image(bins: Path) -> tuple[str, bytes]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
-from localcluster.node import NODE_NAME, NodeError
+from ..node import NODE_NAME, NodeError
 
 STORAGE_CLASS = "local-hostpath"
 #: Available PersistentVolumes ``up`` keeps in the pool (each claim binds one; released ones are retained).
