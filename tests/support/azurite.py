@@ -30,7 +30,6 @@ import httpx
 from tests.support.store_process import StoreProcess, StoreProcessError, free_port_on
 
 ROOT = Path(__file__).resolve().parents[2]
-CLUSTER_DIR = ROOT / "e2e" / "cluster"
 AZURITE_VERSION = "3.37.0"
 #: bump when the install below changes
 AZURITE_RECIPE = f"v1 npm install --no-audit --no-fund azurite@{AZURITE_VERSION}"
@@ -52,14 +51,13 @@ def azurite_dir() -> Path:
     if shutil.which("npm") is None:
         raise AzuriteError("installing Azurite needs npm (Node.js 20 or newer) on PATH")
     code = (
-        "import sys; sys.path.insert(0, sys.argv[1]); "
-        "from localcluster.addons import support; "
+        "import sys; from e2e.cluster.localcluster.addons import support; "
         "make = lambda out: support.run(['npm', 'install', '--prefix', str(out), '--no-audit', '--no-fund', "
-        "'--loglevel=error', 'azurite@' + sys.argv[3]], 'npm install azurite'); "
-        "print(support.cached('azurite', support.key(sys.argv[2].encode()), make))"
+        "'--loglevel=error', 'azurite@' + sys.argv[2]], 'npm install azurite'); "
+        "print(support.cached('azurite', support.key(sys.argv[1].encode()), make))"
     )
     proc = subprocess.run(
-        [sys.executable, "-c", code, str(CLUSTER_DIR), AZURITE_RECIPE, AZURITE_VERSION], capture_output=True, text=True
+        [sys.executable, "-c", code, AZURITE_RECIPE, AZURITE_VERSION], capture_output=True, text=True, cwd=ROOT
     )
     if proc.returncode != 0:
         raise AzuriteError(f"installing the azurite add-on failed (exit {proc.returncode}):\n{proc.stderr[-10000:]}")

@@ -28,7 +28,6 @@ import httpx
 from tests.support.store_process import StoreProcess, StoreProcessError, free_port_on
 
 ROOT = Path(__file__).resolve().parents[2]
-CLUSTER_DIR = ROOT / "e2e" / "cluster"
 
 
 class GcsStoreError(StoreProcessError):
@@ -39,11 +38,8 @@ class GcsStoreError(StoreProcessError):
 def fake_gcs_dir() -> Path:
     """The ``fake-gcs`` add-on's folder (``fake-gcs-server``, ``VERSION``), built into the add-on cache on first use
     (in a child Python, as the S3 store's ``weed``: a cold build downloads the module's dependencies and compiles)."""
-    code = (
-        "import sys; sys.path.insert(0, sys.argv[1]); "
-        "from localcluster.addons import fake_gcs; print(fake_gcs.fake_gcs_dir())"
-    )
-    proc = subprocess.run([sys.executable, "-c", code, str(CLUSTER_DIR)], capture_output=True, text=True)
+    code = "from e2e.cluster.localcluster.addons import fake_gcs; print(fake_gcs.fake_gcs_dir())"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     if proc.returncode != 0:
         raise GcsStoreError(f"building the fake-gcs add-on failed (exit {proc.returncode}):\n{proc.stderr[-10000:]}")
     return Path(proc.stdout.strip().splitlines()[-1])

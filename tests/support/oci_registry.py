@@ -28,7 +28,6 @@ import shutil
 import socket
 import ssl
 import subprocess
-import sys
 import tarfile
 import tempfile
 import time
@@ -57,10 +56,7 @@ BCRYPT_ROUNDS = 4
 
 def binaries() -> Path:
     """The folder with ``registry`` and ``oras``: the cluster's cached ``registry`` add-on, built if missing."""
-    cluster = str(ROOT / "e2e" / "cluster")
-    if cluster not in sys.path:
-        sys.path.append(cluster)
-    from localcluster.addons.registry import registry_dir
+    from e2e.cluster.localcluster.addons.registry import registry_dir
 
     return registry_dir()
 

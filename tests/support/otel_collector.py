@@ -26,7 +26,6 @@ from typing import Any
 from tests.support.store_process import StoreProcess, StoreProcessError, free_port_on
 
 ROOT = Path(__file__).resolve().parents[2]
-CLUSTER_DIR = ROOT / "e2e" / "cluster"
 
 
 class OtelCollectorError(StoreProcessError):
@@ -37,11 +36,8 @@ class OtelCollectorError(StoreProcessError):
 def otelcol_dir() -> Path:
     """The ``otelcol`` add-on's folder (``otelcol``, ``VERSION``), built into the add-on cache on first use (in a
     child Python, as the other add-ons: a cold build downloads the modules and compiles, about a minute)."""
-    code = (
-        "import sys; sys.path.insert(0, sys.argv[1]); "
-        "from localcluster.addons import otelcol; print(otelcol.otelcol_dir())"
-    )
-    proc = subprocess.run([sys.executable, "-c", code, str(CLUSTER_DIR)], capture_output=True, text=True)
+    code = "from e2e.cluster.localcluster.addons import otelcol; print(otelcol.otelcol_dir())"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     if proc.returncode != 0:
         raise OtelCollectorError(
             f"building the otelcol add-on failed (exit {proc.returncode}):\n{proc.stderr[-10000:]}"

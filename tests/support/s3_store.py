@@ -43,7 +43,6 @@ import httpx
 from tests.support.store_process import StoreProcess, StoreProcessError, free_port_on
 
 ROOT = Path(__file__).resolve().parents[2]
-CLUSTER_DIR = ROOT / "e2e" / "cluster"
 #: SeaweedFS's S3 identity actions (weed/s3api/s3_constants: AllowedActions): the admin gets them all
 ADMIN_ACTIONS = ("Admin", "Read", "ReadAcp", "Write", "WriteAcp", "List", "Tagging", "DeleteBucket")
 READER_ACTIONS = ("Read", "List")
@@ -83,11 +82,8 @@ def seaweedfs_dir() -> Path:
 
     In a child Python, as the e2e suite's kubeconform fixture gets its add-on: a cold build takes minutes (module
     downloads and the compile; tests/conftest.py builds it before any test when one needs ``s3_store``)."""
-    code = (
-        "import sys; sys.path.insert(0, sys.argv[1]); "
-        "from localcluster.addons import seaweedfs; print(seaweedfs.seaweedfs_dir())"
-    )
-    proc = subprocess.run([sys.executable, "-c", code, str(CLUSTER_DIR)], capture_output=True, text=True)
+    code = "from e2e.cluster.localcluster.addons import seaweedfs; print(seaweedfs.seaweedfs_dir())"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     if proc.returncode != 0:
         raise S3StoreError(f"building the seaweedfs add-on failed (exit {proc.returncode}):\n{proc.stderr[-10000:]}")
     return Path(proc.stdout.strip().splitlines()[-1])

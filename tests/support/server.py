@@ -24,8 +24,7 @@ def free_port() -> int:
 
 
 def _cluster_processes() -> ModuleType:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "e2e" / "cluster"))
-    from localcluster import processes  # e2e/cluster/localcluster/processes.py (stdlib only)
+    from e2e.cluster.localcluster import processes  # stdlib only
 
     return processes
 

@@ -4,16 +4,15 @@ add-ons themselves are built in CI's Go stage and run by the e2e suite (e2e/test
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
+from e2e.cluster.localcluster import addons
+from e2e.cluster.localcluster.addons import keda_http, prometheus
+from e2e.cluster.localcluster.base import ClusterError
+
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "e2e" / "cluster"))
-from localcluster import addons  # noqa: E402
-from localcluster.addons import keda_http, prometheus  # noqa: E402
-from localcluster.base import ClusterError  # noqa: E402
 
 
 def test_keda_http_brings_keda_along_in_start_order(monkeypatch: pytest.MonkeyPatch) -> None:

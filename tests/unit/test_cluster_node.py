@@ -7,14 +7,13 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import sys
 import tarfile
 from pathlib import Path
 
+from e2e.cluster.localcluster.node import network
+from e2e.cluster.localcluster.node.pause_image import pause_image
+
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "e2e" / "cluster"))
-from localcluster.node import network  # noqa: E402
-from localcluster.node.pause_image import pause_image  # noqa: E402
 
 
 def test_addresses_of_a_slot_do_not_overlap_other_slots_or_the_kwok_ranges() -> None:

@@ -3,14 +3,13 @@ recipe hash covers (supervisor.py). The builds themselves run in CI's Go stage a
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
+from e2e.cluster.localcluster import scaffold, supervisor
+
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "e2e" / "cluster"))
-from localcluster import scaffold, supervisor  # noqa: E402
 
 
 def test_a_folder_is_built_once_and_then_found(tmp_path: Path) -> None:
