@@ -62,8 +62,9 @@ def _argument(parse: Callable[[str], Any]) -> Callable[[str], Any]:
 
 
 def _add_settings(p: argparse.ArgumentParser) -> None:
-    """The flags of ``OperatorConfig``'s settings, built from their field metadata (``settings.flag``)."""
-    for f, how in settings.flags():
+    """The flags of the settings (``OperatorConfig``'s, the lease timings), built from their field metadata
+    (``settings.flag``)."""
+    for f, how in settings.every_flag():
         kwargs: dict[str, Any] = {"help": how.help}
         if how.parse is not None:
             kwargs["type"] = _argument(how.parse)
@@ -150,14 +151,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--leader-election-namespace", default=os.environ.get("POD_NAMESPACE", "default"))
     p.add_argument("--lease-name", default="kubeinfer-operator")
-    p.add_argument("--lease-duration", type=float, default=15.0, help="seconds a followers waits for a silent leader")
-    p.add_argument(
-        "--lease-renew-deadline",
-        type=float,
-        default=10.0,
-        help="the leader stops when it could not renew for this long",
-    )
-    p.add_argument("--lease-retry-period", type=float, default=2.0, help="seconds between lease attempts")
     p.add_argument("--liveness", metavar="URL", help="serve kopf's liveness probe, e.g. http://0.0.0.0:8080/healthz")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return p
@@ -222,14 +215,15 @@ def main(argv: list[str] | None = None) -> int:
     renewing: threading.Thread | None = None
     if args.leader_election:
         identity = f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}"
+        timings = settings.LeaseTimings(**settings.from_flags(vars(args), settings.LeaseTimings))
         elector = LeaseElector(
             CoordinationV1Api(),
             args.leader_election_namespace,
             args.lease_name,
             identity,
-            lease_seconds=args.lease_duration,
-            renew_deadline=args.lease_renew_deadline,
-            retry_seconds=args.lease_retry_period,
+            lease_seconds=timings.duration,
+            renew_deadline=timings.renew_deadline,
+            retry_seconds=timings.retry_period,
         )
         # the chart's liveness probe must pass on a waiting follower too
         follower = FollowerLiveness(args.liveness, elector.healthy) if args.liveness else None

@@ -3,9 +3,11 @@ reconciles read, so tests and benchmarks build an operator without parsing flags
 
 Each setting that has a flag carries it as field metadata (``flag``: its name, help, how one value is parsed
 and how the values become the setting), and ``cli.build_parser`` builds the flags from those: a default is
-written once, here, and the flag shows it. What only the command line decides (kubeconfig, leader election,
-logging) and the NetworkPolicy context (``network_policy.PolicyContext``, whose defaults the flags read)
-stay in ``cli``.
+written once, here, and the flag shows it. A setting the chart exposes names its value there (``chart``), and
+``settings_copies`` writes that value's default and schema into the chart, and every setting's flag into the
+docs, from it. The leader election's timings (``LeaseTimings``) are settings too, for their chart values. What
+only the command line decides (kubeconfig, whether to elect a leader, logging) and the NetworkPolicy context
+(``network_policy.PolicyContext``, whose defaults the flags read) stay in ``cli``.
 """
 
 from __future__ import annotations
@@ -33,6 +35,19 @@ ENDPOINTS_ENV = "KUBEINFER_SERVER_ENDPOINTS"
 
 
 @dataclass(frozen=True)
+class ChartValue:
+    """A setting the chart exposes as one value whose default is the setting's: its path in values.yaml and the
+    bounds the chart's schema puts on it. ``settings_copies`` writes the value's default into values.yaml and its
+    schema (type, default, bounds, the flag's help as description) into values.schema.json from these."""
+
+    #: "SECTION.key" in values.yaml (the chart's deployment.yaml passes it to the flag)
+    path: str
+    #: JSON schema bounds (None: none)
+    minimum: float | None = None
+    exclusive_minimum: float | None = None
+
+
+@dataclass(frozen=True)
 class Flag:
     """How one setting is given on the command line."""
 
@@ -47,6 +62,8 @@ class Flag:
     convert: Callable[[Any], Any] | None = None
     #: the environment variable whose value is the flag's default when it is set
     env: str | None = None
+    #: where the chart (helm/kubeinfer) exposes the setting; None: it does not (or only in its own words)
+    chart: ChartValue | None = None
 
     @property
     def dest(self) -> str:
@@ -143,7 +160,11 @@ class OperatorConfig:
         repeatable=True,
     )
     resync_seconds: float = flag(
-        "--resync-seconds", "timer interval that repairs drift and refreshes status", default=30.0, parse=float
+        "--resync-seconds",
+        "timer interval that repairs drift and refreshes status",
+        default=30.0,
+        parse=float,
+        chart=ChartValue("operator.resyncSeconds", exclusive_minimum=0),
     )
     #: "namespace/server" → base URL of that server's HTTP endpoint (replaces its EndpointSlices)
     server_endpoints: dict[str, str] = flag(
@@ -156,17 +177,27 @@ class OperatorConfig:
         convert=dict,
     )
     max_artifact_bytes: int = flag(
-        "--max-artifact-bytes", "largest model file to download or copy", default=DEFAULT_MAX_BYTES, parse=int
+        "--max-artifact-bytes",
+        "largest model file to download or copy",
+        default=DEFAULT_MAX_BYTES,
+        parse=int,
+        chart=ChartValue("operator.maxArtifactBytes", minimum=1),
     )
     fetch_timeout: float = flag(
-        "--fetch-timeout", "seconds without progress before a download fails", default=60.0, parse=float
+        "--fetch-timeout",
+        "seconds without progress before a download fails",
+        default=60.0,
+        parse=float,
+        chart=ChartValue("operator.fetchTimeoutSeconds", exclusive_minimum=0),
     )
     #: longest a download may take from its first byte sent to its last received
     fetch_deadline: float = flag(
         "--fetch-deadline",
-        "longest a download may take in all (slow servers included), in seconds",
+        "longest a download may take in all, in seconds: a server that sends a byte a minute is stopped here "
+        "(--fetch-timeout bounds each read on top)",
         default=DEFAULT_DEADLINE,
         parse=float,
+        chart=ChartValue("artifacts.fetchDeadlineSeconds", exclusive_minimum=0),
     )
     fetch_proxy: str | None = flag(
         "--fetch-proxy",
@@ -258,22 +289,27 @@ class OperatorConfig:
     #: downloads at once per namespace and overall (0: no limit)
     downloads_per_namespace: int = flag(
         "--downloads-per-namespace",
-        "downloads one namespace may run at once; more wait with the condition Queued (0: no limit)",
+        "downloads one namespace may run at once (0: no limit); more wait with the condition Queued and are "
+        "retried within seconds, their threads given back",
         default=2,
         parse=int,
+        chart=ChartValue("artifacts.downloadsPerNamespace", minimum=0),
     )
     downloads_total: int = flag(
         "--downloads-total",
         "downloads the operator runs at once in all (0: no limit); keep it below --workers",
         default=4,
         parse=int,
+        chart=ChartValue("artifacts.downloadsTotal", minimum=0),
     )
     #: threads that run model reconciles (the operator's --workers)
     workers: int = flag(
         "--workers",
-        "threads that run model reconciles (and kopf's handler threads: deletes, servers)",
+        "threads that run model reconciles (and kopf's handler threads: deletes, servers); downloads never take "
+        "more than --downloads-total of them",
         default=8,
         parse=int,
+        chart=ChartValue("operator.workers", minimum=2),
     )
     #: bytes a namespace's folder may hold (0: no quota), and per-namespace exceptions
     namespace_quota_bytes: int = flag(
@@ -294,9 +330,11 @@ class OperatorConfig:
     )
     onnx_check_timeout: float = flag(
         "--onnx-check-timeout",
-        "seconds the check of one ONNX file against its config may take before the file is refused",
+        "seconds the check of one ONNX file against its config may take before the file is refused (the check "
+        "reads only the graph's inputs and outputs, never the weights)",
         default=DEFAULT_CHECK_TIMEOUT,
         parse=float,
+        chart=ChartValue("artifacts.onnxCheckTimeoutSeconds", exclusive_minimum=0),
     )
     fetch_ca_file: str | None = flag(
         "--fetch-ca-file",
@@ -308,6 +346,7 @@ class OperatorConfig:
         "longest wait for a server to unload a deleted model before its finalizer is released",
         default=120.0,
         parse=float,
+        chart=ChartValue("operator.unloadTimeoutSeconds", minimum=0),
     )
     #: Prometheus that KEDA ScaledObjects query when spec.autoscaling.prometheus.serverAddress is unset
     prometheus_url: str | None = flag(
@@ -333,11 +372,50 @@ class OperatorConfig:
         return min(10.0, max(1.0, self.resync_seconds / 6))
 
 
-def flags() -> Iterator[tuple[dataclasses.Field[Any], Flag]]:
-    """The settings that have a flag, in the order of the fields."""
-    for f in dataclasses.fields(OperatorConfig):
+@dataclass(frozen=True)
+class LeaseTimings:
+    """The leader election's timings (client-go's: retry period < renew deadline < duration). Only the command line
+    reads them (``cli`` hands them to ``kube.leader.LeaseElector``); they are settings so that their flags and the
+    chart's ``lease`` values come from one default."""
+
+    duration: float = flag(
+        "--lease-duration",
+        "seconds a follower waits after the leader's last renewal (on its own clock) before it takes over",
+        default=15.0,
+        parse=float,
+        chart=ChartValue("lease.durationSeconds", exclusive_minimum=0),
+    )
+    renew_deadline: float = flag(
+        "--lease-renew-deadline",
+        "the leader stops when it could not renew for this long, in seconds",
+        default=10.0,
+        parse=float,
+        chart=ChartValue("lease.renewDeadlineSeconds", exclusive_minimum=0),
+    )
+    retry_period: float = flag(
+        "--lease-retry-period",
+        "seconds between lease attempts",
+        default=2.0,
+        parse=float,
+        chart=ChartValue("lease.retryPeriodSeconds", exclusive_minimum=0),
+    )
+
+
+#: the classes of settings with flags, in the order the command line and the copies list them
+SETTINGS: tuple[type, ...] = (OperatorConfig, LeaseTimings)
+
+
+def flags(cls: type = OperatorConfig) -> Iterator[tuple[dataclasses.Field[Any], Flag]]:
+    """The settings of ``cls`` that have a flag, in the order of the fields."""
+    for f in dataclasses.fields(cls):
         if "flag" in f.metadata:
             yield f, f.metadata["flag"]
+
+
+def every_flag() -> Iterator[tuple[dataclasses.Field[Any], Flag]]:
+    """The settings of every class in ``SETTINGS`` that have a flag."""
+    for cls in SETTINGS:
+        yield from flags(cls)
 
 
 def flag_default(f: dataclasses.Field[Any], how: Flag) -> Any:
@@ -350,10 +428,10 @@ def flag_default(f: dataclasses.Field[Any], how: Flag) -> Any:
     return f.default_factory() if f.default_factory is not MISSING else f.default
 
 
-def from_flags(parsed: Mapping[str, Any]) -> dict[str, Any]:
-    """``OperatorConfig``'s keywords from the parsed flags (argparse's ``vars(args)``)."""
+def from_flags(parsed: Mapping[str, Any], cls: type = OperatorConfig) -> dict[str, Any]:
+    """``cls``'s keywords (``OperatorConfig``'s by default) from the parsed flags (argparse's ``vars(args)``)."""
     out = {}
-    for f, how in flags():
+    for f, how in flags(cls):
         value = parsed[how.dest]
         out[f.name] = how.convert(value) if how.convert is not None else value
     return out

@@ -71,6 +71,16 @@ def test_each_flag_lands_on_its_setting(monkeypatch: pytest.MonkeyPatch) -> None
     assert config.claim_namespace == "ops"  # $POD_NAMESPACE is --claim-namespace's default
 
 
+def test_the_lease_flags_land_on_the_lease_timings() -> None:
+    def timings(*argv: str) -> settings.LeaseTimings:
+        parsed = vars(build_parser().parse_args(["--repository-root", "/r", *argv]))
+        return settings.LeaseTimings(**settings.from_flags(parsed, settings.LeaseTimings))
+
+    assert timings() == settings.LeaseTimings()
+    assert timings("--lease-duration=30", "--lease-retry-period=1").duration == 30.0
+    assert timings("--lease-renew-deadline=8").renew_deadline == 8.0
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
