@@ -566,3 +566,210 @@ async fn connection(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A server on a free port, and a stand-in for Python that answers each request with its method, target
+    /// and body (or, for /stream, three chunks) and records the cancelled ids.
+    async fn start(limits: Limits) -> (u16, Arc<Mutex<Vec<u64>>>, watch::Sender<bool>) {
+        let shared = Arc::new(HttpShared::new(EventFd::new().expect("eventfd"), limits));
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let (stop, stop_rx) = watch::channel(false);
+        tokio::spawn(serve(listener, shared.clone(), stop_rx));
+        let cancelled = Arc::new(Mutex::new(Vec::new()));
+        let seen = cancelled.clone();
+        tokio::spawn(async move {
+            let mut held = Vec::new(); // /hang requests: never answered
+            loop {
+                let (calls, ids) = shared.take();
+                lock(&seen).extend(ids);
+                for call in calls {
+                    let text = format!(
+                        "{} {} {}",
+                        call.method,
+                        call.target,
+                        String::from_utf8_lossy(&call.body)
+                    );
+                    if call.target == "/hang" {
+                        held.push(call.answer);
+                    } else if call.target == "/stream" {
+                        let (tx, rx) = mpsc::unbounded_channel();
+                        let _ = call.answer.send(Answer::Stream(StatusCode::OK, HeaderMap::new(), rx));
+                        for chunk in ["data: 1\n\n", "data: 2\n\n", "data: 3\n\n"] {
+                            let _ = tx.send(Bytes::from(chunk));
+                        }
+                    } else {
+                        let _ = call
+                            .answer
+                            .send(Answer::Full(StatusCode::OK, HeaderMap::new(), Bytes::from(text)));
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        });
+        (port, cancelled, stop)
+    }
+
+    fn limits() -> Limits {
+        Limits {
+            header_timeout: Some(Duration::from_millis(300)),
+            body_timeout: Some(Duration::from_millis(300)),
+            idle_timeout: Some(Duration::from_millis(600)),
+            max_header: 1024,
+            max_body: 100,
+            max_connections: 0,
+        }
+    }
+
+    /// Everything the server sends until it closes the connection (or 5 s pass).
+    async fn exchange(port: u16, request: &[u8]) -> String {
+        let mut stream = TcpStream::connect(("127.0.0.1", port)).await.expect("connect");
+        let _ = stream.write_all(request).await;
+        read_to_close(&mut stream).await
+    }
+
+    async fn read_to_close(stream: &mut TcpStream) -> String {
+        let mut answer = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut answer)).await;
+        String::from_utf8_lossy(&answer).into_owned()
+    }
+
+    #[tokio::test]
+    async fn requests_are_handed_over_and_answered_on_a_kept_alive_connection() {
+        let (port, _, _stop) = start(limits()).await;
+        let mut stream = TcpStream::connect(("127.0.0.1", port)).await.expect("connect");
+        for body in ["one", "two"] {
+            let request = format!(
+                "POST /v2/x?q=1 HTTP/1.1\r\nhost: t\r\ncontent-length: {}\r\n\r\n{body}",
+                body.len()
+            );
+            stream.write_all(request.as_bytes()).await.expect("write");
+            let mut buf = vec![0u8; 4096];
+            let n = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut buf))
+                .await
+                .expect("answered")
+                .expect("read");
+            let answer = String::from_utf8_lossy(&buf[..n]);
+            assert!(answer.starts_with("HTTP/1.1 200 OK"), "{answer}");
+            assert!(answer.ends_with(&format!("POST /v2/x?q=1 {body}")), "{answer}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_declared_body_over_the_limit_is_refused_before_it_is_sent() {
+        let (port, _, _stop) = start(limits()).await;
+        let answer = exchange(port, b"POST /x HTTP/1.1\r\nhost: t\r\ncontent-length: 101\r\n\r\n").await;
+        assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+        assert!(answer.contains("Request size of 101 bytes exceeds the maximum allowed value of 100 bytes"));
+        assert!(answer.contains("connection: close"), "{answer}");
+    }
+
+    #[tokio::test]
+    async fn a_chunked_body_over_the_limit_is_refused() {
+        let (port, _, _stop) = start(limits()).await;
+        let chunk = "a".repeat(150);
+        let request =
+            format!("POST /x HTTP/1.1\r\nhost: t\r\ntransfer-encoding: chunked\r\n\r\n96\r\n{chunk}\r\n0\r\n\r\n");
+        let answer = exchange(port, request.as_bytes()).await;
+        assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    }
+
+    #[tokio::test]
+    async fn a_head_over_the_limit_gets_431_naming_the_flag() {
+        let (port, _, _stop) = start(limits()).await;
+        let request = format!("GET /x HTTP/1.1\r\nhost: t\r\nx-big: {}\r\n\r\n", "a".repeat(2000));
+        let answer = exchange(port, request.as_bytes()).await;
+        assert!(answer.starts_with("HTTP/1.1 431"), "{answer}");
+        assert!(answer.contains("--max-header-bytes"), "{answer}");
+        // under the limit: served
+        let request = format!(
+            "GET /x HTTP/1.1\r\nhost: t\r\nconnection: close\r\nx-big: {}\r\n\r\n",
+            "a".repeat(900)
+        );
+        assert!(exchange(port, request.as_bytes()).await.starts_with("HTTP/1.1 200"));
+    }
+
+    #[tokio::test]
+    async fn a_head_that_does_not_arrive_in_time_gets_408_and_the_connection_closes() {
+        let (port, _, _stop) = start(limits()).await;
+        let started = Instant::now();
+        let answer = exchange(port, b"GET /x HTTP/1.1\r\nhost: t\r\n").await;
+        assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+        assert!(answer.contains("the request head did not arrive within 0.3 s (--http-header-timeout)"));
+        assert!(started.elapsed() < Duration::from_secs(3));
+    }
+
+    #[tokio::test]
+    async fn a_body_that_does_not_arrive_in_time_gets_408() {
+        let (port, _, _stop) = start(limits()).await;
+        let answer = exchange(port, b"POST /x HTTP/1.1\r\nhost: t\r\ncontent-length: 10\r\n\r\nabc").await;
+        assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+        assert!(answer.contains("--http-body-timeout"), "{answer}");
+    }
+
+    #[tokio::test]
+    async fn an_idle_kept_alive_connection_is_closed_after_the_idle_time_not_the_head_time() {
+        let (port, _, _stop) = start(limits()).await;
+        let mut stream = TcpStream::connect(("127.0.0.1", port)).await.expect("connect");
+        stream
+            .write_all(b"GET /x HTTP/1.1\r\nhost: t\r\n\r\n")
+            .await
+            .expect("write");
+        let started = Instant::now();
+        let answer = read_to_close(&mut stream).await; // the answer, then the close once idle
+        let waited = started.elapsed();
+        assert!(
+            answer.starts_with("HTTP/1.1 200") && !answer.contains("408"),
+            "{answer}"
+        );
+        assert!(
+            waited >= Duration::from_millis(500) && waited < Duration::from_secs(3),
+            "{waited:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn past_the_connection_cap_requests_get_503() {
+        let (port, _, _stop) = start(Limits {
+            max_connections: 1,
+            ..limits()
+        })
+        .await;
+        let _first = TcpStream::connect(("127.0.0.1", port)).await.expect("connect");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let answer = exchange(port, b"GET /x HTTP/1.1\r\nhost: t\r\n\r\n").await;
+        assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+        assert!(answer.contains("--http-max-connections") && answer.contains("connection: close"));
+    }
+
+    #[tokio::test]
+    async fn a_client_that_goes_away_cancels_its_request() {
+        let (port, cancelled, _stop) = start(limits()).await;
+        let mut stream = TcpStream::connect(("127.0.0.1", port)).await.expect("connect");
+        stream
+            .write_all(b"GET /hang HTTP/1.1\r\nhost: t\r\n\r\n")
+            .await
+            .expect("write");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        drop(stream);
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while lock(&cancelled).is_empty() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(lock(&cancelled).len(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_streamed_answer_is_written_chunked_until_it_ends() {
+        let (port, _, _stop) = start(limits()).await;
+        let answer = exchange(port, b"GET /stream HTTP/1.1\r\nhost: t\r\nconnection: close\r\n\r\n").await;
+        assert!(answer.contains("transfer-encoding: chunked"), "{answer}");
+        assert!(
+            answer.contains("data: 1\n\n") && answer.contains("data: 3\n\n"),
+            "{answer}"
+        );
+    }
+}
