@@ -9,6 +9,10 @@ acquisition.
 
 Each request is served by calling the application through public ASGI only (a scope, ``receive`` and
 ``send``): the whole HTTP surface at once, the same application uvicorn runs on the ``asgi`` transport.
+The plain inference request (``POST /v2/models/{m}[/versions/{v}]/infer``, no Content-Encoding, its token
+accepted, the server not draining, no OpenTelemetry propagation) skips ASGI: ``InferRoute.answer``, the code
+both of uvicorn's ways in call, computes its answer, with the headers ``response_head.answer_headers`` says
+(the direct path's, ``fast_infer``, without its uvicorn protocol).
 A response that ends in its first body message goes back whole; one that announces more (server-sent
 events) is streamed chunk by chunk. A client that goes away cancels its request's task, and ``receive``
 then says ``http.disconnect``.
@@ -24,8 +28,13 @@ from typing import Any
 from urllib.parse import unquote
 
 from ..grpc.kubeinfer_grpc_transport import HttpTransport, PendingRequest
+from ..observability import otel
 from ..vocabulary.limits import Limits
+from ..vocabulary.types import InferenceRequest
 from .codec import error_body
+from .fast_infer import INFER_TARGET
+from .infer_route import InferRoute
+from .response_head import answer_headers
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +111,55 @@ class ListenerConfig:
     port: int
 
 
+class _Direct:
+    """A plain inference request answered without ASGI; also its disconnect watch (``InferRoute.answer``'s)."""
+
+    __slots__ = ("pending", "request", "gone", "task")
+
+    def __init__(self, pending: PendingRequest) -> None:
+        self.pending = pending
+        self.request: InferenceRequest | None = None
+        self.gone = False
+        self.task: asyncio.Task[None] | None = None
+
+    def watch(self, request: InferenceRequest) -> _Direct:
+        self.request = request
+        return self
+
+    def stop(self) -> None:
+        self.request = None
+
+    def client_gone(self) -> None:
+        """The client left before the answer: the request is marked cancelled (dropped unexecuted while
+        queued) and its task cancelled, as on the direct path (fast_infer.InferCycle.client_gone)."""
+        if self.request is not None:
+            self.gone = True
+            self.request.cancelled = True
+            if self.task is not None:
+                self.task.cancel()
+
+
+def _direct_target(route: InferRoute, method: str, path: str, headers: list[tuple[bytes, bytes]]) -> Any:
+    """(model, version, inference-header-content-length) for a request the direct answer serves, else None."""
+    if method != "POST" or route.service.closing_connections or otel.propagation:
+        return None
+    match = INFER_TARGET.fullmatch(path.encode("latin-1"))
+    if match is None:
+        return None
+    header_length = authorization = None
+    for key, value in headers:
+        if key == b"inference-header-content-length":
+            header_length = value.decode("latin-1")
+        elif key == b"content-encoding":
+            return None  # the ASGI route decodes it
+        elif key == b"authorization":
+            authorization = value
+    if route.token is not None and not route.token.accepts(authorization):
+        return None  # the ASGI route answers the 401
+    version = match.group(2)
+    return match.group(1).decode("ascii"), version.decode("ascii") if version else "", header_length
+
+
 class NativeHttpServer:
     """An HTTP listener on the native transport, with the part of ``uvicorn.Server``'s interface
     ``app.ServerProcess`` uses: ``serve()`` (returns once stopped), ``started``, ``should_exit``, ``config``."""
@@ -113,7 +171,9 @@ class NativeHttpServer:
         self.limits = limits
         self.started = False
         self.transport: HttpTransport | None = None
-        self.inflight: dict[int, tuple[asyncio.Task[None], _Exchange]] = {}
+        #: the inference route, when ``app`` is one: its plain requests skip ASGI
+        self.route = app if isinstance(app, InferRoute) else None
+        self.inflight: dict[int, tuple[asyncio.Task[None], _Exchange | _Direct]] = {}
         self._exit = asyncio.Event()
 
     @property
@@ -162,8 +222,15 @@ class NativeHttpServer:
         requests, cancelled = transport.take()
         server = (self.host, self.config.port)
         inflight = self.inflight
+        route = self.route
         for pending, method, target, headers, body, client in requests:
             path, _, query = target.partition("?")
+            direct = None if route is None or query else _direct_target(route, method, path, headers)
+            if direct is not None and route is not None:
+                answer = _Direct(pending)
+                answer.task = loop.create_task(self._answer(route, answer, direct, body, pending.id))
+                inflight[pending.id] = (answer.task, answer)
+                continue
             scope = {
                 "type": "http",
                 "asgi": _ASGI,
@@ -183,9 +250,27 @@ class NativeHttpServer:
             inflight[pending.id] = (loop.create_task(self._serve_one(scope, exchange, pending.id)), exchange)
         for request_id in cancelled:
             entry = inflight.pop(request_id, None)
-            if entry is not None:
-                entry[1].gone.set()
-                entry[0].cancel()
+            if entry is None:
+                continue
+            task, waiting = entry
+            if isinstance(waiting, _Direct):
+                waiting.client_gone()
+            else:
+                waiting.gone.set()
+                task.cancel()
+
+    async def _answer(
+        self, route: InferRoute, direct: _Direct, target: tuple[str, str, str | None], body: bytes, request_id: int
+    ) -> None:
+        name, version, header_length = target
+        route.paths.direct += 1
+        try:
+            answer = await route.answer(name, version, header_length, body, direct.watch)
+            if answer is not None:
+                status, payload, json_length = answer
+                direct.pending.respond(status, answer_headers(len(payload), json_length), payload)
+        finally:
+            self.inflight.pop(request_id, None)
 
     async def _serve_one(self, scope: MutableMapping[str, Any], exchange: _Exchange, request_id: int) -> None:
         try:
