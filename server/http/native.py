@@ -94,14 +94,14 @@ class _Exchange:
             if body and not pending.send(body):
                 raise OSError("the client went away")
             return
-        self.done = True
-        self.gone.set()
         if self.streaming:
             if body:
                 pending.send(body)
             pending.finish()
         else:
-            pending.respond(self.status, self.headers, body)
+            pending.respond(self.status, self.headers, body)  # (headers it refuses raise: answered 500)
+        self.done = True
+        self.gone.set()
 
 
 @dataclass

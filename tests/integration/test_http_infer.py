@@ -249,3 +249,14 @@ def test_missing_label_file_is_a_load_failure_with_reason(tmp_path: Path) -> Non
         assert row["state"] == "UNAVAILABLE" and "cannot read label file missing.txt" in row["reason"]
     finally:
         server.terminate()
+
+
+def test_the_listener_is_served_by_the_transport_asked_for(
+    server: ServerProcess, request: pytest.FixtureRequest
+) -> None:
+    """uvicorn names itself in a ``server`` header; the native transport sends none (so the parametrized
+    modules do run on both)."""
+    transport = request.node.callspec.params["server"]
+    r = httpx.get(f"{server.base_url}/v2/health/live", timeout=10)
+    assert r.status_code == 200
+    assert r.headers.get("server") == ("uvicorn" if transport == "asgi" else None), r.headers

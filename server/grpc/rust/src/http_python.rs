@@ -43,10 +43,10 @@ impl PendingRequest {
     /// Answer with a status, headers (`(name, value)` bytes pairs) and the whole body. False if the request
     /// is gone (its connection closed) or already answered.
     fn respond(&self, status: u16, headers: Vec<(Vec<u8>, Vec<u8>)>, body: &[u8]) -> PyResult<bool> {
+        let (status, headers) = head(status, headers)?; // a bad header fails here, the request still open
         let Some(tx) = lock(&self.tx).take() else {
             return Ok(false);
         };
-        let (status, headers) = head(status, headers)?;
         Ok(tx
             .send(Answer::Full(status, headers, Bytes::copy_from_slice(body)))
             .is_ok())
@@ -55,10 +55,10 @@ impl PendingRequest {
     /// Start a streamed answer (chunked): the status and headers go out now, then each `send`'s bytes, until
     /// `finish`. False if the request is gone or already answered.
     fn start(&self, status: u16, headers: Vec<(Vec<u8>, Vec<u8>)>) -> PyResult<bool> {
+        let (status, headers) = head(status, headers)?;
         let Some(tx) = lock(&self.tx).take() else {
             return Ok(false);
         };
-        let (status, headers) = head(status, headers)?;
         let (out, chunks) = mpsc::unbounded_channel();
         *lock(&self.out) = Some(out);
         Ok(tx.send(Answer::Stream(status, headers, chunks)).is_ok())
