@@ -18,7 +18,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import uvicorn
 
@@ -126,6 +126,8 @@ class ServerSettings:
     grpc_keepalive: Keepalive = field(default_factory=Keepalive)
     #: what serves the gRPC listener: "rust", "grpcio" or "auto" (see grpc/transport.py)
     grpc_transport: str = "auto"
+    #: what serves the HTTP listener: "native", "asgi" or "auto" (see http/transport.py)
+    http_transport: str = "auto"
     limits: Limits = DEFAULT_LIMITS
     #: bearer token file checked on HTTP and gRPC (None: no authentication)
     auth_token_file: Path | None = None
@@ -133,6 +135,17 @@ class ServerSettings:
     http_tls: TlsFiles | None = None
     grpc_tls: TlsFiles | None = None
     log_level: str = "info"
+
+
+class HttpListener(Protocol):
+    """What ServerProcess uses of an HTTP listener: uvicorn's server (``_Uvicorn``) or the native transport's
+    (``http.native.NativeHttpServer``)."""
+
+    started: bool
+    should_exit: bool
+    config: Any  # its ``port``
+
+    async def serve(self) -> None: ...
 
 
 class _Uvicorn(uvicorn.Server):
@@ -233,7 +246,7 @@ class ServerProcess:
 
     def __init__(self, settings: ServerSettings) -> None:
         self.settings = settings
-        self.servers: list[_Uvicorn] = []
+        self.servers: list[HttpListener] = []
         self.tasks: list[asyncio.Task[Any]] = []
         self.grpc_server: GrpcListener | None = None
         self._grpc_stopped: asyncio.Task[None] | None = None
@@ -314,19 +327,19 @@ class ServerProcess:
         servers = self.servers
         if settings.http_port is not None:
             from .http.app import build_http_app
+            from .http.transport import choose
 
             http_app = build_http_app(service, settings.limits, token, shm)
             metrics.registry.register(http_app.paths)
-            servers.append(
-                _uvicorn(
-                    http_app,
-                    settings.http_host or settings.host,
-                    settings.http_port,
-                    settings.log_level,
-                    settings.limits,
-                    settings.http_tls,
+            host = settings.http_host or settings.host
+            if choose(settings.http_transport, settings.http_tls is not None) == "native":
+                from .http.native import NativeHttpServer
+
+                servers.append(NativeHttpServer(http_app, host, settings.http_port, settings.limits))
+            else:
+                servers.append(
+                    _uvicorn(http_app, host, settings.http_port, settings.log_level, settings.limits, settings.http_tls)
                 )
-            )
         if settings.metrics_port is not None:
             from .observability.endpoint import build_metrics_app
 

@@ -32,6 +32,9 @@ from .grpc.settings import Keepalive
 from .grpc.transport import ENV as GRPC_TRANSPORT_ENV
 from .grpc.transport import TRANSPORTS as GRPC_TRANSPORTS
 from .grpc.transport import default_transport as default_grpc_transport
+from .http.transport import ENV as HTTP_TRANSPORT_ENV
+from .http.transport import TRANSPORTS as HTTP_TRANSPORTS
+from .http.transport import default_transport as default_http_transport
 from .observability.latencies import parse_metrics_config
 from .observability.logsettings import LogControl, LogSettings
 from .observability.trace import parse_trace_config
@@ -545,6 +548,14 @@ def build_parser(triton: bool = False) -> argparse.ArgumentParser:
         f"it is built and serves the configuration, else grpcio, logged). Default: ${GRPC_TRANSPORT_ENV}, else "
         "auto",
     )
+    net.add_argument(
+        "--http-transport",
+        choices=HTTP_TRANSPORTS,
+        default=None,
+        help="what serves the HTTP listener: 'native' (the Rust extension's HTTP/1.1 server; refuses to start if "
+        "it cannot serve the configuration), 'asgi' (uvicorn), 'auto' (uvicorn for now, logged). Default: "
+        f"${HTTP_TRANSPORT_ENV}, else auto",
+    )
     # default: true, false when $AIP_MODE is PREDICTION (Triton, for Vertex AI)
     net.add_argument("--allow-http", type=_bool, default=None)
     net.add_argument("--allow-grpc", type=_bool, default=None)
@@ -811,6 +822,7 @@ def settings_from_args(args: argparse.Namespace, triton: bool) -> ServerSettings
         grpc_max_connection_age_grace_ms=args.grpc_max_connection_age_grace,
         grpc_keepalive=_keepalive(args),
         grpc_transport=args.grpc_transport or default_grpc_transport(),
+        http_transport=args.http_transport or default_http_transport(),
         limits=_limits(args),
         auth_token_file=args.auth_token_file,
         http_tls=http_tls,

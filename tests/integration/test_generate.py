@@ -4,17 +4,26 @@ events), as Triton 2.51 answers them for the same models (tests/support/python_m
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 
 import httpx
 import pytest
 
-from tests.support.server import ServerProcess
+from tests.support.repos import copy_python_models
+from tests.support.server import ServerProcess, http_transports, start_server
 from tests.support.waiting import wait_for
 
 
-@pytest.fixture(scope="module")
-def server(python_models_server: ServerProcess) -> ServerProcess:
-    return python_models_server
+@pytest.fixture(scope="module", params=http_transports())
+def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """The shared Python-models server on the default HTTP transport; one more for the native transport."""
+    if request.param == "asgi":
+        yield request.getfixturevalue("python_models_server")
+        return
+    root = tmp_path_factory.mktemp("generate_native")
+    s = start_server(copy_python_models(root / "repo"), "--http-transport", request.param, log_dir=root)
+    yield s
+    assert s.terminate() == 0
 
 
 def _post(server: ServerProcess, model: str, body: object, stream: bool = False, version: str = "") -> httpx.Response:

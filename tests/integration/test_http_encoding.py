@@ -26,14 +26,14 @@ from onnx import TensorProto
 from tests.support import models as test_models
 from tests.support.byte_counter import ByteCounter
 from tests.support.repos import write_model
-from tests.support.server import ServerProcess, start_server
+from tests.support.server import ServerProcess, http_transports, start_server
 
 MAX_BODY = 1 << 20
 RAW = {"Inference-Header-Content-Length": "0"}
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+@pytest.fixture(scope="module", params=http_transports())
+def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     repo = tmp_path_factory.mktemp("encoding") / "repo"
     write_model(
         repo,
@@ -43,7 +43,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
         'output [ { name: "OUT" data_type: TYPE_FP32 dims: [ -1 ] } ]\n',
         {1: test_models.unary("neg", "Neg", TensorProto.FLOAT, ["batch", "n"])},
     )
-    s = start_server(repo, "--http-max-input-size", str(MAX_BODY))
+    s = start_server(repo, "--http-max-input-size", str(MAX_BODY), "--http-transport", request.param)
     yield s
     assert s.terminate() == 0
 

@@ -13,17 +13,25 @@ import tritonclient.http as httpclient
 
 from tests.support import models as test_models
 from tests.support.repos import write_model
-from tests.support.server import ServerProcess, start_server
+from tests.support.server import ServerProcess, http_transports, start_server
 
 
 def _session(path: Path) -> ort.InferenceSession:
     return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
 
 
-@pytest.fixture(scope="module")
-def server(example_server: ServerProcess) -> ServerProcess:
-    """The shared example server is this module's ``server`` (conftest's ``http_client`` talks to it)."""
-    return example_server
+@pytest.fixture(scope="module", params=http_transports())
+def server(
+    request: pytest.FixtureRequest, example_repository: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess]:
+    """This module's ``server`` (conftest's ``http_client`` talks to it): the shared example server on the
+    default HTTP transport; one more on the example repository for the native transport."""
+    if request.param == "asgi":
+        yield request.getfixturevalue("example_server")
+        return
+    s = start_server(example_repository, "--http-transport", request.param, log_dir=tmp_path_factory.mktemp("logs"))
+    yield s
+    assert s.terminate() == 0
 
 
 @pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
@@ -241,3 +249,14 @@ def test_missing_label_file_is_a_load_failure_with_reason(tmp_path: Path) -> Non
         assert row["state"] == "UNAVAILABLE" and "cannot read label file missing.txt" in row["reason"]
     finally:
         server.terminate()
+
+
+def test_the_listener_is_served_by_the_transport_asked_for(
+    server: ServerProcess, request: pytest.FixtureRequest
+) -> None:
+    """uvicorn names itself in a ``server`` header; the native transport sends none (so the parametrized
+    modules do run on both)."""
+    transport = request.node.callspec.params["server"]
+    r = httpx.get(f"{server.base_url}/v2/health/live", timeout=10)
+    assert r.status_code == 200
+    assert r.headers.get("server") == ("uvicorn" if transport == "asgi" else None), r.headers

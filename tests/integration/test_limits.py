@@ -24,7 +24,7 @@ from tritonclient.utils import InferenceServerException
 
 from tests.support.models import binary, string_identity, unary
 from tests.support.repos import write_model
-from tests.support.server import ServerProcess, grpc_transports, start_server
+from tests.support.server import ServerProcess, grpc_transports, http_transports, start_server
 from tests.support.sleep_models import Gate, require_sleep_backend, wait_pending, write_sleep_model
 from tests.support.waiting import wait_for
 
@@ -42,9 +42,19 @@ LIMIT_FLAGS = [
 ]  # fmt: skip
 
 
-@pytest.fixture(scope="module", params=grpc_transports())
+def _transports() -> list[object]:
+    """(--grpc-transport, --http-transport): each gRPC transport with uvicorn, and the native HTTP one."""
+    grpc = grpc_transports()
+    native = http_transports()[1]
+    return [
+        *(pytest.param((p.values[0], "asgi"), marks=p.marks, id=f"{p.values[0]}-asgi") for p in grpc),
+        pytest.param(("rust", "native"), marks=[*grpc[1].marks, *native.marks], id="rust-native"),
+    ]
+
+
+@pytest.fixture(scope="module", params=_transports())
 def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    """Every test runs on each gRPC transport (--grpc-transport)."""
+    """Every test runs on each gRPC transport (--grpc-transport) and each HTTP one (--http-transport)."""
     require_sleep_backend()
     repo = tmp_path_factory.mktemp("limits") / "repo"
     cfg = 'platform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
@@ -53,7 +63,8 @@ def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     write_model(repo, "strings", cfg, {1: string_identity()})
     write_sleep_model(repo, "sleepy", 0, max_batch_size=0)  # one instance: the rest of the requests queue
     write_sleep_model(repo, "hang", 0, body="instance_group [ { count: 2 kind: KIND_CPU } ]\n", max_batch_size=0)
-    s = start_server(repo, *LIMIT_FLAGS, "--grpc-transport", str(request.param))
+    grpc, http = request.param
+    s = start_server(repo, *LIMIT_FLAGS, "--grpc-transport", grpc, "--http-transport", http)
     yield s
     assert s.terminate() == 0
 
@@ -322,14 +333,14 @@ def test_a_stream_runs_at_most_the_inflight_limit_at_once(server: ServerProcess,
 SLOW_FLAGS = ["--http-header-timeout", "1", "--http-body-timeout", "1", "--http-max-connections", "4"]
 
 
-@pytest.fixture(scope="module")
-def slow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    """Issue 25 part 6: short head and body timeouts and a cap of four connections."""
+@pytest.fixture(scope="module", params=http_transports())
+def slow_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """Issue 25 part 6: short head and body timeouts and a cap of four connections, on each HTTP transport."""
     require_sleep_backend()
     repo = tmp_path_factory.mktemp("slow") / "repo"
     write_model(repo, "relu", 'platform: "onnxruntime_onnx"\nmax_batch_size: 8\n', {1: unary("relu", "Relu", TensorProto.FLOAT, ["batch", "n"])})  # fmt: skip
     write_sleep_model(repo, "sleepy", 1500, max_batch_size=0)  # runs longer than both timeouts
-    s = start_server(repo, *SLOW_FLAGS)
+    s = start_server(repo, *SLOW_FLAGS, "--http-transport", str(request.param))
     yield s
     assert s.terminate() == 0
 

@@ -11,13 +11,13 @@ from onnx import TensorProto
 
 from tests.support import models as test_models
 from tests.support.repos import write_model
-from tests.support.server import ServerProcess, start_server
+from tests.support.server import ServerProcess, http_transports, start_server
 
 RAW = {"Inference-Header-Content-Length": "0", "Content-Type": "application/octet-stream"}
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+@pytest.fixture(scope="module", params=http_transports())
+def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     repo = tmp_path_factory.mktemp("raw") / "repo"
     # one FP32 input with one variable dim, batching: shape deduced as [1, n]
     write_model(
@@ -69,7 +69,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
         'output [ { name: "OUT" data_type: TYPE_STRING dims: [ 1 ] } ]\n',
         {1: test_models.unary("one_string", "Identity", TensorProto.STRING, ["batch", 1])},
     )
-    server = start_server(repo)
+    server = start_server(repo, "--http-transport", request.param)
     yield server
     server.terminate()
 

@@ -20,7 +20,7 @@ from kubeinfer.server.examples import models
 from tritonclient.utils import InferenceServerException
 
 from tests.support.repos import copy_example_repository
-from tests.support.server import ServerProcess, start_server
+from tests.support.server import ServerProcess, http_transports, start_server
 
 
 @pytest.fixture(scope="module")
@@ -28,9 +28,11 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return copy_example_repository(tmp_path_factory.mktemp("explicit") / "repo")
 
 
-@pytest.fixture(scope="module")
-def server(repo: Path) -> Iterator[ServerProcess]:
-    s = start_server(repo, "--model-control-mode", "explicit", "--load-model", "add_sub")
+@pytest.fixture(scope="module", params=http_transports())
+def server(request: pytest.FixtureRequest, repo: Path) -> Iterator[ServerProcess]:
+    s = start_server(
+        repo, "--model-control-mode", "explicit", "--load-model", "add_sub", "--http-transport", request.param
+    )
     yield s
     assert s.terminate() == 0
 

@@ -18,7 +18,7 @@ from tritonclient.utils import InferenceServerException, serialize_byte_tensor
 
 from tests.support import models as test_models
 from tests.support.repos import write_model
-from tests.support.server import ServerProcess, start_server
+from tests.support.server import ServerProcess, http_transports, start_server
 
 ADD = """
 name: "add"
@@ -44,9 +44,10 @@ def _repo(root: Path) -> Path:
     return repo
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    server = start_server(_repo(tmp_path_factory.mktemp("shm")), "--allow-client-shm=true")
+@pytest.fixture(scope="module", params=http_transports())
+def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    repo = _repo(tmp_path_factory.mktemp("shm"))
+    server = start_server(repo, "--allow-client-shm=true", "--http-transport", request.param)
     yield server
     server.terminate()
 

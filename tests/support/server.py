@@ -155,3 +155,16 @@ def grpc_transports() -> list[Any]:
     missing = rust_missing()
     rust = pytest.param("rust", marks=pytest.mark.skipif(missing is not None, reason=f"Rust transport: {missing}"))
     return [pytest.param("grpcio"), rust]
+
+
+def http_transports() -> list[Any]:
+    """``--http-transport`` values to run an HTTP test module against: asgi (uvicorn) always, native when the
+    Rust module has it (issue 39), else skipped saying so."""
+    import pytest
+    from kubeinfer.server.http.transport import native_missing
+
+    missing = native_missing()
+    native = pytest.param(
+        "native", marks=pytest.mark.skipif(missing is not None, reason=f"native HTTP transport: {missing}")
+    )
+    return [pytest.param("asgi"), native]

@@ -111,6 +111,45 @@ pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 /// An eventfd, closed when dropped (after the runtime whose tasks write it).
 pub struct EventFd(pub RawFd);
 
+impl EventFd {
+    /// A non-blocking eventfd (None: the system refused one).
+    pub fn new() -> Option<EventFd> {
+        // SAFETY: a plain syscall; the fd is ours until Drop closes it
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        (fd >= 0).then_some(EventFd(fd))
+    }
+
+    /// Makes the fd readable (Python's event loop wakes up).
+    pub fn wake(&self) {
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a live u64 to our eventfd; it only fails when the counter would
+        // overflow, and then the fd is readable already
+        unsafe { libc::write(self.0, &one as *const u64 as *const libc::c_void, 8) };
+    }
+
+    /// Resets the counter (EAGAIN when it was not written): anything queued after this writes it again.
+    pub fn drain(&self) {
+        let mut counter: u64 = 0;
+        // SAFETY: reads 8 bytes into a live u64 from our non-blocking eventfd
+        unsafe { libc::read(self.0, &mut counter as *mut u64 as *mut libc::c_void, 8) };
+    }
+}
+
+/// Queues `item`, waking the event loop only when the queue goes from empty to non-empty (true then): a busy
+/// loop is woken once for many items, and drains them all in one GIL acquisition.
+pub fn push_waking<T>(queue: &Mutex<Vec<T>>, item: T, efd: &EventFd) -> bool {
+    let was_empty = {
+        let mut q = lock(queue);
+        let empty = q.is_empty();
+        q.push(item);
+        empty
+    };
+    if was_empty {
+        efd.wake();
+    }
+    was_empty
+}
+
 impl Drop for EventFd {
     fn drop(&mut self) {
         // SAFETY: the fd is ours and nothing uses it any more (every holder of Shared is gone)
@@ -147,7 +186,7 @@ pub struct Shared {
     pub connections: AtomicUsize,
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
@@ -159,33 +198,18 @@ impl Shared {
 
     fn wake(&self) {
         self.wakeups.fetch_add(1, Ordering::Relaxed);
-        let one: u64 = 1;
-        // SAFETY: writes 8 bytes from a live u64 to our eventfd; it only fails when the counter would
-        // overflow, and then the fd is readable already
-        unsafe { libc::write(self.efd.0, &one as *const u64 as *const libc::c_void, 8) };
+        self.efd.wake();
     }
 
     pub fn push(&self, call: Call) {
-        let was_empty = {
-            let mut q = lock(&self.queue);
-            let empty = q.is_empty();
-            q.push(call);
-            empty
-        };
-        if was_empty {
-            self.wake();
+        if push_waking(&self.queue, call, &self.efd) {
+            self.wakeups.fetch_add(1, Ordering::Relaxed);
         }
     }
 
     pub fn deliver(&self, id: u64, message: Option<Bytes>) {
-        let was_empty = {
-            let mut q = lock(&self.messages);
-            let empty = q.is_empty();
-            q.push((id, message));
-            empty
-        };
-        if was_empty {
-            self.wake();
+        if push_waking(&self.messages, (id, message), &self.efd) {
+            self.wakeups.fetch_add(1, Ordering::Relaxed);
         }
     }
 

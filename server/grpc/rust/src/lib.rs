@@ -22,10 +22,14 @@
 //! - `server.rs`: a lingering close of each socket, so a client's late frames do not turn the FIN into an RST
 //!   that destroys the last answers (tonic closes plainly).
 //!
+//! `http1.rs` (Python's side: `http_python.rs`) serves HTTP/1.1 with hyper through the same hand-off.
+//!
 //! h2 is built with one fix from `patches/` (a WINDOW_UPDATE racing the final GOAWAY; patches/README.md).
 
 mod grpc;
 mod handoff;
+mod http1;
+mod http_python;
 mod server;
 mod service;
 
@@ -461,5 +465,7 @@ impl Drop for Transport {
 fn kubeinfer_grpc_transport(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Transport>()?;
     m.add_class::<PendingCall>()?;
+    m.add_class::<http_python::HttpTransport>()?;
+    m.add_class::<http_python::PendingRequest>()?;
     Ok(())
 }
