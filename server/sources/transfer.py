@@ -1,10 +1,17 @@
-"""One file from a store onto an open file: parallel ranged GETs, sha256 while streaming, resumed on a break.
+"""One file from a store onto an open file: one stream, or parallel ranged GETs when one stream is slow.
 
-A large object is fetched as parts of ``part_size`` bytes by ``parallel`` threads, each writing its bytes
-at their offset (``os.pwrite``: no shared file position, no buffering of a whole part). The digest is
-computed over the contiguous prefix as parts complete, read back from the page cache, so hashing overlaps
-the download. A part whose connection breaks resumes from the last byte it wrote, after a backoff, until
-its attempts or the deadline run out. Every byte counts against ``max_bytes`` and the caller's quota hook.
+The file starts as ONE ranged GET to its end, hashed as its bytes arrive (each chunk goes to the file,
+``os.pwrite`` at its offset, and to the digest while it is still in the cache). ``_Probe`` judges that stream
+``probe_seconds`` after its first byte. It stays alone when it is fast (``fast_stream``: more than one
+connection to a remote object store gives; S3 says about 90 MB/s each) or when this thread was busy for most
+of that time: the bytes then wait for this process, not for the store (a store in the cluster or on the node),
+and parallel connections only add work: GIL hand-offs, a read back of every byte to hash it, the store's own
+per-connection cost; on 2 shared cores that made the download 1.3 to 1.8 times slower
+(``benchmarks/source_download.py``). Otherwise the store holds the connection to a fraction of the link (a
+remote store): the stream ends where it got to, and the rest comes as parts of ``part_size`` bytes by
+``parallel`` threads, hashed over the contiguous prefix as parts complete, read back from the page cache.
+A stream or part whose connection breaks resumes from the last byte it wrote, after a backoff, until its
+attempts or the deadline run out. Every byte counts against ``max_bytes`` and the caller's quota hook.
 """
 
 from __future__ import annotations
@@ -27,6 +34,12 @@ PARALLEL = 10
 #: attempts per part (the first and the resumed ones) before the store counts as unavailable
 ATTEMPTS = 12
 HASH_READ = 4 << 20
+#: a first stream at least this fast (bytes per second) over its first PROBE_SECONDS is kept alone: more than
+#: one connection to a remote object store gives (S3's guidance: about 90 MB/s each), so a near store
+FAST_STREAM = 128 << 20
+PROBE_SECONDS = 0.25
+#: the share of the probe this thread must have been busy (on or waiting for a CPU) to stay alone when slow
+BUSY_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -70,6 +83,10 @@ class Limits:
     part_size: int = PART_SIZE
     parallel: int = PARALLEL
     attempts: int = ATTEMPTS
+    #: how the first stream is judged (``_Probe``); ``parallel=1`` keeps it alone whatever it measures
+    fast_stream: float = FAST_STREAM
+    probe_seconds: float = PROBE_SECONDS
+    busy_share: float = BUSY_SHARE
     cancelled: Callable[[], bool] | None = None
     on_bytes: Callable[[int], None] | None = None
 
@@ -82,7 +99,6 @@ def download(reader: RangeReader, file: RemoteFile, fd: int, limits: Limits, sho
     if file.size > limits.max_bytes:
         raise SourceError(TOO_LARGE, f"{shown} is {file.size} bytes, over the limit of {limits.max_bytes} bytes")
     os.ftruncate(fd, file.size)
-    parts = [(start, min(start + limits.part_size, file.size) - 1) for start in range(0, file.size, limits.part_size)]
     count_lock = threading.Lock()
     stop = threading.Event()
 
@@ -95,33 +111,22 @@ def download(reader: RangeReader, file: RemoteFile, fd: int, limits: Limits, sho
             with count_lock:
                 limits.on_bytes(n)
 
-    def fetch_part(start: int, end: int) -> None:
+    def fetch_part(start: int, end: int, on_chunk: OnChunk | None = None) -> int:
         with deadline_scope(limits.deadline_at):
-            _fetch_part(reader, file, fd, start, end, limits, count, stop, shown)
+            return _fetch_part(reader, file, fd, start, end, limits, count, stop, shown, on_chunk)
 
     digest = hashlib.sha256()
-    if len(parts) <= 1:
-        if parts:
-            fetch_part(*parts[0])
-        _hash_span(fd, 0, file.size, digest)
-    else:
-        done = [False] * len(parts)
-        hashed = 0  # parts hashed so far (a contiguous prefix)
-        with concurrent.futures.ThreadPoolExecutor(max_workers=limits.parallel, thread_name_prefix="part") as pool:
-            futures = {pool.submit(fetch_part, *part): i for i, part in enumerate(parts)}
-            try:
-                for future in concurrent.futures.as_completed(futures):
-                    future.result()
-                    done[futures[future]] = True
-                    while hashed < len(parts) and done[hashed]:
-                        start, end = parts[hashed]
-                        _hash_span(fd, start, end + 1, digest)
-                        hashed += 1
-            except BaseException:
-                stop.set()
-                for future in futures:
-                    future.cancel()
-                raise
+    reached = 0
+    if file.size:
+        probe = _Probe(limits)
+
+        def stream(chunk: memoryview, at: int) -> bool:
+            digest.update(chunk)
+            return probe.keeps(at)
+
+        reached = fetch_part(0, file.size - 1, stream)
+    if reached < file.size:  # the first stream was slow: the rest in parallel parts
+        _parallel(fetch_part, reached, file.size, limits, stop, fd, digest)
     got = digest.hexdigest()
     if file.sha256 is not None and got != file.sha256.lower():
         raise SourceError(
@@ -130,6 +135,80 @@ def download(reader: RangeReader, file: RemoteFile, fd: int, limits: Limits, sho
             "the file changed in the store, or the pin is wrong",
         )
     return got
+
+
+#: sees each chunk of a stream once it is written, and where the bytes now end; False ends the stream there
+OnChunk = Callable[[memoryview, int], bool]
+
+
+class _Probe:
+    """Whether the first stream stays alone: decided once, ``probe_seconds`` after its first byte.
+
+    It stays when its bytes came at ``fast_stream`` or faster, or when this thread was busy (on a CPU, or
+    waiting for one) for at least BUSY_SHARE of the time: then the bytes wait for this process, not for the
+    store, and more connections would only add work. It is split when the thread mostly waited for the
+    network: a remote store's connection is the limit, and parallel ones multiply it."""
+
+    def __init__(self, limits: Limits) -> None:
+        self.limits = limits
+        self.first: tuple[float, int, float] | None = None  # (when, where, busy) as the first chunk ended
+        self.decided = limits.parallel <= 1
+
+    def keeps(self, at: int) -> bool:
+        if self.decided:
+            return True
+        now = time.monotonic()
+        if self.first is None:
+            self.first = (now, at, busy_seconds())
+            return True
+        since, where, busy = self.first
+        elapsed = now - since
+        if elapsed < self.limits.probe_seconds:
+            return True
+        self.decided = True
+        fast = (at - where) >= self.limits.fast_stream * elapsed
+        return fast or busy_seconds() - busy >= self.limits.busy_share * elapsed
+
+
+def busy_seconds() -> float:
+    """This thread's time on a CPU plus its time runnable but waiting for one (Linux's schedstat), in seconds;
+    its CPU time alone where the kernel keeps no schedstat."""
+    try:
+        with open("/proc/thread-self/schedstat", "rb") as stats:
+            on_cpu, waiting = stats.read().split()[:2]
+        return (int(on_cpu) + int(waiting)) / 1e9
+    except (OSError, ValueError):
+        return time.thread_time()
+
+
+def _parallel(
+    fetch_part: Callable[[int, int], int],
+    start: int,
+    size: int,
+    limits: Limits,
+    stop: threading.Event,
+    fd: int,
+    digest: Any,
+) -> None:
+    """Bytes ``start``..``size`` as parts, ``limits.parallel`` at once, hashed in order as the prefix completes."""
+    parts = [(at, min(at + limits.part_size, size) - 1) for at in range(start, size, limits.part_size)]
+    done = [False] * len(parts)
+    hashed = 0  # parts hashed so far (a contiguous prefix)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=limits.parallel, thread_name_prefix="part") as pool:
+        futures = {pool.submit(fetch_part, *part): i for i, part in enumerate(parts)}
+        try:
+            for future in concurrent.futures.as_completed(futures):
+                future.result()
+                done[futures[future]] = True
+                while hashed < len(parts) and done[hashed]:
+                    first, last = parts[hashed]
+                    _hash_span(fd, first, last + 1, digest)
+                    hashed += 1
+        except BaseException:
+            stop.set()
+            for future in futures:
+                future.cancel()
+            raise
 
 
 def _fetch_part(
@@ -142,12 +221,14 @@ def _fetch_part(
     count: Callable[[int], None],
     stop: threading.Event,
     shown: str,
-) -> None:
-    """Bytes ``start``..``end`` into ``fd`` at their offset; a break resumes where the bytes stopped."""
+    on_chunk: OnChunk | None = None,
+) -> int:
+    """Bytes ``start``..``end`` into ``fd`` at their offset; a break resumes where the bytes stopped. Where the
+    bytes end: ``end + 1``, or less when ``on_chunk`` ended the stream early (or ``stop`` was set)."""
     at = start
     for attempt in range(limits.attempts):
         if stop.is_set() or at > end:  # stopped, or every byte came before the connection broke
-            return
+            return at
         try:
             with reader.read_range(file, at, end) as answer:
                 _check_range(answer, at, end, file.size, shown)
@@ -156,15 +237,18 @@ def _fetch_part(
                         raise SourceError(TOO_LARGE, f"{shown}: the store sent more bytes than it listed")
                     count(len(chunk))
                     view = memoryview(chunk)
-                    while view:
-                        written = os.pwrite(fd, view, at)
-                        view = view[written:]
+                    left = view
+                    while left:
+                        written = os.pwrite(fd, left, at)
+                        left = left[written:]
                         at += written
+                    if on_chunk is not None and not on_chunk(view, at) and answer.status == 206:
+                        return at  # dropped with the rest unread (a store that sent 200 ignores ranges: read on)
                     if stop.is_set():
-                        return
+                        return at
             if at != end + 1:
                 raise SourceError(UNAVAILABLE, f"{shown}: the store ended the answer early")
-            return
+            return at
         except SourceError as exc:
             if exc.reason != UNAVAILABLE or attempt + 1 == limits.attempts or time.monotonic() > limits.deadline_at:
                 raise

@@ -6,7 +6,11 @@ layer whose bytes do not match its digest writes nothing.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import hashlib
+import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,7 +20,12 @@ from kubeinfer.operator.sources.artifacts import ArtifactError
 from kubeinfer.operator.sources.fetch import Fetch
 from kubeinfer.operator.volume.repository_writer import SOURCE_MARKER
 from kubeinfer.server.repository.scan import read_model
-from kubeinfer.server.sources.egress import AddressPolicy
+from kubeinfer.server.sources.client import StoreClient
+from kubeinfer.server.sources.egress import AddressPolicy, parse_networks
+from kubeinfer.server.sources.errors import CHECKSUM_MISMATCH, SourceError
+from kubeinfer.server.sources.oci import OciSource
+from kubeinfer.server.sources.transfer import Limits, RangeAnswer, RemoteFile, download
+from kubeinfer.server.sources.uris import parse_oci
 
 from tests.support.oci_registry import OciRegistry
 from tests.support.sources import NS, make_writer, model_spec, names_in, relu_onnx, secret_lookup, volume_root
@@ -163,3 +172,47 @@ def test_a_registry_at_a_refused_address_is_never_contacted(root: Path, open_reg
         writer.sync_model(server_dir, render_model("m", model_spec(source)), fetch=Fetch())
     assert info.value.reason == "SourceRefused" and "loopback" in info.value.message
     assert writer.stores.client.backend.connected == []
+
+
+def test_a_layer_split_into_parallel_parts_is_read_by_ranges_and_checked(
+    open_registry: OciRegistry, tmp_path: Path
+) -> None:
+    """The downloader's slow-store path against the real registry: the first stream is ended by the probe and
+    the rest of the layer comes as ranged parts (206 answers from mid-blob offsets), checked against its digest."""
+    blob = tmp_path / "model.bin"
+    blob.write_bytes(os.urandom(3 << 20))
+    open_registry.push_artifact("models/split", "v1", {"model.bin": blob})
+    client = StoreClient(AddressPolicy(allowed=parse_networks(["127.0.0.0/8"])))
+    source = OciSource(client, parse_oci(f"oci://{open_registry.address}/models/split:v1"), NS, plain_http=True)
+    (file,) = source.files(10, 1 << 30)
+    asked: list[tuple[int, int]] = []
+
+    class Recorded:
+        @contextlib.contextmanager
+        def read_range(self, file: RemoteFile, start: int, end: int) -> Iterator[RangeAnswer]:
+            asked.append((start, end))
+            with source.read_range(file, start, end) as answer:
+                yield answer
+
+    # a probe at the first chunk that finds any stream slow and idle: always split
+    split = Limits(1 << 30, time.monotonic() + 60, part_size=256 << 10, parallel=4, probe_seconds=0.0)
+    split.fast_stream = split.busy_share = float("inf")
+    out = os.open(tmp_path / "out", os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        got = download(Recorded(), file, out, split, "layer")
+        assert os.pread(out, (3 << 20) + 1, 0) == blob.read_bytes()
+    finally:
+        os.close(out)
+    assert got == hashlib.sha256(blob.read_bytes()).hexdigest() == file.sha256
+    first, *parts = asked
+    assert first == (0, (3 << 20) - 1) and len(parts) > 4, asked
+    assert 0 < min(parts)[0] and max(parts)[1] == (3 << 20) - 1, asked
+    # the same layer with a pin it does not match: refused after the parts
+    wrong = dataclasses.replace(file, sha256="0" * 64)
+    out = os.open(tmp_path / "out2", os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with pytest.raises(SourceError) as info:
+            download(source, wrong, out, split, "layer")
+    finally:
+        os.close(out)
+    assert info.value.reason == CHECKSUM_MISMATCH
