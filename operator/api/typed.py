@@ -12,6 +12,7 @@ passed through unchanged), a dataclass an object of its fields; ``X | None`` is 
 from __future__ import annotations
 
 import dataclasses
+import operator
 import types
 import typing
 import weakref
@@ -260,6 +261,82 @@ def parse(cls: type[T], data: Mapping[str, Any] | None, defaults: Mapping[str, A
     return cls(**kwargs)
 
 
+#: how ``as_body`` writes a field's value, chosen once per class from the field's type (None: as it is)
+_Write: TypeAlias = Callable[[Any], Any] | None
+
+
+@dataclasses.dataclass(frozen=True)
+class _BodyFields:
+    """A class's fields as ``as_body`` writes them: their JSON names, their values (one call for all), and the
+    writers of those whose values are not written as they are."""
+
+    names: tuple[str, ...]
+    values: Callable[[Any], tuple[Any, ...]]
+    written: tuple[tuple[str, Callable[[Any], Any]], ...]
+
+
+#: each class's ``_BodyFields``, built once: ``as_body`` runs per status write
+_BODY_FIELDS: weakref.WeakKeyDictionary[type, _BodyFields] = weakref.WeakKeyDictionary()
+_PLAIN_TYPES = (bool, int, float, str)
+
+
+def _is_plain(tp: Any) -> bool:
+    return tp in _PLAIN_TYPES or typing.get_origin(tp) is Literal or _is_quantity(tp)
+
+
+def _nested_body(value: Any) -> Any:
+    return as_body(value)
+
+
+def _list_of(write: _Write) -> Callable[[Any], Any]:
+    if write is None:
+        return list
+    item_write = write
+    return lambda value: [item_write(v) for v in value]
+
+
+def _writer(tp: Any) -> _Write:
+    """How a value of type ``tp`` is written: as it is (a scalar), as a body (a dataclass), a list (a tuple),
+    a dict (a mapping); anything else as ``_body_value`` finds it."""
+    tp = _unwrap_optional(tp)
+    if _is_plain(tp):
+        return None
+    if dataclasses.is_dataclass(tp):
+        return _nested_body
+    origin = typing.get_origin(tp)
+    if origin is tuple:
+        args = typing.get_args(tp)
+        if len(args) == 2 and args[1] is Ellipsis:
+            return _list_of(_writer(args[0]))
+    if origin in (Mapping, dict):
+        return dict
+    return _body_value
+
+
+def _values(names: Sequence[str]) -> Callable[[Any], tuple[Any, ...]]:
+    """An object's values of ``names`` as a tuple, in one call."""
+    if len(names) == 1:
+        one = operator.attrgetter(names[0])
+        return lambda obj: (one(obj),)
+    if not names:
+        return lambda obj: ()
+    return operator.attrgetter(*names)
+
+
+def _body_fields(cls: type) -> _BodyFields:
+    fields = _BODY_FIELDS.get(cls)
+    if fields is None:
+        hints = _hints(cls)
+        written = [(api_field(f).json, _writer(hints[f.name])) for f in dataclasses.fields(cls)]
+        fields = _BodyFields(
+            tuple(json for json, _ in written),
+            _values([f.name for f in dataclasses.fields(cls)]),
+            tuple((json, write) for json, write in written if write is not None),
+        )
+        _BODY_FIELDS[cls] = fields
+    return fields
+
+
 def _body_value(value: Any) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return as_body(value)
@@ -272,9 +349,14 @@ def _body_value(value: Any) -> Any:
 
 def as_body(obj: Any, *, nulls: bool = False) -> dict[str, Any]:
     """A typed object back as the custom object's JSON: every field that has a value (defaults included);
-    ``nulls``: its unset fields too, as null (a merge patch of a status: null removes what an earlier one set)."""
-    return {
-        api_field(f).json: _body_value(getattr(obj, f.name))
-        for f in dataclasses.fields(obj)
-        if nulls or getattr(obj, f.name) is not None
-    }
+    ``nulls``: its unset fields too, as null (a merge patch of a status: null removes what an earlier one set).
+    Nested objects are written without their unset fields. Each field is written as its type says (the
+    writers are built once per class: a status write per model calls this)."""
+    fields = _body_fields(obj.__class__)
+    pairs = zip(fields.names, fields.values(obj), strict=True)
+    body = dict(pairs) if nulls else {json: value for json, value in pairs if value is not None}
+    for json, write in fields.written:  # in place: the keys keep the fields' order
+        value = body.get(json)
+        if value is not None:
+            body[json] = write(value)
+    return body

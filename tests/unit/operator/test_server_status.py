@@ -104,6 +104,31 @@ def test_a_status_is_written_whole_with_nulls_for_what_it_no_longer_says(server_
     assert "autoscaling" not in as_body(InferenceServerStatus())
 
 
+def test_the_written_body_is_plain_json_in_the_fields_order():
+    """``as_body`` writes from writers built once per class: tuples become lists, mappings fresh dicts, a nested
+    object leaves its unset fields out even where the top level writes them as null; keys in field order."""
+    condition = {"type": "Ready", "status": "True"}
+    scale = AutoscalingStatus(autoscaler="KEDA", current_metric_values=("3",))
+    body = as_body(InferenceServerStatus(conditions=(condition,), models=("a",), autoscaling=scale), nulls=True)
+    assert list(body) == [
+        "observedGeneration",
+        "conditions",
+        "replicas",
+        "readyReplicas",
+        "selector",
+        "models",
+        "modelCount",
+        "endpoint",
+        "repositoryClaim",
+        "autoscaling",
+        "pods",
+    ]
+    assert body["conditions"] == [condition] and body["conditions"][0] is not condition
+    assert body["models"] == ["a"] and body["observedGeneration"] is None and body["pods"] is None
+    assert body["autoscaling"] == {"autoscaler": "KEDA", "currentMetricValues": ["3"]}
+    assert as_body(scale) == body["autoscaling"]  # the same writers for a class written nested or alone
+
+
 def test_the_published_status_schema_is_generated_from_the_classes():
     crd = yaml.safe_load((ROOT / "crds" / "serving.kubeinfer.io_inferenceservers.yaml").read_text())
     published = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
