@@ -1,7 +1,9 @@
 """The InferenceModel status as typed classes: each field's JSON name and description in one place.
-``model_crd`` generates the CRD's status schema from them (``typed.schema_of``). The controller still builds
-the status as a document (``status.model_status``, ``traffic.rollout``, ``models.cold_start``) under these
-names.
+``model_crd`` generates the CRD's status schema from them (``typed.schema_of``), and ``status.model_status``
+builds the status it writes as an ``InferenceModelStatus`` (``typed.as_body``). The parts later steps of a
+reconcile add (``traffic.rollout``'s ``versionTraffic``/``rollout``, ``models.cold_start``'s ``coldStart``) are
+still merged in as documents under these names. The classes are not frozen: a frozen ``__init__`` costs about
+four times as much, on a path every reconcile of every model takes.
 
 The conditions' schema is the one both CRDs share (``CONDITIONS``).
 """
@@ -43,7 +45,7 @@ def _versions(json: str, description: str) -> Any:
     return spec_field(json, description, default=None, items={"format": "int64"}, key_order=_INTS_ORDER)
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(kw_only=True)
 class VersionStateStatus:
     version: int | None = _int64("version", "Version number.")
     state: str | None = _text(
@@ -59,7 +61,7 @@ class VersionStateStatus:
     )
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(kw_only=True)
 class LastFailure:
     version: int | None = _int64("version", "Version concerned, if any.")
     reason: str | None = _text("reason", "CamelCase reason.")
@@ -67,7 +69,7 @@ class LastFailure:
     time: str | None = _time("time", "When it happened.")
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(kw_only=True)
 class VersionTraffic:
     version: int | None = _int64("version", "Version number.")
     traffic_percent: float | None = _number("trafficPercent", "Weight in force (after a rollout decision).")
@@ -80,13 +82,13 @@ class VersionTraffic:
     window_seconds: int | None = _count("windowSeconds", "Seconds the numbers cover (up to the window).")
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(kw_only=True)
 class Weight:
     version: int | None = _int64("version", "Version number.")
     traffic_percent: float | None = _number("trafficPercent", "Its weight in force.")
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(kw_only=True)
 class RolloutStatus:
     phase: str | None = _text("phase", "Progressing, Promoted or RolledBack.")
     canary_version: int | None = _int64("canaryVersion", "The version judged.")
@@ -98,7 +100,7 @@ class RolloutStatus:
     )
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(kw_only=True)
 class ArtifactFetch:
     version: int | None = _int64("version", "Version.")
     bytes: int | None = _int64("bytes", "Bytes fetched.")
@@ -112,7 +114,7 @@ class ArtifactFetch:
     )
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(kw_only=True)
 class RenderTiming:
     time: str | None = _time("time", "When it was published on the volume.")
     fetch_seconds: float | None = _number(
@@ -125,7 +127,7 @@ class RenderTiming:
     artifacts: tuple[ArtifactFetch, ...] | None = spec_field("artifacts", "Each artifact fetched.", default=None)
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(kw_only=True)
 class ReplicaColdStart:
     replica: str | None = _text("replica", "Pod name.")
     version: int | None = _int64("version", "Version.")
@@ -141,7 +143,7 @@ class ReplicaColdStart:
     )
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(kw_only=True)
 class ColdStart:
     render: RenderTiming | None = spec_field("render", "The last render that changed the model's folder.", default=None)
     replicas: tuple[ReplicaColdStart, ...] | None = spec_field(
@@ -149,14 +151,14 @@ class ColdStart:
     )
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(kw_only=True)
 class ModelEndpoint:
     http: str | None = _text("http", "host:port of the server's HTTP/REST endpoint.")
     grpc: str | None = _text("grpc", "host:port of the server's gRPC endpoint.")
     model: str | None = _text("model", "Model name to use in requests.")
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(kw_only=True)
 class InferenceModelStatus:
     DESCRIPTION: ClassVar[str] = "Observed state of the model, from the repository and the server's repository index."
 

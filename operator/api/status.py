@@ -14,6 +14,9 @@ from typing import Any
 
 from kubeinfer.server.repository.layout import NOT_LOADED
 
+from .model_status import InferenceModelStatus, LastFailure, ModelEndpoint, VersionStateStatus
+from .typed import as_body
+
 
 def now() -> str:
     return dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
@@ -172,6 +175,11 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
 
 
+#: the status parts later steps of a reconcile write (cold start, rollout): ``model_status`` leaves them out,
+#: as a merge patch leaves them as stored, rather than writing them null
+WRITTEN_ELSEWHERE = ("versionTraffic", "rollout", "coldStart")
+
+
 def model_status(obs: ModelObservation, previous: Mapping[str, Any] | None, when: str | None = None) -> dict[str, Any]:
     """The status document. Ready only when every ready replica serves every target version from the
     rendered config; with no ready replica, the not-ready ones say why."""
@@ -192,9 +200,15 @@ def model_status(obs: ModelObservation, previous: Mapping[str, Any] | None, when
         )
 
     by_version: dict[int, list[tuple[ReplicaView, VersionState]]] = {}
+    #: per readable replica, the versions it serves from the rendered config (``servingReplicas``)
+    current_versions: list[set[int]] = []
     for r in readable:
+        here = set()
         for s in _spread_on_demand(r.states or (), obs.target):
             by_version.setdefault(s.version, []).append((r, s))
+            if current(s):
+                here.add(s.version)
+        current_versions.append(here)
     active = sorted(v for v, seen in by_version.items() if any(s.state in ("READY", ON_DEMAND) for _, s in seen))
     serving = {v: sum(1 for _, s in by_version.get(v, ()) if current(s)) for v in obs.target}
     missing = [v for v in obs.target if serving[v] < len(readable) or not readable]
@@ -281,36 +295,44 @@ def model_status(obs: ModelObservation, previous: Mapping[str, Any] | None, when
         worst = min(seen, key=lambda rs: _STATE_ORDER.get(rs[1].state, -1))[1]
         count = serving[v] if v in serving else sum(1 for _, s in seen if s.state in ("READY", ON_DEMAND))
         states.append(
-            {
-                "version": v,
-                "state": worst.state,
-                "reason": worst.reason,
-                "replicas": len(readable),
-                "readyReplicas": count,
-            }
+            VersionStateStatus(
+                version=v, state=worst.state, reason=worst.reason, replicas=len(readable), ready_replicas=count
+            )
         )
     # the compact forms ``kubectl get im`` prints: which versions serve, and on how many of the replicas found
-    full = sum(
-        1
-        for r in readable
-        if obs.target
-        and set(obs.target) <= {s.version for s in _spread_on_demand(r.states or (), obs.target) if current(s)}
+    target = set(obs.target)
+    full = sum(1 for here in current_versions if target <= here) if target else 0
+    typed = InferenceModelStatus(
+        observed_generation=obs.generation,
+        conditions=tuple(conditions(conds, previous.get("conditions"), obs.generation, stamp)),
+        target_versions=tuple(obs.target),
+        active_versions=tuple(active),
+        active_version=active[-1] if active else None,
+        rendered_versions=tuple(obs.rendered),
+        version_states=tuple(states),
+        serving_versions=",".join(map(str, active)) or None,
+        serving_replicas=f"{full}/{len(obs.replicas)}",
+        last_failure=_last_failure(last_failure),
+        endpoint=_endpoint(obs.endpoint),
+        repository_path=obs.repository_path or previous.get("repositoryPath"),
     )
-    status: dict[str, Any] = {
-        "observedGeneration": obs.generation,
-        "conditions": conditions(conds, previous.get("conditions"), obs.generation, stamp),
-        "targetVersions": obs.target,
-        "activeVersions": active,
-        "activeVersion": active[-1] if active else None,
-        "renderedVersions": obs.rendered,
-        "versionStates": states,
-        "servingVersions": ",".join(map(str, active)) or None,
-        "servingReplicas": f"{full}/{len(obs.replicas)}",
-        "lastFailure": last_failure,
-        "endpoint": obs.endpoint,
-        "repositoryPath": obs.repository_path or previous.get("repositoryPath"),
-    }
+    status = as_body(typed, nulls=True)
+    for key in WRITTEN_ELSEWHERE:
+        del status[key]
     return status
+
+
+def _last_failure(record: Mapping[str, Any] | None) -> LastFailure | None:
+    if record is None:
+        return None
+    get = record.get
+    return LastFailure(version=get("version"), reason=get("reason"), message=get("message"), time=get("time"))
+
+
+def _endpoint(endpoint: Mapping[str, str] | None) -> ModelEndpoint | None:
+    if endpoint is None:
+        return None
+    return ModelEndpoint(http=endpoint.get("http"), grpc=endpoint.get("grpc"), model=endpoint.get("model"))
 
 
 def _same(stored: Any, new: Any) -> bool:
