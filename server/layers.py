@@ -136,12 +136,12 @@ def markdown_table() -> str:
     return "\n".join(rows)
 
 
-def between_markers(doc: str, begin: str, end: str, body: str) -> str:
-    """``doc`` with the text between the ``begin`` and ``end`` lines replaced by ``body``."""
+def between_markers(doc: str, begin: str, end: str, body: str, name: str = DOC) -> str:
+    """``doc`` (the file ``name``) with the text between the ``begin`` and ``end`` lines replaced by ``body``."""
     head, found_begin, rest = doc.partition(begin)
     _, found_end, tail = rest.partition(end)
     if not found_begin or not found_end:
-        raise ValueError(f"{DOC}: the markers {begin!r} and {end!r} are missing")
+        raise ValueError(f"{name}: the markers {begin!r} and {end!r} are missing")
     return f"{head}{begin}\n{body}\n{end}{tail}"
 
 

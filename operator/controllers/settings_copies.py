@@ -116,7 +116,7 @@ def with_defaults(values_text: str) -> str:
         blocks.setdefault(value.section, []).extend(_yaml_lines(value))
     for section, lines in blocks.items():
         begin, end = markers(section)
-        values_text = layers.between_markers(values_text, begin, end, "\n".join(lines))
+        values_text = layers.between_markers(values_text, begin, end, "\n".join(lines), str(VALUES))
     return values_text
 
 
@@ -153,7 +153,7 @@ DOC_END = "<!-- settings:end -->"
 
 def with_table(doc: str) -> str:
     """docs/operator.md with the settings table rewritten."""
-    return layers.between_markers(doc, DOC_BEGIN, DOC_END, markdown_table())
+    return layers.between_markers(doc, DOC_BEGIN, DOC_END, markdown_table(), str(DOC))
 
 
 def _files(root: Path) -> Iterator[tuple[Path, str, str]]:

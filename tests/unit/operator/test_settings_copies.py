@@ -9,6 +9,7 @@ import re
 import shutil
 from pathlib import Path
 
+import pytest
 import yaml
 from kubeinfer.operator.controllers import settings, settings_copies
 
@@ -81,3 +82,10 @@ def test_check_reports_a_stale_chart_and_writes_nothing(tmp_path: Path) -> None:
     assert values.read_text(encoding="utf-8") == stale
     assert settings_copies.main(["--root", str(tmp_path)]) == 0
     assert values.read_text(encoding="utf-8") == _read(settings_copies.VALUES)
+
+
+def test_a_copy_without_its_markers_is_named_in_the_error() -> None:
+    with pytest.raises(ValueError, match=r"^helm/kubeinfer/values.yaml: the markers"):
+        settings_copies.with_defaults("operator: {}\n")
+    with pytest.raises(ValueError, match=r"^docs/operator.md: the markers"):
+        settings_copies.with_table("# Operator\n")
