@@ -136,7 +136,7 @@ def markdown_table() -> str:
     return "\n".join(rows)
 
 
-def between_markers(doc: str, begin: str, end: str, body: str, name: str = DOC) -> str:
+def between_markers(doc: str, begin: str, end: str, body: str, name: str | Path = DOC) -> str:
     """``doc`` (the file ``name``) with the text between the ``begin`` and ``end`` lines replaced by ``body``."""
     head, found_begin, rest = doc.partition(begin)
     _, found_end, tail = rest.partition(end)
