@@ -49,6 +49,7 @@ from ..traffic.autoscaling import scales_to_zero
 from ..traffic.rollout import Rollouts, weights_in_force
 from ..volume.rendered import RenderedModel
 from ..volume.repository_writer import SyncResult
+from .model_record import ModelRecord
 from .reconcile_parts import RECHECK_THREADS, ReconcileParts, log
 
 #: backends whose models are code run by the server
@@ -73,6 +74,8 @@ class _ModelPass:
     """One reconcile of one model: what its steps found and did."""
 
     model: InferenceModel
+    #: the model's record, taken when the reconcile started (``ModelRecords.of``)
+    record: ModelRecord
     #: the InferenceServer the model names (None: it does not exist), and its spec (typed once, here)
     server: dict[str, Any] | None
     server_spec: InferenceServerSpec | None
@@ -146,10 +149,13 @@ class ModelController:
         """
         # a resync of an object whose change is still rendering (a slow download) does not wait for it:
         # waiting would hold a second thread for as long as the download runs
-        with _held(self.lock(body["metadata"]["uid"]), wait=not from_timer) as got:
+        # the record is taken once: a DELETED event during the reconcile forgets it, and what the steps still
+        # write goes to this object, which goes with it, instead of making the model a new record
+        record = self.records.of(body["metadata"]["uid"])
+        with _held(record.lock, wait=not from_timer) as got:
             if not got:
                 return None
-            run = self._find_server(body, from_timer)
+            run = self._find_server(body, from_timer, record)
             run.trust = trust
             if run.server is not None:
                 if not self._update_folder(run, retry, cancelled, render):
@@ -172,13 +178,13 @@ class ModelController:
         self.nudger.close()
 
     # ------------------------------------------------------------------------- the reconcile's steps
-    def _find_server(self, body: Mapping[str, Any], from_timer: bool) -> _ModelPass:
+    def _find_server(self, body: Mapping[str, Any], from_timer: bool, record: ModelRecord) -> _ModelPass:
         """The pass, with the model's InferenceServer (kopf's index: no API call), or the error that it is missing."""
         model = InferenceModel.from_body(body)
         obs = status.ModelObservation(generation=model.generation, target=[], rendered=[], server=model.spec.server)
         server = self.lookup.server(model.namespace, model.spec.server)
         server_spec = None if server is None else InferenceServerSpec.from_body(server)
-        run = _ModelPass(model, server, server_spec, obs, from_timer)
+        run = _ModelPass(model, record, server, server_spec, obs, from_timer)
         if run.server_spec is None:
             obs.render_error = (
                 "ServerNotFound",
@@ -222,8 +228,8 @@ class ModelController:
     def _model_status(self, run: _ModelPass) -> tuple[dict[str, Any], bool]:
         """The new status (cold start, rollout, sequence routing included); True when a rollout decision was made."""
         new = status.model_status(run.obs, run.prev)
-        self._cold_start(run.model, run.obs, new)
-        decided = self._canary(run.model, new, run.endpoints, run.access)
+        self._cold_start(run.model, run.record, run.obs, new)
+        decided = self._canary(run.model, run.record, new, run.endpoints, run.access)
         routing = None
         server_spec = run.server_spec
         if server_spec is not None:
@@ -245,7 +251,7 @@ class ModelController:
                 (run.ns, run.name, run.uid), context=self.parts.handler_context, delay=NUDGE_STATUS_WAIT
             )
             if run.rendered_note is not None:
-                self.records.of(run.uid).render_note = run.rendered_note
+                run.record.render_note = run.rendered_note
             return new
         note = self._take_render_note(run.uid)
         self._post_events(run.model.body, run.prev, new, run.rendered_note or note)
@@ -261,8 +267,7 @@ class ModelController:
         """The last render, when nothing it depends on changed since: the generation, the server, the claim
         (checked again, from its cache) and the model folder's fingerprint."""
         assert run.server_spec is not None
-        record = self.records.get(run.uid)
-        memo = None if record is None else record.rendered
+        memo = run.record.rendered
         if memo is None or not memo.still_current(run.generation, key, run.prev.get("repositoryPath")):
             return None
         if run.trust > 0 and time.monotonic() - memo.at <= run.trust:
@@ -289,7 +294,7 @@ class ModelController:
         assert run.server_spec is not None
         obs, sspec = run.obs, run.server_spec
         server_dir: Path | None = None
-        failures = self.records.of(run.uid).failures
+        failures = run.record.failures
         held = failures.held(run.generation) if run.from_timer else None
         self._drop_memo(run.uid)
         try:
@@ -352,7 +357,7 @@ class ModelController:
         """The failure into ``run.obs``; a temporary one (network, a download slot) is retried soon."""
         run.obs.render_error = (exc.reason, exc.message)
         run.obs.failed_version = exc.version
-        earlier = self.records.of(run.uid).failures.of(run.generation) if exc.reason == "Queued" else None
+        earlier = run.record.failures.of(run.generation) if exc.reason == "Queued" else None
         if earlier is not None:
             # a failed render tried again finds the namespace's download slots busy: the status keeps
             # saying why it failed (not "Queued"), and the resync tries again after the failure's backoff;
@@ -371,7 +376,7 @@ class ModelController:
         if obs.render_error is not None:
             return
         if fingerprint is not None:
-            self.records.of(run.uid).rendered = RenderMemo(
+            run.record.rendered = RenderMemo(
                 run.generation,
                 key,
                 server_dir,
@@ -532,10 +537,11 @@ class ModelController:
         )
 
     # ------------------------------------------------------------------------------ status parts
-    def _cold_start(self, model: InferenceModel, obs: status.ModelObservation, new: dict[str, Any]) -> None:
+    def _cold_start(
+        self, model: InferenceModel, record: ModelRecord, obs: status.ModelObservation, new: dict[str, Any]
+    ) -> None:
         """``status.coldStart`` and, with ``spec.coldStartBudgetSeconds``, the ``ColdStartBudget`` condition."""
         prev = model.status
-        record = self.records.of(model.uid)
         if obs.render_timing is not None:
             record.render_record = obs.render_timing
         timing = record.render_record  # else the status keeps the one an earlier process wrote
@@ -550,14 +556,19 @@ class ModelController:
             new["conditions"] += status.conditions([condition], prev.get("conditions"), obs.generation)
 
     def _canary(
-        self, model: InferenceModel, new: dict[str, Any], endpoints: list[Endpoint], access: ServerAccess | str
+        self,
+        model: InferenceModel,
+        record: ModelRecord,
+        new: dict[str, Any],
+        endpoints: list[Endpoint],
+        access: ServerAccess | str,
     ) -> bool:
         """Numbers per weighted version and spec.rollout's rule into ``new``; True when a decision was made."""
         prev = model.status
         if not model.spec.weights() and not prev.get("versionTraffic") and not prev.get("rollout"):
             return False
         stamp = status.now()
-        window = self.records.of(model.uid).rollout
+        window = record.rollout
         extra, decision = self.rollouts.extend(window, model, new, endpoints, access, stamp)
         if extra:
             new["conditions"] += status.conditions(extra, prev.get("conditions"), model.generation, stamp)

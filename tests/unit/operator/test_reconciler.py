@@ -1034,3 +1034,27 @@ def test_forgetting_a_model_forgets_its_failure_backoff_and_rollout_window(
     assert syncs == ["m", "m"]  # nothing held over: the resync renders again
     again = reconciler.records.get("uid-m")
     assert again is not None and again is not record and again.rollout.generation == 1
+
+
+def test_a_model_deleted_during_its_reconcile_leaves_no_record(
+    reconciler: Reconciler, kube: FakeKube, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The DELETED event comes while the reconcile is in the writer (a download): the reconcile's later steps
+    (render memo, cold-start record, rollout window) write to the record it took, which went with the model, and
+    do not make the model a new one that nobody would remove."""
+    add_server(kube, "pool")
+    body = model("pool", path="uploads/missing.onnx")
+    body["spec"]["versions"] = [
+        {"version": 1, "source": {"path": "uploads/missing.onnx"}, "trafficPercent": 90},
+        {"version": 2, "source": {"path": "uploads/missing.onnx"}, "trafficPercent": 10},
+    ]
+    reconciler.model_event("ADDED", body)
+    sync = reconciler.writer.sync_model
+
+    def deleted_meanwhile(server_dir: Path, rendered: Any, **kw: Any) -> Any:
+        reconciler.model_event("DELETED", body)
+        return sync(server_dir, rendered, **kw)
+
+    monkeypatch.setattr(reconciler.writer, "sync_model", deleted_meanwhile)
+    reconciler.reconcile_model(body, recheck=False)
+    assert reconciler.records.get("uid-m") is None
